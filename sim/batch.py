@@ -1,0 +1,76 @@
+"""Requests and batches as the scheduler sees them (plain data, no SimPy)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+WAITING, RUNNING, FINISHED, FAILED = 0, 1, 2, 3
+
+
+@dataclass(slots=True, eq=False)
+class Req:
+    """One request (SGLang ``Req``). Lengths in tokens, times in seconds.
+
+    Decode progress is not counted per step: a running request that joined the running batch
+    before decode batch ``join_seq`` gets one token in every decode batch up to ``finish_seq``,
+    so its progress at any step follows from the decode sequence number.
+    """
+
+    rid: int
+    arrival_s: float
+    input_len: int
+    cached_len: int
+    output_len: int
+    finish_by_length: bool
+    warmup: bool
+    status: int = WAITING
+    output_done: int = 0  # tokens produced before the current stint in the running batch
+    prefix_len: int = 0  # tokens of the (re)prefill already in the KV cache, cached prefix included
+    prefill_target: int = 0  # tokens the current prefill must cover (input, plus output after a retraction)
+    kv_base: int = 0  # private KV slots held when joining the running batch
+    join_seq: int = -1
+    finish_seq: int = -1
+    first_token_s: float = math.nan
+    last_token_s: float = math.nan
+    finish_s: float = math.nan
+    retractions: int = 0
+
+    def ctx_at_join(self) -> int:
+        """Context length (tokens attended) in its first decode batch of this stint."""
+        return self.input_len + self.output_done
+
+
+@dataclass(slots=True, eq=False)
+class Batch:
+    """One step: a prefill (EXTEND) or a decode (DECODE) batch and, once run, its timeline.
+
+    Prefill batches list ``chunks`` as (req, new_tokens, is_last_chunk). Decode batches keep
+    only aggregates: ``num_reqs`` members, ``fresh`` (members whose previous token did not come
+    from the previous decode batch), ``overshoot`` (members that finished in the previous,
+    still unprocessed decode batch: their token is discarded, SGLang's overlap "extra slot").
+    """
+
+    seq: int
+    kind: int
+    num_reqs: int
+    num_tokens: int
+    sum_ctx: int
+    decode_seq: int = -1
+    num_warmup: int = 0
+    chunks: list = field(default_factory=list)
+    fresh: list = field(default_factory=list)
+    overshoot: list = field(default_factory=list)
+    after_idle: bool = False
+    kv_used_after_alloc: int = 0
+    # timeline, filled in by the event loop (seconds)
+    recv_start: float = math.nan
+    schedule_start: float = math.nan
+    launch_start: float = math.nan
+    launch_end: float = math.nan
+    forward_start: float = math.nan
+    forward_end: float = math.nan
+    sync_start: float = math.nan
+    process_start: float = math.nan
+    process_end: float = math.nan
+    finished: int = 0

@@ -1,0 +1,89 @@
+"""The ``overlap-sim`` command line. Subcommands register themselves in :data:`COMMANDS`.
+
+User mistakes (bad scenario, missing file, bad override) print one line to stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+from sim.errors import UserInputError
+
+# name -> (help, add_arguments(parser), run(args) -> exit status)
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
+# modules whose import registers more subcommands with @command
+COMMAND_MODULES: tuple[str, ...] = ()
+
+
+def command(name: str, help_text: str, arguments: Callable[[argparse.ArgumentParser], None]):
+    """Decorator: register ``run(args) -> exit status`` as subcommand ``name``."""
+    def wrap(run):
+        COMMANDS[name] = (help_text, arguments, run)
+        return run
+    return wrap
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("scenario", help="scenario YAML file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario field, e.g. workload.concurrency=16 (repeatable)")
+    p.add_argument("--out", type=Path, default=None, help="results folder (default results/<scenario-name>/)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
+    p.add_argument("--tables", choices=["csv", "parquet"], default="csv", help="format of per-step/request tables")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+
+
+@command("run", "simulate a scenario under each scheduling setting and compare them", _add_run_args)
+def cmd_run(args: argparse.Namespace) -> int:
+    from sim.plots import save_run_plots
+    from sim.report import print_table, run_payload, write_results
+    from sim.scenario import load_scenario
+    from sim.simulate import simulate
+
+    scenario = load_scenario(args.scenario, args.overrides)
+    results = [simulate(scenario, s) for s in scenario.server.settings]
+    summaries = {r.setting: r.summary() for r in results}
+    payload = run_payload(scenario.name, scenario.seed, summaries)
+    payload["scenario_config"] = scenario.model_dump(mode="json")
+    out_dir = args.out or Path("results") / scenario.name
+    write_results(out_dir, payload, results, args.tables)
+    if not args.no_plots:
+        save_run_plots(out_dir, scenario.name, {r.setting: r.steps for r in results}, summaries)
+    if args.json:
+        print(json.dumps({k: payload[k] for k in ("scenario", "seed", "settings", "ratios")}))
+    else:
+        print_table(f"{scenario.name} (seed {scenario.seed}, {scenario.server.device})", summaries)
+        print(f"results written to {out_dir}/")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="overlap-sim",
+        description="Predict what SGLang's overlap scheduler does on your device, against the synchronous loop.")
+    for module in COMMAND_MODULES:
+        importlib.import_module(module)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (help_text, arguments, _run) in COMMANDS.items():
+        arguments(sub.add_parser(name, help=help_text, description=help_text))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point. Returns the exit status (0 ok, 2 bad input)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command][2](args)
+    except UserInputError as err:
+        print(f"overlap-sim: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""User-facing errors: bad input that the CLI reports in one line with exit status 2."""
+
+from __future__ import annotations
+
+
+class UserInputError(Exception):
+    """A mistake in user input (scenario file, override, profile, trace).
+
+    Attributes:
+        source: the file (or ``--set``/``<dict>``) the bad value came from.
+        field: dotted path of the offending field, or ``""`` when the whole input is bad.
+        expected: what was expected, in words.
+    """
+
+    def __init__(self, source: str, field: str, expected: str):
+        self.source = source
+        self.field = field
+        self.expected = expected
+        where = f"{source}: {field}: " if field else f"{source}: "
+        super().__init__(where + expected)
+
+
+class ScenarioError(UserInputError):
+    """A scenario (YAML, dict or ``--set`` override) that does not validate."""

@@ -1,0 +1,109 @@
+"""The scheduler's event loops, as SimPy generator functions over :class:`sim.phases.Phases`.
+
+Each loop reads as the timeline it produces; the loops differ only in which batch's results
+are processed after a launch. Sources: SGLang ``Scheduler.event_loop_normal``,
+``event_loop_overlap`` (two CUDA streams in one thread since PR #11210, Oct 2025) and
+``event_loop_overlap_mlx`` (2026), as described in DESIGN.md section 2.
+"""
+
+from __future__ import annotations
+
+from sim.costs import DECODE, EXTEND
+from sim.phases import Phases
+
+
+def normal_loop(env, p: Phases, server):
+    """``event_loop_normal``: recv -> schedule k -> launch k -> wait for k -> process k.
+    The device idles during every CPU phase: step = T_cpu + T_gpu."""
+    sched = p.scheduler
+    while not sched.all_done:
+        batch, cpu = p.recv_and_schedule()
+        if batch is None:
+            yield env.timeout(cpu)
+            yield p.idle()
+            continue
+        cpu += p.launch(batch, env.now + cpu)
+        yield env.timeout(cpu)
+        yield env.timeout(p.sync(batch))
+        yield env.timeout(p.process(batch))
+
+
+def overlap_loop(env, p: Phases, server):
+    """``event_loop_overlap``: recv -> schedule k (state as of k-2) -> launch k -> wait for k-1
+    -> process k-1 while the device runs k. Batch k reads k-1's sampled tokens on the device
+    (FutureMap), so the CPU never waits for them before launching.
+
+    With ``disable_consecutive_prefill_overlap`` (``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP``),
+    a prefill that follows a prefill waits for the previous result first.
+    """
+    sched = p.scheduler
+    last = None
+    while not sched.all_done or last is not None:
+        batch, cpu = p.recv_and_schedule()
+        if last is not None and batch is not None and _overlap_disabled_for(server, batch, last):
+            yield env.timeout(cpu)
+            cpu = 0.0
+            yield env.timeout(p.sync(last))
+            yield env.timeout(p.process(last))
+            last = None
+        if batch is not None:
+            cpu += p.launch(batch, env.now + cpu)
+        yield env.timeout(cpu)
+        if last is not None:
+            yield env.timeout(p.sync(last))
+            yield env.timeout(p.process(last))
+        elif batch is None:
+            yield p.idle()
+        last = batch
+
+
+def _overlap_disabled_for(server, batch, last) -> bool:
+    # SGLang is_disable_overlap_for_batch: consecutive prefills under the env flag
+    return server.disable_consecutive_prefill_overlap and batch.kind == EXTEND and last.kind == EXTEND
+
+
+def overlap_mlx_loop(env, p: Phases, server):
+    """``event_loop_overlap_mlx``: keep two decode steps in flight with ``mx.async_eval``.
+
+    While the step in flight is a pure decode, no request is waiting and none finished in the
+    last processed step, the next decode is built on the in-flight step's lazy tokens and
+    queued before the CPU blocks on the in-flight one. Otherwise the chain breaks: the CPU
+    blocks on the queued step, processes it (a request that finished one step earlier has its
+    chained token discarded), then schedules and builds a fresh step while the device idles.
+    """
+    sched = p.scheduler
+    inflight = None
+    finished_last = False
+    while not sched.all_done or inflight is not None:
+        cpu = p.recv()
+        chain = (inflight is not None and inflight.kind == DECODE and not finished_last
+                 and not sched.has_queued_work)
+        if inflight is not None and not chain:
+            yield env.timeout(cpu)
+            yield env.timeout(p.sync(inflight))
+            finished_last = False
+            yield env.timeout(p.process(inflight))
+            inflight = None
+            continue
+        batch, sched_s = p.schedule(env.now + cpu)
+        yield_cpu = cpu
+        if batch is None:
+            yield env.timeout(yield_cpu)
+            if inflight is None:
+                yield p.idle()
+            else:  # nothing to chain (every member finishes): drain the queued step
+                yield env.timeout(p.sync(inflight))
+                yield env.timeout(p.process(inflight))
+                finished_last, inflight = False, None
+            continue
+        cpu += sched_s
+        cpu += p.launch(batch, env.now + cpu)
+        yield env.timeout(cpu)
+        if inflight is not None:
+            yield env.timeout(p.sync(inflight))
+            yield env.timeout(p.process(inflight))
+            finished_last = inflight.finished > 0
+        inflight = batch
+
+
+LOOPS = {"normal": normal_loop, "overlap": overlap_loop, "overlap_mlx": overlap_mlx_loop}

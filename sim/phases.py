@@ -1,0 +1,114 @@
+"""The CPU phases of one scheduler iteration, as the event loops call them.
+
+Each phase applies its effect to the scheduler state, stamps the batch's timeline and returns
+how long the CPU is busy with it (seconds); the loop then yields that time to SimPy. Phase costs
+come from the cost model, times seeded per-step jitter.
+"""
+
+from __future__ import annotations
+
+import simpy
+
+from sim.batch import Batch
+from sim.costs import CostModel, Jitter
+from sim.device import DeviceStream
+from sim.policy import Scheduler
+from sim.trace import TraceRecorder
+
+
+class Phases:
+    """The scheduler thread's phases (recv, schedule, launch, sync, process) over shared state.
+
+    Args:
+        env: the SimPy environment (its clock is the CPU thread's clock).
+        scheduler: policy and state (:class:`sim.policy.Scheduler`).
+        stream: the device stream forwards are enqueued on.
+        costs: phase and forward durations.
+        gpu_jitter, cpu_jitter: per-step multiplicative noise.
+        forward_extra_s: device time added to every forward (the FutureMap resolve under
+            ``overlap``; 0 otherwise).
+    """
+
+    def __init__(self, env: simpy.Environment, scheduler: Scheduler, stream: DeviceStream, costs: CostModel,
+                 gpu_jitter: Jitter, cpu_jitter: Jitter, recorder: TraceRecorder, forward_extra_s: float = 0.0):
+        self.env = env
+        self.scheduler = scheduler
+        self.stream = stream
+        self.costs = costs
+        self.gpu_jitter = gpu_jitter
+        self.cpu_jitter = cpu_jitter
+        self.recorder = recorder
+        self.forward_extra_s = forward_extra_s
+        self._wakeup: simpy.Event | None = None
+        self._was_idle = False
+
+    def submit(self, rid: int, arrival_s: float) -> None:
+        """A request is sent to the server (workload side); wakes an idle scheduler."""
+        self.scheduler.submit(rid, arrival_s)
+        if self._wakeup is not None and not self._wakeup.triggered:
+            self._wakeup.succeed()
+
+    def recv(self) -> float:
+        """``recv_requests``: drain arrived requests. Returns the CPU time."""
+        n_new = self.scheduler.recv(self.env.now)
+        self._recv_start = self.env.now
+        self._recv_s = self.costs.recv_s(n_new) * self.cpu_jitter()
+        return self._recv_s
+
+    def schedule(self, at: float) -> tuple[Batch | None, float]:
+        """``get_next_batch_to_run`` starting at ``at`` (right after :meth:`recv`).
+        Returns (batch or None, CPU time)."""
+        batch = self.scheduler.get_next_batch()
+        if batch is None:
+            return None, 0.0
+        c = self.costs
+        dur = c.schedule_s(batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx) * self.cpu_jitter()
+        batch.recv_start = self._recv_start
+        batch.schedule_start = at
+        batch.launch_start = at + dur
+        batch.after_idle = self._was_idle
+        self._was_idle = False
+        return batch, dur
+
+    def recv_and_schedule(self) -> tuple[Batch | None, float]:
+        """:meth:`recv` then :meth:`schedule`; returns (batch or None, their CPU time)."""
+        recv_s = self.recv()
+        batch, sched_s = self.schedule(self.env.now + recv_s)
+        return batch, recv_s + sched_s
+
+    def launch(self, batch: Batch, at: float) -> float:
+        """The CPU part of ``run_batch`` starting at ``at``; the forward is enqueued on the device
+        when it ends. Returns the CPU time."""
+        c = self.costs
+        k, n, tok, ctx = batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx
+        dur = c.launch_s(k, n, tok, ctx) * self.cpu_jitter()
+        batch.launch_start = at
+        batch.launch_end = at + dur
+        forward = c.forward_s(k, n, tok, ctx) * self.gpu_jitter() + self.forward_extra_s
+        self.stream.enqueue(batch, at + dur, forward)
+        return dur
+
+    def sync(self, batch: Batch) -> float:
+        """Block on ``batch``'s forward (``copy_done.synchronize()``). Returns the wait."""
+        batch.sync_start = self.env.now
+        return self.stream.wait_s(batch, self.env.now)
+
+    def process(self, batch: Batch) -> float:
+        """``process_batch_result``: deliver tokens, finish requests, free KV. Tokens reach the
+        clients when the phase ends. Returns the CPU time."""
+        now = self.env.now
+        dur = self.costs.process_s(batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx) * self.cpu_jitter()
+        batch.process_start = now
+        batch.process_end = now + dur
+        self.scheduler.process_batch_result(batch, now + dur)
+        self.recorder.step(batch)
+        return dur
+
+    def idle(self) -> simpy.Event:
+        """Nothing to run: an event that fires when the next request arrives."""
+        self._was_idle = True
+        nxt = self.scheduler.next_arrival_s()
+        if nxt is not None:
+            return self.env.timeout(max(0.0, nxt - self.env.now))
+        self._wakeup = self.env.event()
+        return self._wakeup

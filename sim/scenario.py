@@ -1,0 +1,289 @@
+"""Scenario schema (pydantic) and loading from YAML files, dicts and ``--set`` overrides.
+
+A scenario says what load arrives (``workload``), how the server is configured
+(``server``) and what each step costs (``costs``). Every field is validated; unknown keys
+are errors. Times are seconds.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sim.errors import ScenarioError
+
+SETTINGS = ("normal", "overlap", "overlap_mlx")
+NonNegFloat = Annotated[float, Field(ge=0.0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- lengths ---------------------------------------------------------------------------
+
+
+class UniformLength(_Strict):
+    """Integer lengths uniform on [low, high]."""
+
+    dist: Literal["uniform"]
+    low: int = Field(ge=0)
+    high: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.high < self.low:
+            raise ValueError("high must be >= low")
+        return self
+
+
+class NormalLength(_Strict):
+    """Normal lengths, rounded and clipped to [min, max]."""
+
+    dist: Literal["normal"]
+    mean: float = Field(gt=0)
+    std: float = Field(ge=0)
+    min: int = Field(default=1, ge=0)
+    max: Optional[int] = Field(default=None, ge=1)
+
+
+class LognormalLength(_Strict):
+    """Lognormal lengths with arithmetic mean ``mean`` and log-space std ``sigma`` (ShareGPT-like)."""
+
+    dist: Literal["lognormal"]
+    mean: float = Field(gt=0)
+    sigma: float = Field(ge=0)
+    min: int = Field(default=1, ge=0)
+    max: Optional[int] = Field(default=None, ge=1)
+
+
+class ChoiceLength(_Strict):
+    """Lengths drawn from ``values`` with optional ``weights``."""
+
+    dist: Literal["choice"]
+    values: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+    weights: Optional[list[Annotated[float, Field(ge=0)]]] = None
+
+    @model_validator(mode="after")
+    def _same_length(self):
+        if self.weights is not None and (len(self.weights) != len(self.values) or sum(self.weights) <= 0):
+            raise ValueError("weights must have one non-negative entry per value and a positive sum")
+        return self
+
+
+LengthDist = Annotated[
+    Union[UniformLength, NormalLength, LognormalLength, ChoiceLength], Field(discriminator="dist")
+]
+Length = Union[Annotated[int, Field(ge=0)], LengthDist]
+
+
+class Workload(_Strict):
+    """The requests that reach the server."""
+
+    arrival: Literal["closed_loop", "poisson", "trace"] = "closed_loop"
+    concurrency: int = Field(default=8, ge=1)
+    rate_per_s: float = Field(default=4.0, gt=0)
+    trace: Optional[str] = None
+    num_requests: int = Field(default=64, ge=1)
+    warmup_requests: int = Field(default=0, ge=0)
+    input_len: Length = 512
+    cached_len: Length = 0
+    output_len: Length = 256
+    finish: Literal["length", "eos"] = "length"
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.warmup_requests >= self.num_requests and self.arrival != "trace":
+            raise ValueError("warmup_requests must be smaller than num_requests")
+        if self.arrival == "trace" and not self.trace:
+            raise ValueError("arrival: trace needs a trace file (workload.trace)")
+        return self
+
+
+class Server(_Strict):
+    """Server flags that change scheduling (names follow SGLang's ServerArgs)."""
+
+    device: Literal["cuda", "mlx", "cpu"] = "cuda"
+    settings: list[Literal["normal", "overlap", "overlap_mlx"]] = Field(
+        default_factory=lambda: ["overlap", "normal"], min_length=1
+    )
+    max_running_requests: int = Field(default=64, ge=1)
+    chunked_prefill_size: int = Field(default=8192, ge=1)
+    kv_pool_tokens: int = Field(default=400_000, ge=1)
+    init_new_token_ratio: float = Field(default=0.7, ge=0, le=1)
+    retraction: Literal["naive", "v0.5.22"] = "v0.5.22"
+    disable_consecutive_prefill_overlap: bool = False
+
+    @model_validator(mode="after")
+    def _unique(self):
+        if len(set(self.settings)) != len(self.settings):
+            raise ValueError("settings must not repeat a loop")
+        return self
+
+
+class CostTerm(_Strict):
+    """A linear cost in seconds: base + per_req*reqs + per_token*tokens + per_ctx_token*sum(context)."""
+
+    base: NonNegFloat = 0.0
+    per_req: NonNegFloat = 0.0
+    per_token: NonNegFloat = 0.0
+    per_ctx_token: NonNegFloat = 0.0
+
+
+class GpuCosts(_Strict):
+    decode: CostTerm = CostTerm(base=0.004, per_req=2.0e-5, per_ctx_token=1.0e-9)
+    prefill: CostTerm = CostTerm(base=0.002, per_token=1.0e-6)
+    overlap_residue: NonNegFloat = 2.0e-5
+    scale: float = Field(default=1.0, gt=0)
+
+
+class CpuCosts(_Strict):
+    recv: CostTerm = CostTerm(base=2.0e-5, per_req=1.0e-5)
+    schedule: CostTerm = CostTerm(base=1.5e-4, per_req=4.0e-6)
+    launch: CostTerm = CostTerm(base=3.0e-4)
+    process: CostTerm = CostTerm(base=8.0e-5, per_req=1.2e-5)
+    scale: float = Field(default=1.0, gt=0)
+
+
+class Noise(_Strict):
+    """Per-step multiplicative jitter (lognormal, mean 1) with these coefficients of variation."""
+
+    gpu_cv: NonNegFloat = 0.0
+    cpu_cv: NonNegFloat = 0.0
+
+
+class Costs(_Strict):
+    gpu: GpuCosts = GpuCosts()
+    cpu: CpuCosts = CpuCosts()
+    noise: Noise = Noise()
+
+
+class Scenario(_Strict):
+    """A validated scenario. ``source`` is the file it came from (for messages), ``base_dir``
+    the folder that relative paths in it (trace, profile) are resolved against."""
+
+    name: str = Field(min_length=1)
+    seed: int = 0
+    workload: Workload = Workload()
+    server: Server = Server()
+    costs: Costs = Costs()
+    source: str = Field(default="<dict>", exclude=True)
+    base_dir: str = Field(default=".", exclude=True)
+
+    def resolve_path(self, relative: str) -> Path:
+        """A path from the scenario, resolved against the scenario file's folder."""
+        p = Path(relative).expanduser()
+        return p if p.is_absolute() else Path(self.base_dir) / p
+
+    def with_overrides(self, overrides: list[str]) -> "Scenario":
+        """A new scenario with ``key.path=value`` overrides applied (value parsed as YAML)."""
+        raw = self.model_dump(mode="json")
+        apply_overrides(raw, overrides, self.source)
+        return _validate(raw, self.source, self.base_dir)
+
+
+def apply_overrides(raw: dict, overrides: list[str], source: str) -> None:
+    """Set ``a.b.c=value`` entries into ``raw`` in place; values are parsed as YAML scalars/lists.
+
+    Raises:
+        ScenarioError: an override without ``=``, or a path through a non-mapping.
+    """
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ScenarioError(f"--set {item}", "", "expected KEY.PATH=VALUE")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = text
+        node = raw
+        parts = key.split(".")
+        for depth, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                field = ".".join(parts[: depth + 1])
+                raise ScenarioError(f"{source} (--set {item})", field, "is not a mapping; cannot set a key inside it")
+            node = child
+        node[parts[-1]] = value
+
+
+def _format_loc(loc: tuple) -> str:
+    # pydantic puts union member tags (e.g. 'lognormal', 'int') into loc; keep field names only.
+    names = [str(p) for p in loc if not (isinstance(p, str) and p in _UNION_TAGS)]
+    return ".".join(names)
+
+
+_UNION_TAGS = {"int", "uniform", "normal", "lognormal", "choice", "constrained-int", "function-after[_ordered(), UniformLength]"}
+
+
+def _validate(raw: Any, source: str, base_dir: str) -> Scenario:
+    if not isinstance(raw, dict):
+        raise ScenarioError(source, "", "expected a mapping at the top level of the scenario")
+    data = dict(raw)
+    data["source"] = source
+    data["base_dir"] = base_dir
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as err:
+        errors = err.errors(include_url=False)
+        first = errors[0]
+        field = _format_loc(first["loc"])
+        got = first.get("input")
+        msg = first["msg"]
+        if first["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif not isinstance(got, (dict, list)):
+            msg = f"{msg} (got {got!r})"
+        more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
+        raise ScenarioError(source, field, msg + more) from None
+
+
+def load_scenario(path_or_dict: Union[str, Path, dict, Scenario], overrides: Optional[list[str]] = None) -> Scenario:
+    """Load and validate a scenario from a YAML file path or a dict.
+
+    Args:
+        path_or_dict: a path to a YAML file, a mapping with the scenario's keys, or a Scenario.
+        overrides: ``KEY.PATH=VALUE`` strings applied before validation (the CLI's ``--set``).
+
+    Returns:
+        The validated, immutable :class:`Scenario`.
+
+    Raises:
+        ScenarioError: missing or unreadable file, bad YAML, unknown key, wrong type or range;
+            the message names the file and the field.
+    """
+    overrides = list(overrides or [])
+    if isinstance(path_or_dict, Scenario):
+        return path_or_dict.with_overrides(overrides) if overrides else path_or_dict
+    if isinstance(path_or_dict, dict):
+        raw, source, base_dir = copy.deepcopy(path_or_dict), "<dict>", "."
+    else:
+        path = Path(path_or_dict)
+        source, base_dir = str(path), str(path.parent)
+        if not path.is_file():
+            raise ScenarioError(source, "", "no such scenario file")
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f"line {mark.line + 1}" if mark else "YAML"
+            raise ScenarioError(source, "", f"not valid YAML ({where}: {getattr(err, 'problem', err)})") from None
+        except (OSError, UnicodeDecodeError) as err:
+            raise ScenarioError(source, "", f"cannot read the file ({err})") from None
+    if isinstance(raw, dict) and overrides:
+        apply_overrides(raw, overrides, source)
+    scenario = _validate(raw, source, base_dir)
+    _check_files(scenario)
+    return scenario
+
+
+def _check_files(scenario: Scenario) -> None:
+    w = scenario.workload
+    if w.arrival == "trace" and not scenario.resolve_path(w.trace).is_file():
+        raise ScenarioError(scenario.source, "workload.trace", f"no such file: {w.trace}")

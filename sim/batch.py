@@ -66,6 +66,7 @@ class Batch:
     # timeline, filled in by the event loop (seconds)
     recv_start: float = math.nan
     schedule_start: float = math.nan
+    schedule_end: float = math.nan
     launch_start: float = math.nan
     launch_end: float = math.nan
     forward_start: float = math.nan

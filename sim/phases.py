@@ -65,7 +65,7 @@ class Phases:
         dur = c.schedule_s(batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx) * self.cpu_jitter()
         batch.recv_start = self._recv_start
         batch.schedule_start = at
-        batch.launch_start = at + dur
+        batch.schedule_end = batch.launch_start = at + dur
         batch.after_idle = self._was_idle
         self._was_idle = False
         return batch, dur

@@ -80,7 +80,7 @@ def _phase_spans(df: pd.DataFrame) -> dict[str, list[tuple[float, float]]]:
     spans = {k: [] for k in PHASE_COLORS}
     for r in df.itertuples(index=False):
         spans["recv"].append((r.recv_start, r.schedule_start - r.recv_start))
-        spans["schedule"].append((r.schedule_start, r.launch_start - r.schedule_start))
+        spans["schedule"].append((r.schedule_start, r.schedule_end - r.schedule_start))
         spans["launch"].append((r.launch_start, r.launch_end - r.launch_start))
         spans["sync wait"].append((r.sync_start, r.process_start - r.sync_start))
         spans["process"].append((r.process_start, r.process_end - r.process_start))

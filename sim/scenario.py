@@ -214,12 +214,30 @@ def apply_overrides(raw: dict, overrides: list[str], source: str) -> None:
 
 
 def _format_loc(loc: tuple) -> str:
-    # pydantic puts union member tags (e.g. 'lognormal', 'int') into loc; keep field names only.
-    names = [str(p) for p in loc if not (isinstance(p, str) and p in _UNION_TAGS)]
+    # pydantic puts union branch names into loc ('constrained-int', 'tagged-union[...]' followed
+    # by the tag value); keep the user's field names only.
+    names, skip_tag = [], False
+    for part in loc:
+        text = str(part)
+        if skip_tag:
+            skip_tag = False
+            continue
+        if text.startswith("tagged-union["):
+            skip_tag = True
+            continue
+        if text in ("int", "constrained-int") or text.startswith("function-after["):
+            continue
+        names.append(text)
     return ".".join(names)
 
 
-_UNION_TAGS = {"int", "uniform", "normal", "lognormal", "choice", "constrained-int", "function-after[_ordered(), UniformLength]"}
+def _relevant(errors: list[dict]) -> list[dict]:
+    """Drop the errors of union branches that do not match the input's shape (an int branch
+    for a mapping, a mapping branch for a scalar)."""
+    kept = [e for e in errors
+            if not (e["type"] == "int_type" and isinstance(e.get("input"), dict))
+            and not (e["type"] == "model_attributes_type" and not isinstance(e.get("input"), dict))]
+    return kept or errors
 
 
 def _validate(raw: Any, source: str, base_dir: str) -> Scenario:
@@ -231,7 +249,7 @@ def _validate(raw: Any, source: str, base_dir: str) -> Scenario:
     try:
         return Scenario.model_validate(data)
     except ValidationError as err:
-        errors = err.errors(include_url=False)
+        errors = _relevant(err.errors(include_url=False))
         first = errors[0]
         field = _format_loc(first["loc"])
         got = first.get("input")

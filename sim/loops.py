@@ -1,9 +1,11 @@
 """The scheduler's event loops, as SimPy generator functions over :class:`sim.phases.Phases`.
 
 Each loop reads as the timeline it produces; the loops differ only in which batch's results
-are processed after a launch. Sources: SGLang ``Scheduler.event_loop_normal``,
-``event_loop_overlap`` (two CUDA streams in one thread since PR #11210, Oct 2025) and
-``event_loop_overlap_mlx`` (2026), as described in DESIGN.md section 2.
+are processed after a launch. One iteration's phases run back to back on the CPU thread and are
+yielded to SimPy once (``t`` accumulates the iteration's CPU time, blocking waits included).
+Sources: SGLang ``Scheduler.event_loop_normal``, ``event_loop_overlap`` (two CUDA streams in
+one thread since PR #11210, Oct 2025) and ``event_loop_overlap_mlx`` (2026), as described in
+DESIGN.md section 2.
 """
 
 from __future__ import annotations
@@ -17,15 +19,16 @@ def normal_loop(env, p: Phases, server):
     The device idles during every CPU phase: step = T_cpu + T_gpu."""
     sched = p.scheduler
     while not sched.all_done:
-        batch, cpu = p.recv_and_schedule()
+        batch, t = p.recv_and_schedule()
         if batch is None:
-            yield env.timeout(cpu)
+            yield env.timeout(t)
             yield p.idle()
             continue
-        cpu += p.launch(batch, env.now + cpu)
-        yield env.timeout(cpu)
-        yield env.timeout(p.sync(batch))
-        yield env.timeout(p.process(batch))
+        now = env.now
+        t += p.launch(batch, now + t)
+        t += p.sync(batch, now + t)
+        t += p.process(batch, now + t)
+        yield env.timeout(t)
 
 
 def overlap_loop(env, p: Phases, server):
@@ -39,20 +42,19 @@ def overlap_loop(env, p: Phases, server):
     sched = p.scheduler
     last = None
     while not sched.all_done or last is not None:
-        batch, cpu = p.recv_and_schedule()
+        batch, t = p.recv_and_schedule()
+        now = env.now
         if last is not None and batch is not None and _overlap_disabled_for(server, batch, last):
-            yield env.timeout(cpu)
-            cpu = 0.0
-            yield env.timeout(p.sync(last))
-            yield env.timeout(p.process(last))
+            t += p.sync(last, now + t)
+            t += p.process(last, now + t)
             last = None
         if batch is not None:
-            cpu += p.launch(batch, env.now + cpu)
-        yield env.timeout(cpu)
+            t += p.launch(batch, now + t)
         if last is not None:
-            yield env.timeout(p.sync(last))
-            yield env.timeout(p.process(last))
-        elif batch is None:
+            t += p.sync(last, now + t)
+            t += p.process(last, now + t)
+        yield env.timeout(t)
+        if batch is None and last is None:
             yield p.idle()
         last = batch
 
@@ -75,34 +77,23 @@ def overlap_mlx_loop(env, p: Phases, server):
     inflight = None
     finished_last = False
     while not sched.all_done or inflight is not None:
-        cpu = p.recv()
+        t = p.recv()
+        now = env.now
         chain = (inflight is not None and inflight.kind == DECODE and not finished_last
                  and not sched.has_queued_work)
-        if inflight is not None and not chain:
-            yield env.timeout(cpu)
-            yield env.timeout(p.sync(inflight))
-            finished_last = False
-            yield env.timeout(p.process(inflight))
-            inflight = None
-            continue
-        batch, sched_s = p.schedule(env.now + cpu)
-        yield_cpu = cpu
-        if batch is None:
-            yield env.timeout(yield_cpu)
-            if inflight is None:
-                yield p.idle()
-            else:  # nothing to chain (every member finishes): drain the queued step
-                yield env.timeout(p.sync(inflight))
-                yield env.timeout(p.process(inflight))
-                finished_last, inflight = False, None
-            continue
-        cpu += sched_s
-        cpu += p.launch(batch, env.now + cpu)
-        yield env.timeout(cpu)
-        if inflight is not None:
-            yield env.timeout(p.sync(inflight))
-            yield env.timeout(p.process(inflight))
-            finished_last = inflight.finished > 0
+        batch = None
+        if inflight is None or chain:
+            batch, sched_s = p.schedule(now + t)
+            t += sched_s
+        if batch is not None:
+            t += p.launch(batch, now + t)
+        if inflight is not None:  # block on the queued step (chained: while the next one runs)
+            t += p.sync(inflight, now + t)
+            t += p.process(inflight, now + t)
+            finished_last = batch is not None and inflight.finished > 0
+        yield env.timeout(t)
+        if batch is None and inflight is None:
+            yield p.idle()
         inflight = batch
 
 

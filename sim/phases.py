@@ -19,6 +19,11 @@ from sim.trace import TraceRecorder
 class Phases:
     """The scheduler thread's phases (recv, schedule, launch, sync, process) over shared state.
 
+    A loop may run several phases back to back without yielding in between (passing each the
+    time it starts, ``at``) and then yield their total once: nothing else changes the scheduler
+    state inside one CPU iteration (arrivals wait in the inbox until the next ``recv``), so
+    this is the same timeline with one SimPy event per iteration.
+
     Args:
         env: the SimPy environment (its clock is the CPU thread's clock).
         scheduler: policy and state (:class:`sim.policy.Scheduler`).
@@ -88,15 +93,17 @@ class Phases:
         self.stream.enqueue(batch, at + dur, forward)
         return dur
 
-    def sync(self, batch: Batch) -> float:
-        """Block on ``batch``'s forward (``copy_done.synchronize()``). Returns the wait."""
-        batch.sync_start = self.env.now
-        return self.stream.wait_s(batch, self.env.now)
+    def sync(self, batch: Batch, at: float | None = None) -> float:
+        """Block on ``batch``'s forward (``copy_done.synchronize()``) from ``at`` (default: now).
+        Returns the wait."""
+        at = self.env.now if at is None else at
+        batch.sync_start = at
+        return self.stream.wait_s(batch, at)
 
-    def process(self, batch: Batch) -> float:
-        """``process_batch_result``: deliver tokens, finish requests, free KV. Tokens reach the
-        clients when the phase ends. Returns the CPU time."""
-        now = self.env.now
+    def process(self, batch: Batch, at: float | None = None) -> float:
+        """``process_batch_result`` from ``at`` (default: now): deliver tokens, finish requests,
+        free KV. Tokens reach the clients when the phase ends. Returns the CPU time."""
+        now = self.env.now if at is None else at
         dur = self.costs.process_s(batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx) * self.cpu_jitter()
         batch.process_start = now
         batch.process_end = now + dur

@@ -22,6 +22,12 @@ from sim.scenario import Server
 from sim.workload import RequestSpecs
 
 
+# Arrivals within this of ``now`` count as arrived: phase times are sums of floats computed in
+# different orders, and a request sent at the instant a token was delivered must not depend on
+# rounding to be seen by the next recv.
+TIME_EPS_S = 1e-9
+
+
 class ServerDied(Exception):
     """The modelled server process died (e.g. a KV allocation failure). ``reason`` says why."""
 
@@ -86,7 +92,8 @@ class Scheduler:
         queue. Returns how many arrived. A request that can never fit the KV pool is aborted."""
         n = 0
         s = self.specs
-        while self.inbox and self.inbox[0][0] <= now:
+        horizon = now + TIME_EPS_S
+        while self.inbox and self.inbox[0][0] <= horizon:
             arrival, rid = self.inbox.popleft()
             req = Req(rid, arrival, int(s.input_len[rid]), int(s.cached_len[rid]), int(s.output_len[rid]),
                       self.finish_by_length, rid < self.warmup_requests)

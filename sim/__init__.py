@@ -4,7 +4,13 @@ against the synchronous loop), fed by measured costs.
 Python API: :func:`load_scenario`, :func:`simulate`, :func:`compare`, :class:`Result`.
 """
 
-from sim.scenario import Scenario, load_scenario
-from sim.simulate import Result, compare, simulate
+try:
+    from sim.scenario import Scenario, load_scenario
+    from sim.simulate import Result, compare, simulate
+except ModuleNotFoundError as _err:
+    # A calibration host (a GPU box with torch, numpy, rich) may lack the simulator's own
+    # dependencies; sim.errors and sim.report must still import there.
+    if _err.name not in ("pydantic", "yaml", "simpy"):
+        raise
 
 __all__ = ["Scenario", "Result", "load_scenario", "simulate", "compare"]

@@ -47,6 +47,9 @@ class CostModel(Protocol):
     def describe(self) -> dict:
         """JSON-able description recorded with results."""
 
+    def extrapolated_steps(self, steps) -> int:
+        """How many rows of a ``steps`` table were priced outside measured data (0 for inline terms)."""
+
 
 def _term(t: CostTerm, scale: float) -> tuple[float, float, float, float]:
     return (t.base * scale, t.per_req * scale, t.per_token * scale, t.per_ctx_token * scale)
@@ -87,13 +90,27 @@ class LinearCostModel:
     def process_s(self, kind, num_reqs, num_tokens, sum_ctx):
         return self._eval(self._process, num_reqs, num_tokens, sum_ctx)
 
+    def extrapolated_steps(self, steps) -> int:
+        return 0
+
     def describe(self) -> dict:
         return {"kind": "linear", "gpu": self._costs.gpu.model_dump(), "cpu": self._costs.cpu.model_dump()}
 
 
 def make_cost_model(scenario: Scenario) -> CostModel:
-    """The cost model a scenario asks for (inline linear terms)."""
-    return LinearCostModel(scenario.costs)
+    """The cost model a scenario asks for: its calibration profile (``costs.profile``) if it
+    names one, else the inline linear terms.
+
+    Raises:
+        ProfileError: the profile file is unusable (see :func:`calibrate.profile.load_profile`).
+    """
+    c = scenario.costs
+    if c.profile:
+        from calibrate.profile_costs import ProfileCostModel  # calibrate imports sim.errors: no cycle at load
+
+        return ProfileCostModel.from_file(scenario.resolve_path(c.profile), gpu_scale=c.gpu.scale,
+                                          cpu_scale=c.cpu.scale, overlap_residue_s=c.gpu.overlap_residue)
+    return LinearCostModel(c)
 
 
 class Jitter:

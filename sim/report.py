@@ -113,6 +113,9 @@ def print_table(title: str, summaries: dict[str, dict], console: Console | None 
         table.add_row(label, *cells)
     console.print(table)
     for name, s in summaries.items():
+        if s.get("extrapolated_steps"):
+            console.print(f"[yellow]warning: {name}: {s['extrapolated_steps']} steps (warm-up included) lie "
+                          "outside the calibration profile's measured grid; their costs are extrapolated[/]")
         if s.get("outcome", "ok") != "ok":
             console.print(f"[bold red]{name}: {s['outcome']}[/] at t={s.get('outcome_time_s', float('nan')):.3f}s: "
                           f"{s.get('outcome_reason', '')}")

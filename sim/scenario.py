@@ -157,6 +157,12 @@ class Noise(_Strict):
 
 
 class Costs(_Strict):
+    """Step costs. With ``profile`` (a calibration profile, path relative to the scenario file)
+    the forward and CPU phase times come from the profile and the inline ``gpu.decode``,
+    ``gpu.prefill`` and ``cpu.*`` terms are not used; ``scale``, ``overlap_residue`` and
+    ``noise`` apply either way (see :mod:`calibrate.profile_costs`)."""
+
+    profile: Optional[str] = None
     gpu: GpuCosts = GpuCosts()
     cpu: CpuCosts = CpuCosts()
     noise: Noise = Noise()
@@ -305,3 +311,7 @@ def _check_files(scenario: Scenario) -> None:
     w = scenario.workload
     if w.arrival == "trace" and not scenario.resolve_path(w.trace).is_file():
         raise ScenarioError(scenario.source, "workload.trace", f"no such file: {w.trace}")
+    profile = scenario.costs.profile
+    if profile and not scenario.resolve_path(profile).is_file():
+        raise ScenarioError(scenario.source, "costs.profile",
+                            f"no such calibration profile: {scenario.resolve_path(profile)}")

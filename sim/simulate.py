@@ -28,7 +28,8 @@ class Result:
         scenario: the scenario that ran; setting: the event loop ('normal', 'overlap', ...).
         steps, requests, itl: trace tables (schema in :mod:`sim.trace`), times in seconds.
         outcome: {'status': 'ok'|'server_died', 'reason': str, 'time_s': float,
-            'peak_token_usage': fraction of the KV pool}.
+            'peak_token_usage': fraction of the KV pool, 'extrapolated_steps': steps priced
+            outside the calibration profile's measured grid}.
     """
 
     scenario: Scenario
@@ -42,6 +43,7 @@ class Result:
         """bench_serving-style metrics (see :mod:`sim.metrics`) plus the run's outcome."""
         out = summarize(self.steps, self.requests, self.itl)
         out["peak_token_usage"] = self.outcome.get("peak_token_usage", math.nan)
+        out["extrapolated_steps"] = self.outcome.get("extrapolated_steps", 0)
         out["outcome"] = self.outcome.get("status", "ok")
         if self.outcome.get("status") != "ok":
             out["outcome_reason"] = self.outcome.get("reason", "")
@@ -91,7 +93,9 @@ def simulate(scenario: Scenario | str | dict, setting: str) -> Result:
         raise RuntimeError(f"simulation stalled at t={env.now:.6f}s with {scheduler.num_done}/{len(specs)} "
                            "requests done (a modelling bug: please report it with the scenario)")
     outcome["peak_token_usage"] = scheduler.kv_peak / srv.kv_pool_tokens
-    return Result(scenario, setting, recorder.steps_frame(), recorder.requests_frame(), recorder.itl_frame(), outcome)
+    steps = recorder.steps_frame()
+    outcome["extrapolated_steps"] = costs.extrapolated_steps(steps)
+    return Result(scenario, setting, steps, recorder.requests_frame(), recorder.itl_frame(), outcome)
 
 
 def _ignore(_rid: int, _t: float) -> None:

@@ -1,0 +1,180 @@
+"""``overlap-sim calibrate``: measure this device and write a calibration profile.
+
+Also runnable on its own as ``python -m calibrate.cli ...`` on a machine that has torch or MLX
+but not the simulator's dependencies (pydantic, SimPy, PyYAML).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from calibrate.errors import CalibrationInputError
+
+HELP = "time a real model and the scheduler's bookkeeping on this device; write a calibration profile"
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=["torch", "mlx"], required=True, help="framework to time")
+    p.add_argument("--device", choices=["cpu", "cuda", "gpu"], required=True,
+                   help="torch: cpu or cuda; mlx: cpu or gpu (Metal)")
+    p.add_argument("--model", default="tiny", help="model shape: tiny, small, llama-3.2-1b, llama-3.2-3b, "
+                   "llama-3.1-8b, qwen3-0.6b, qwen3-8b (default tiny)")
+    for name in ("layers", "hidden", "heads", "kv-heads", "vocab", "intermediate", "head-dim"):
+        p.add_argument(f"--{name}", type=int, default=None, metavar="N", help=f"override the shape's {name}")
+    p.add_argument("--out", type=Path, required=True, help="profile file to write (JSON)")
+    p.add_argument("--quick", action="store_true", help="a 3x3 grid with few repeats (seconds on a CPU)")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
+                   help="default: bfloat16 on cuda, float16 on Metal, float32 on CPUs")
+    p.add_argument("--batch-sizes", type=_int_list, default=None, metavar="LIST", help="decode batch sizes, e.g. 1,4,16")
+    p.add_argument("--contexts", type=_int_list, default=None, metavar="LIST", help="decode context lengths")
+    p.add_argument("--extend-tokens", type=_int_list, default=None, metavar="LIST", help="prefill token counts")
+    p.add_argument("--prefixes", type=_int_list, default=None, metavar="LIST", help="cached prefix lengths of prefills")
+    p.add_argument("--bookkeeping-batch-sizes", type=_int_list, default=None, metavar="LIST",
+                   help="batch sizes of the CPU bookkeeping")
+    p.add_argument("--repeats", type=int, default=None, help="timed runs per point")
+    p.add_argument("--warmup", type=int, default=None, help="untimed runs per point")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--no-cuda-graph", action="store_true", help="run CUDA decode steps eagerly")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--note", default="", help="free text about the machine, stored in the profile")
+    p.add_argument("--fresh", action="store_true", help="discard samples of an interrupted run")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+
+
+def config_from_args(args: argparse.Namespace):
+    """The :class:`calibrate.config.CalibrationConfig` the arguments describe."""
+    from dataclasses import replace
+
+    from calibrate.config import CalibrationConfig, default_grid
+    from calibrate.shapes import resolve_shape
+
+    shape = resolve_shape(args.model, layers=args.layers, hidden=args.hidden, heads=args.heads,
+                          kv_heads=args.kv_heads, vocab=args.vocab, intermediate=args.intermediate,
+                          head_dim=args.head_dim)
+    grid = default_grid(args.device, args.quick)
+    changes = {k: tuple(v) for k, v in (("decode_batch_sizes", args.batch_sizes), ("decode_contexts", args.contexts),
+                                         ("extend_tokens", args.extend_tokens), ("extend_prefixes", args.prefixes),
+                                         ("bookkeeping_batch_sizes", args.bookkeeping_batch_sizes)) if v}
+    if args.repeats is not None:
+        changes["repeats"] = args.repeats
+    if args.warmup is not None:
+        changes["warmup"] = args.warmup
+    grid = replace(grid, **changes) if changes else grid
+    return CalibrationConfig(args.backend, args.device, shape, grid, dtype=args.dtype, seed=args.seed,
+                             threads=args.threads, cuda_graph=not args.no_cuda_graph, quick=args.quick, note=args.note)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the calibration the arguments describe; print a summary. Returns 0."""
+    from rich.console import Console
+
+    from calibrate.measure import calibrate
+
+    cfg = config_from_args(args)
+    if args.out.is_dir():
+        raise CalibrationInputError("--out", "", f"a file path, not the folder {args.out}")
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        console = Console(stderr=True, width=120)
+    with _Reporter(console, args.quiet) as report:
+        profile = calibrate(cfg, args.out, fresh=args.fresh, report=report, command=canonical_command(args))
+    print_summary(profile, args.out, console)
+    return 0
+
+
+class _Reporter:
+    """A rich progress bar on a terminal; elsewhere (logs, CI) one line per grid point."""
+
+    def __init__(self, console, quiet: bool):
+        self.console, self.quiet = console, quiet
+        self.progress = self.job = None
+        self.t0 = time.perf_counter()
+
+    def __enter__(self):
+        if not self.quiet and self.console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), console=self.console)
+            self.progress.start()
+        return self
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        if self.quiet:
+            return
+        if self.progress is None:
+            if label:
+                self.console.print(f"[{done}/{total}] {time.perf_counter() - self.t0:7.1f}s  {label}", highlight=False)
+            return
+        if self.job is None:
+            self.job = self.progress.add_task("calibrating", total=total)
+        self.progress.update(self.job, completed=done, description=label or "done")
+
+    def __exit__(self, *exc):
+        if self.progress is not None:
+            self.progress.stop()
+        return False
+
+
+def canonical_command(args: argparse.Namespace) -> str:
+    """The command line that reproduces this calibration (recorded in the profile)."""
+    parts = ["overlap-sim", "calibrate"]
+    for key, value in vars(args).items():
+        if key.startswith("_") or key in ("command", "fresh", "quiet") or value in (None, False, "", []):
+            continue
+        if key == "seed" and value == 0:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            parts.append(flag)
+        elif isinstance(value, list):
+            parts += [flag, ",".join(map(str, value))]
+        else:
+            parts += [flag, str(value)]
+    return shlex.join(parts)
+
+
+def print_summary(profile: dict, out: Path, console) -> None:
+    """A short table of the fitted curves."""
+    from rich.table import Table
+
+    m = profile["metadata"]
+    table = Table(title=f"{m['backend']} on {m['device_name']} ({m['host_cpu']}), {m['model']['name']}, {m['dtype']}")
+    for col in ("curve", "grid", "min (ms)", "max (ms)", "R²", "max rel. residual"):
+        table.add_column(col, justify="left" if col in ("curve", "grid") else "right")
+    for name, c in profile["curves"].items():
+        vals = c["values_s"] if len(c["axes"]) == 1 else [v for row in c["values_s"] for v in row]
+        grid = " x ".join(f"{a} {g[0]:g}-{g[-1]:g}" for a, g in zip(c["axes"], c["grid"]))
+        table.add_row(name, grid, f"{min(vals) * 1e3:.4f}", f"{max(vals) * 1e3:.4f}", f"{c['r2']:.3f}",
+                      f"{c['max_rel_residual']:.2f}")
+    console.print(table)
+    console.print(f"profile written to {out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry point (``python -m calibrate.cli``); bad input: one line, exit 2."""
+    from sim.errors import UserInputError
+
+    parser = argparse.ArgumentParser(prog="calibrate", description=HELP)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except UserInputError as err:
+        print(f"calibrate: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

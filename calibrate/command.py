@@ -1,0 +1,8 @@
+"""Registers ``overlap-sim calibrate`` with the simulator's command line (:mod:`sim.cli`)."""
+
+from __future__ import annotations
+
+from calibrate.cli import HELP, add_arguments, run
+from sim.cli import command
+
+command("calibrate", HELP, add_arguments)(run)

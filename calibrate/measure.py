@@ -1,0 +1,274 @@
+"""Run a calibration: measure every grid point, append raw samples to a sidecar file as they are
+measured (an interrupted run resumes from it), fit the curves and write the profile atomically.
+
+The sidecar is ``<out>.samples.jsonl``: a header line with the run's identity, then one line per
+measured point. A rerun with the same settings skips the points already there; a rerun with
+other settings refuses to mix them (``--fresh`` starts over). It is deleted once the profile is
+written. torch and MLX are imported only when their backend is created.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from calibrate.bench_bookkeeping import BookkeepingBench
+from calibrate.bookkeeping import Bookkeeper, DecodeBatch, ExtendBatch
+from calibrate.config import CalibrationConfig
+from calibrate.errors import CalibrationInputError
+from calibrate.profile import build_profile, save_profile
+from calibrate.requests import Req
+
+KV_MEMORY_SHARE = 0.85  # most of the free device memory the KV cache may take
+DECODE_ROW_PAD = 64
+
+
+@dataclass(frozen=True)
+class Task:
+    """One grid point: ``kind`` is 'decode', 'extend' or 'bookkeeping'; ``a``/``b`` its coordinates."""
+
+    kind: str
+    a: int
+    b: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.a}:{self.b}"
+
+    def label(self) -> str:
+        return {"decode": f"decode batch {self.a} x ctx {self.b}", "extend": f"extend {self.a} tokens after {self.b}",
+                "bookkeeping": f"CPU bookkeeping, batch {self.a}"}[self.kind]
+
+
+def plan(cfg: CalibrationConfig) -> list[Task]:
+    """Every point of the grid, forwards first (decode, extend), then the CPU bookkeeping."""
+    g = cfg.grid
+    tasks = [Task("decode", bs, ctx) for bs in g.decode_batch_sizes for ctx in g.decode_contexts]
+    tasks += [Task("extend", t, p) for t in g.extend_tokens for p in g.extend_prefixes]
+    tasks += [Task("bookkeeping", n) for n in (0,) + g.bookkeeping_batch_sizes]
+    return tasks
+
+
+def host_cpu() -> str:
+    """The host CPU's model name (Linux /proc/cpuinfo, macOS sysctl, else platform)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    if sys.platform == "darwin":
+        try:
+            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                                  timeout=5).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or platform.machine()
+
+
+def make_backend(cfg: CalibrationConfig):
+    """The torch or MLX backend (imports the framework here, not at module load).
+
+    Raises:
+        CalibrationInputError: the framework is not installed, or the device is not there.
+    """
+    try:
+        if cfg.backend == "torch":
+            from calibrate.torch_backend import TorchBackend as cls
+        else:
+            from calibrate.mlx_backend import MlxBackend as cls
+    except ImportError as err:
+        hint = "pip install 'mlx[cpu]' (Linux) or mlx (macOS)" if cfg.backend == "mlx" else "pip install torch"
+        raise CalibrationInputError("--backend", "", f"{cfg.backend} needs {err.name or 'its package'}: {hint}") from None
+    return cls(cfg)
+
+
+class Sidecar:
+    """The append-only file of raw samples of one calibration run."""
+
+    def __init__(self, path: Path, identity: dict, fresh: bool):
+        self.path, self.identity = path, identity
+        self.done: dict[str, list[dict]] = {}
+        if fresh:
+            path.unlink(missing_ok=True)
+        if path.exists():
+            self._read()
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._write_line({"sidecar": "overlap-sim calibration samples", "identity": identity})
+
+    def _read(self) -> None:
+        lines = self.path.read_text().splitlines()
+        try:
+            head = json.loads(lines[0]) if lines else {}
+        except json.JSONDecodeError:
+            head = {}
+        if head.get("identity") != self.identity:
+            raise CalibrationInputError(str(self.path), "", "holds samples of a different calibration (backend, "
+                                        "device, model, dtype or grid differ); pass --fresh to discard them")
+        for line in lines[1:]:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by an interruption: measured again
+                continue
+            self.done[rec["task"]] = rec["samples"]
+        if lines and not self.path.read_text().endswith("\n"):
+            with self.path.open("a") as fh:
+                fh.write("\n")
+
+    def _write_line(self, obj: dict) -> None:
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(obj) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def append(self, task: Task, samples: list[dict]) -> None:
+        self.done[task.key] = samples
+        self._write_line({"task": task.key, "samples": samples})
+
+
+class Measurer:
+    """Measures tasks with one backend, one model and one bookkeeping bench (created lazily)."""
+
+    def __init__(self, cfg: CalibrationConfig, backend):
+        self.cfg, self.backend = cfg, backend
+        self.rng = np.random.default_rng(cfg.seed)
+        self._model = None
+        self._kv_for = None
+        self._bench = None
+
+    def _model_with_kv(self, kind: str):
+        if self._model is None:
+            self._model = self.backend.create_model(self.cfg.shape)
+        g = self.cfg.grid
+        # decode rows are longer than the longest context, so every point slices its keys out of a
+        # longer row, as a serving loop does (a full-row slice is a faster contiguous gather)
+        slots, ctx = ((max(g.decode_batch_sizes), max(g.decode_contexts) + DECODE_ROW_PAD) if kind == "decode"
+                      else (1, g.max_extend_ctx))
+        if self._kv_for != (slots, ctx):
+            self._check_memory(slots, ctx)
+            self._model.allocate_kv(slots, ctx)
+            self._kv_for = (slots, ctx)
+        return self._model
+
+    def _check_memory(self, slots: int, ctx: int) -> None:
+        free = self.backend.free_bytes()
+        dtype_bytes = 4 if self.cfg.resolved_dtype == "float32" else 2
+        need = slots * ctx * self.cfg.shape.kv_bytes_per_token(dtype_bytes)
+        if free is not None and need > KV_MEMORY_SHARE * free:
+            raise CalibrationInputError("calibration grid", "", f"the KV cache for {slots} requests x {ctx} tokens "
+                                        f"needs {need / 2**30:.1f} GiB but {free / 2**30:.1f} GiB are free; pass "
+                                        "smaller --batch-sizes / --contexts / --extend-tokens / --prefixes")
+
+    def _tokens(self, n: int) -> list[int]:
+        return self.rng.integers(0, self.cfg.shape.vocab, n).tolist()
+
+    def run(self, task: Task) -> list[dict]:
+        """Measure one task; returns its sample records (curve, point, times_s)."""
+        g = self.cfg.grid
+        if task.kind == "decode":
+            bs, ctx = task.a, task.b
+            reqs = [Req(f"d{i}", self._tokens(ctx), 1 << 30, req_slot=i) for i in range(bs)]
+            batch = DecodeBatch(reqs, np.arange(bs, dtype=np.int64))
+            model = self._model_with_kv("decode")
+            fwd, launch = self.backend.measure_decode(model, lambda: Bookkeeper.decode_inputs(batch), bs, ctx,
+                                                      g.warmup, g.repeats)
+            return [{"curve": "forward.decode", "point": {"num_reqs": bs, "ctx": ctx}, "times_s": fwd},
+                    {"curve": "launch.decode", "point": {"num_reqs": bs}, "times_s": launch}]
+        if task.kind == "extend":
+            tokens, prefix = task.a, task.b
+            req = Req("e0", self._tokens(prefix + tokens), 1 << 30, req_slot=0)
+            batch = ExtendBatch([req], [prefix], [tokens], np.arange(tokens, dtype=np.int64))
+            model = self._model_with_kv("extend")
+            fwd, launch = self.backend.measure_extend(model, lambda: Bookkeeper.extend_inputs(batch),
+                                                      g.warmup, g.repeats)
+            return [{"curve": "forward.extend", "point": {"num_tokens": tokens, "prefix": prefix}, "times_s": fwd},
+                    {"curve": "launch.extend", "point": {"num_tokens": tokens}, "times_s": launch}]
+        if self._bench is None:
+            self._bench = BookkeepingBench(max(g.bookkeeping_batch_sizes), seed=self.cfg.seed)
+        out = self._bench.measure(task.a, g.warmup, g.repeats)
+        return [{"curve": name, "point": {"num_reqs": task.a}, "times_s": times} for name, times in out.items()]
+
+
+def merge_samples(records: list[dict]) -> list[dict]:
+    """One record per (curve, point), samples of repeated points (e.g. launch.decode measured at
+    every context) pooled."""
+    merged: dict[tuple, dict] = {}
+    for r in records:
+        key = (r["curve"], tuple(sorted(r["point"].items())))
+        if key in merged:
+            merged[key]["times_s"] = merged[key]["times_s"] + r["times_s"]
+        else:
+            merged[key] = {"curve": r["curve"], "point": dict(r["point"]), "times_s": list(r["times_s"])}
+    return list(merged.values())
+
+
+def metadata(cfg: CalibrationConfig, described: dict, command: str) -> dict:
+    """The profile's metadata object."""
+    import tokenizers
+
+    libs = {"python": platform.python_version(), "tokenizers": tokenizers.__version__, **described.pop("libraries")}
+    return {"backend": cfg.backend, "device": cfg.device, "device_name": described.pop("device_name"),
+            "host_cpu": host_cpu(), "host_cores": os.cpu_count(), "platform": platform.platform(),
+            "libraries": libs, "model": cfg.shape.to_dict(), "params": cfg.shape.num_params,
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "grid": cfg.grid.to_dict(),
+            "repeats": cfg.grid.repeats, "warmup": cfg.grid.warmup, "quick": cfg.quick, "seed": cfg.seed,
+            "note": cfg.note, "command": command, "timing": _TIMING[cfg.backend if cfg.device == "cpu" else cfg.device],
+            **described}
+
+
+_TIMING = {
+    "torch": "forward: perf_counter around forward + argmax + tolist; launch: building the inputs",
+    "mlx": "forward: perf_counter from mx.async_eval to tolist after an mx.eval barrier; launch: inputs + "
+           "lazy graph",
+    "cuda": "forward: CUDA events around inputs copy + forward + argmax + device-to-host copy (stream held "
+            "until queued); launch: perf_counter CPU time to queue the step",
+    "gpu": "forward: perf_counter from mx.async_eval to tolist after an mx.eval barrier; launch: inputs + "
+           "lazy graph",
+}
+
+
+def calibrate(cfg: CalibrationConfig, out: Path, *, fresh: bool = False,
+              report: Callable[[int, int, str], None] | None = None, command: str = "") -> dict:
+    """Measure ``cfg``'s grid (resuming from ``out``'s sidecar), write the profile to ``out``.
+
+    Args:
+        report: called as ``report(done, total, label)`` before each point is measured and
+            once at the end with ``label == ""`` (progress display).
+
+    Returns:
+        The profile written.
+
+    Raises:
+        CalibrationInputError: missing framework or device, a grid too large for the device, a
+            sidecar of another calibration.
+    """
+    out = Path(out)
+    sidecar = Sidecar(out.with_name(out.name + ".samples.jsonl"), cfg.identity(), fresh)
+    tasks = plan(cfg)
+    backend = make_backend(cfg)
+    measurer = Measurer(cfg, backend)
+    done = sum(t.key in sidecar.done for t in tasks)
+    for task in tasks:
+        if task.key in sidecar.done:
+            continue
+        if report is not None:
+            report(done, len(tasks), task.label())
+        sidecar.append(task, measurer.run(task))
+        done += 1
+    if report is not None:
+        report(done, len(tasks), "")
+    records = [s for t in tasks for s in sidecar.done[t.key]]
+    profile = build_profile(metadata(cfg, backend.describe(), command), merge_samples(records))
+    save_profile(out, profile)
+    sidecar.path.unlink(missing_ok=True)
+    return profile

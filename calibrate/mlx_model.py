@@ -1,0 +1,151 @@
+"""The same Llama-style decoder in MLX (CPU via ``mlx[cpu]``, Metal on a Mac), lazily evaluated.
+
+Mirrors :mod:`calibrate.torch_model`: same weight names and layouts, same KV cache indexed by
+request slot (``[max_slots, kv_heads, max_ctx, head_dim]`` per layer), same ``extend`` and
+``decode`` API. Calls only build the lazy graph; ``mx.eval`` / ``mx.async_eval`` on the result
+runs it (what SGLang's ``event_loop_overlap_mlx`` chains). Attention uses
+``mx.fast.scaled_dot_product_attention``, which handles grouped-query heads itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+
+from calibrate.shapes import ModelShape
+from calibrate.weights import INIT_STD, is_norm, rope_tables, weight_shapes
+
+
+class MlxLlama:
+    """Random-weight decoder of ``shape`` on MLX's default device (set it with ``mx.set_default_device``).
+
+    Args:
+        shape: the sizes. dtype: ``mx.float32``, ``mx.float16`` or ``mx.bfloat16``.
+        seed: seed of MLX's random initialisation. weights: optional numpy weights by name.
+    """
+
+    def __init__(self, shape: ModelShape, dtype=mx.float32, seed: int = 0,
+                 weights: dict[str, np.ndarray] | None = None):
+        self.shape, self.dtype = shape, dtype
+        key = mx.random.key(seed)
+        self.w: dict[str, mx.array] = {}
+        for name, dims in weight_shapes(shape).items():
+            if weights is not None:
+                t = mx.array(weights[name]).astype(dtype)
+            elif is_norm(name):
+                t = mx.ones(dims, dtype=dtype)
+            else:
+                key, sub = mx.random.split(key)
+                t = (mx.random.normal(dims, key=sub) * INIT_STD).astype(dtype)
+            self.w[name] = t
+        mx.eval(list(self.w.values()))
+        self.lm_head = self.w["embed"] if shape.tie_embeddings else self.w["lm_head"]
+        self.scale = 1.0 / math.sqrt(shape.head_dim)
+        self.k_cache: list[mx.array] = []
+        self.v_cache: list[mx.array] = []
+        self.max_slots = self.max_ctx = 0
+
+    def allocate_kv(self, max_slots: int, max_ctx: int) -> None:
+        """(Re)allocate a zeroed KV cache for ``max_slots`` requests of up to ``max_ctx`` tokens."""
+        s = self.shape
+        self.k_cache = self.v_cache = []
+        dims = (max_slots, s.kv_heads, max_ctx, s.head_dim)
+        self.k_cache = [mx.zeros(dims, dtype=self.dtype) for _ in range(s.layers)]
+        self.v_cache = [mx.zeros(dims, dtype=self.dtype) for _ in range(s.layers)]
+        cos, sin = rope_tables(s, max_ctx)
+        self.cos, self.sin = mx.array(cos).astype(self.dtype), mx.array(sin).astype(self.dtype)
+        mx.eval(self.k_cache, self.v_cache, self.cos, self.sin)
+        self.max_slots, self.max_ctx = max_slots, max_ctx
+
+    # --- building blocks ---------------------------------------------------------------------
+    def _rms(self, x: mx.array, w: mx.array) -> mx.array:
+        return mx.fast.rms_norm(x, w, self.shape.rms_eps)
+
+    @staticmethod
+    def _rope(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return mx.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+    def _qkv(self, i: int, x: mx.array, cos, sin):
+        s, w, p = self.shape, self.w, f"layers.{i}."
+        n = x.shape[0]
+        qkv = self._rms(x, w[p + "attn_norm"]) @ w[p + "qkv"].T
+        hq, hk = s.heads * s.head_dim, s.kv_heads * s.head_dim
+        q = qkv[:, :hq].reshape(n, s.heads, s.head_dim)
+        k = qkv[:, hq:hq + hk].reshape(n, s.kv_heads, s.head_dim)
+        v = qkv[:, hq + hk:].reshape(n, s.kv_heads, s.head_dim)
+        if s.qk_norm:
+            q, k = self._rms(q, w[p + "q_norm"]), self._rms(k, w[p + "k_norm"])
+        return self._rope(q, cos, sin), self._rope(k, cos, sin), v
+
+    def _mlp(self, i: int, x: mx.array, attn: mx.array) -> mx.array:
+        w, p = self.w, f"layers.{i}."
+        x = x + attn @ w[p + "o"].T
+        gu = self._rms(x, w[p + "mlp_norm"]) @ w[p + "gate_up"].T
+        inter = self.shape.intermediate
+        gate, up = gu[:, :inter], gu[:, inter:]
+        return x + (gate * mx.sigmoid(gate) * up) @ w[p + "down"].T
+
+    def _logits(self, x: mx.array) -> mx.array:
+        return self._rms(x, self.w["final_norm"]) @ self.lm_head.T
+
+    # --- forward passes ------------------------------------------------------------------------
+    def decode_logits(self, input_ids: mx.array, slots: mx.array, positions: mx.array,
+                      ctx_len: int | None = None) -> mx.array:
+        """One decode step for B running requests (lazy). Arguments as
+        :meth:`calibrate.torch_model.TorchLlama.decode_logits` (int32 arrays). Returns [B, vocab]."""
+        s = self.shape
+        b = input_ids.shape[0]
+        length = ctx_len or self.max_ctx
+        x = self.w["embed"][input_ids]
+        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        mask = (mx.arange(length)[None, :] <= positions[:, None])[:, None, None, :]
+        for i in range(s.layers):
+            q, k, v = self._qkv(i, x, cos, sin)
+            self.k_cache[i][slots, :, positions] = k
+            self.v_cache[i][slots, :, positions] = v
+            keys = self.k_cache[i][slots, :, :length]
+            vals = self.v_cache[i][slots, :, :length]
+            o = mx.fast.scaled_dot_product_attention(q[:, :, None, :], keys, vals, scale=self.scale, mask=mask)
+            x = self._mlp(i, x, o.reshape(b, s.heads * s.head_dim))
+        return self._logits(x)
+
+    def decode(self, input_ids, slots, positions, ctx_len: int | None = None) -> mx.array:
+        """:meth:`decode_logits` then greedy sampling: [B] next tokens (lazy)."""
+        return mx.argmax(self.decode_logits(input_ids, slots, positions, ctx_len), axis=-1)
+
+    def extend_logits(self, input_ids: mx.array, slots: list[int], prefix_lens: list[int],
+                      extend_lens: list[int]) -> mx.array:
+        """One prefill batch (lazy); arguments as :meth:`TorchLlama.extend_logits`. Returns [R, vocab]."""
+        s = self.shape
+        pos = mx.array(np.concatenate([np.arange(p, p + e) for p, e in zip(prefix_lens, extend_lens)]))
+        x = self.w["embed"][input_ids]
+        cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]
+        masks = []
+        for p, e in zip(prefix_lens, extend_lens):
+            if p == 0:
+                masks.append("causal")
+            else:
+                masks.append(mx.arange(p + e)[None, :] <= (p + mx.arange(e))[:, None])
+        for i in range(s.layers):
+            q, k, v = self._qkv(i, x, cos, sin)
+            outs, off = [], 0
+            for slot, p, e, mask in zip(slots, prefix_lens, extend_lens, masks):
+                self.k_cache[i][slot, :, p:p + e] = k[off:off + e].transpose(1, 0, 2)
+                self.v_cache[i][slot, :, p:p + e] = v[off:off + e].transpose(1, 0, 2)
+                qr = q[off:off + e].transpose(1, 0, 2)[None]
+                keys = self.k_cache[i][slot, :, :p + e][None]
+                vals = self.v_cache[i][slot, :, :p + e][None]
+                o = mx.fast.scaled_dot_product_attention(qr, keys, vals, scale=self.scale, mask=mask)
+                outs.append(o[0].transpose(1, 0, 2).reshape(e, s.heads * s.head_dim))
+                off += e
+            x = self._mlp(i, x, mx.concatenate(outs) if len(outs) > 1 else outs[0])
+        last = mx.array(np.cumsum(extend_lens) - 1)
+        return self._logits(x[last])
+
+    def extend(self, input_ids, slots, prefix_lens, extend_lens) -> mx.array:
+        """:meth:`extend_logits` then greedy sampling: [R] first tokens (lazy)."""
+        return mx.argmax(self.extend_logits(input_ids, slots, prefix_lens, extend_lens), axis=-1)

@@ -1,0 +1,181 @@
+"""The calibration profile file: schema, building from samples, validation, loading, saving.
+
+One JSON object::
+
+    {"format": "overlap-sim calibration profile", "schema_version": 1,
+     "metadata": {backend, device, device_name, host_cpu, libraries, model, dtype, date, grid,
+                  repeats, warmup, ...},
+     "samples": [{"curve": "forward.decode", "point": {"num_reqs": 8, "ctx": 512},
+                  "times_s": [...]}, ...],
+     "curves": {"forward.decode": {"axes": [...], "grid": [[...], [...]], "values_s": [[...]],
+                                   "spread_rel": ..., "r2": ..., "max_rel_residual": ...,
+                                   "loo_max_rel_error": ..., "linear": {...}}, ...}}
+
+Curves (see :data:`CURVE_AXES`): the device time of a forward (``forward.decode`` over batch
+size x context per request; ``forward.extend`` over new tokens x cached prefix per request),
+and the CPU time of each scheduler phase the simulator charges (``recv``, ``schedule.*``,
+``launch.*``, ``process.*``). This module imports no torch or MLX: the simulator loads
+profiles with it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from calibrate.errors import ProfileError
+from calibrate.fit import Curve, fit_curve
+
+FORMAT = "overlap-sim calibration profile"
+SCHEMA_VERSION = 1
+# curve name -> axis names (what the simulator evaluates it at)
+CURVE_AXES: dict[str, tuple[str, ...]] = {
+    "forward.decode": ("num_reqs", "ctx"),
+    "forward.extend": ("num_tokens", "prefix"),
+    "recv": ("num_reqs",),
+    "schedule.extend": ("num_reqs",),
+    "schedule.decode": ("num_reqs",),
+    "launch.extend": ("num_tokens",),
+    "launch.decode": ("num_reqs",),
+    "process.extend": ("num_reqs",),
+    "process.decode": ("num_reqs",),
+}
+REQUIRED_METADATA = ("backend", "device", "device_name", "host_cpu", "libraries", "model", "date",
+                     "grid", "repeats")
+
+
+def build_profile(metadata: dict, samples: list[dict]) -> dict:
+    """Fit every curve of :data:`CURVE_AXES` to ``samples`` and assemble a profile.
+
+    Args:
+        metadata: the ``metadata`` object (keys of :data:`REQUIRED_METADATA` and more).
+        samples: ``{"curve", "point": {axis: value}, "times_s": [...]}`` records.
+
+    Raises:
+        ProfileError: a curve has no samples or its samples do not cover a full grid.
+    """
+    curves = {}
+    for name, axes in CURVE_AXES.items():
+        pts = [([s["point"][a] for a in axes], s["times_s"]) for s in samples if s["curve"] == name]
+        try:
+            curves[name] = fit_curve(axes, pts)
+        except ValueError as err:
+            raise ProfileError("calibration samples", f"curves.{name}", str(err)) from None
+    profile = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "metadata": metadata,
+               "samples": samples, "curves": curves}
+    validate_profile(profile, "<built profile>")
+    return profile
+
+
+def profile_text(profile: dict) -> str:
+    """The profile as JSON text (strict: no NaN or infinity)."""
+    return json.dumps(profile, indent=1, allow_nan=False) + "\n"
+
+
+def save_profile(path: str | Path, profile: dict) -> None:
+    """Write ``profile`` to ``path`` atomically (temporary file + rename)."""
+    from sim.report import atomic_write_text  # pandas-free callers keep importing this module fast
+
+    atomic_write_text(Path(path), profile_text(profile))
+
+
+def load_profile(path: str | Path) -> dict:
+    """Read and validate a profile file.
+
+    Raises:
+        ProfileError: missing or unreadable file, not JSON, not a profile, a newer schema, a
+            missing curve or metadata key, a malformed curve, NaN/infinite/negative times. The
+            message names the file and the offending field.
+    """
+    path = Path(path)
+    source = str(path)
+    if not path.is_file():
+        raise ProfileError(source, "", "no such profile file")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ProfileError(source, "", f"cannot read the file ({err})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ProfileError(source, "", f"not valid JSON (line {err.lineno}: {err.msg}); "
+                           "the file is corrupt or truncated") from None
+    validate_profile(data, source)
+    return data
+
+
+def validate_profile(data, source: str) -> None:
+    """Check a parsed profile; raise :class:`ProfileError` naming the first bad field."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ProfileError(source, "format", f"{FORMAT!r}: this is not an overlap-sim calibration profile")
+    version = data.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ProfileError(source, "schema_version", f"a positive integer (got {version!r})")
+    if version > SCHEMA_VERSION:
+        raise ProfileError(source, "schema_version", f"at most {SCHEMA_VERSION} (got {version}): the profile "
+                           "was written by a newer overlap-sim; upgrade to read it")
+    meta = data.get("metadata")
+    if not isinstance(meta, dict):
+        raise ProfileError(source, "metadata", "an object")
+    for key in REQUIRED_METADATA:
+        if key not in meta:
+            raise ProfileError(source, f"metadata.{key}", "missing")
+    curves = data.get("curves")
+    if not isinstance(curves, dict):
+        raise ProfileError(source, "curves", "an object with one curve per forward kind and phase")
+    for name, axes in CURVE_AXES.items():
+        if name not in curves:
+            raise ProfileError(source, f"curves.{name}", "missing: a profile needs a curve for every forward "
+                               f"kind and phase ({', '.join(CURVE_AXES)})")
+        _check_curve(curves[name], axes, source, f"curves.{name}")
+    samples = data.get("samples")
+    if not isinstance(samples, list):
+        raise ProfileError(source, "samples", "a list of raw timing samples")
+    for k, s in enumerate(samples):
+        where = f"samples[{k}]"
+        if not isinstance(s, dict) or s.get("curve") not in CURVE_AXES or not isinstance(s.get("point"), dict) \
+                or not isinstance(s.get("times_s"), list):
+            raise ProfileError(source, where, "an object with curve (a known curve), point and times_s")
+        for i, t in enumerate(s["times_s"]):
+            _check_time(t, source, f"{where}.times_s[{i}]")
+
+
+def _check_time(t, source: str, field: str) -> None:
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        raise ProfileError(source, field, f"a finite time in seconds >= 0 (got {t!r})")
+
+
+def _check_curve(c, axes: tuple[str, ...], source: str, where: str) -> None:
+    if not isinstance(c, dict):
+        raise ProfileError(source, where, "an object with axes, grid and values_s")
+    if c.get("axes") != list(axes):
+        raise ProfileError(source, f"{where}.axes", f"{list(axes)} (got {c.get('axes')!r})")
+    grid = c.get("grid")
+    if not isinstance(grid, list) or len(grid) != len(axes):
+        raise ProfileError(source, f"{where}.grid", f"{len(axes)} list(s) of node coordinates")
+    for d, nodes in enumerate(grid):
+        ok = isinstance(nodes, list) and nodes and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in nodes)
+        if not ok or any(b <= a for a, b in zip(nodes, nodes[1:])):
+            raise ProfileError(source, f"{where}.grid[{d}]", "a non-empty, strictly increasing list of numbers >= 0")
+    values = c.get("values_s")
+    if len(axes) == 1:
+        if not isinstance(values, list) or len(values) != len(grid[0]):
+            raise ProfileError(source, f"{where}.values_s", f"a list of {len(grid[0])} times (one per grid node)")
+        for i, t in enumerate(values):
+            _check_time(t, source, f"{where}.values_s[{i}]")
+    else:
+        if not isinstance(values, list) or len(values) != len(grid[0]) or any(
+                not isinstance(r, list) or len(r) != len(grid[1]) for r in values):
+            raise ProfileError(source, f"{where}.values_s",
+                               f"{len(grid[0])} rows of {len(grid[1])} times (one per grid node)")
+        for i, row in enumerate(values):
+            for j, t in enumerate(row):
+                _check_time(t, source, f"{where}.values_s[{i}][{j}]")
+
+
+def profile_curves(profile: dict) -> dict[str, Curve]:
+    """The evaluable :class:`Curve` of every curve in a validated profile."""
+    return {name: Curve(c["axes"], c["grid"], c["values_s"]) for name, c in profile["curves"].items()
+            if name in CURVE_AXES}

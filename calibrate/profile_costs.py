@@ -1,0 +1,105 @@
+"""The simulator's cost model read from a calibration profile (no torch or MLX needed).
+
+Each simulated step is priced by the profile's curves (see :mod:`calibrate.profile`):
+
+- forward, decode: ``forward.decode(num_reqs, sum_ctx / num_reqs)``;
+- forward, extend: ``forward.extend(num_tokens, (sum_ctx - num_tokens) / num_reqs)``: the
+  batch's new tokens and its mean cached prefix per request (the profile times one request per
+  extend, so a multi-request prefill is priced like one request of all its tokens);
+- recv: ``recv(new requests)``; schedule / process: ``schedule.<kind>(num_reqs)``,
+  ``process.<kind>(num_reqs)``; launch: ``launch.decode(num_reqs)``,
+  ``launch.extend(num_tokens)``.
+
+With a profile, the scenario's inline linear terms (``costs.gpu.decode``/``prefill``,
+``costs.cpu.recv``/...) are not used; ``costs.gpu.scale`` multiplies the forward curves,
+``costs.cpu.scale`` the phase curves, and ``costs.gpu.overlap_residue`` and ``costs.noise``
+still apply as without a profile.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from calibrate.profile import load_profile, profile_curves
+
+EXTEND, DECODE = 0, 1  # the values of sim.costs.EXTEND / DECODE (SGLang ForwardMode)
+
+
+class ProfileCostModel:
+    """A :class:`sim.costs.CostModel` whose durations come from a measured profile.
+
+    Args:
+        profile: a validated profile (see :func:`calibrate.profile.load_profile`).
+        gpu_scale, cpu_scale: multipliers of the forward and of the CPU phase curves.
+        overlap_residue_s: device time the FutureMap resolve adds per step under ``overlap``.
+        source: where the profile came from (recorded by :meth:`describe`).
+    """
+
+    def __init__(self, profile: dict, gpu_scale: float = 1.0, cpu_scale: float = 1.0,
+                 overlap_residue_s: float = 0.0, source: str = "<dict>"):
+        self.profile = profile
+        self.source = source
+        self.gpu_scale, self.cpu_scale = gpu_scale, cpu_scale
+        self.overlap_residue_s = overlap_residue_s * gpu_scale
+        c = self.curves = profile_curves(profile)
+        self._forward = (c["forward.extend"], c["forward.decode"])
+        self._recv = c["recv"]
+        self._schedule = (c["schedule.extend"], c["schedule.decode"])
+        self._launch = (c["launch.extend"], c["launch.decode"])
+        self._process = (c["process.extend"], c["process.decode"])
+
+    @classmethod
+    def from_file(cls, path: str | Path, **kwargs) -> "ProfileCostModel":
+        """Load ``path`` (raises :class:`calibrate.errors.ProfileError` if it is unusable)."""
+        return cls(load_profile(path), source=str(path), **kwargs)
+
+    def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
+        if kind == DECODE:
+            return self._forward[DECODE](num_reqs, sum_ctx / num_reqs) * self.gpu_scale
+        return self._forward[EXTEND](num_tokens, (sum_ctx - num_tokens) / num_reqs) * self.gpu_scale
+
+    def recv_s(self, num_new_reqs: int) -> float:
+        return self._recv(num_new_reqs) * self.cpu_scale
+
+    def schedule_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
+        return self._schedule[kind](num_reqs) * self.cpu_scale
+
+    def launch_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
+        return self._launch[kind](num_reqs if kind == DECODE else num_tokens) * self.cpu_scale
+
+    def process_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
+        return self._process[kind](num_reqs) * self.cpu_scale
+
+    def extrapolated_steps(self, steps) -> int:
+        """How many steps of a trace (``steps`` table of :mod:`sim.trace`) fall outside the
+        profile's measured grid for their forward or for a CPU phase curve (priced by
+        extrapolation)."""
+        if len(steps) == 0:
+            return 0
+        kind = steps["kind"].astype(str).to_numpy()
+        n = steps["num_reqs"].to_numpy(dtype=np.float64)
+        tok = steps["num_tokens"].to_numpy(dtype=np.float64)
+        ctx = steps["sum_ctx"].to_numpy(dtype=np.float64)
+        nz = np.maximum(n, 1.0)
+        c = self.curves
+        dec = kind == "decode"
+        ok_dec = (c["forward.decode"].inside_array(n, ctx / nz) & c["schedule.decode"].inside_array(n)
+                  & c["launch.decode"].inside_array(n) & c["process.decode"].inside_array(n))
+        ok_ext = (c["forward.extend"].inside_array(tok, (ctx - tok) / nz) & c["schedule.extend"].inside_array(n)
+                  & c["launch.extend"].inside_array(tok) & c["process.extend"].inside_array(n))
+        return int((dec & ~ok_dec).sum() + (~dec & ~ok_ext).sum())
+
+    def grid_text(self) -> str:
+        """The measured ranges in words (for warnings)."""
+        d, e = self.curves["forward.decode"], self.curves["forward.extend"]
+        return (f"decode batch {d.lo[0]:g}-{d.hi[0]:g} x context {d.lo[1]:g}-{d.hi[1]:g}, "
+                f"extend tokens {e.lo[0]:g}-{e.hi[0]:g} x prefix {e.lo[1]:g}-{e.hi[1]:g}")
+
+    def describe(self) -> dict:
+        m = self.profile["metadata"]
+        return {"kind": "profile", "path": self.source, "backend": m.get("backend"), "device": m.get("device"),
+                "device_name": m.get("device_name"), "model": m.get("model", {}).get("name"),
+                "date": m.get("date"), "gpu_scale": self.gpu_scale, "cpu_scale": self.cpu_scale,
+                "overlap_residue_s": self.overlap_residue_s}

@@ -47,8 +47,9 @@ class StepInputs:
     """Host arrays of one forward (SGLang ``ForwardBatch`` fields), int64.
 
     ``input_ids``: tokens to compute; ``slots``: request slots; ``positions``: decode: each
-    token's position; extend: per-request prefix lengths in ``prefix_lens`` and new-token
-    counts in ``extend_lens``; ``out_cache_loc``: the KV token slots written."""
+    token's position; extend: per-request prefix lengths (also in ``prefix_lens``), new-token
+    counts in ``extend_lens`` and the KV pool slots of each cached prefix in
+    ``prefix_indices``; ``out_cache_loc``: the KV pool slots the new tokens are written to."""
 
     input_ids: np.ndarray
     slots: np.ndarray
@@ -56,6 +57,7 @@ class StepInputs:
     out_cache_loc: np.ndarray
     prefix_lens: list[int] | None = None
     extend_lens: list[int] | None = None
+    prefix_indices: list[np.ndarray] | None = None
 
 
 class Bookkeeper:
@@ -169,12 +171,12 @@ class Bookkeeper:
     @staticmethod
     def extend_inputs(batch: ExtendBatch) -> StepInputs:
         """Phase launch, host part of a prefill: the new tokens back to back, slots, prefix and
-        extend lengths (SGLang ``ForwardBatch.init_new`` for EXTEND)."""
+        extend lengths, prefix pool slots (SGLang ``ForwardBatch.init_new`` for EXTEND)."""
         ids = np.concatenate([np.asarray(r.input_ids[p:], dtype=np.int64)
                               for r, p in zip(batch.reqs, batch.prefix_lens)])
         slots = np.fromiter((r.req_slot for r in batch.reqs), np.int64, len(batch.reqs))
         return StepInputs(ids, slots, np.asarray(batch.prefix_lens, np.int64), batch.out_cache_loc,
-                          batch.prefix_lens, batch.extend_lens)
+                          batch.prefix_lens, batch.extend_lens, [r.prefix_indices for r in batch.reqs])
 
     # --- process -----------------------------------------------------------------------------
     def process_extend(self, batch: ExtendBatch, next_ids: list[int]) -> list[Req]:

@@ -150,22 +150,22 @@ class Measurer:
         if self._model is None:
             self._model = self.backend.create_model(self.cfg.shape)
         g = self.cfg.grid
-        # decode rows are longer than the longest context, so every point slices its keys out of a
-        # longer row, as a serving loop does (a full-row slice is a faster contiguous gather)
+        # decode rows are longer than the longest context, so every point gathers a part of a
+        # row, as a serving loop does
         slots, ctx = ((max(g.decode_batch_sizes), max(g.decode_contexts) + DECODE_ROW_PAD) if kind == "decode"
                       else (1, g.max_extend_ctx))
         if self._kv_for != (slots, ctx):
-            self._check_memory(slots, ctx)
-            self._model.allocate_kv(slots, ctx)
+            self._check_memory(slots * ctx)
+            self._model.allocate_kv(slots, ctx)  # a pool of slots * ctx tokens
             self._kv_for = (slots, ctx)
         return self._model
 
-    def _check_memory(self, slots: int, ctx: int) -> None:
+    def _check_memory(self, tokens: int) -> None:
         free = self.backend.free_bytes()
         dtype_bytes = 4 if self.cfg.resolved_dtype == "float32" else 2
-        need = slots * ctx * self.cfg.shape.kv_bytes_per_token(dtype_bytes)
+        need = tokens * self.cfg.shape.kv_bytes_per_token(dtype_bytes)
         if free is not None and need > KV_MEMORY_SHARE * free:
-            raise CalibrationInputError("calibration grid", "", f"the KV cache for {slots} requests x {ctx} tokens "
+            raise CalibrationInputError("calibration grid", "", f"a KV pool of {tokens} tokens "
                                         f"needs {need / 2**30:.1f} GiB but {free / 2**30:.1f} GiB are free; pass "
                                         "smaller --batch-sizes / --contexts / --extend-tokens / --prefixes")
 
@@ -177,17 +177,21 @@ class Measurer:
         g = self.cfg.grid
         if task.kind == "decode":
             bs, ctx = task.a, task.b
-            reqs = [Req(f"d{i}", self._tokens(ctx), 1 << 30, req_slot=i) for i in range(bs)]
-            batch = DecodeBatch(reqs, np.arange(bs, dtype=np.int64))
             model = self._model_with_kv("decode")
+            row = model.max_ctx  # request i owns pool slots 1 + i*row ... (contiguous, as after a prefill)
+            for i in range(bs):
+                model.set_req_to_token(i, 0, 1 + i * row + np.arange(ctx, dtype=np.int64))
+            reqs = [Req(f"d{i}", self._tokens(ctx), 1 << 30, req_slot=i) for i in range(bs)]
+            batch = DecodeBatch(reqs, 1 + np.arange(bs, dtype=np.int64) * row + ctx - 1)
             fwd, launch = self.backend.measure_decode(model, lambda: Bookkeeper.decode_inputs(batch), bs, ctx,
                                                       g.warmup, g.repeats)
             return [{"curve": "forward.decode", "point": {"num_reqs": bs, "ctx": ctx}, "times_s": fwd},
                     {"curve": "launch.decode", "point": {"num_reqs": bs}, "times_s": launch}]
         if task.kind == "extend":
             tokens, prefix = task.a, task.b
-            req = Req("e0", self._tokens(prefix + tokens), 1 << 30, req_slot=0)
-            batch = ExtendBatch([req], [prefix], [tokens], np.arange(tokens, dtype=np.int64))
+            req = Req("e0", self._tokens(prefix + tokens), 1 << 30, req_slot=0,
+                      prefix_indices=np.arange(1, prefix + 1, dtype=np.int64))
+            batch = ExtendBatch([req], [prefix], [tokens], np.arange(prefix + 1, prefix + tokens + 1, dtype=np.int64))
             model = self._model_with_kv("extend")
             fwd, launch = self.backend.measure_extend(model, lambda: Bookkeeper.extend_inputs(batch),
                                                       g.warmup, g.repeats)

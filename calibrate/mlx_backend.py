@@ -100,8 +100,8 @@ class MlxBackend:
         """(forward seconds, launch seconds) samples of decode steps (see module docstring)."""
 
         def build(inp: StepInputs) -> mx.array:
-            return model.decode(self.to_device(inp.input_ids), self.to_device(inp.slots),
-                                self.to_device(inp.positions), ctx)
+            return model.decode(*[self.to_device(a) for a in (inp.input_ids, inp.slots, inp.positions,
+                                                             inp.out_cache_loc)], ctx)
 
         return self._repeat(make_inputs, build, warmup, repeats)
 
@@ -109,6 +109,8 @@ class MlxBackend:
         """(forward seconds, launch seconds) samples of one prefill batch."""
 
         def build(inp: StepInputs) -> mx.array:
-            return model.extend(self.to_device(inp.input_ids), inp.slots.tolist(), inp.prefix_lens, inp.extend_lens)
+            prefix = [self.to_device(a) for a in inp.prefix_indices] if inp.prefix_indices else None
+            return model.extend(self.to_device(inp.input_ids), inp.slots.tolist(), inp.prefix_lens, inp.extend_lens,
+                                self.to_device(inp.out_cache_loc), prefix)
 
         return self._repeat(make_inputs, build, warmup, repeats)

@@ -1,8 +1,8 @@
 """The same Llama-style decoder in MLX (CPU via ``mlx[cpu]``, Metal on a Mac), lazily evaluated.
 
-Mirrors :mod:`calibrate.torch_model`: same weight names and layouts, same KV cache indexed by
-request slot (``[max_slots, kv_heads, max_ctx, head_dim]`` per layer), same ``extend`` and
-``decode`` API. Calls only build the lazy graph; ``mx.eval`` / ``mx.async_eval`` on the result
+Mirrors :mod:`calibrate.torch_model`: same weight names and layouts, same KV token pool
+(``[kv_heads, pool_tokens + 1, head_dim]`` per layer) addressed through a ``req_to_token``
+table, same ``extend`` and ``decode`` API. Calls only build the lazy graph; ``mx.eval`` / ``mx.async_eval`` on the result
 runs it (what SGLang's ``event_loop_overlap_mlx`` chains). Attention uses
 ``mx.fast.scaled_dot_product_attention``, which handles grouped-query heads itself.
 """
@@ -43,21 +43,30 @@ class MlxLlama:
         mx.eval(list(self.w.values()))
         self.lm_head = self.w["embed"] if shape.tie_embeddings else self.w["lm_head"]
         self.scale = 1.0 / math.sqrt(shape.head_dim)
-        self.k_cache: list[mx.array] = []
-        self.v_cache: list[mx.array] = []
-        self.max_slots = self.max_ctx = 0
+        self.k_pool: list[mx.array] = []
+        self.v_pool: list[mx.array] = []
+        self.max_slots = self.max_ctx = self.pool_tokens = 0
 
-    def allocate_kv(self, max_slots: int, max_ctx: int) -> None:
-        """(Re)allocate a zeroed KV cache for ``max_slots`` requests of up to ``max_ctx`` tokens."""
+    def allocate_kv(self, max_slots: int, max_ctx: int, pool_tokens: int | None = None) -> None:
+        """(Re)allocate a zeroed KV token pool (``pool_tokens`` slots + padding slot 0; default
+        ``max_slots * max_ctx``) and the ``req_to_token`` table, as
+        :meth:`calibrate.torch_model.TorchLlama.allocate_kv`."""
         s = self.shape
-        self.k_cache = self.v_cache = []
-        dims = (max_slots, s.kv_heads, max_ctx, s.head_dim)
-        self.k_cache = [mx.zeros(dims, dtype=self.dtype) for _ in range(s.layers)]
-        self.v_cache = [mx.zeros(dims, dtype=self.dtype) for _ in range(s.layers)]
+        self.k_pool = self.v_pool = []
+        size = (pool_tokens or max_slots * max_ctx) + 1
+        dims = (s.kv_heads, size, s.head_dim)
+        self.k_pool = [mx.zeros(dims, dtype=self.dtype) for _ in range(s.layers)]
+        self.v_pool = [mx.zeros(dims, dtype=self.dtype) for _ in range(s.layers)]
+        self.req_to_token = mx.zeros((max_slots, max_ctx), dtype=mx.int32)
         cos, sin = rope_tables(s, max_ctx)
         self.cos, self.sin = mx.array(cos).astype(self.dtype), mx.array(sin).astype(self.dtype)
-        mx.eval(self.k_cache, self.v_cache, self.cos, self.sin)
-        self.max_slots, self.max_ctx = max_slots, max_ctx
+        mx.eval(self.k_pool, self.v_pool, self.req_to_token, self.cos, self.sin)
+        self.max_slots, self.max_ctx, self.pool_tokens = max_slots, max_ctx, size - 1
+
+    def set_req_to_token(self, slot: int, start: int, indices) -> None:
+        """Write pool slots ``indices`` at positions ``start...`` of request ``slot``'s row."""
+        idx = mx.array(np.asarray(indices, dtype=np.int32)) if not isinstance(indices, mx.array) else indices
+        self.req_to_token[slot, start:start + idx.shape[0]] = idx
 
     # --- building blocks ---------------------------------------------------------------------
     def _rms(self, x: mx.array, w: mx.array) -> mx.array:
@@ -93,52 +102,56 @@ class MlxLlama:
         return self._rms(x, self.w["final_norm"]) @ self.lm_head.T
 
     # --- forward passes ------------------------------------------------------------------------
-    def decode_logits(self, input_ids: mx.array, slots: mx.array, positions: mx.array,
+    def decode_logits(self, input_ids: mx.array, slots: mx.array, positions: mx.array, out_cache_loc: mx.array,
                       ctx_len: int | None = None) -> mx.array:
         """One decode step for B running requests (lazy). Arguments as
         :meth:`calibrate.torch_model.TorchLlama.decode_logits` (int32 arrays). Returns [B, vocab]."""
         s = self.shape
         b = input_ids.shape[0]
         length = ctx_len or self.max_ctx
+        self.req_to_token[slots, positions] = out_cache_loc
+        idx = self.req_to_token[slots, :length]
         x = self.w["embed"][input_ids]
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         mask = (mx.arange(length)[None, :] <= positions[:, None])[:, None, None, :]
         for i in range(s.layers):
             q, k, v = self._qkv(i, x, cos, sin)
-            self.k_cache[i][slots, :, positions] = k
-            self.v_cache[i][slots, :, positions] = v
-            keys = self.k_cache[i][slots, :, :length]
-            vals = self.v_cache[i][slots, :, :length]
+            self.k_pool[i][:, out_cache_loc] = k.transpose(1, 0, 2)
+            self.v_pool[i][:, out_cache_loc] = v.transpose(1, 0, 2)
+            keys = self.k_pool[i][:, idx].transpose(1, 0, 2, 3)  # [B, kv_heads, L, d]
+            vals = self.v_pool[i][:, idx].transpose(1, 0, 2, 3)
             o = mx.fast.scaled_dot_product_attention(q[:, :, None, :], keys, vals, scale=self.scale, mask=mask)
             x = self._mlp(i, x, o.reshape(b, s.heads * s.head_dim))
         return self._logits(x)
 
-    def decode(self, input_ids, slots, positions, ctx_len: int | None = None) -> mx.array:
+    def decode(self, input_ids, slots, positions, out_cache_loc, ctx_len: int | None = None) -> mx.array:
         """:meth:`decode_logits` then greedy sampling: [B] next tokens (lazy)."""
-        return mx.argmax(self.decode_logits(input_ids, slots, positions, ctx_len), axis=-1)
+        return mx.argmax(self.decode_logits(input_ids, slots, positions, out_cache_loc, ctx_len), axis=-1)
 
-    def extend_logits(self, input_ids: mx.array, slots: list[int], prefix_lens: list[int],
-                      extend_lens: list[int]) -> mx.array:
+    def extend_logits(self, input_ids: mx.array, slots: list[int], prefix_lens: list[int], extend_lens: list[int],
+                      out_cache_loc: mx.array, prefix_indices: list | None = None) -> mx.array:
         """One prefill batch (lazy); arguments as :meth:`TorchLlama.extend_logits`. Returns [R, vocab]."""
         s = self.shape
+        rows, off = [], 0
+        for r, (slot, p, e) in enumerate(zip(slots, prefix_lens, extend_lens)):
+            if prefix_indices is not None and p:
+                self.set_req_to_token(slot, 0, prefix_indices[r])
+            self.req_to_token[slot, p:p + e] = out_cache_loc[off:off + e]
+            rows.append(self.req_to_token[slot, :p + e])
+            off += e
         pos = mx.array(np.concatenate([np.arange(p, p + e) for p, e in zip(prefix_lens, extend_lens)]))
         x = self.w["embed"][input_ids]
         cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]
-        masks = []
-        for p, e in zip(prefix_lens, extend_lens):
-            if p == 0:
-                masks.append("causal")
-            else:
-                masks.append(mx.arange(p + e)[None, :] <= (p + mx.arange(e))[:, None])
+        masks = ["causal" if p == 0 else mx.arange(p + e)[None, :] <= (p + mx.arange(e))[:, None]
+                 for p, e in zip(prefix_lens, extend_lens)]
         for i in range(s.layers):
             q, k, v = self._qkv(i, x, cos, sin)
+            self.k_pool[i][:, out_cache_loc] = k.transpose(1, 0, 2)
+            self.v_pool[i][:, out_cache_loc] = v.transpose(1, 0, 2)
             outs, off = [], 0
-            for slot, p, e, mask in zip(slots, prefix_lens, extend_lens, masks):
-                self.k_cache[i][slot, :, p:p + e] = k[off:off + e].transpose(1, 0, 2)
-                self.v_cache[i][slot, :, p:p + e] = v[off:off + e].transpose(1, 0, 2)
+            for row, e, mask in zip(rows, extend_lens, masks):
                 qr = q[off:off + e].transpose(1, 0, 2)[None]
-                keys = self.k_cache[i][slot, :, :p + e][None]
-                vals = self.v_cache[i][slot, :, :p + e][None]
+                keys, vals = self.k_pool[i][:, row][None], self.v_pool[i][:, row][None]
                 o = mx.fast.scaled_dot_product_attention(qr, keys, vals, scale=self.scale, mask=mask)
                 outs.append(o[0].transpose(1, 0, 2).reshape(e, s.heads * s.head_dim))
                 off += e
@@ -146,6 +159,7 @@ class MlxLlama:
         last = mx.array(np.cumsum(extend_lens) - 1)
         return self._logits(x[last])
 
-    def extend(self, input_ids, slots, prefix_lens, extend_lens) -> mx.array:
+    def extend(self, input_ids, slots, prefix_lens, extend_lens, out_cache_loc, prefix_indices=None) -> mx.array:
         """:meth:`extend_logits` then greedy sampling: [R] first tokens (lazy)."""
-        return mx.argmax(self.extend_logits(input_ids, slots, prefix_lens, extend_lens), axis=-1)
+        return mx.argmax(self.extend_logits(input_ids, slots, prefix_lens, extend_lens, out_cache_loc,
+                                            prefix_indices), axis=-1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,6 +28,12 @@ _CORPUS_MODULES = ("argparse", "collections", "json", "re", "string", "textwrap"
 
 def corpus_text(max_chars: int = 600_000) -> list[str]:
     """Paragraphs of English prose from standard-library docstrings (deterministic per Python version)."""
+    with warnings.catch_warnings():  # getattr on deprecated aliases (typing.io) warns
+        warnings.simplefilter("ignore")
+        return _corpus(max_chars)
+
+
+def _corpus(max_chars: int) -> list[str]:
     out, total = [], 0
     for name in _CORPUS_MODULES:
         try:

@@ -136,10 +136,10 @@ class TorchBackend:
                 torch.cuda.synchronize()
 
         def launch(inp: StepInputs) -> torch.Tensor:
-            ids, slots, pos = self.to_device(inp.input_ids), self.to_device(inp.slots), self.to_device(inp.positions)
+            args = [self.to_device(a) for a in (inp.input_ids, inp.slots, inp.positions, inp.out_cache_loc)]
             if runner is not None:
-                return runner.launch(ids, slots, pos)
-            return model.decode(ids, slots, pos, ctx)
+                return runner.launch(*args)
+            return model.decode(*args, ctx)
 
         try:
             return self._repeat(make_inputs, launch, batch_size, warmup, repeats)
@@ -151,6 +151,8 @@ class TorchBackend:
         """(forward seconds, launch seconds) samples of one prefill batch (eager)."""
 
         def launch(inp: StepInputs) -> torch.Tensor:
-            return model.extend(self.to_device(inp.input_ids), inp.slots.tolist(), inp.prefix_lens, inp.extend_lens)
+            prefix = [self.to_device(a) for a in inp.prefix_indices] if inp.prefix_indices else None
+            return model.extend(self.to_device(inp.input_ids), inp.slots.tolist(), inp.prefix_lens, inp.extend_lens,
+                                self.to_device(inp.out_cache_loc), prefix)
 
         return self._repeat(make_inputs, launch, 1, warmup, repeats)

@@ -25,18 +25,19 @@ def test_cuda_graph_decode_matches_eager_and_prefill():
     from calibrate.torch_model import CudaGraphDecode
 
     model = _model()
-    graph = CudaGraphDecode(model, 4, 16)  # capture first: its warm-up writes dummy K/V at position 0
+    graph = CudaGraphDecode(model, 4, 16)  # capture first: its warm-up writes into padding slot 0
     prompt = torch.tensor([5, 7, 9, 11, 13, 2, 3], device="cuda")
-    for slot in range(4):
-        model.extend(prompt, [slot], [0], [7])
-    first = model.extend(prompt, [0], [0], [7])
+    first = None
+    for slot in range(4):  # request `slot` owns pool slots 1 + 16*slot ...
+        first = model.extend(prompt, [slot], [0], [7], 1 + 16 * slot + torch.arange(7, device="cuda"))
     ids = first.repeat(4)
     slots = torch.arange(4, device="cuda")
     pos = torch.full((4,), 7, device="cuda")
-    eager = model.decode_logits(ids, slots, pos, 16)
-    out = graph.launch(ids, slots, pos).clone()
+    loc = 1 + 16 * slots + 7
+    eager = model.decode_logits(ids, slots, pos, loc, 16)
+    out = graph.launch(ids, slots, pos, loc).clone()
     assert torch.equal(out, eager.argmax(-1))
-    full = model.extend_logits(torch.cat([prompt, first]), [3], [0], [8])
+    full = model.extend_logits(torch.cat([prompt, first]), [3], [0], [8], 40 + torch.arange(8, device="cuda"))
     assert torch.allclose(eager[0], full[0], atol=1e-4)
 
 

@@ -1,0 +1,138 @@
+"""`overlap-sim calibrate` end to end on this machine's CPU: torch and MLX, resume, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from calibrate import measure
+from calibrate.profile import CURVE_AXES, load_profile
+from sim.cli import main
+
+TINY_GRID = ["--batch-sizes", "1,2", "--contexts", "16,32", "--extend-tokens", "1,8", "--prefixes", "0,8",
+             "--bookkeeping-batch-sizes", "1,2", "--repeats", "2", "--warmup", "1"]
+
+
+def _check_profile(path, backend, device):
+    prof = load_profile(path)
+    m = prof["metadata"]
+    assert (m["backend"], m["device"], m["model"]["name"]) == (backend, device, "tiny")
+    assert m["host_cpu"] and m["libraries"]["tokenizers"] and m["date"]
+    assert m["command"].startswith(f"overlap-sim calibrate --backend {backend} --device {device} --model tiny")
+    assert set(prof["curves"]) == set(CURVE_AXES)
+    assert all(t > 0 for s in prof["samples"] if s["curve"].startswith("forward") for t in s["times_s"])
+    assert not path.with_name(path.name + ".samples.jsonl").exists()  # sidecar removed once written
+    return prof
+
+
+def test_torch_quick_on_cpu_then_simulate(tmp_path, capsys):
+    out = tmp_path / "torch.json"
+    assert main(["calibrate", "--backend", "torch", "--device", "cpu", "--model", "tiny", "--quick",
+                 "--out", str(out)]) == 0
+    prof = _check_profile(out, "torch", "cpu")
+    assert prof["metadata"]["quick"] and prof["metadata"]["grid"]["decode_batch_sizes"] == [1, 4, 16]
+    err = capsys.readouterr().err
+    assert "decode batch 1 x ctx 64" in err and "profile written to" in err  # progress lines, then a summary
+    res = tmp_path / "res"
+    assert main(["run", "scenarios/quickstart.yaml", "--set", f"costs.profile={out}", "--set",
+                 "workload.num_requests=12", "--set", "workload.warmup_requests=2", "--out", str(res),
+                 "--no-plots", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["settings"]["overlap"]["completed"] == 10
+    assert "extrapolated_steps" in payload["settings"]["normal"]
+
+
+def test_mlx_quick_on_cpu(tmp_path):
+    pytest.importorskip("mlx.core")
+    out = tmp_path / "mlx.json"
+    assert main(["calibrate", "--backend", "mlx", "--device", "cpu", "--model", "tiny", "--quick",
+                 "--out", str(out), "--quiet"]) == 0
+    prof = _check_profile(out, "mlx", "cpu")
+    assert "MLX" in prof["metadata"]["device_name"]
+
+
+def test_interrupted_calibration_resumes(tmp_path, monkeypatch):
+    out = tmp_path / "p.json"
+    args = ["calibrate", "--backend", "torch", "--device", "cpu", "--out", str(out), "--quiet", *TINY_GRID]
+    real_run = measure.Measurer.run
+    calls = []
+
+    def interrupted(self, task):
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        calls.append(task.key)
+        return real_run(self, task)
+
+    monkeypatch.setattr(measure.Measurer, "run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        main(args)
+    sidecar = out.with_name(out.name + ".samples.jsonl")
+    assert not out.exists() and len(sidecar.read_text().splitlines()) == 1 + 3
+    with sidecar.open("a") as fh:  # a line cut short by the interruption
+        fh.write('{"task": "decode:2:16", "sam')
+
+    resumed = []
+
+    def counting(self, task):
+        resumed.append(task.key)
+        return real_run(self, task)
+
+    monkeypatch.setattr(measure.Measurer, "run", counting)
+    assert main(args) == 0
+    total = 4 + 4 + 3  # decode 2x2, extend 2x2, bookkeeping 0,1,2
+    assert len(resumed) == total - 3 and not set(resumed) & set(calls)
+    prof = load_profile(out)
+    assert {(s["curve"], s["point"].get("num_reqs"), s["point"].get("ctx")) for s in prof["samples"]
+            if s["curve"] == "forward.decode"} == {("forward.decode", b, c) for b in (1, 2) for c in (16, 32)}
+
+
+def test_sidecar_of_another_calibration_is_refused(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    sidecar = out.with_name(out.name + ".samples.jsonl")
+    sidecar.write_text(json.dumps({"sidecar": "overlap-sim calibration samples", "identity": {"backend": "mlx"}}) + "\n")
+    args = ["calibrate", "--backend", "torch", "--device", "cpu", "--out", str(out), "--quiet", *TINY_GRID]
+    assert main(args) == 2
+    assert "--fresh" in capsys.readouterr().err
+    assert main(args + ["--fresh"]) == 0 and out.exists()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--backend", "torch", "--device", "cpu", "--model", "gpt-9"], "--model"),
+    (["--backend", "torch", "--device", "gpu"], "--device"),
+    (["--backend", "mlx", "--device", "cuda"], "--device"),
+    (["--backend", "torch", "--device", "cpu", "--model", "tiny", "--heads", "3"], "kv_heads"),
+])
+def test_bad_requests_exit_2_in_one_line(tmp_path, capsys, argv, words):
+    assert main(["calibrate", *argv, "--out", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and words in err
+
+
+def test_cuda_requested_without_cuda(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert main(["calibrate", "--backend", "torch", "--device", "cuda", "--out", str(tmp_path / "x.json")]) == 2
+    assert "torch.cuda.is_available() is False" in capsys.readouterr().err
+
+
+def test_metal_calibration(tmp_path):
+    pytest.importorskip("mlx.core")
+    from calibrate.mlx_backend import metal_available
+
+    if not metal_available():
+        pytest.skip("needs an Apple Metal GPU")
+    out = tmp_path / "metal.json"
+    assert main(["calibrate", "--backend", "mlx", "--device", "gpu", "--out", str(out), "--quiet", *TINY_GRID]) == 0
+    assert load_profile(out)["metadata"]["device"] == "gpu"
+
+
+def test_metal_requested_without_metal(tmp_path, capsys):
+    pytest.importorskip("mlx.core")
+    from calibrate.mlx_backend import metal_available
+
+    if metal_available():
+        pytest.skip("this machine has Metal")
+    assert main(["calibrate", "--backend", "mlx", "--device", "gpu", "--out", str(tmp_path / "x.json")]) == 2
+    assert "no Metal device" in capsys.readouterr().err

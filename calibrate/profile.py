@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 from calibrate.errors import ProfileError
@@ -78,6 +79,9 @@ def save_profile(path: str | Path, profile: dict) -> None:
     from sim.report import atomic_write_text  # pandas-free callers keep importing this module fast
 
     atomic_write_text(Path(path), profile_text(profile))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)  # the temporary file was private (mkstemp); a profile is shared
 
 
 def load_profile(path: str | Path) -> dict:

@@ -23,8 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from calibrate.profile import load_profile, profile_curves
-
-EXTEND, DECODE = 0, 1  # the values of sim.costs.EXTEND / DECODE (SGLang ForwardMode)
+from sim.costs import DECODE, EXTEND
 
 
 class ProfileCostModel:

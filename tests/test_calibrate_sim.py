@@ -99,3 +99,19 @@ def test_quickstart_runs_on_the_shipped_measured_profile():
     assert model.profile["samples"] and model.profile["metadata"]["decode_mode"] == "cuda_graph"
     res = simulate(scen.with_overrides(["workload.num_requests=24"]), "overlap")
     assert res.summary()["extrapolated_steps"] == 0 and res.summary()["completed"] == 16
+
+
+def test_simulating_with_a_profile_needs_no_torch_mlx_or_tokenizers(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "for m in ('torch', 'mlx', 'mlx.core', 'tokenizers'): sys.modules[m] = None\n"
+            "from sim.cli import main\n"
+            f"rc = main(['run', 'scenarios/quickstart.yaml', '--set', 'workload.num_requests=12', '--out', "
+            f"{str(tmp_path)!r}, '--no-plots', '--json'])\n"
+            "assert rc == 0\n"
+            "main(['calibrate', '--help'])  # argparse exits 0 after printing\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--backend" in proc.stdout

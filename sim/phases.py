@@ -50,6 +50,7 @@ class Phases:
     def submit(self, rid: int, arrival_s: float) -> None:
         """A request is sent to the server (workload side); wakes an idle scheduler."""
         self.scheduler.submit(rid, arrival_s)
+        self.recorder.arrival(rid, arrival_s)
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
 

@@ -149,13 +149,17 @@ def atomic_write_frame(df: pd.DataFrame, path: Path) -> None:
         raise
 
 
-def write_results(out_dir: Path, payload: dict, results: Iterable, table_format: str = "csv") -> list[Path]:
+def write_results(out_dir: Path, payload: dict, results: Iterable, table_format: str = "csv",
+                  tables: str = "steps") -> list[Path]:
     """Write ``summary.json`` and per-setting ``steps_/requests_/itl_<setting>.<fmt>`` into
-    ``out_dir``, each file atomically. Returns the paths written."""
+    ``out_dir`` (``tables``: which tables exist, see :func:`sim.simulate`), each file
+    atomically. Returns the paths written."""
     out_dir = Path(out_dir)
     written = []
+    kinds = {"steps": ("steps", "requests", "itl"), "summary": ("requests",), "none": ()}[tables]
     for res in results:
-        for kind, df in (("steps", res.steps), ("requests", res.requests), ("itl", res.itl)):
+        for kind in kinds:
+            df = getattr(res, kind)
             path = out_dir / f"{kind}_{res.setting}.{table_format}"
             atomic_write_frame(df, path)
             written.append(path)

@@ -42,6 +42,9 @@ class TraceRecorder:
         self._itl_values: list[float] = []
         self._itl_weights: list[int] = []
 
+    def arrival(self, rid: int, arrival_s: float) -> None:
+        """A request was sent (the full trace gets arrivals from the request rows instead)."""
+
     def step(self, b: Batch) -> None:
         self._steps.append((
             b.seq, b.kind, b.num_reqs, b.num_tokens, b.sum_ctx, b.num_warmup, len(b.overshoot), b.finished,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -65,7 +66,7 @@ def simulate(scenario: Scenario | str | dict, setting: str) -> Result:
     specs = make_requests(scenario)
     env = simpy.Environment()
     recorder = TraceRecorder()
-    costs = make_cost_model(scenario)
+    costs = make_cost_model(_run_noise_applied(scenario, setting))
     warmup = min(w.warmup_requests, len(specs) - 1)
     clients = None
     if w.arrival == "closed_loop":
@@ -92,6 +93,20 @@ def simulate(scenario: Scenario | str | dict, setting: str) -> Result:
                            "requests done (a modelling bug: please report it with the scenario)")
     outcome["peak_token_usage"] = scheduler.kv_peak / srv.kv_pool_tokens
     return Result(scenario, setting, recorder.steps_frame(), recorder.requests_frame(), recorder.itl_frame(), outcome)
+
+
+def _run_noise_applied(scenario: Scenario, setting: str) -> Scenario:
+    """The scenario with this run's factors from ``costs.noise.run_gpu_cv``/``run_cpu_cv`` folded
+    into ``costs.gpu.scale``/``costs.cpu.scale``; drawn from (seed, setting), so each setting of
+    a comparison is a separately started server."""
+    noise = scenario.costs.noise
+    if noise.run_gpu_cv == 0 and noise.run_cpu_cv == 0:
+        return scenario
+    rng = np.random.default_rng([scenario.seed, 4, zlib.crc32(setting.encode())])  # stable per name
+    factors = [Jitter(cv, rng)() for cv in (noise.run_gpu_cv, noise.run_cpu_cv)]
+    gpu = scenario.costs.gpu.model_copy(update={"scale": scenario.costs.gpu.scale * factors[0]})
+    cpu = scenario.costs.cpu.model_copy(update={"scale": scenario.costs.cpu.scale * factors[1]})
+    return scenario.model_copy(update={"costs": scenario.costs.model_copy(update={"gpu": gpu, "cpu": cpu})})
 
 
 def _ignore(_rid: int, _t: float) -> None:

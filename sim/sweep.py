@@ -194,7 +194,10 @@ def _execute_local(tasks: list[PointTask], workers: Optional[int]) -> Iterator[t
 
 def _execute_dask(tasks: list[PointTask], workers: Optional[int], scheduler: Optional[str],
                   client=None) -> Iterator[tuple[PointTask, dict]]:
-    from dask.distributed import Client, LocalCluster, as_completed
+    try:
+        from dask.distributed import Client, LocalCluster, as_completed
+    except ImportError:
+        raise UserInputError("--executor dask", "", "needs dask.distributed: pip install 'overlap-sim[dask]'") from None
 
     own_client = own_cluster = None
     if client is None:

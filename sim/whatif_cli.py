@@ -67,7 +67,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from sim.scenario import load_scenario
-    from sim.sweep import parse_grid, sweep
+    from sim.sweep import parse_grid, plan_sweep, sweep
     from sim.whatif_plots import save_sweep_plots
 
     scenario = load_scenario(args.scenario, args.overrides)
@@ -76,6 +76,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise UserInputError("--scheduler", "", "needs --executor dask")
     if args.workers is not None and args.workers < 1:
         raise UserInputError("--workers", "", f"expected a positive number (got {args.workers})")
+    plan_sweep(scenario, grid, args.repeats)  # bad keys and values fail here, before the progress bar
     out = args.out or Path("results") / f"{scenario.name}-sweep"
     columns = (TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("points x repeats"),
                TimeElapsedColumn(), TimeRemainingColumn())

@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 import sim
-from sim.sweep import sweep
+from sim.sweeps import sweep
 from sim.variance import log_ratio_interval, paired_ratios, ratio_ci, runs_needed, single_run_tail, spread
 
 # %matplotlib inline

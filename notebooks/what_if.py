@@ -30,7 +30,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import sim
-from sim.sweep import sweep
+from sim.sweeps import sweep
 from sim.variance import paired_ratios
 from sim.whatif_plots import ratio_heatmap
 

@@ -38,7 +38,7 @@ def spread(table: pd.DataFrame, metrics: Sequence[str] = DEFAULT_METRICS,
     """Each metric's spread across repeats, per grid point and setting.
 
     Args:
-        table: a sweep table (:func:`sim.sweep.sweep`).
+        table: a sweep table (:func:`sim.sweeps.sweep`).
         metrics: summary keys to describe.
         by: grouping columns (default: ``point``, the grid keys and ``setting``).
 

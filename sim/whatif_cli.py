@@ -67,7 +67,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from sim.scenario import load_scenario
-    from sim.sweep import parse_grid, plan_sweep, sweep
+    from sim.sweeps import parse_grid, plan_sweep, sweep
     from sim.whatif_plots import save_sweep_plots
 
     scenario = load_scenario(args.scenario, args.overrides)
@@ -239,7 +239,7 @@ def _plots_args(p: argparse.ArgumentParser) -> None:
 def cmd_plots(args: argparse.Namespace) -> int:
     from sim.plots import save_run_plots
     from sim.run_tables import is_run_folder, load_run_tables
-    from sim.sweep import MANIFEST, load_sweep
+    from sim.sweeps import MANIFEST, load_sweep
     from sim.whatif_plots import save_sweep_plots
 
     if (args.results / MANIFEST).is_file():

@@ -16,7 +16,7 @@ import pytest
 import sim
 from sim.cli import main
 from sim.errors import ScenarioError, UserInputError
-from sim.sweep import load_sweep, parse_grid, plan_sweep, sweep
+from sim.sweeps import load_sweep, parse_grid, plan_sweep, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 import sim
-from sim.sweep import sweep
+from sim.sweeps import sweep
 from sim.variance import (log_ratio_interval, log_sigma, paired_ratios, ratio_ci, runs_needed, single_run_tail,
                           spread)
 

@@ -180,7 +180,7 @@ def _execute_local(tasks: list[PointTask], workers: Optional[int]) -> Iterator[t
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
         # preload this module instead of __main__, so a script without a __main__ guard works
-        ctx.set_forkserver_preload(["sim.sweep"])
+        ctx.set_forkserver_preload(["sim.sweeps"])
     else:
         ctx = mp.get_context("spawn")
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)

@@ -39,11 +39,14 @@ def _print_sweep(table, scenario: str, console: Console) -> None:
 
     keys = _grid_keys(table)
     settings = list(dict.fromkeys(table["setting"]))
-    means = table.groupby(["point", "setting"], sort=False)["output_throughput"].mean().unstack("setting")
+    grouped = table.groupby(["point", "setting"], sort=False)["output_throughput"]
+    means = grouped.mean().unstack("setting")
+    cvs = (grouped.std() / grouped.mean()).unstack("setting")
     first = table.drop_duplicates("point").set_index("point")
     ci = ratio_ci(table).set_index("point") if {"overlap", "normal"} <= set(settings) else None
     n = int(table["repeat"].max()) + 1
-    t = Table(title=f"{scenario}: output throughput (tok/s), mean of {n} repeat{'s' if n > 1 else ''}")
+    t = Table(title=f"{scenario}: output throughput (tok/s), mean of {n} repeat{'s' if n > 1 else ''}"
+                    + (" ± CV across repeats" if n > 1 else ""))
     for k in keys:
         t.add_column(k, justify="right")
     for s in settings:
@@ -52,7 +55,8 @@ def _print_sweep(table, scenario: str, console: Console) -> None:
         t.add_column("overlap/normal" + (" [95% CI]" if n > 1 else ""), justify="right")
     shown = list(means.index)[:40]
     for point in shown:
-        cells = [str(first.loc[point, k]) for k in keys] + [f"{means.loc[point, s]:.1f}" for s in settings]
+        cells = [str(first.loc[point, k]) for k in keys]
+        cells += [f"{means.loc[point, s]:.1f}" + (f" ±{cvs.loc[point, s]:.1%}" if n > 1 else "") for s in settings]
         if ci is not None:
             r = ci.loc[point]
             cells.append(f"{r['ratio']:.3f}" + (f" [{r['ci_low']:.3f}, {r['ci_high']:.3f}]" if n > 1 else ""))
@@ -95,7 +99,30 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not args.no_plots:
         save_sweep_plots(out, table, scenario.name)
     print(f"{len(table)} rows written to {out}/sweep.parquet and sweep.csv")
+    if args.repeats > 1:
+        _write_variance(out, table)
+        print(f"spread of every metric across repeats: {out}/spread.csv; ratio intervals: {out}/ratio_ci.csv")
     return 0
+
+
+VARIANCE_RATIO_METRICS = ("output_throughput", "request_throughput", "median_ttft_ms", "median_tpot_ms",
+                          "median_itl_ms", "mean_gap_ms", "gpu_idle_fraction")
+
+
+def _write_variance(out: Path, table) -> None:
+    """spread.csv: mean/std/cv/min/max of every numeric summary key per point and setting;
+    ratio_ci.csv: overlap/normal 95% t-interval of the main metrics per point."""
+    import pandas as pd
+
+    from sim.metrics import SUMMARY_KEYS
+    from sim.report import atomic_write_frame
+    from sim.variance import ratio_ci, spread
+
+    metrics = [k for k in SUMMARY_KEYS + ["peak_token_usage"] if k in table and pd.api.types.is_numeric_dtype(table[k])]
+    atomic_write_frame(spread(table, metrics), out / "spread.csv")
+    if {"overlap", "normal"} <= set(table["setting"]):
+        parts = [ratio_ci(table, m).assign(metric=m) for m in VARIANCE_RATIO_METRICS if m in table]
+        atomic_write_frame(pd.concat(parts, ignore_index=True), out / "ratio_ci.csv")
 
 
 def _trace_args(p: argparse.ArgumentParser) -> None:

@@ -150,6 +150,10 @@ def test_cli_sweep_writes_table_and_plots(tmp_path, capsys):
     assert rc == 0
     text = capsys.readouterr().out
     assert "overlap/normal" in text and "16 rows written" in text
+    spread = pd.read_csv(out / "spread.csv")
+    assert {"output_throughput_cv", "mean_gap_ms_std", "n"} <= set(spread.columns) and (spread["n"] == 2).all()
+    ci = pd.read_csv(out / "ratio_ci.csv")
+    assert set(ci["metric"]) >= {"output_throughput", "median_ttft_ms", "mean_gap_ms"} and len(ci) % 4 == 0
     for name in ("sweep.parquet", "sweep.csv", "sweep.json", "ratio_heatmap.png", "ratio_ci.png",
                  "sweep_costs.cpu.scale.png", "sweep_costs.gpu.scale.png"):
         assert (out / name).is_file(), name

@@ -25,7 +25,7 @@ from scipy import stats
 DEFAULT_METRICS = ("output_throughput", "median_ttft_ms", "median_itl_ms", "mean_gap_ms", "gpu_idle_fraction")
 
 
-def _grid_keys(table: pd.DataFrame) -> list[str]:
+def grid_keys(table: pd.DataFrame) -> list[str]:
     """The grid columns of a sweep table: those between ``point`` and ``setting``."""
     cols = list(table.columns)
     if "point" in cols and "setting" in cols:
@@ -46,7 +46,7 @@ def spread(table: pd.DataFrame, metrics: Sequence[str] = DEFAULT_METRICS,
         One row per group; columns ``<metric>_mean``, ``_std`` (sample, ddof=1), ``_cv``
         (std/mean), ``_min``, ``_max`` and ``n`` (repeats).
     """
-    by = list(by) if by is not None else ["point", *_grid_keys(table), "setting"]
+    by = list(by) if by is not None else ["point", *grid_keys(table), "setting"]
     grouped = table.groupby(by, sort=False, dropna=False)
     out = grouped[list(metrics)].agg(["mean", "std", "min", "max"])
     out.columns = [f"{m}_{s}" for m, s in out.columns]
@@ -62,7 +62,7 @@ def paired_ratios(table: pd.DataFrame, metric: str = "output_throughput", num: s
     """``num``/``den`` of ``metric`` for every grid point and repeat (runs sharing a seed).
 
     Returns columns ``point``, the grid keys, ``repeat``, ``seed`` and ``ratio``."""
-    keys = ["point", *_grid_keys(table), "repeat", "seed"]
+    keys = ["point", *grid_keys(table), "repeat", "seed"]
     a = table[table["setting"] == num].set_index(keys)[metric]
     b = table[table["setting"] == den].set_index(keys)[metric]
     if a.empty or b.empty:
@@ -103,7 +103,7 @@ def ratio_ci(table: pd.DataFrame, metric: str = "output_throughput", num: str = 
     Returns one row per grid point: ``point``, the grid keys, ``n`` (repeats), ``ratio``
     (geometric mean), ``ci_low``, ``ci_high``, ``level`` and ``method``."""
     pr = paired_ratios(table, metric, num, den)
-    keys = ["point", *_grid_keys(table)]
+    keys = ["point", *grid_keys(table)]
     rows = []
     for values, group in pr.groupby(keys, sort=False, dropna=False):
         centre, lo, hi = log_ratio_interval(group["ratio"].to_numpy(), level, method)

@@ -35,9 +35,9 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
 
 
 def _print_sweep(table, scenario: str, console: Console) -> None:
-    from sim.variance import _grid_keys, ratio_ci
+    from sim.variance import grid_keys, ratio_ci
 
-    keys = _grid_keys(table)
+    keys = grid_keys(table)
     settings = list(dict.fromkeys(table["setting"]))
     grouped = table.groupby(["point", "setting"], sort=False)["output_throughput"]
     means = grouped.mean().unstack("setting")

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from sim.plots import KIND_COLORS, PHASE_COLORS, _save, plt
-from sim.variance import _grid_keys, paired_ratios, ratio_ci
+from sim.variance import grid_keys, paired_ratios, ratio_ci
 
 LINE_METRICS = (("output_throughput", "output throughput (tok/s)"), ("median_ttft_ms", "median TTFT (ms)"),
                 ("median_itl_ms", "median ITL (ms)"), ("mean_gap_ms", "mean GPU gap (ms)"))
@@ -33,7 +33,7 @@ def _label(v) -> str:
 def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
     """Metrics (rows of :data:`LINE_METRICS`) against grid ``key``: a line per setting (and per
     value of the other grid keys, up to 4 combinations; more are averaged)."""
-    others = [k for k in _grid_keys(table) if k != key]
+    others = [k for k in grid_keys(table) if k != key]
     combos = table[others].drop_duplicates() if others else pd.DataFrame(index=[0])
     split = bool(others) and len(combos) <= 4
     fig, axes = plt.subplots(1, len(LINE_METRICS), figsize=(3.6 * len(LINE_METRICS), 3.6))
@@ -97,7 +97,7 @@ def ratio_heatmap(table: pd.DataFrame, x_key: str, y_key: str, scenario: str, me
 def ratio_ci_plot(table: pd.DataFrame, scenario: str, metric: str = "output_throughput", level: float = 0.95):
     """The paired ratio per grid point with its t-interval (:func:`sim.variance.ratio_ci`)."""
     ci = ratio_ci(table, metric, level=level)
-    keys = _grid_keys(table)
+    keys = grid_keys(table)
     labels = [", ".join(f"{k.split('.')[-1]}={_label(r[k])}" for k in keys) or "scenario" for _, r in ci.iterrows()]
     fig, ax = plt.subplots(figsize=(max(5, 0.5 * len(ci) + 2), 3.8))
     x = np.arange(len(ci))
@@ -117,7 +117,7 @@ def ratio_ci_plot(table: pd.DataFrame, scenario: str, metric: str = "output_thro
 def save_sweep_plots(out_dir: Path, table: pd.DataFrame, scenario: str) -> list[Path]:
     """Write every sweep plot that applies into ``out_dir``; returns the paths."""
     out_dir = Path(out_dir)
-    keys = _grid_keys(table)
+    keys = grid_keys(table)
     paths = [_save(sweep_lines(table, k, scenario), out_dir / f"sweep_{k}.png") for k in keys]
     settings = set(table["setting"])
     if {"overlap", "normal"} <= settings:

@@ -89,11 +89,16 @@ def _flow(name: str, cat: str, flow_id: int, pid: int, src: tuple[int, float], d
 def _flows(df: pd.DataFrame, pid: int, setting: str, id_base: int) -> list[dict]:
     events = []
     rows = list(df.itertuples(index=False))
+
+    def inside_start(r) -> float:
+        # 0.1 us into the forward: back-to-back forwards share their boundary timestamp, and a
+        # flow end binds to the slice enclosing its timestamp
+        return r.forward_start + min(1e-7, (r.forward_end - r.forward_start) / 2)
     for r in rows:
         # the arrow leaves inside the launch slice and lands on the forward it enqueued
         src = r.launch_end - min(1e-7, (r.launch_end - r.launch_start) / 2)
         events += _flow("launch -> forward", "launch", id_base + 2 * int(r.seq), pid, (CPU_TID, src),
-                        (DEVICE_TID, r.forward_start))
+                        (DEVICE_TID, inside_start(r)))
     dep = DEVICE_DEPENDENCY.get(setting)
     if dep:
         for prev, r in zip(rows, rows[1:]):
@@ -101,7 +106,7 @@ def _flows(df: pd.DataFrame, pid: int, setting: str, id_base: int) -> list[dict]
             if str(r.kind) == "decode" and prev.process_start > r.launch_start:
                 src = prev.forward_end - min(1e-7, (prev.forward_end - prev.forward_start) / 2)
                 events += _flow(dep, "device_dependency", id_base + 2 * int(r.seq) + 1, pid, (DEVICE_TID, src),
-                                (DEVICE_TID, r.forward_start))
+                                (DEVICE_TID, inside_start(r)))
     return events
 
 

@@ -72,6 +72,12 @@ def test_flows_pair_up_and_futuremap_only_under_overlap(run_dir, tmp_path):
             assert dep == []
         for k in launch:
             assert starts[k]["tid"] == 1 and ends[k]["tid"] == 2 and ends[k]["bp"] == "e"
+    # every arrow end lies inside exactly one slice of its track, so viewers bind it unambiguously
+    slices = [e for e in ev if e["ph"] == "X"]
+    for e in list(starts.values()) + list(ends.values()):
+        hits = [x for x in slices if x["pid"] == e["pid"] and x["tid"] == e["tid"]
+                and x["ts"] <= e["ts"] <= x["ts"] + x["dur"]]
+        assert len(hits) == 1
 
 
 def test_window_and_setting_filters(run_dir, tmp_path):

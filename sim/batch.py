@@ -63,6 +63,8 @@ class Batch:
     overshoot: list = field(default_factory=list)
     after_idle: bool = False
     kv_used_after_alloc: int = 0
+    num_running: int = 0  # requests in the running batch when this batch was scheduled
+    num_queued: int = 0  # waiting queue length (incl. a chunked prefill) after scheduling it
     # timeline, filled in by the event loop (seconds)
     recv_start: float = math.nan
     schedule_start: float = math.nan

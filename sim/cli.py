@@ -17,7 +17,9 @@ from sim.errors import UserInputError
 # name -> (help, add_arguments(parser), run(args) -> exit status)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 # modules whose import registers more subcommands with @command
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = (
+    "sim.whatif_cli",
+)
 
 
 def command(name: str, help_text: str, arguments: Callable[[argparse.ArgumentParser], None]):
@@ -89,4 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # `python -m sim.cli`: use the importable module, whose COMMANDS the command modules fill
+    from sim.cli import main as _main
+
+    sys.exit(_main())

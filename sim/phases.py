@@ -73,6 +73,9 @@ class Phases:
         batch.schedule_start = at
         batch.schedule_end = batch.launch_start = at + dur
         batch.after_idle = self._was_idle
+        sched = self.scheduler
+        batch.num_running = sched.n_running
+        batch.num_queued = len(sched.waiting) + (sched.chunked_req is not None)
         self._was_idle = False
         return batch, dur
 

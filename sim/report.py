@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Iterable
 
@@ -13,6 +11,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from sim.atomic import atomic_path
 from sim.metrics import SUMMARY_KEYS
 
 RATIO_BASELINE = "normal"
@@ -119,34 +118,18 @@ def print_table(title: str, summaries: dict[str, dict], console: Console | None 
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``text`` to ``path`` atomically (see :func:`sim.atomic.atomic_path`)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
 
 
 def atomic_write_frame(df: pd.DataFrame, path: Path) -> None:
     """Write a DataFrame as CSV or Parquet (by suffix), atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        if path.suffix == ".parquet":
+    with atomic_path(path) as tmp:
+        if Path(path).suffix == ".parquet":
             df.to_parquet(tmp, index=False)
         else:
             df.to_csv(tmp, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_results(out_dir: Path, payload: dict, results: Iterable, table_format: str = "csv",

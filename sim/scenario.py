@@ -150,10 +150,18 @@ class CpuCosts(_Strict):
 
 
 class Noise(_Strict):
-    """Per-step multiplicative jitter (lognormal, mean 1) with these coefficients of variation."""
+    """Multiplicative jitter (lognormal, mean 1) with these coefficients of variation.
+
+    ``gpu_cv``/``cpu_cv`` draw a new factor for every step (independent per step, so they
+    average out over a long run). ``run_gpu_cv``/``run_cpu_cv`` draw one factor per run and
+    setting that scales every step of that run (clock, thermal or host-load state that differs
+    between two separately started servers; not shared between the settings of a comparison).
+    """
 
     gpu_cv: NonNegFloat = 0.0
     cpu_cv: NonNegFloat = 0.0
+    run_gpu_cv: NonNegFloat = 0.0
+    run_cpu_cv: NonNegFloat = 0.0
 
 
 class Costs(_Strict):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -80,7 +81,7 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
     w, srv = scenario.workload, scenario.server
     specs = make_requests(scenario)
     env = simpy.Environment()
-    costs = make_cost_model(scenario)
+    costs = make_cost_model(_run_noise_applied(scenario, setting))
     warmup = min(w.warmup_requests, len(specs) - 1)
     recorder = TraceRecorder() if tables == "steps" else StreamingRecorder(warmup, keep_requests=tables == "summary")
     clients = None
@@ -115,6 +116,20 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
     recorder.finish()
     return Result(scenario, setting, pd.DataFrame(columns=STEP_COLUMNS), recorder.requests_frame(),
                   pd.DataFrame(columns=["itl_s", "weight"]), outcome, metrics=recorder.summary(), stats=stats)
+
+
+def _run_noise_applied(scenario: Scenario, setting: str) -> Scenario:
+    """The scenario with this run's factors from ``costs.noise.run_gpu_cv``/``run_cpu_cv`` folded
+    into ``costs.gpu.scale``/``costs.cpu.scale``; drawn from (seed, setting), so each setting of
+    a comparison is a separately started server."""
+    noise = scenario.costs.noise
+    if noise.run_gpu_cv == 0 and noise.run_cpu_cv == 0:
+        return scenario
+    rng = np.random.default_rng([scenario.seed, 4, zlib.crc32(setting.encode())])  # stable per name
+    factors = [Jitter(cv, rng)() for cv in (noise.run_gpu_cv, noise.run_cpu_cv)]
+    gpu = scenario.costs.gpu.model_copy(update={"scale": scenario.costs.gpu.scale * factors[0]})
+    cpu = scenario.costs.cpu.model_copy(update={"scale": scenario.costs.cpu.scale * factors[1]})
+    return scenario.model_copy(update={"costs": scenario.costs.model_copy(update={"gpu": gpu, "cpu": cpu})})
 
 
 def _ignore(_rid: int, _t: float) -> None:

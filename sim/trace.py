@@ -5,7 +5,7 @@ metrics function reads both. Times are seconds from the start of the run.
 
 steps (one row per batch, in launch order):
     seq, kind ('extend'|'decode'), num_reqs, num_tokens, sum_ctx, num_warmup, overshoot,
-    finished, after_idle, kv_used, recv_start, schedule_start, schedule_end, launch_start, launch_end,
+    finished, after_idle, kv_used, num_running, num_queued, recv_start, schedule_start, schedule_end, launch_start, launch_end,
     forward_start, forward_end, sync_start, process_start, process_end
 requests (one row per request):
     rid, arrival_s, input_len, cached_len, output_len, output_tokens, first_token_s,
@@ -24,7 +24,7 @@ from sim.costs import KIND_NAMES
 
 STEP_COLUMNS = [
     "seq", "kind", "num_reqs", "num_tokens", "sum_ctx", "num_warmup", "overshoot", "finished",
-    "after_idle", "kv_used", "recv_start", "schedule_start", "schedule_end", "launch_start", "launch_end",
+    "after_idle", "kv_used", "num_running", "num_queued", "recv_start", "schedule_start", "schedule_end", "launch_start", "launch_end",
     "forward_start", "forward_end", "sync_start", "process_start", "process_end",
 ]
 REQUEST_COLUMNS = [
@@ -48,7 +48,7 @@ class TraceRecorder:
     def step(self, b: Batch) -> None:
         self._steps.append((
             b.seq, b.kind, b.num_reqs, b.num_tokens, b.sum_ctx, b.num_warmup, len(b.overshoot), b.finished,
-            b.after_idle, b.kv_used_after_alloc, b.recv_start, b.schedule_start, b.schedule_end, b.launch_start, b.launch_end,
+            b.after_idle, b.kv_used_after_alloc, b.num_running, b.num_queued, b.recv_start, b.schedule_start, b.schedule_end, b.launch_start, b.launch_end,
             b.forward_start, b.forward_end, b.sync_start, b.process_start, b.process_end,
         ))
 

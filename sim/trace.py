@@ -9,7 +9,9 @@ steps (one row per batch, in launch order):
     forward_start, forward_end, sync_start, process_start, process_end
 requests (one row per request):
     rid, arrival_s, input_len, cached_len, output_len, output_tokens, first_token_s,
-    finish_s, status ('completed'|'failed'), warmup, retractions
+    finish_s, status ('completed'|'failed'), warmup, retractions,
+    failure ('' | 'cut_off': in the server when it died | 'could_not_connect': sent after it
+    died | 'aborted': aborted out of KV memory | 'too_long': larger than the KV pool)
 itl (weighted inter-token latencies of measured requests):
     itl_s, weight
 """
@@ -29,7 +31,7 @@ STEP_COLUMNS = [
 ]
 REQUEST_COLUMNS = [
     "rid", "arrival_s", "input_len", "cached_len", "output_len", "output_tokens", "first_token_s",
-    "finish_s", "status", "warmup", "retractions",
+    "finish_s", "status", "warmup", "retractions", "failure",
 ]
 
 
@@ -53,7 +55,7 @@ class TraceRecorder:
         ok = r.status == FINISHED
         self._requests.append((
             r.rid, r.arrival_s, r.input_len, r.cached_len, r.output_len, r.output_done if ok else 0,
-            r.first_token_s, r.finish_s, "completed" if ok else "failed", r.warmup, r.retractions,
+            r.first_token_s, r.finish_s, "completed" if ok else "failed", r.warmup, r.retractions, r.failure,
         ))
 
     def itl(self, value_s: float, weight: int) -> None:

@@ -17,7 +17,7 @@ from sim.errors import UserInputError
 # name -> (help, add_arguments(parser), run(args) -> exit status)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 # modules whose import registers more subcommands with @command
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("sim.advise",)
 
 
 def command(name: str, help_text: str, arguments: Callable[[argparse.ArgumentParser], None]):
@@ -86,4 +86,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # run the imported sim.cli, where command modules register (this file runs as __main__)
+    from sim.cli import main as _main
+    sys.exit(_main())

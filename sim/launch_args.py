@@ -118,7 +118,7 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
     if platform not in PLATFORMS:
         raise UserInputError(source, "device", f"expected one of {', '.join(PLATFORMS)} (got {platform!r})")
     table = rules_table()
-    ver = parse_version(version, source if version is not None else "--version")
+    ver = parse_version(version, "--version" if source == "launch arguments" else "server.version")
     index = _flag_index()
     fields: dict[str, Any] = dict(table["defaults"])
     env: dict[str, str] = {}

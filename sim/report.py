@@ -32,7 +32,7 @@ TABLE_ROWS = [
     ("steps / decode batch size", None, None),
     ("overshoot tokens", "overshoot_tokens", "{:d}"),
     ("peak KV token usage", "peak_token_usage", "{:.3f}"),
-    ("retractions / re-prefilled tokens", None, None),
+    ("retracted / re-prefilled tok / skipped", None, None),
 ]
 
 
@@ -86,7 +86,7 @@ def _cell(summ: dict, key: str | None, fmt: str | None, label: str) -> str:
     if label.startswith("failed:"):
         return " / ".join(str(summ.get(k, 0)) for k in ("cut_off", "could_not_connect", "aborted"))
     if label.startswith("retractions"):
-        return f"{summ.get('retractions', 0)} / {summ.get('reprefill_tokens', 0)}"
+        return f"{summ.get('retractions', 0)} / {summ.get('reprefill_tokens', 0)} / {summ.get('skipped_decodes', 0)}"
     if label.startswith("steps"):
         return f"{summ['num_steps']} / {_fmt('{:.1f}', summ['mean_decode_batch_size'])}"
     if key in ("ttft", "tpot", "itl", "gap"):

@@ -238,16 +238,21 @@ class GilCosts(_Strict):
     """The GIL model of the ``thread_overlap`` loop (a forward thread beside the scheduler thread).
 
     ``switch_interval``: CPython's ``sys.getswitchinterval()`` (s): a thread waiting that long
-    for the GIL forces the holder to drop it. ``forward_releases``: how many times the forward
-    thread releases and re-takes the GIL during one forward (torch ops that release it); the
-    default 7 fits DESIGN.md sec. 6 (an eager CPU forward slowed from 4 ms to 38 ms beside a
-    spinning Python thread: (38 - 4) / 5 ms). ``sample_launch``: Python time (s) of the
-    forward thread's work after the forward (future-map store, D2H copy launch, queue put).
+    for the GIL forces the holder to drop it. ``ops_per_forward``: GIL acquisitions the forward
+    thread needs per forward (ops that release the GIL between their Python and device/compute
+    parts; the launch cost is split evenly over them); the default 7 fits DESIGN.md sec. 6 (an
+    eager CPU forward slowed from 4 ms to 38 ms beside a spinning Python thread:
+    (38 - 4) / 5 ms = 7 waits of one switch interval). ``sample_launch``: Python time (s) of the
+    forward thread after the forward (future-map store, D2H copy launch, output queue put).
+    ``wait_launch_done``: the scheduler waits for the current batch's launch before processing
+    the previous result (``resolve_last_batch_result(launch_done)``, SGLang 0.5.3); False models
+    a loop that processes k-1 while the forward thread runs k (threads contend for the GIL).
     """
 
     switch_interval: float = Field(default=0.005, gt=0)
-    forward_releases: int = Field(default=7, ge=0)
+    ops_per_forward: int = Field(default=7, ge=1)
     sample_launch: NonNegFloat = 5.0e-5
+    wait_launch_done: bool = True
 
 
 class Costs(_Strict):

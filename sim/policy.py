@@ -238,8 +238,9 @@ class Scheduler(ResultsMixin, RetractionMixin):
                 req.prefix_len = req.shared_len
             need = kv.pages(req.prefill_target - req.prefix_len) * page
             future = self.new_token_ratio * (req.output_len - req.output_done - 1)
-            if need + future > kv_free - reserve:
-                break
+            alone = self.n_running == 0 and not chunks and not self.pending_merge
+            if need + future > kv_free - reserve and not (alone and need <= kv_free):
+                break  # (with nothing running, a prompt that fits is admitted: no reserve to keep)
             reserve += future
             self.waiting.popleft()
             add(req, min(req.prefill_target - req.prefix_len, budget))

@@ -175,7 +175,7 @@ def test_kv_pressure_v0522_survives_and_v0510_retracts():
 # --- invariants ---------------------------------------------------------------------------------
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(page=st.sampled_from([1, 4, 16]), pages=st.integers(8, 64), conc=st.integers(1, 6),
        inp=st.integers(1, 60), out=st.integers(1, 60), policy=st.sampled_from(["naive", "v0.5.10", "v0.5.22"]),
        setting=st.sampled_from(["normal", "overlap", "overlap_mlx", "thread_overlap"]),

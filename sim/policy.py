@@ -276,8 +276,9 @@ class Scheduler(ResultsMixin, RetractionMixin):
         n, warm, sum_ctx, overshoot, excluded = self._compose_decode(g)
         if n == 0:
             return None
-        need = self.demand.need(g) - sum(self.needs_page(r, g) for r in excluded)
-        if need > self.kv.free_pages:  # check_decode_mem failed
+        kv = self.kv
+        need = self._page_demand(g, excluded)
+        if need > kv.total_pages - kv.used_pages:  # check_decode_mem failed
             if excluded and self.skip_when_finishing:
                 self.skipped_decodes += 1  # v0.5.22: the in-flight result frees their KV first
                 return None
@@ -285,20 +286,27 @@ class Scheduler(ResultsMixin, RetractionMixin):
             n, warm, sum_ctx, overshoot, excluded = self._compose_decode(g)
             if n == 0:
                 return None
-            need = self.demand.need(g) - sum(self.needs_page(r, g) for r in excluded)
-        else:
+            need = self._page_demand(g, excluded)
+        elif self.new_token_ratio > self.min_ratio:
             self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
-        self.kv.alloc(need)
+        kv.alloc(need)
         if g % DECODE_LOG_INTERVAL == 0:
-            self.last_logged_usage = self.kv.usage()
+            self.last_logged_usage = kv.usage()
         self.next_decode_seq = g + 1
         batch = Batch(self._take_seq(), DECODE, n, n, sum_ctx, decode_seq=g, num_warmup=warm,
                       fresh=self.fresh, overshoot=overshoot)
-        batch.overshoot_pages = sum(self.needs_page(r, g) for r in overshoot)
-        batch.kv_used_after_alloc = self.kv.used_tokens
+        if overshoot:
+            batch.overshoot_pages = sum(self.needs_page(r, g) for r in overshoot)
+        batch.kv_used_after_alloc = kv.used_pages * kv.page_size
         self.fresh = []
         self.inflight_decode = batch
         return batch
+
+    def _page_demand(self, g: int, excluded: list[Req]) -> int:
+        need = self.demand.need(g)
+        if excluded:
+            need -= sum(self.needs_page(r, g) for r in excluded)
+        return need
 
     def _retract(self, g: int, excluded: list[Req]) -> None:
         """``retract_decode`` for batch ``g`` (rare path, O(n log n)).

@@ -85,7 +85,7 @@ def _cell(summ: dict, key: str | None, fmt: str | None, label: str) -> str:
         return f"{summ['completed']} / {summ['failed']}"
     if label.startswith("failed:"):
         return " / ".join(str(summ.get(k, 0)) for k in ("cut_off", "could_not_connect", "aborted"))
-    if label.startswith("retractions"):
+    if label.startswith("retracted"):
         return f"{summ.get('retractions', 0)} / {summ.get('reprefill_tokens', 0)} / {summ.get('skipped_decodes', 0)}"
     if label.startswith("steps"):
         return f"{summ['num_steps']} / {_fmt('{:.1f}', summ['mean_decode_batch_size'])}"

@@ -139,8 +139,10 @@ class Server(_Strict):
     @classmethod
     def _apply_launch_args(cls, data, handler):
         derived: tuple = ()
-        if isinstance(data, dict) and data.get("launch_args") is not None:
-            data, derived = _resolve_launch_args(dict(data))
+        if isinstance(data, dict) and isinstance(data.get("launch_args"), list):
+            # YAML reads `--pp-size, 2` as a number: launch arguments are strings
+            data = {**data, "launch_args": [a if isinstance(a, str) else str(a) for a in data["launch_args"]]}
+            data, derived = _resolve_launch_args(data)
         if isinstance(data, dict) and data.get("version") is not None and "retraction" not in data:
             from sim.errors import UserInputError
             from sim.loop_rules import retraction_policy

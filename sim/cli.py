@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
 # modules whose import registers more subcommands with @command
 COMMAND_MODULES: tuple[str, ...] = (
     "sim.whatif_cli",
+    "sim.advise",
 )
 
 
@@ -91,7 +92,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    # `python -m sim.cli`: use the importable module, whose COMMANDS the command modules fill
+    # run the imported sim.cli, where command modules register (this file runs as __main__)
     from sim.cli import main as _main
-
     sys.exit(_main())

@@ -28,6 +28,7 @@ class CostModel(Protocol):
     """
 
     overlap_residue_s: float
+    gil: object  # sim.scenario.GilCosts, read by the thread_overlap loop
 
     def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
         """Device time of the forward, sampling and device-to-host copy of the batch."""
@@ -64,6 +65,7 @@ class LinearCostModel:
         self._schedule = _term(c.schedule, c.scale)
         self._launch = _term(c.launch, c.scale)
         self._process = _term(c.process, c.scale)
+        self.gil = costs.gil  # the thread_overlap loop's GIL parameters
         self._costs = costs
 
     @staticmethod

@@ -5,13 +5,15 @@ are processed after a launch. One iteration's phases run back to back on the CPU
 yielded to SimPy once (``t`` accumulates the iteration's CPU time, blocking waits included).
 Sources: SGLang ``Scheduler.event_loop_normal``, ``event_loop_overlap`` (two CUDA streams in
 one thread since PR #11210, Oct 2025) and ``event_loop_overlap_mlx`` (2026), as described in
-DESIGN.md section 2.
+DESIGN.md section 2; ``thread_overlap``
+(the pre-October-2025 forward thread sharing the GIL) lives in :mod:`sim.thread_loop`.
 """
 
 from __future__ import annotations
 
 from sim.costs import DECODE, EXTEND
 from sim.phases import Phases
+from sim.thread_loop import thread_overlap_loop
 
 
 def normal_loop(env, p: Phases, server):
@@ -97,4 +99,5 @@ def overlap_mlx_loop(env, p: Phases, server):
         inflight = batch
 
 
-LOOPS = {"normal": normal_loop, "overlap": overlap_loop, "overlap_mlx": overlap_mlx_loop}
+LOOPS = {"normal": normal_loop, "overlap": overlap_loop, "overlap_mlx": overlap_mlx_loop,
+         "thread_overlap": thread_overlap_loop}

@@ -12,7 +12,7 @@ import simpy
 from sim.batch import Batch
 from sim.costs import CostModel, Jitter
 from sim.device import DeviceStream
-from sim.policy import Scheduler
+from sim.policy import Scheduler, ServerDied
 from sim.trace import TraceRecorder
 
 
@@ -32,10 +32,14 @@ class Phases:
         gpu_jitter, cpu_jitter: per-step multiplicative noise.
         forward_extra_s: device time added to every forward (the FutureMap resolve under
             ``overlap``; 0 otherwise).
+        faults: release faults of this path (:func:`sim.loop_rules.setting_faults`); one with
+            ``sim: {die_on_batch_min_reqs: N}`` kills the server when the result of a batch of
+            N or more requests is relayed, at the end of its forward.
     """
 
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, stream: DeviceStream, costs: CostModel,
-                 gpu_jitter: Jitter, cpu_jitter: Jitter, recorder: TraceRecorder, forward_extra_s: float = 0.0):
+                 gpu_jitter: Jitter, cpu_jitter: Jitter, recorder: TraceRecorder, forward_extra_s: float = 0.0,
+                 faults: tuple = ()):
         self.env = env
         self.scheduler = scheduler
         self.stream = stream
@@ -44,6 +48,7 @@ class Phases:
         self.cpu_jitter = cpu_jitter
         self.recorder = recorder
         self.forward_extra_s = forward_extra_s
+        self._die_fault = next((f for f in faults if "die_on_batch_min_reqs" in f.sim), None)
         self._wakeup: simpy.Event | None = None
         self._was_idle = False
 
@@ -64,7 +69,11 @@ class Phases:
     def schedule(self, at: float) -> tuple[Batch | None, float]:
         """``get_next_batch_to_run`` starting at ``at`` (right after :meth:`recv`).
         Returns (batch or None, CPU time)."""
-        batch = self.scheduler.get_next_batch()
+        try:
+            batch = self.scheduler.get_next_batch()
+        except ServerDied as err:
+            err.time_s = at if err.time_s is None else err.time_s
+            raise
         if batch is None:
             return None, 0.0
         c = self.costs
@@ -108,12 +117,25 @@ class Phases:
         """``process_batch_result`` from ``at`` (default: now): deliver tokens, finish requests,
         free KV. Tokens reach the clients when the phase ends. Returns the CPU time."""
         now = self.env.now if at is None else at
+        self.check_faults(batch, now)
         dur = self.costs.process_s(batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx) * self.cpu_jitter()
         batch.process_start = now
         batch.process_end = now + dur
         self.scheduler.process_batch_result(batch, now + dur)
         self.recorder.step(batch)
         return dur
+
+    def check_faults(self, batch: Batch, at: float | None = None) -> None:
+        """Apply a release fault to a batch whose result is about to be used at ``at``.
+
+        Raises:
+            ServerDied: the fault kills the server on this batch (e.g. the MLX FutureMap relay
+                in ``event_loop_normal`` at v0.5.22 on a batch of two or more requests).
+        """
+        f = self._die_fault
+        if f is not None and batch.num_reqs >= f.sim["die_on_batch_min_reqs"]:
+            raise ServerDied(f"{f.id}: batch {batch.seq} ({batch.num_reqs} requests): {f.sim.get('message', f.text)}",
+                             self.env.now if at is None else at)
 
     def idle(self) -> simpy.Event:
         """Nothing to run: an event that fires when the next request arrives."""

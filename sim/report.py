@@ -18,6 +18,7 @@ RATIO_BASELINE = "normal"
 # (label, key, format) rows of the terminal table
 TABLE_ROWS = [
     ("completed / failed", None, None),
+    ("failed: cut off / no connect / aborted", None, None),
     ("output throughput (tok/s)", "output_throughput", "{:.1f}"),
     ("request throughput (req/s)", "request_throughput", "{:.3f}"),
     ("TTFT mean / median / p99 (ms)", "ttft", "{:.2f}"),
@@ -30,6 +31,7 @@ TABLE_ROWS = [
     ("steps / decode batch size", None, None),
     ("overshoot tokens", "overshoot_tokens", "{:d}"),
     ("peak KV token usage", "peak_token_usage", "{:.3f}"),
+    ("retracted / re-prefilled tok / skipped", None, None),
 ]
 
 
@@ -80,6 +82,10 @@ def _fmt(fmt: str, v) -> str:
 def _cell(summ: dict, key: str | None, fmt: str | None, label: str) -> str:
     if label.startswith("completed"):
         return f"{summ['completed']} / {summ['failed']}"
+    if label.startswith("failed:"):
+        return " / ".join(str(summ.get(k, 0)) for k in ("cut_off", "could_not_connect", "aborted"))
+    if label.startswith("retracted"):
+        return f"{summ.get('retractions', 0)} / {summ.get('reprefill_tokens', 0)} / {summ.get('skipped_decodes', 0)}"
     if label.startswith("steps"):
         return f"{summ['num_steps']} / {_fmt('{:.1f}', summ['mean_decode_batch_size'])}"
     if key in ("ttft", "tpot", "itl", "gap"):
@@ -113,8 +119,10 @@ def print_table(title: str, summaries: dict[str, dict], console: Console | None 
     console.print(table)
     for name, s in summaries.items():
         if s.get("outcome", "ok") != "ok":
-            console.print(f"[bold red]{name}: {s['outcome']}[/] at t={s.get('outcome_time_s', float('nan')):.3f}s: "
-                          f"{s.get('outcome_reason', '')}")
+            usage = s.get("outcome_token_usage")
+            at_usage = f", token usage {usage:.2f}" if isinstance(usage, float) and usage == usage else ""
+            console.print(f"[bold red]{name}: {s['outcome']}[/] at t={s.get('outcome_time_s', float('nan')):.3f}s"
+                          f"{at_usage}: {s.get('outcome_reason', '')}")
 
 
 def atomic_write_text(path: Path, text: str) -> None:

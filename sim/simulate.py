@@ -13,14 +13,17 @@ import simpy
 
 from sim.costs import Jitter, make_cost_model
 from sim.device import DeviceStream
+from sim.loop_rules import setting_faults
 from sim.loops import LOOPS
 from sim.metrics import summarize
 from sim.phases import Phases
 from sim.policy import Scheduler, ServerDied
 from sim.scenario import Scenario, load_scenario
 from sim.streaming import StreamingRecorder
-from sim.trace import STEP_COLUMNS, TraceRecorder
+from sim.trace import FAILURE_KINDS, STEP_COLUMNS, TraceRecorder
 from sim.workload import ClosedLoopClients, make_requests, open_loop_arrivals
+
+
 
 
 @dataclass
@@ -31,7 +34,9 @@ class Result:
         scenario: the scenario that ran; setting: the event loop ('normal', 'overlap', ...).
         steps, requests, itl: trace tables (schema in :mod:`sim.trace`), times in seconds.
         outcome: {'status': 'ok'|'server_died', 'reason': str, 'time_s': float,
-            'peak_token_usage': fraction of the KV pool}.
+            'peak_token_usage': fraction of the KV pool, 'token_usage_at_failure': fraction,
+            'retraction_steps', 'retractions' (requests retracted), 'reprefill_tokens',
+            'skipped_decodes': ints, 'faults': ids of the release faults that applied}.
     """
 
     scenario: Scenario
@@ -46,11 +51,20 @@ class Result:
     def summary(self) -> dict:
         """bench_serving-style metrics (see :mod:`sim.metrics`) plus the run's outcome."""
         out = dict(self.metrics) if self.metrics is not None else summarize(self.steps, self.requests, self.itl)
-        out["peak_token_usage"] = self.outcome.get("peak_token_usage", math.nan)
-        out["outcome"] = self.outcome.get("status", "ok")
-        if self.outcome.get("status") != "ok":
-            out["outcome_reason"] = self.outcome.get("reason", "")
-            out["outcome_time_s"] = self.outcome.get("time_s", math.nan)
+        o = self.outcome
+        out["peak_token_usage"] = o.get("peak_token_usage", math.nan)
+        if self.metrics is None:
+            measured = self.requests[~self.requests["warmup"].astype(bool)]
+            for kind in FAILURE_KINDS:
+                out[kind] = int((measured["failure"] == kind).sum())
+        for key in ("retractions", "retraction_steps", "reprefill_tokens", "skipped_decodes"):
+            out[key] = int(o.get(key, 0))
+        out["outcome"] = o.get("status", "ok")
+        if o.get("status") != "ok":
+            out["outcome_reason"] = o.get("reason", "")
+            out["outcome_time_s"] = o.get("time_s", math.nan)
+            out["outcome_token_usage"] = o.get("token_usage_at_failure", math.nan)
+            out["outcome_last_logged_usage"] = o.get("last_logged_token_usage", math.nan)
         return out
 
 
@@ -86,16 +100,19 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
     recorder = TraceRecorder() if tables == "steps" else StreamingRecorder(warmup, keep_requests=tables == "summary")
     clients = None
     if w.arrival == "closed_loop":
-        clients = ClosedLoopClients(len(specs), w.concurrency, lambda rid, t: phases.submit(rid, t))
+        clients = ClosedLoopClients(len(specs), w.concurrency, lambda rid, t: phases.submit(rid, t),
+                                    warmup if w.warmup_before_benchmark else 0)
         on_finish = clients.on_finish
     else:
         on_finish = _ignore
     scheduler = Scheduler(specs, srv, warmup, w.finish == "length", recorder, on_finish)
+    faults = setting_faults(srv.device, setting, srv.version)
     phases = Phases(
         env, scheduler, DeviceStream(), costs,
         Jitter(scenario.costs.noise.gpu_cv, np.random.default_rng([scenario.seed, 2])),
         Jitter(scenario.costs.noise.cpu_cv, np.random.default_rng([scenario.seed, 3])),
         recorder, forward_extra_s=costs.overlap_residue_s if setting == "overlap" else 0.0,
+        faults=faults,
     )
     outcome = {"status": "ok", "reason": "", "time_s": math.nan}
     if clients is not None:
@@ -108,6 +125,12 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
         raise RuntimeError(f"simulation stalled at t={env.now:.6f}s with {scheduler.num_done}/{len(specs)} "
                            "requests done (a modelling bug: please report it with the scenario)")
     outcome["peak_token_usage"] = scheduler.kv_peak / srv.kv_pool_tokens
+    if outcome["status"] != "ok":
+        outcome["token_usage_at_failure"] = scheduler.usage_at_failure
+        outcome["last_logged_token_usage"] = scheduler.last_logged_usage
+    outcome.update(retractions=scheduler.retracted_reqs, retraction_steps=scheduler.retraction_events,
+                   reprefill_tokens=scheduler.reprefill_tokens, skipped_decodes=scheduler.skipped_decodes,
+                   faults=[f.id for f in faults])
     stats = {"sim_time_s": env.now, "steps": scheduler.next_step_seq, "decode_steps": scheduler.next_decode_seq,
              "wall_s": time.perf_counter() - wall0}
     if tables == "steps":
@@ -142,6 +165,8 @@ def _serve(env, loop, phases: Phases, server, outcome: dict):
     try:
         yield from loop(env, phases, server)
     except ServerDied as err:
+        if err.time_s is not None and err.time_s > env.now:
+            yield env.timeout(err.time_s - env.now)  # the iteration ran up to the failure
         outcome.update(status="server_died", reason=err.reason, time_s=env.now)
         sched.fail_all(env.now)
         while not sched.all_done:

@@ -17,7 +17,7 @@ from ddsketch import DDSketch
 
 from sim.batch import FINISHED, Batch, Req
 from sim.metrics import SUMMARY_KEYS
-from sim.trace import REQUEST_COLUMNS, TraceRecorder
+from sim.trace import FAILURE_KINDS, REQUEST_COLUMNS, TraceRecorder
 
 RELATIVE_ACCURACY = 0.005
 
@@ -65,6 +65,7 @@ class StreamingRecorder:
         self._pending: list[tuple] = []  # steps since the last measured finish
         self._prev_forward_end = math.nan
         self.completed = self.failed = self.input_tokens = self.output_tokens = 0
+        self.failures = dict.fromkeys(FAILURE_KINDS, 0)
         self.steps = self.decode_steps = self.decode_reqs = self.overshoot = self.sync_count = 0
         self.busy_s = self.sync_wait_s = 0.0
         self.ttft, self.tpot, self.itl_stat, self.e2e, self.gap = _Stat(), _Stat(), _Stat(), _Stat(), _Stat()
@@ -97,6 +98,8 @@ class StreamingRecorder:
             self._flush_pending()
         if r.status != FINISHED:
             self.failed += 1
+            if r.failure in self.failures:
+                self.failures[r.failure] += 1
             return
         self.completed += 1
         self.input_tokens += r.input_len
@@ -153,7 +156,7 @@ class StreamingRecorder:
         return self._rows.requests_frame()
 
     def summary(self) -> dict:
-        """The same keys as :func:`sim.metrics.summarize`."""
+        """The same keys as :func:`sim.metrics.summarize`, plus failure counts by kind."""
         out: dict = {"completed": self.completed, "failed": self.failed}
         duration = self.window_end - self.window_start if self.completed + self.failed else 0.0
         duration = duration if duration == duration and duration > 0 else 0.0
@@ -176,4 +179,4 @@ class StreamingRecorder:
         else:
             out.update(num_steps=0, gpu_idle_fraction=math.nan, mean_sync_wait_ms=math.nan,
                        mean_decode_batch_size=math.nan, overshoot_tokens=0)
-        return {k: out[k] for k in SUMMARY_KEYS}
+        return {**{k: out[k] for k in SUMMARY_KEYS}, **self.failures}

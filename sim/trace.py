@@ -9,7 +9,9 @@ steps (one row per batch, in launch order):
     forward_start, forward_end, sync_start, process_start, process_end
 requests (one row per request):
     rid, arrival_s, input_len, cached_len, output_len, output_tokens, first_token_s,
-    finish_s, status ('completed'|'failed'), warmup, retractions
+    finish_s, status ('completed'|'failed'), warmup, retractions,
+    failure ('' | 'cut_off': in the server when it died | 'could_not_connect': sent after it
+    died | 'aborted': aborted out of KV memory | 'too_long': larger than the KV pool)
 itl (weighted inter-token latencies of measured requests):
     itl_s, weight
 """
@@ -22,6 +24,8 @@ import pandas as pd
 from sim.batch import FINISHED, Batch, Req
 from sim.costs import KIND_NAMES
 
+FAILURE_KINDS = ("cut_off", "could_not_connect", "aborted")  # summary counts these
+
 STEP_COLUMNS = [
     "seq", "kind", "num_reqs", "num_tokens", "sum_ctx", "num_warmup", "overshoot", "finished",
     "after_idle", "kv_used", "num_running", "num_queued", "recv_start", "schedule_start", "schedule_end", "launch_start", "launch_end",
@@ -29,7 +33,7 @@ STEP_COLUMNS = [
 ]
 REQUEST_COLUMNS = [
     "rid", "arrival_s", "input_len", "cached_len", "output_len", "output_tokens", "first_token_s",
-    "finish_s", "status", "warmup", "retractions",
+    "finish_s", "status", "warmup", "retractions", "failure",
 ]
 
 
@@ -56,7 +60,7 @@ class TraceRecorder:
         ok = r.status == FINISHED
         self._requests.append((
             r.rid, r.arrival_s, r.input_len, r.cached_len, r.output_len, r.output_done if ok else 0,
-            r.first_token_s, r.finish_s, "completed" if ok else "failed", r.warmup, r.retractions,
+            r.first_token_s, r.finish_s, "completed" if ok else "failed", r.warmup, r.retractions, r.failure,
         ))
 
     def itl(self, value_s: float, weight: int) -> None:

@@ -83,3 +83,14 @@ def test_streamed_quantiles_on_a_long_run():
         assert streamed.steps.empty and streamed.requests.empty
         kept = sim.simulate(raw, setting, tables="summary")
         assert len(kept.requests) == 600 and kept.steps.empty
+
+
+def test_streamed_failure_counts_match_the_tables():
+    from tests.conftest import SCENARIOS
+
+    scenario = sim.load_scenario(SCENARIOS / "mlx-disable-overlap.yaml")
+    full = sim.simulate(scenario, "normal").summary()
+    streamed = sim.simulate(scenario, "normal", tables="none").summary()
+    for key in ("failed", "cut_off", "could_not_connect", "aborted", "completed"):
+        assert streamed[key] == full[key], key
+    assert full["failed"] == 32

@@ -72,18 +72,22 @@ class Scheduler(ResultsMixin, RetractionMixin):
             stop), False for ``eos`` (it learns only when it reads the sampled token).
         recorder: receives finished requests and ITL samples (see :class:`sim.trace.TraceRecorder`).
         on_finish: called as ``on_finish(rid, time_s)`` when a request completes or fails.
+        lookahead_policy: apply v0.5.22's handling of requests finishing in the in-flight batch
+            (exclusion, skip). SGLang has it in ``event_loop_overlap`` only, not in
+            ``event_loop_overlap_mlx``.
     """
 
     def __init__(self, specs: RequestSpecs, server: Server, warmup_requests: int,
-                 finish_by_length: bool, recorder, on_finish: Callable[[int, float], None]):
+                 finish_by_length: bool, recorder, on_finish: Callable[[int, float], None],
+                 lookahead_policy: bool = True):
         self.specs = specs
         self.server = server
         self.warmup_requests = warmup_requests
         self.finish_by_length = finish_by_length
         self.recorder = recorder
         self.on_finish = on_finish
-        self.exclude_length_finishes = server.retraction == "v0.5.22"
-        self.skip_when_finishing = server.retraction == "v0.5.22"
+        self.exclude_length_finishes = lookahead_policy and server.retraction == "v0.5.22"
+        self.skip_when_finishing = lookahead_policy and server.retraction == "v0.5.22"
         self.abort_last = server.retraction in ("v0.5.10", "v0.5.22")
         self.lock_inflight = server.retraction == "naive"
         self.last_logged_usage = float("nan")  # token usage of the last logged decode batch

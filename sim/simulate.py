@@ -105,7 +105,8 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
         on_finish = clients.on_finish
     else:
         on_finish = _ignore
-    scheduler = Scheduler(specs, srv, warmup, w.finish == "length", recorder, on_finish)
+    scheduler = Scheduler(specs, srv, warmup, w.finish == "length", recorder, on_finish,
+                          lookahead_policy=setting != "overlap_mlx")
     faults = setting_faults(srv.device, setting, srv.version)
     phases = Phases(
         env, scheduler, DeviceStream(), costs,

@@ -113,7 +113,7 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
         Jitter(scenario.costs.noise.gpu_cv, np.random.default_rng([scenario.seed, 2])),
         Jitter(scenario.costs.noise.cpu_cv, np.random.default_rng([scenario.seed, 3])),
         recorder, forward_extra_s=costs.overlap_residue_s if setting == "overlap" else 0.0,
-        faults=faults,
+        faults=faults, external_arrival_s=None if clients is not None else specs.arrival_s,
     )
     outcome = {"status": "ok", "reason": "", "time_s": math.nan}
     if clients is not None:

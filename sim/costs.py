@@ -68,10 +68,6 @@ class LinearCostModel:
         self.gil = costs.gil  # the thread_overlap loop's GIL parameters
         self._costs = costs
 
-    @staticmethod
-    def _eval(t, num_reqs, num_tokens, sum_ctx) -> float:
-        return t[0] + t[1] * num_reqs + t[2] * num_tokens + t[3] * sum_ctx
-
     def forward_s(self, kind, num_reqs, num_tokens, sum_ctx):
         t = self._forward[kind]
         return t[0] + t[1] * num_reqs + t[2] * num_tokens + t[3] * sum_ctx
@@ -81,13 +77,16 @@ class LinearCostModel:
         return t[0] + t[1] * num_new_reqs
 
     def schedule_s(self, kind, num_reqs, num_tokens, sum_ctx):
-        return self._eval(self._schedule, num_reqs, num_tokens, sum_ctx)
+        t = self._schedule
+        return t[0] + t[1] * num_reqs + t[2] * num_tokens + t[3] * sum_ctx
 
     def launch_s(self, kind, num_reqs, num_tokens, sum_ctx):
-        return self._eval(self._launch, num_reqs, num_tokens, sum_ctx)
+        t = self._launch
+        return t[0] + t[1] * num_reqs + t[2] * num_tokens + t[3] * sum_ctx
 
     def process_s(self, kind, num_reqs, num_tokens, sum_ctx):
-        return self._eval(self._process, num_reqs, num_tokens, sum_ctx)
+        t = self._process
+        return t[0] + t[1] * num_reqs + t[2] * num_tokens + t[3] * sum_ctx
 
     def describe(self) -> dict:
         return {"kind": "linear", "gpu": self._costs.gpu.model_dump(), "cpu": self._costs.cpu.model_dump()}

@@ -71,13 +71,6 @@ class Curve:
         """True when ``x`` lies within the measured grid on every axis (no extrapolation)."""
         return all(lo <= xi <= hi for xi, lo, hi in zip(x, self.lo, self.hi))
 
-    def inside_array(self, *x: np.ndarray) -> np.ndarray:
-        """Vectorised :meth:`inside` over arrays of equal length."""
-        ok = np.ones(len(x[0]), dtype=bool)
-        for xi, lo, hi in zip(x, self.lo, self.hi):
-            ok &= (np.asarray(xi) >= lo) & (np.asarray(xi) <= hi)
-        return ok
-
     def to_dict(self) -> dict:
         vals = list(self.values) if len(self.axes) == 1 else [list(r) for r in self.values]
         return {"axes": list(self.axes), "grid": [list(g) for g in self.grid], "values_s": vals}

@@ -12,15 +12,14 @@ Each simulated step is priced by the profile's curves (see :mod:`calibrate.profi
 
 With a profile, the scenario's inline linear terms (``costs.gpu.decode``/``prefill``,
 ``costs.cpu.recv``/...) are not used; ``costs.gpu.scale`` multiplies the forward curves,
-``costs.cpu.scale`` the phase curves, and ``costs.gpu.overlap_residue`` and ``costs.noise``
-still apply as without a profile.
+``costs.cpu.scale`` the phase curves, and ``costs.gpu.overlap_residue``, ``costs.noise`` and
+``costs.gil`` still apply as without a profile. Steps whose forward or CPU phases fall outside
+the measured grid are priced by extrapolation and counted (:attr:`ProfileCostModel.extrapolated_steps`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-
-import numpy as np
 
 from calibrate.profile import load_profile, profile_curves
 from sim.costs import DECODE, EXTEND
@@ -37,9 +36,11 @@ class ProfileCostModel:
     """
 
     def __init__(self, profile: dict, gpu_scale: float = 1.0, cpu_scale: float = 1.0,
-                 overlap_residue_s: float = 0.0, source: str = "<dict>"):
+                 overlap_residue_s: float = 0.0, source: str = "<dict>", gil=None):
         self.profile = profile
         self.source = source
+        self.gil = gil  # sim.scenario.GilCosts for the thread_overlap loop (not measured here)
+        self.extrapolated_steps = 0
         self.gpu_scale, self.cpu_scale = gpu_scale, cpu_scale
         self.overlap_residue_s = overlap_residue_s * gpu_scale
         c = self.curves = profile_curves(profile)
@@ -55,9 +56,18 @@ class ProfileCostModel:
         return cls(load_profile(path), source=str(path), **kwargs)
 
     def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
+        """The forward's device time; also counts the step in :attr:`extrapolated_steps` when
+        its forward or any of its CPU phases falls outside the measured grid (the loops ask
+        for the forward once per step)."""
         if kind == DECODE:
-            return self._forward[DECODE](num_reqs, sum_ctx / num_reqs) * self.gpu_scale
-        return self._forward[EXTEND](num_tokens, (sum_ctx - num_tokens) / num_reqs) * self.gpu_scale
+            x, launch_x = (num_reqs, sum_ctx / num_reqs), num_reqs
+        else:
+            x, launch_x = (num_tokens, (sum_ctx - num_tokens) / num_reqs), num_tokens
+        forward = self._forward[kind]
+        if not (forward.inside(*x) and self._launch[kind].inside(launch_x)
+                and self._schedule[kind].inside(num_reqs) and self._process[kind].inside(num_reqs)):
+            self.extrapolated_steps += 1
+        return forward(*x) * self.gpu_scale
 
     def recv_s(self, num_new_reqs: int) -> float:
         return self._recv(num_new_reqs) * self.cpu_scale
@@ -70,25 +80,6 @@ class ProfileCostModel:
 
     def process_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
         return self._process[kind](num_reqs) * self.cpu_scale
-
-    def extrapolated_steps(self, steps) -> int:
-        """How many steps of a trace (``steps`` table of :mod:`sim.trace`) fall outside the
-        profile's measured grid for their forward or for a CPU phase curve (priced by
-        extrapolation)."""
-        if len(steps) == 0:
-            return 0
-        kind = steps["kind"].astype(str).to_numpy()
-        n = steps["num_reqs"].to_numpy(dtype=np.float64)
-        tok = steps["num_tokens"].to_numpy(dtype=np.float64)
-        ctx = steps["sum_ctx"].to_numpy(dtype=np.float64)
-        nz = np.maximum(n, 1.0)
-        c = self.curves
-        dec = kind == "decode"
-        ok_dec = (c["forward.decode"].inside_array(n, ctx / nz) & c["schedule.decode"].inside_array(n)
-                  & c["launch.decode"].inside_array(n) & c["process.decode"].inside_array(n))
-        ok_ext = (c["forward.extend"].inside_array(tok, (ctx - tok) / nz) & c["schedule.extend"].inside_array(n)
-                  & c["launch.extend"].inside_array(tok) & c["process.extend"].inside_array(n))
-        return int((dec & ~ok_dec).sum() + (~dec & ~ok_ext).sum())
 
     def grid_text(self) -> str:
         """The measured ranges in words (for warnings)."""

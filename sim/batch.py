@@ -31,10 +31,13 @@ class Req:
     kv_base: int = 0  # private KV slots held when joining the running batch
     join_seq: int = -1
     finish_seq: int = -1
+    shared_len: int = 0  # prefix tokens shared through the radix cache (page-aligned), not private KV
+    delivered: int = 0  # output tokens delivered by processed prefills (decode progress follows from seqs)
     first_token_s: float = math.nan
     last_token_s: float = math.nan
     finish_s: float = math.nan
     retractions: int = 0
+    failure: str = ""  # why it failed: 'cut_off', 'could_not_connect', 'aborted', 'too_long'
 
     def ctx_at_join(self) -> int:
         """Context length (tokens attended) in its first decode batch of this stint."""
@@ -45,10 +48,12 @@ class Req:
 class Batch:
     """One step: a prefill (EXTEND) or a decode (DECODE) batch and, once run, its timeline.
 
-    Prefill batches list ``chunks`` as (req, new_tokens, is_last_chunk). Decode batches keep
-    only aggregates: ``num_reqs`` members, ``fresh`` (members whose previous token did not come
-    from the previous decode batch), ``overshoot`` (members that finished in the previous,
-    still unprocessed decode batch: their token is discarded, SGLang's overlap "extra slot").
+    Prefill batches list ``chunks`` as (req, new_tokens, is_last_chunk, finishes,
+    retractions of req at launch). Decode batches keep only aggregates: ``num_reqs`` members,
+    ``fresh`` (members whose previous token did not come from the previous decode batch),
+    ``overshoot`` (members that finished in the previous, still unprocessed decode batch:
+    their token is discarded, SGLang's overlap "extra slot"; ``overshoot_pages`` KV pages they
+    took), ``dropped`` (members retracted or aborted while the batch was in flight).
     """
 
     seq: int
@@ -61,8 +66,12 @@ class Batch:
     chunks: list = field(default_factory=list)
     fresh: list = field(default_factory=list)
     overshoot: list = field(default_factory=list)
+    overshoot_pages: int = 0
+    dropped: list = field(default_factory=list)
     after_idle: bool = False
     kv_used_after_alloc: int = 0
+    num_running: int = 0  # requests in the running batch when this batch was scheduled
+    num_queued: int = 0  # waiting queue length (incl. a chunked prefill) after scheduling it
     # timeline, filled in by the event loop (seconds)
     recv_start: float = math.nan
     schedule_start: float = math.nan

@@ -17,7 +17,11 @@ from sim.errors import UserInputError
 # name -> (help, add_arguments(parser), run(args) -> exit status)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 # modules whose import registers more subcommands with @command
-COMMAND_MODULES: tuple[str, ...] = ("calibrate.command",)
+COMMAND_MODULES: tuple[str, ...] = (
+    "sim.whatif_cli",
+    "sim.advise",
+    "calibrate.command",
+)
 
 
 def command(name: str, help_text: str, arguments: Callable[[argparse.ArgumentParser], None]):
@@ -34,7 +38,10 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="override a scenario field, e.g. workload.concurrency=16 (repeatable)")
     p.add_argument("--out", type=Path, default=None, help="results folder (default results/<scenario-name>/)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
-    p.add_argument("--tables", choices=["csv", "parquet"], default="csv", help="format of per-step/request tables")
+    p.add_argument("--format", choices=["csv", "parquet"], default="csv", help="file format of the tables")
+    p.add_argument("--tables", choices=["steps", "summary", "none"], default="steps",
+                   help="tables kept: steps (all, exact metrics), summary (per-request only; streamed metrics), "
+                        "none (no tables; memory bounded by requests in flight)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
 
@@ -46,13 +53,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sim.simulate import simulate
 
     scenario = load_scenario(args.scenario, args.overrides)
-    results = [simulate(scenario, s) for s in scenario.server.settings]
+    results = [simulate(scenario, s, tables=args.tables) for s in scenario.server.settings]
     summaries = {r.setting: r.summary() for r in results}
     payload = run_payload(scenario.name, scenario.seed, summaries)
     payload["scenario_config"] = scenario.model_dump(mode="json")
     out_dir = args.out or Path("results") / scenario.name
-    write_results(out_dir, payload, results, args.tables)
-    if not args.no_plots:
+    write_results(out_dir, payload, results, args.format, args.tables)
+    if not args.no_plots and args.tables == "steps":
         save_run_plots(out_dir, scenario.name, {r.setting: r.steps for r in results}, summaries)
     if args.json:
         print(json.dumps({k: payload[k] for k in ("scenario", "seed", "settings", "ratios")}))
@@ -86,7 +93,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    # `python -m sim.cli`: subcommand modules register with the imported `sim.cli`, not `__main__`
+    # run the imported sim.cli, where command modules register (this file runs as __main__)
     from sim.cli import main as _main
-
     sys.exit(_main())

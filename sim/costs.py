@@ -28,6 +28,8 @@ class CostModel(Protocol):
     """
 
     overlap_residue_s: float
+    gil: object  # sim.scenario.GilCosts, read by the thread_overlap loop
+    extrapolated_steps: int  # steps priced so far outside measured data (counted by forward_s; 0 inline)
 
     def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
         """Device time of the forward, sampling and device-to-host copy of the batch."""
@@ -47,8 +49,6 @@ class CostModel(Protocol):
     def describe(self) -> dict:
         """JSON-able description recorded with results."""
 
-    def extrapolated_steps(self, steps) -> int:
-        """How many rows of a ``steps`` table were priced outside measured data (0 for inline terms)."""
 
 
 def _term(t: CostTerm, scale: float) -> tuple[float, float, float, float]:
@@ -67,11 +67,9 @@ class LinearCostModel:
         self._schedule = _term(c.schedule, c.scale)
         self._launch = _term(c.launch, c.scale)
         self._process = _term(c.process, c.scale)
+        self.gil = costs.gil  # the thread_overlap loop's GIL parameters
+        self.extrapolated_steps = 0
         self._costs = costs
-
-    @staticmethod
-    def _eval(t, num_reqs, num_tokens, sum_ctx) -> float:
-        return t[0] + t[1] * num_reqs + t[2] * num_tokens + t[3] * sum_ctx
 
     def forward_s(self, kind, num_reqs, num_tokens, sum_ctx):
         t = self._forward[kind]
@@ -82,16 +80,16 @@ class LinearCostModel:
         return t[0] + t[1] * num_new_reqs
 
     def schedule_s(self, kind, num_reqs, num_tokens, sum_ctx):
-        return self._eval(self._schedule, num_reqs, num_tokens, sum_ctx)
+        t = self._schedule
+        return t[0] + t[1] * num_reqs + t[2] * num_tokens + t[3] * sum_ctx
 
     def launch_s(self, kind, num_reqs, num_tokens, sum_ctx):
-        return self._eval(self._launch, num_reqs, num_tokens, sum_ctx)
+        t = self._launch
+        return t[0] + t[1] * num_reqs + t[2] * num_tokens + t[3] * sum_ctx
 
     def process_s(self, kind, num_reqs, num_tokens, sum_ctx):
-        return self._eval(self._process, num_reqs, num_tokens, sum_ctx)
-
-    def extrapolated_steps(self, steps) -> int:
-        return 0
+        t = self._process
+        return t[0] + t[1] * num_reqs + t[2] * num_tokens + t[3] * sum_ctx
 
     def describe(self) -> dict:
         return {"kind": "linear", "gpu": self._costs.gpu.model_dump(), "cpu": self._costs.cpu.model_dump()}
@@ -109,7 +107,7 @@ def make_cost_model(scenario: Scenario) -> CostModel:
         from calibrate.profile_costs import ProfileCostModel  # calibrate imports sim.errors: no cycle at load
 
         return ProfileCostModel.from_file(scenario.resolve_path(c.profile), gpu_scale=c.gpu.scale,
-                                          cpu_scale=c.cpu.scale, overlap_residue_s=c.gpu.overlap_residue)
+                                          cpu_scale=c.cpu.scale, overlap_residue_s=c.gpu.overlap_residue, gil=c.gil)
     return LinearCostModel(c)
 
 

@@ -5,30 +5,33 @@ are processed after a launch. One iteration's phases run back to back on the CPU
 yielded to SimPy once (``t`` accumulates the iteration's CPU time, blocking waits included).
 Sources: SGLang ``Scheduler.event_loop_normal``, ``event_loop_overlap`` (two CUDA streams in
 one thread since PR #11210, Oct 2025) and ``event_loop_overlap_mlx`` (2026), as described in
-DESIGN.md section 2.
+DESIGN.md section 2; ``thread_overlap``
+(the pre-October-2025 forward thread sharing the GIL) lives in :mod:`sim.thread_loop`.
 """
 
 from __future__ import annotations
 
 from sim.costs import DECODE, EXTEND
 from sim.phases import Phases
+from sim.thread_loop import thread_overlap_loop
 
 
 def normal_loop(env, p: Phases, server):
     """``event_loop_normal``: recv -> schedule k -> launch k -> wait for k -> process k.
     The device idles during every CPU phase: step = T_cpu + T_gpu."""
     sched = p.scheduler
+    now = env.now  # the CPU thread's clock; SimPy catches up when another process may act
     while not sched.all_done:
-        batch, t = p.recv_and_schedule()
+        batch, t = p.recv_and_schedule(now)
         if batch is None:
-            yield env.timeout(t)
-            yield p.idle()
+            now = yield from _idle(env, p, now + t)
             continue
-        now = env.now
         t += p.launch(batch, now + t)
         t += p.sync(batch, now + t)
         t += p.process(batch, now + t)
-        yield env.timeout(t)
+        now += t
+        if p.must_yield(now):
+            yield env.timeout(now - env.now)
 
 
 def overlap_loop(env, p: Phases, server):
@@ -41,9 +44,9 @@ def overlap_loop(env, p: Phases, server):
     """
     sched = p.scheduler
     last = None
+    now = env.now
     while not sched.all_done or last is not None:
-        batch, t = p.recv_and_schedule()
-        now = env.now
+        batch, t = p.recv_and_schedule(now)
         if last is not None and batch is not None and _overlap_disabled_for(server, batch, last):
             t += p.sync(last, now + t)
             t += p.process(last, now + t)
@@ -53,10 +56,13 @@ def overlap_loop(env, p: Phases, server):
         if last is not None:
             t += p.sync(last, now + t)
             t += p.process(last, now + t)
-        yield env.timeout(t)
-        if batch is None and last is None:
-            yield p.idle()
+        elif batch is None:
+            now = yield from _idle(env, p, now + t)
+            continue
         last = batch
+        now += t
+        if p.must_yield(now):
+            yield env.timeout(now - env.now)
 
 
 def _overlap_disabled_for(server, batch, last) -> bool:
@@ -76,9 +82,9 @@ def overlap_mlx_loop(env, p: Phases, server):
     sched = p.scheduler
     inflight = None
     finished_last = False
+    now = env.now
     while not sched.all_done or inflight is not None:
-        t = p.recv()
-        now = env.now
+        t = p.recv(now)
         chain = (inflight is not None and inflight.kind == DECODE and not finished_last
                  and not sched.has_queued_work)
         batch = None
@@ -91,10 +97,22 @@ def overlap_mlx_loop(env, p: Phases, server):
             t += p.sync(inflight, now + t)
             t += p.process(inflight, now + t)
             finished_last = batch is not None and inflight.finished > 0
-        yield env.timeout(t)
-        if batch is None and inflight is None:
-            yield p.idle()
+        elif batch is None:
+            now = yield from _idle(env, p, now + t)
+            continue
         inflight = batch
+        now += t
+        if p.must_yield(now):
+            yield env.timeout(now - env.now)
 
 
-LOOPS = {"normal": normal_loop, "overlap": overlap_loop, "overlap_mlx": overlap_mlx_loop}
+def _idle(env, p: Phases, until: float):
+    """Nothing to run: catch SimPy up to ``until``, then wait for the next arrival; returns the
+    new time of the CPU thread's clock."""
+    yield env.timeout(until - env.now)
+    yield p.idle()
+    return env.now
+
+
+LOOPS = {"normal": normal_loop, "overlap": overlap_loop, "overlap_mlx": overlap_mlx_loop,
+         "thread_overlap": thread_overlap_loop}

@@ -7,12 +7,14 @@ come from the cost model, times seeded per-step jitter.
 
 from __future__ import annotations
 
+import math
+
 import simpy
 
 from sim.batch import Batch
 from sim.costs import CostModel, Jitter
 from sim.device import DeviceStream
-from sim.policy import Scheduler
+from sim.policy import Scheduler, ServerDied
 from sim.trace import TraceRecorder
 
 
@@ -20,9 +22,12 @@ class Phases:
     """The scheduler thread's phases (recv, schedule, launch, sync, process) over shared state.
 
     A loop may run several phases back to back without yielding in between (passing each the
-    time it starts, ``at``) and then yield their total once: nothing else changes the scheduler
-    state inside one CPU iteration (arrivals wait in the inbox until the next ``recv``), so
-    this is the same timeline with one SimPy event per iteration.
+    time it starts, ``at``) and yield their total once: nothing else changes the scheduler
+    state inside one CPU iteration (arrivals wait in the inbox until the next ``recv``). It may
+    even run several iterations on its own clock, as long as no other process can act before
+    its next ``recv``: :attr:`horizon` is the time of the next request that another SimPy
+    process (the open-loop arrival process) will submit. Closed-loop clients submit from
+    inside the loop (at explicit times), so their horizon is infinite.
 
     Args:
         env: the SimPy environment (its clock is the CPU thread's clock).
@@ -32,10 +37,14 @@ class Phases:
         gpu_jitter, cpu_jitter: per-step multiplicative noise.
         forward_extra_s: device time added to every forward (the FutureMap resolve under
             ``overlap``; 0 otherwise).
+        faults: release faults of this path (:func:`sim.loop_rules.setting_faults`); one with
+            ``sim: {die_on_batch_min_reqs: N}`` kills the server when the result of a batch of
+            N or more requests is relayed, at the end of its forward.
     """
 
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, stream: DeviceStream, costs: CostModel,
-                 gpu_jitter: Jitter, cpu_jitter: Jitter, recorder: TraceRecorder, forward_extra_s: float = 0.0):
+                 gpu_jitter: Jitter, cpu_jitter: Jitter, recorder: TraceRecorder, forward_extra_s: float = 0.0,
+                 faults: tuple = (), external_arrival_s=None):
         self.env = env
         self.scheduler = scheduler
         self.stream = stream
@@ -44,26 +53,45 @@ class Phases:
         self.cpu_jitter = cpu_jitter
         self.recorder = recorder
         self.forward_extra_s = forward_extra_s
+        self._die_fault = next((f for f in faults if "die_on_batch_min_reqs" in f.sim), None)
         self._wakeup: simpy.Event | None = None
         self._was_idle = False
+        self._external = None if external_arrival_s is None else list(external_arrival_s)
+        self._num_submitted = 0
+        self.horizon = self._external[0] if self._external else math.inf
+
+    def must_yield(self, until: float) -> bool:
+        """True when the loop must hand control to SimPy before running on to ``until``: another
+        process may submit a request at or before that time."""
+        return until >= self.horizon
 
     def submit(self, rid: int, arrival_s: float) -> None:
         """A request is sent to the server (workload side); wakes an idle scheduler."""
         self.scheduler.submit(rid, arrival_s)
+        self.recorder.arrival(rid, arrival_s)
+        self._num_submitted += 1
+        if self._external is not None:
+            ext = self._external
+            self.horizon = ext[self._num_submitted] if self._num_submitted < len(ext) else math.inf
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
 
-    def recv(self) -> float:
-        """``recv_requests``: drain arrived requests. Returns the CPU time."""
-        n_new = self.scheduler.recv(self.env.now)
-        self._recv_start = self.env.now
+    def recv(self, at: float | None = None) -> float:
+        """``recv_requests`` at ``at`` (default: now): drain arrived requests. Returns the CPU time."""
+        at = self.env.now if at is None else at
+        n_new = self.scheduler.recv(at)
+        self._recv_start = at
         self._recv_s = self.costs.recv_s(n_new) * self.cpu_jitter()
         return self._recv_s
 
     def schedule(self, at: float) -> tuple[Batch | None, float]:
         """``get_next_batch_to_run`` starting at ``at`` (right after :meth:`recv`).
         Returns (batch or None, CPU time)."""
-        batch = self.scheduler.get_next_batch()
+        try:
+            batch = self.scheduler.get_next_batch()
+        except ServerDied as err:
+            err.time_s = at if err.time_s is None else err.time_s
+            raise
         if batch is None:
             return None, 0.0
         c = self.costs
@@ -72,13 +100,18 @@ class Phases:
         batch.schedule_start = at
         batch.schedule_end = batch.launch_start = at + dur
         batch.after_idle = self._was_idle
+        sched = self.scheduler
+        batch.num_running = sched.n_running
+        batch.num_queued = len(sched.waiting) + (sched.chunked_req is not None)
         self._was_idle = False
         return batch, dur
 
-    def recv_and_schedule(self) -> tuple[Batch | None, float]:
-        """:meth:`recv` then :meth:`schedule`; returns (batch or None, their CPU time)."""
-        recv_s = self.recv()
-        batch, sched_s = self.schedule(self.env.now + recv_s)
+    def recv_and_schedule(self, at: float | None = None) -> tuple[Batch | None, float]:
+        """:meth:`recv` then :meth:`schedule` from ``at`` (default: now); returns (batch or None,
+        their CPU time)."""
+        at = self.env.now if at is None else at
+        recv_s = self.recv(at)
+        batch, sched_s = self.schedule(at + recv_s)
         return batch, recv_s + sched_s
 
     def launch(self, batch: Batch, at: float) -> float:
@@ -104,12 +137,25 @@ class Phases:
         """``process_batch_result`` from ``at`` (default: now): deliver tokens, finish requests,
         free KV. Tokens reach the clients when the phase ends. Returns the CPU time."""
         now = self.env.now if at is None else at
+        self.check_faults(batch, now)
         dur = self.costs.process_s(batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx) * self.cpu_jitter()
         batch.process_start = now
         batch.process_end = now + dur
         self.scheduler.process_batch_result(batch, now + dur)
         self.recorder.step(batch)
         return dur
+
+    def check_faults(self, batch: Batch, at: float | None = None) -> None:
+        """Apply a release fault to a batch whose result is about to be used at ``at``.
+
+        Raises:
+            ServerDied: the fault kills the server on this batch (e.g. the MLX FutureMap relay
+                in ``event_loop_normal`` at v0.5.22 on a batch of two or more requests).
+        """
+        f = self._die_fault
+        if f is not None and batch.num_reqs >= f.sim["die_on_batch_min_reqs"]:
+            raise ServerDied(f"{f.id}: batch {batch.seq} ({batch.num_reqs} requests): {f.sim.get('message', f.text)}",
+                             self.env.now if at is None else at)
 
     def idle(self) -> simpy.Event:
         """Nothing to run: an event that fires when the next request arrives."""

@@ -7,8 +7,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -18,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from sim.atomic import atomic_path  # noqa: E402
 from sim.metrics import step_gaps  # noqa: E402
 
 PHASE_COLORS = {"recv": "#9e9e9e", "schedule": "#1f77b4", "launch": "#ff7f0e", "sync wait": "#d62728",
@@ -26,17 +25,12 @@ KIND_COLORS = {"extend": "#9467bd", "decode": "#17becf"}
 
 
 def _save(fig, path: Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110, bbox_inches="tight", format=Path(path).suffix.lstrip(".") or "png")
     finally:
         plt.close(fig)
-        Path(tmp).unlink(missing_ok=True)
-    return path
+    return Path(path)
 
 
 def gap_histogram(steps: dict[str, pd.DataFrame], title: str):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Iterable
 
@@ -13,12 +11,14 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from sim.atomic import atomic_path
 from sim.metrics import SUMMARY_KEYS
 
 RATIO_BASELINE = "normal"
 # (label, key, format) rows of the terminal table
 TABLE_ROWS = [
     ("completed / failed", None, None),
+    ("failed: cut off / no connect / aborted", None, None),
     ("output throughput (tok/s)", "output_throughput", "{:.1f}"),
     ("request throughput (req/s)", "request_throughput", "{:.3f}"),
     ("TTFT mean / median / p99 (ms)", "ttft", "{:.2f}"),
@@ -31,6 +31,7 @@ TABLE_ROWS = [
     ("steps / decode batch size", None, None),
     ("overshoot tokens", "overshoot_tokens", "{:d}"),
     ("peak KV token usage", "peak_token_usage", "{:.3f}"),
+    ("retracted / re-prefilled tok / skipped", None, None),
 ]
 
 
@@ -81,6 +82,10 @@ def _fmt(fmt: str, v) -> str:
 def _cell(summ: dict, key: str | None, fmt: str | None, label: str) -> str:
     if label.startswith("completed"):
         return f"{summ['completed']} / {summ['failed']}"
+    if label.startswith("failed:"):
+        return " / ".join(str(summ.get(k, 0)) for k in ("cut_off", "could_not_connect", "aborted"))
+    if label.startswith("retracted"):
+        return f"{summ.get('retractions', 0)} / {summ.get('reprefill_tokens', 0)} / {summ.get('skipped_decodes', 0)}"
     if label.startswith("steps"):
         return f"{summ['num_steps']} / {_fmt('{:.1f}', summ['mean_decode_batch_size'])}"
     if key in ("ttft", "tpot", "itl", "gap"):
@@ -117,48 +122,38 @@ def print_table(title: str, summaries: dict[str, dict], console: Console | None 
             console.print(f"[yellow]warning: {name}: {s['extrapolated_steps']} steps (warm-up included) lie "
                           "outside the calibration profile's measured grid; their costs are extrapolated[/]")
         if s.get("outcome", "ok") != "ok":
-            console.print(f"[bold red]{name}: {s['outcome']}[/] at t={s.get('outcome_time_s', float('nan')):.3f}s: "
-                          f"{s.get('outcome_reason', '')}")
+            usage = s.get("outcome_token_usage")
+            at_usage = f", token usage {usage:.2f}" if isinstance(usage, float) and usage == usage else ""
+            console.print(f"[bold red]{name}: {s['outcome']}[/] at t={s.get('outcome_time_s', float('nan')):.3f}s"
+                          f"{at_usage}: {s.get('outcome_reason', '')}")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``text`` to ``path`` atomically (see :func:`sim.atomic.atomic_path`)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
 
 
 def atomic_write_frame(df: pd.DataFrame, path: Path) -> None:
     """Write a DataFrame as CSV or Parquet (by suffix), atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        if path.suffix == ".parquet":
+    with atomic_path(path) as tmp:
+        if Path(path).suffix == ".parquet":
             df.to_parquet(tmp, index=False)
         else:
             df.to_csv(tmp, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
-def write_results(out_dir: Path, payload: dict, results: Iterable, table_format: str = "csv") -> list[Path]:
+def write_results(out_dir: Path, payload: dict, results: Iterable, table_format: str = "csv",
+                  tables: str = "steps") -> list[Path]:
     """Write ``summary.json`` and per-setting ``steps_/requests_/itl_<setting>.<fmt>`` into
-    ``out_dir``, each file atomically. Returns the paths written."""
+    ``out_dir`` (``tables``: which tables exist, see :func:`sim.simulate`), each file
+    atomically. Returns the paths written."""
     out_dir = Path(out_dir)
     written = []
+    kinds = {"steps": ("steps", "requests", "itl"), "summary": ("requests",), "none": ()}[tables]
     for res in results:
-        for kind, df in (("steps", res.steps), ("requests", res.requests), ("itl", res.itl)):
+        for kind in kinds:
+            df = getattr(res, kind)
             path = out_dir / f"{kind}_{res.setting}.{table_format}"
             atomic_write_frame(df, path)
             written.append(path)

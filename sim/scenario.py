@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from sim.errors import ScenarioError
 
-SETTINGS = ("normal", "overlap", "overlap_mlx")
+SETTINGS = ("normal", "overlap", "overlap_mlx", "thread_overlap")
+Setting = Literal["normal", "overlap", "overlap_mlx", "thread_overlap"]
 NonNegFloat = Annotated[float, Field(ge=0.0)]
 
 
@@ -94,6 +95,8 @@ class Workload(_Strict):
     cached_len: Length = 0
     output_len: Length = 256
     finish: Literal["length", "eos"] = "length"
+    # bench_serving: the warm-up requests run (concurrently) and finish before the benchmark starts
+    warmup_before_benchmark: bool = False
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -105,24 +108,101 @@ class Workload(_Strict):
 
 
 class Server(_Strict):
-    """Server flags that change scheduling (names follow SGLang's ServerArgs)."""
+    """Server flags that change scheduling (names follow SGLang's ServerArgs).
 
-    device: Literal["cuda", "mlx", "cpu"] = "cuda"
-    settings: list[Literal["normal", "overlap", "overlap_mlx"]] = Field(
-        default_factory=lambda: ["overlap", "normal"], min_length=1
-    )
+    ``launch_args`` (an SGLang launch command as a list of strings, ``NAME=VALUE`` environment
+    tokens allowed) and ``version`` (the SGLang release) decide, through the rules table
+    (:mod:`sim.loop_rules`), which event loop runs: when ``launch_args`` is given and
+    ``settings`` is not, ``settings`` becomes that one loop; flags that map onto a field here
+    (``--page-size``, ``--max-running-requests``, ``--chunked-prefill-size``,
+    ``--max-total-tokens``, ``--schedule-conservativeness``,
+    SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP) fill it, and a field given both ways must agree.
+    ``device`` is the platform ('mlx' = MPS with SGLANG_USE_MLX). ``version`` (default: the
+    seed document's 0.5.22) also decides the release-specific faults the simulator predicts and,
+    when ``retraction`` is not given, the retraction policy of that release.
+    """
+
+    device: Literal["cuda", "mlx", "mps", "cpu"] = "cuda"
+    settings: list[Setting] = Field(default_factory=lambda: ["overlap", "normal"], min_length=1)
     max_running_requests: int = Field(default=64, ge=1)
     chunked_prefill_size: int = Field(default=8192, ge=1)
     kv_pool_tokens: int = Field(default=400_000, ge=1)
+    page_size: int = Field(default=1, ge=1)
     init_new_token_ratio: float = Field(default=0.7, ge=0, le=1)
-    retraction: Literal["naive", "v0.5.22"] = "v0.5.22"
+    retraction: Literal["naive", "v0.5.10", "v0.5.22"] = "v0.5.22"
     disable_consecutive_prefill_overlap: bool = False
+    launch_args: Optional[list[str]] = None
+    version: Optional[str] = None
+    _from_launch_args: tuple = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _apply_launch_args(cls, data, handler):
+        derived: tuple = ()
+        if isinstance(data, dict) and isinstance(data.get("launch_args"), list):
+            # YAML reads `--pp-size, 2` as a number: launch arguments are strings
+            data = {**data, "launch_args": [a if isinstance(a, str) else str(a) for a in data["launch_args"]]}
+            data, derived = _resolve_launch_args(data)
+        if isinstance(data, dict) and data.get("version") is not None and "retraction" not in data:
+            from sim.errors import UserInputError
+            from sim.loop_rules import retraction_policy
+            try:
+                data = {**data, "retraction": retraction_policy(str(data["version"]))}
+                derived = (*derived, "retraction")
+            except UserInputError:
+                pass  # the version check below reports it
+        server = handler(data)
+        server._from_launch_args = derived
+        return server
 
     @model_validator(mode="after")
     def _unique(self):
         if len(set(self.settings)) != len(self.settings):
             raise ValueError("settings must not repeat a loop")
+        if self.version is not None:
+            from sim.launch_args import parse_version
+            from sim.errors import UserInputError
+            try:
+                parse_version(self.version)
+            except UserInputError as err:
+                raise ValueError(err.expected) from None
+        if self.page_size > 1 and self.kv_pool_tokens % self.page_size:
+            raise ValueError("kv_pool_tokens must be a multiple of page_size")
         return self
+
+
+def _resolve_launch_args(data: dict) -> tuple[dict, tuple]:
+    """Fill server fields from ``launch_args`` (see :class:`Server`); returns (data, derived keys).
+
+    Raises:
+        ValueError: a bad flag, a loop the simulator does not model, or a field set both in
+            ``server`` and by a launch argument to different values.
+    """
+    from sim.errors import UserInputError
+    from sim.loop_rules import advise
+
+    args = data["launch_args"]
+    if not isinstance(args, list):
+        return data, ()
+    try:
+        adv = advise([str(a) for a in args], str(data.get("device", "cuda")), data.get("version"),
+                     source="server.launch_args")
+    except UserInputError as err:
+        raise ValueError(f"launch_args {err.field}: {err.expected}" if err.field else err.expected) from None
+    wanted: dict = dict(adv.config.server)
+    wanted["device"] = adv.config.platform
+    if "settings" not in data:
+        if adv.setting is None:
+            raise ValueError(f"launch_args select {adv.loop}, which the simulator does not model")
+        wanted["settings"] = [adv.setting]
+    derived = []
+    for key, value in wanted.items():
+        if key in data and data[key] != value:
+            raise ValueError(f"{key} is {data[key]!r} but launch_args give {value!r}")
+        if key not in data:
+            data[key] = value
+            derived.append(key)
+    return data, tuple(derived)
 
 
 class CostTerm(_Strict):
@@ -150,22 +230,52 @@ class CpuCosts(_Strict):
 
 
 class Noise(_Strict):
-    """Per-step multiplicative jitter (lognormal, mean 1) with these coefficients of variation."""
+    """Multiplicative jitter (lognormal, mean 1) with these coefficients of variation.
+
+    ``gpu_cv``/``cpu_cv`` draw a new factor for every step (independent per step, so they
+    average out over a long run). ``run_gpu_cv``/``run_cpu_cv`` draw one factor per run and
+    setting that scales every step of that run (clock, thermal or host-load state that differs
+    between two separately started servers; not shared between the settings of a comparison).
+    """
 
     gpu_cv: NonNegFloat = 0.0
     cpu_cv: NonNegFloat = 0.0
+    run_gpu_cv: NonNegFloat = 0.0
+    run_cpu_cv: NonNegFloat = 0.0
+
+
+class GilCosts(_Strict):
+    """The GIL model of the ``thread_overlap`` loop (a forward thread beside the scheduler thread).
+
+    ``switch_interval``: CPython's ``sys.getswitchinterval()`` (s): a thread waiting that long
+    for the GIL forces the holder to drop it. ``ops_per_forward``: GIL acquisitions the forward
+    thread needs per forward (ops that release the GIL between their Python and device/compute
+    parts; the launch cost is split evenly over them); the default 7 fits DESIGN.md sec. 6 (an
+    eager CPU forward slowed from 4 ms to 38 ms beside a spinning Python thread:
+    (38 - 4) / 5 ms = 7 waits of one switch interval). ``sample_launch``: Python time (s) of the
+    forward thread after the forward (future-map store, D2H copy launch, output queue put).
+    ``wait_launch_done``: the scheduler waits for the current batch's launch before processing
+    the previous result (``resolve_last_batch_result(launch_done)``, SGLang 0.5.3); False models
+    a loop that processes k-1 while the forward thread runs k (threads contend for the GIL).
+    """
+
+    switch_interval: float = Field(default=0.005, gt=0)
+    ops_per_forward: int = Field(default=7, ge=1)
+    sample_launch: NonNegFloat = 5.0e-5
+    wait_launch_done: bool = True
 
 
 class Costs(_Strict):
     """Step costs. With ``profile`` (a calibration profile, path relative to the scenario file)
     the forward and CPU phase times come from the profile and the inline ``gpu.decode``,
-    ``gpu.prefill`` and ``cpu.*`` terms are not used; ``scale``, ``overlap_residue`` and
-    ``noise`` apply either way (see :mod:`calibrate.profile_costs`)."""
+    ``gpu.prefill`` and ``cpu.*`` terms are not used; ``scale``, ``overlap_residue``, ``noise``
+    and ``gil`` apply either way (see :mod:`calibrate.profile_costs`)."""
 
     profile: Optional[str] = None
     gpu: GpuCosts = GpuCosts()
     cpu: CpuCosts = CpuCosts()
     noise: Noise = Noise()
+    gil: GilCosts = GilCosts()
 
 
 class Scenario(_Strict):
@@ -188,6 +298,8 @@ class Scenario(_Strict):
     def with_overrides(self, overrides: list[str]) -> "Scenario":
         """A new scenario with ``key.path=value`` overrides applied (value parsed as YAML)."""
         raw = self.model_dump(mode="json")
+        for key in self.server._from_launch_args:  # re-derived from launch_args on validation
+            raw["server"].pop(key, None)
         apply_overrides(raw, overrides, self.source)
         return _validate(raw, self.source, self.base_dir)
 

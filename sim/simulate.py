@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import time
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,13 +13,17 @@ import simpy
 
 from sim.costs import Jitter, make_cost_model
 from sim.device import DeviceStream
+from sim.loop_rules import setting_faults
 from sim.loops import LOOPS
 from sim.metrics import summarize
 from sim.phases import Phases
 from sim.policy import Scheduler, ServerDied
 from sim.scenario import Scenario, load_scenario
-from sim.trace import TraceRecorder
+from sim.streaming import StreamingRecorder
+from sim.trace import FAILURE_KINDS, STEP_COLUMNS, TraceRecorder
 from sim.workload import ClosedLoopClients, make_requests, open_loop_arrivals
+
+
 
 
 @dataclass
@@ -28,8 +34,10 @@ class Result:
         scenario: the scenario that ran; setting: the event loop ('normal', 'overlap', ...).
         steps, requests, itl: trace tables (schema in :mod:`sim.trace`), times in seconds.
         outcome: {'status': 'ok'|'server_died', 'reason': str, 'time_s': float,
-            'peak_token_usage': fraction of the KV pool, 'extrapolated_steps': steps priced
-            outside the calibration profile's measured grid}.
+            'peak_token_usage': fraction of the KV pool, 'token_usage_at_failure': fraction,
+            'retraction_steps', 'retractions' (requests retracted), 'reprefill_tokens',
+            'skipped_decodes': ints, 'faults': ids of the release faults that applied,
+            'extrapolated_steps': steps priced outside the calibration profile's measured grid}.
     """
 
     scenario: Scenario
@@ -38,49 +46,75 @@ class Result:
     requests: pd.DataFrame
     itl: pd.DataFrame
     outcome: dict = field(default_factory=dict)
+    metrics: dict | None = None  # streamed metrics (tables 'summary'/'none'); None: from the tables
+    stats: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
         """bench_serving-style metrics (see :mod:`sim.metrics`) plus the run's outcome."""
-        out = summarize(self.steps, self.requests, self.itl)
-        out["peak_token_usage"] = self.outcome.get("peak_token_usage", math.nan)
-        out["extrapolated_steps"] = self.outcome.get("extrapolated_steps", 0)
-        out["outcome"] = self.outcome.get("status", "ok")
-        if self.outcome.get("status") != "ok":
-            out["outcome_reason"] = self.outcome.get("reason", "")
-            out["outcome_time_s"] = self.outcome.get("time_s", math.nan)
+        out = dict(self.metrics) if self.metrics is not None else summarize(self.steps, self.requests, self.itl)
+        o = self.outcome
+        out["peak_token_usage"] = o.get("peak_token_usage", math.nan)
+        if self.metrics is None:
+            measured = self.requests[~self.requests["warmup"].astype(bool)]
+            for kind in FAILURE_KINDS:
+                out[kind] = int((measured["failure"] == kind).sum())
+        for key in ("retractions", "retraction_steps", "reprefill_tokens", "skipped_decodes", "extrapolated_steps"):
+            out[key] = int(o.get(key, 0))
+        out["outcome"] = o.get("status", "ok")
+        if o.get("status") != "ok":
+            out["outcome_reason"] = o.get("reason", "")
+            out["outcome_time_s"] = o.get("time_s", math.nan)
+            out["outcome_token_usage"] = o.get("token_usage_at_failure", math.nan)
+            out["outcome_last_logged_usage"] = o.get("last_logged_token_usage", math.nan)
         return out
 
 
-def simulate(scenario: Scenario | str | dict, setting: str) -> Result:
+TABLES = ("steps", "summary", "none")
+
+
+def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps") -> Result:
     """Simulate ``scenario`` under the event loop ``setting``.
 
     Deterministic for a given scenario (its seed included). The settings of one scenario share
     request lengths, arrival times and jitter streams (common random numbers).
 
+    Args:
+        tables: ``steps`` keeps the per-step, per-request and ITL tables (exact metrics);
+            ``summary`` keeps only the per-request table and streams the metrics; ``none`` keeps
+            no table (memory bounded by the requests in flight). Streamed quantiles are within
+            0.5% (DDSketch); counts, means and the idle fraction are exact.
+
     Raises:
-        ScenarioError: bad scenario; ValueError: unknown setting.
+        ScenarioError: bad scenario; ValueError: unknown setting or tables mode.
     """
     scenario = load_scenario(scenario)
     if setting not in LOOPS:
         raise ValueError(f"unknown setting {setting!r}; expected one of {sorted(LOOPS)}")
+    if tables not in TABLES:
+        raise ValueError(f"unknown tables mode {tables!r}; expected one of {TABLES}")
+    wall0 = time.perf_counter()
     w, srv = scenario.workload, scenario.server
     specs = make_requests(scenario)
     env = simpy.Environment()
-    recorder = TraceRecorder()
-    costs = make_cost_model(scenario)
+    costs = make_cost_model(_run_noise_applied(scenario, setting))
     warmup = min(w.warmup_requests, len(specs) - 1)
+    recorder = TraceRecorder() if tables == "steps" else StreamingRecorder(warmup, keep_requests=tables == "summary")
     clients = None
     if w.arrival == "closed_loop":
-        clients = ClosedLoopClients(len(specs), w.concurrency, lambda rid, t: phases.submit(rid, t))
+        clients = ClosedLoopClients(len(specs), w.concurrency, lambda rid, t: phases.submit(rid, t),
+                                    warmup if w.warmup_before_benchmark else 0)
         on_finish = clients.on_finish
     else:
         on_finish = _ignore
-    scheduler = Scheduler(specs, srv, warmup, w.finish == "length", recorder, on_finish)
+    scheduler = Scheduler(specs, srv, warmup, w.finish == "length", recorder, on_finish,
+                          lookahead_policy=setting != "overlap_mlx")
+    faults = setting_faults(srv.device, setting, srv.version)
     phases = Phases(
         env, scheduler, DeviceStream(), costs,
         Jitter(scenario.costs.noise.gpu_cv, np.random.default_rng([scenario.seed, 2])),
         Jitter(scenario.costs.noise.cpu_cv, np.random.default_rng([scenario.seed, 3])),
         recorder, forward_extra_s=costs.overlap_residue_s if setting == "overlap" else 0.0,
+        faults=faults, external_arrival_s=None if clients is not None else specs.arrival_s,
     )
     outcome = {"status": "ok", "reason": "", "time_s": math.nan}
     if clients is not None:
@@ -93,9 +127,34 @@ def simulate(scenario: Scenario | str | dict, setting: str) -> Result:
         raise RuntimeError(f"simulation stalled at t={env.now:.6f}s with {scheduler.num_done}/{len(specs)} "
                            "requests done (a modelling bug: please report it with the scenario)")
     outcome["peak_token_usage"] = scheduler.kv_peak / srv.kv_pool_tokens
-    steps = recorder.steps_frame()
-    outcome["extrapolated_steps"] = costs.extrapolated_steps(steps)
-    return Result(scenario, setting, steps, recorder.requests_frame(), recorder.itl_frame(), outcome)
+    if outcome["status"] != "ok":
+        outcome["token_usage_at_failure"] = scheduler.usage_at_failure
+        outcome["last_logged_token_usage"] = scheduler.last_logged_usage
+    outcome.update(retractions=scheduler.retracted_reqs, retraction_steps=scheduler.retraction_events,
+                   reprefill_tokens=scheduler.reprefill_tokens, skipped_decodes=scheduler.skipped_decodes,
+                   faults=[f.id for f in faults], extrapolated_steps=costs.extrapolated_steps)
+    stats = {"sim_time_s": env.now, "steps": scheduler.next_step_seq, "decode_steps": scheduler.next_decode_seq,
+             "wall_s": time.perf_counter() - wall0}
+    if tables == "steps":
+        return Result(scenario, setting, recorder.steps_frame(), recorder.requests_frame(), recorder.itl_frame(),
+                      outcome, stats=stats)
+    recorder.finish()
+    return Result(scenario, setting, pd.DataFrame(columns=STEP_COLUMNS), recorder.requests_frame(),
+                  pd.DataFrame(columns=["itl_s", "weight"]), outcome, metrics=recorder.summary(), stats=stats)
+
+
+def _run_noise_applied(scenario: Scenario, setting: str) -> Scenario:
+    """The scenario with this run's factors from ``costs.noise.run_gpu_cv``/``run_cpu_cv`` folded
+    into ``costs.gpu.scale``/``costs.cpu.scale``; drawn from (seed, setting), so each setting of
+    a comparison is a separately started server."""
+    noise = scenario.costs.noise
+    if noise.run_gpu_cv == 0 and noise.run_cpu_cv == 0:
+        return scenario
+    rng = np.random.default_rng([scenario.seed, 4, zlib.crc32(setting.encode())])  # stable per name
+    factors = [Jitter(cv, rng)() for cv in (noise.run_gpu_cv, noise.run_cpu_cv)]
+    gpu = scenario.costs.gpu.model_copy(update={"scale": scenario.costs.gpu.scale * factors[0]})
+    cpu = scenario.costs.cpu.model_copy(update={"scale": scenario.costs.cpu.scale * factors[1]})
+    return scenario.model_copy(update={"costs": scenario.costs.model_copy(update={"gpu": gpu, "cpu": cpu})})
 
 
 def _ignore(_rid: int, _t: float) -> None:
@@ -108,6 +167,8 @@ def _serve(env, loop, phases: Phases, server, outcome: dict):
     try:
         yield from loop(env, phases, server)
     except ServerDied as err:
+        if err.time_s is not None and err.time_s > env.now:
+            yield env.timeout(err.time_s - env.now)  # the iteration ran up to the failure
         outcome.update(status="server_died", reason=err.reason, time_s=env.now)
         sched.fail_all(env.now)
         while not sched.all_done:

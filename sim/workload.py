@@ -119,19 +119,38 @@ class ClosedLoopClients:
     Request ids are handed out in order, so request ``i`` is the ``i``-th sent. ``on_finish``
     is called by the scheduler with the time the request's last token was delivered (or it
     failed); the next request arrives at that time.
+
+    With ``warmup_first`` > 0 (``bench_serving``'s warm-up), requests ``0..warmup_first-1`` are
+    sent first, up to ``concurrency`` at a time, and the benchmark's clients start only when all
+    of them have finished.
     """
 
-    def __init__(self, num_requests: int, concurrency: int, submit: Callable[[int, float], None]):
+    def __init__(self, num_requests: int, concurrency: int, submit: Callable[[int, float], None],
+                 warmup_first: int = 0):
         self._next = 0
         self._num = num_requests
         self._submit = submit
+        self._concurrency = concurrency
         self._initial = min(concurrency, num_requests)
+        self._warmup_left = min(warmup_first, num_requests)
+        self._warmup_done = 0
 
     def start(self) -> None:
-        for _ in range(self._initial):
+        first = min(self._initial, self._warmup_left) if self._warmup_left else self._initial
+        for _ in range(first):
             self._send(0.0)
 
-    def on_finish(self, _req_id: int, time_s: float) -> None:
+    def on_finish(self, req_id: int, time_s: float) -> None:
+        if self._warmup_left:
+            if req_id < self._warmup_left:
+                self._warmup_done += 1
+                if self._warmup_done == self._warmup_left:
+                    self._warmup_left = 0
+                    for _ in range(self._concurrency):
+                        self._send(time_s)
+                elif self._next < self._warmup_left:
+                    self._send(time_s)
+            return
         self._send(time_s)
 
     def _send(self, time_s: float) -> None:

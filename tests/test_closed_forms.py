@@ -131,3 +131,12 @@ def test_overlap_mlx_chain_and_breaks():
     assert int(steps["overshoot"].sum()) == 2
     chained = np.diff(steps["forward_start"].to_numpy())[decode][3:8]
     np.testing.assert_allclose(chained, gpu)  # residue applies to CUDA overlap only
+
+
+def test_overlap_mlx_has_no_v0522_lookahead():
+    """SGLang's length-finish exclusion lives in event_loop_overlap only: under the MLX chain a
+    request finishing by length still rides in the chained step, and its token is discarded."""
+    res = sim.simulate(constant_scenario(c=4, finish="length", retraction="v0.5.22", settings=["overlap_mlx"]),
+                       "overlap_mlx")
+    assert int(res.steps["overshoot"].sum()) == 4
+    assert int(sim.simulate(constant_scenario(c=4, finish="length"), "overlap").steps["overshoot"].sum()) == 0

@@ -38,7 +38,7 @@ def test_run_writes_results_and_json(tmp_path, capsys):
 
 def test_run_table_and_parquet(tmp_path, capsys):
     out = tmp_path / "res"
-    assert main(["run", str(QUICKSTART), "--out", str(out), "--tables", "parquet", "--no-plots",
+    assert main(["run", str(QUICKSTART), "--out", str(out), "--format", "parquet", "--no-plots",
                  "--set", "workload.num_requests=16"]) == 0
     text = capsys.readouterr().out
     assert "overlap/normal" in text and "output throughput" in text

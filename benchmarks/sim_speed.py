@@ -1,0 +1,150 @@
+"""Simulator speed and memory on a reference workload (run by hand; see README "Speed").
+
+Reference workload: ShareGPT-like lengths (lognormal, input mean 200, output mean 180 tokens),
+EOS finishes, decode step of a few ms (4 ms base), closed loop at concurrency 64 and Poisson
+near saturation. For each setting it reports wall seconds, simulated seconds, the ratio
+simulated/wall ("x real time"), simulated decode steps per wall second, SimPy events per step
+and peak memory (max RSS of a fresh process running only that case), then the same at 1k, 10k
+and 100k requests to show how cost grows.
+
+    python benchmarks/sim_speed.py                      # table + benchmarks/results/sim_speed.csv
+    python benchmarks/sim_speed.py --sizes 1000 10000 --tables steps
+    python benchmarks/sim_speed.py --profile 10000      # cProfile top entries of one run
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import importlib
+import io
+import multiprocessing as mp
+import pstats
+import resource
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import simpy
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import sim  # noqa: E402
+simulate_module = importlib.import_module("sim.simulate")  # the module (the package exports the function)
+
+SETTINGS = ["normal", "overlap", "overlap_mlx"]
+
+
+def reference_scenario(num_requests: int, arrival: str) -> dict:
+    """The reference workload; Poisson rate set near the closed loop's measured saturation."""
+    return {
+        "name": f"reference-{arrival}",
+        "seed": 0,
+        "workload": {
+            "arrival": arrival, "concurrency": 64, "rate_per_s": 55.0, "num_requests": num_requests,
+            "warmup_requests": min(64, num_requests // 10),
+            "input_len": {"dist": "lognormal", "mean": 200, "sigma": 0.8, "max": 4096},
+            "output_len": {"dist": "lognormal", "mean": 180, "sigma": 0.8, "max": 4096},
+            "finish": "eos",
+        },
+        "server": {"settings": SETTINGS, "max_running_requests": 256},
+        "costs": {"gpu": {"decode": {"base": 0.004, "per_req": 2.0e-5, "per_ctx_token": 1.0e-9}}},
+    }
+
+
+class CountingEnvironment(simpy.Environment):
+    """A SimPy environment that counts scheduled events."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.events = 0
+
+    def schedule(self, event, priority=1, delay=0):
+        self.events += 1
+        super().schedule(event, priority, delay)
+
+
+def run_case(args: tuple) -> dict:
+    """Run one (size, arrival, setting, tables) case in this process; return its measurements."""
+    num_requests, arrival, setting, tables = args
+    envs = []
+
+    def factory(*a, **k):
+        env = CountingEnvironment(*a, **k)
+        envs.append(env)
+        return env
+
+    simulate_module.simpy.Environment = factory  # count events without touching the simulator
+    scenario = sim.load_scenario(reference_scenario(num_requests, arrival))
+    kwargs = {"tables": tables} if tables else {}
+    t0 = time.perf_counter()
+    res = sim.simulate(scenario, setting, **kwargs)
+    wall = time.perf_counter() - t0
+    summ = res.summary()
+    stats = getattr(res, "stats", {}) or {}
+    sim_s = stats.get("sim_time_s")
+    if sim_s is None:
+        sim_s = float(res.steps["forward_end"].max())
+    decode_steps = stats.get("decode_steps")
+    if decode_steps is None:
+        decode_steps = int((res.steps["kind"] == "decode").sum())
+    steps = stats.get("steps", len(res.steps))
+    return {
+        "requests": num_requests, "arrival": arrival, "setting": setting, "tables": tables or "steps",
+        "wall_s": wall, "sim_s": sim_s, "x_real_time": sim_s / wall, "steps": steps,
+        "decode_steps": decode_steps, "decode_steps_per_wall_s": decode_steps / wall,
+        "events_per_step": envs[0].events / max(steps, 1),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "output_throughput": summ["output_throughput"], "completed": summ["completed"],
+    }
+
+
+def baseline_rss(_=None) -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
+    ap.add_argument("--arrivals", nargs="+", default=["closed_loop", "poisson"])
+    ap.add_argument("--settings", nargs="+", default=SETTINGS)
+    ap.add_argument("--tables", default=None, help="passed to simulate(tables=...) when supported")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sim_speed.csv")
+    ap.add_argument("--profile", type=int, default=None, metavar="N", help="cProfile one closed-loop overlap run of N requests")
+    args = ap.parse_args()
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        run_case((args.profile, "closed_loop", "overlap", args.tables))
+        prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(15)
+        print(buf.getvalue())
+        return
+    ctx = mp.get_context("spawn")
+    cases = [(n, a, s, args.tables) for n in args.sizes for a in args.arrivals for s in args.settings]
+    rows = []
+    with ctx.Pool(1, maxtasksperchild=1) as pool:  # one fresh process per case: peak RSS is its own
+        base = pool.apply(baseline_rss)
+        for case in cases:
+            row = pool.apply(run_case, (case,))
+            row["baseline_rss_mb"] = base
+            rows.append(row)
+            print(f"{row['requests']:>7} {row['arrival']:<11} {row['setting']:<12} wall {row['wall_s']:7.2f}s  "
+                  f"sim {row['sim_s']:8.1f}s  x{row['x_real_time']:7.0f}  {row['decode_steps_per_wall_s']:9.0f} decode steps/s  "
+                  f"{row['events_per_step']:.2f} ev/step  {row['peak_rss_mb']:6.0f} MB", flush=True)
+    df = pd.DataFrame(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(args.out, index=False)
+    print(f"\nbaseline RSS after imports: {base:.0f} MB; written {args.out}")
+    # growth: wall time per request should stay flat as the run grows (linear cost)
+    growth = df.groupby(["arrival", "setting"]).apply(
+        lambda g: pd.Series({f"us_per_step@{n}": 1e6 * w / s for n, w, s in zip(g["requests"], g["wall_s"], g["steps"])}),
+        include_groups=False)
+    print(growth.round(2).to_string())
+
+
+if __name__ == "__main__":
+    main()

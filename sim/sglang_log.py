@@ -1,0 +1,148 @@
+"""SGLang scheduler log lines ("Prefill batch ...", "Decode batch ...") into a table over time.
+
+The scheduler logs one line per prefill batch and one every ``decode_log_interval`` decode
+batches (``log_prefill_stats`` / ``log_decode_stats``; ``scheduler_metrics_mixin.py`` since
+2025, ``scheduler.py`` before). The logger's prefix is ``[%Y-%m-%d %H:%M:%S`` plus the ranks
+of multi-GPU runs (`` DP0 TP1``, `` PP0 TP0``, `` TP0 EP0``) and ``]``. Variants handled:
+
+- 2024: ``Prefill batch. #new-seq: 1, #new-token: 7, #cached-token: 0, cache hit rate: 0.00%,
+  token usage: 0.00, #running-req: 0, #queue-req: 0``; older prefills carry
+  ``Prefill batch(mixed #running-req: 3).``; ``Decode batch. #running-req: 1, #token: 40,
+  token usage: 0.00, gen throughput (token/s): 5.20, #queue-req: 0``.
+- 2025-2026: a comma after ``batch``, an optional ``[forward_ct]`` (``SGLANG_LOG_FORWARD_ITERS``),
+  ``cuda graph: True`` / ``cpu graph: ...``, ``#pending-token``, ``input throughput (token/s)``,
+  hybrid pools (``#full token``, ``full token usage``, ``swa token usage``, ``mamba usage``),
+  speculative decoding (``accept len``, ``accept rate``), PD disaggregation (``#prealloc-req``,
+  ``#inflight-req``, ``#transfer-req``, ``#retracted-req``, ``pre-allocated usage``), and a
+  trailing ``, ``.
+
+Field names become snake_case columns (``#running-req`` -> ``running_req``, ``gen throughput
+(token/s)`` -> ``gen_throughput_tok_s``, ``cuda graph`` -> ``cuda_graph``); ``x%`` becomes the
+fraction x/100; ``True``/``False`` booleans. Unknown fields are kept the same way, so new
+releases' fields appear without a code change. A line that is not a batch line, or a batch
+line with no ``key: value`` field, is skipped and counted, never fatal.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Iterable, Optional
+
+import pandas as pd
+
+from sim.errors import UserInputError
+
+_LINE = re.compile(
+    r"(?:\[(?P<ts>\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?)(?P<ranks>(?:\s+[A-Za-z]+\d+)*)\]\s*)?"
+    r"(?P<kind>Prefill|Decode) batch"
+    r"(?:\s*\[(?P<iter>\d+)\])?"
+    r"(?:\s*\(mixed #running-req: (?P<mixed>\d+)\))?"
+    r"\s*[.,:]?\s*(?P<rest>.*)$")
+_RANK = re.compile(r"([A-Za-z]+)(\d+)")
+_FIELD = re.compile(r"\s*([^:,][^:]*?):\s*([^,]*?)\s*(?:,|$)")
+# canonical names where the snake_case of the label is not clear enough
+_RENAME = {"token": "kv_tokens", "full_token": "full_kv_tokens", "swa_token": "swa_kv_tokens"}
+
+
+def _column(label: str) -> str:
+    label = label.strip().replace("(token/s)", "tok_s")
+    name = re.sub(r"[^0-9a-zA-Z]+", "_", label.lstrip("#")).strip("_").lower()
+    return _RENAME.get(name, name)
+
+
+def _value(text: str):
+    text = text.strip()
+    if text in ("True", "False"):
+        return text == "True"
+    pct = text.endswith("%")
+    try:
+        num = float(text[:-1] if pct else text)
+    except ValueError:
+        return text
+    if pct:
+        return num / 100.0
+    return int(num) if re.fullmatch(r"[-+]?\d+", text) else num
+
+
+def parse_line(line: str) -> Optional[dict]:
+    """One log line as a record dict, or None if it is not a scheduler batch line.
+
+    Keys: ``time`` (datetime or None), ``kind`` ('prefill'|'decode'), ``forward_ct`` (if logged),
+    one ``<rank>_rank`` per prefix rank (``tp_rank``, ``dp_rank``...), then the line's fields."""
+    m = _LINE.search(line)
+    if m is None:
+        return None
+    fields = {}
+    for fm in _FIELD.finditer(m.group("rest")):
+        fields[_column(fm.group(1))] = _value(fm.group(2))
+    if not fields:
+        return None
+    rec: dict = {"time": None, "kind": m.group("kind").lower()}
+    if m.group("ts"):
+        try:
+            rec["time"] = datetime.fromisoformat(m.group("ts").replace(",", ".").replace("T", " "))
+        except ValueError:
+            return None
+    for name, num in _RANK.findall(m.group("ranks") or ""):
+        rec[f"{name.lower()}_rank"] = int(num)
+    if m.group("iter"):
+        rec["forward_ct"] = int(m.group("iter"))
+    if m.group("mixed"):
+        rec["mixed_running_req"] = int(m.group("mixed"))
+    rec.update(fields)
+    return rec
+
+
+@dataclass
+class ParsedLog:
+    """``records``: one dict per batch line in file order; ``skipped_lines``: non-empty lines that
+    are not batch lines (other log output, tracebacks, cut or garbled lines)."""
+
+    source: str
+    records: list[dict] = field(default_factory=list)
+    skipped_lines: int = 0
+
+    def frame(self) -> pd.DataFrame:
+        """The records as a DataFrame, with ``t_s``: seconds since the first timestamped record."""
+        df = pd.DataFrame(self.records)
+        if "time" in df and df["time"].notna().any():
+            t = pd.to_datetime(df["time"])
+            df["t_s"] = (t - t.min()).dt.total_seconds()
+        else:
+            df["t_s"] = range(len(df))  # no timestamps: line order
+        return df
+
+
+def parse_lines(lines: Iterable[str], source: str = "<lines>") -> ParsedLog:
+    """Parse log lines (see :func:`parse_line`); blank lines are ignored, others counted if skipped."""
+    out = ParsedLog(source)
+    for line in lines:
+        if not line.strip():
+            continue
+        rec = parse_line(line)
+        if rec is None:
+            out.skipped_lines += 1
+        else:
+            out.records.append(rec)
+    return out
+
+
+def parse_log(path: Path) -> ParsedLog:
+    """Parse a server log file (undecodable bytes are replaced, not fatal).
+
+    Raises:
+        UserInputError: the file cannot be read, is empty, or holds no batch line at all."""
+    path = Path(path)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            parsed = parse_lines(fh, str(path))
+    except OSError as err:
+        raise UserInputError(str(path), "", f"cannot read the log ({err.strerror or err})") from None
+    if not parsed.records:
+        what = "the log is empty" if parsed.skipped_lines == 0 else f"none of its {parsed.skipped_lines} lines"
+        raise UserInputError(str(path), "", f"{what}: expected SGLang scheduler lines with 'Prefill batch' or "
+                                            "'Decode batch' (run the server with --log-level info)")
+    return parsed

@@ -1,0 +1,212 @@
+"""KV pool in pages, check_decode_mem, decode retraction and the allocation failure, with
+outcomes computed by hand on small scenarios."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sim
+from sim.batch import Req
+from sim.kvpool import DecodePageDemand, KVPool
+from sim.retraction import AllocationFailed, keep_order, ratio_after_retract, retract_decode
+
+from tests.conftest import SCENARIOS
+
+
+def test_kv_pool_pages():
+    pool = KVPool(256, 64)
+    assert (pool.total_pages, pool.pages(1), pool.pages(64), pool.pages(65)) == (4, 1, 1, 2)
+    assert pool.grow(64, 1) == 1 and pool.grow(63, 1) == 0 and pool.grow(0, 130) == 3
+    pool.alloc(3)
+    assert (pool.used_tokens, pool.free_pages, pool.usage()) == (192, 1, 0.75)
+    pool.free(2)
+    assert pool.peak_tokens == 192 and pool.used_tokens == 64
+    with pytest.raises(ValueError):
+        KVPool(100, 64)
+
+
+def test_decode_page_demand_by_residue():
+    d = DecodePageDemand(64)
+    d.add(kv_base=64, join_seq=0)   # holds 64 + g tokens before batch g: a new page at g = 0, 64, 128
+    d.add(kv_base=10, join_seq=5)   # holds 10 + (g - 5): a new page at g = 59, 123
+    assert [d.need(g) for g in (0, 1, 59, 64, 123, 128)] == [1, 0, 1, 1, 1, 1]
+    assert d.member_needs(64, 0, 128) and not d.member_needs(10, 5, 128)
+    d.remove(64, 0)
+    assert d.need(0) == 0
+
+
+def _req(rid, input_len, output_len):
+    return Req(rid, 0.0, input_len, 0, output_len, True, False)
+
+
+def test_keep_order_and_ratio_after_retract():
+    a, b, c = _req(0, 100, 50), _req(1, 10, 50), _req(2, 10, 50)
+    known = {id(a): 5, id(b): 5, id(c): 9}
+    # longest output kept first; for equal output, the shorter input
+    assert keep_order([a, b, c], known) == [c, b, a]
+    # (decoded + 20 x kept) / (sum of max_new_tokens + 1), capped at 1
+    assert ratio_after_retract([c, b], known) == pytest.approx((9 + 5 + 40) / 101)
+    assert ratio_after_retract([a, b, c], {id(a): 50, id(b): 50, id(c): 50}) == 1.0
+
+
+class _FakeScheduler:
+    """Requests holding ``pages[rid]`` pages, each needing one page in the batch."""
+
+    def __init__(self, pages):
+        self.pages, self.released, self.aborted = pages, [], []
+
+    def committed_output(self, req):
+        return req.rid  # larger rid: longer output, kept first
+
+    def needs_page(self, req, g):
+        return True
+
+    def release(self, req, g, committed):
+        self.released.append(req.rid)
+        return self.pages[req.rid]
+
+    def abort(self, req):
+        self.aborted.append(req.rid)
+
+
+def test_retract_decode_retracts_least_preferred_until_it_fits():
+    reqs = [_req(i, 10, 100) for i in range(4)]
+    s = _FakeScheduler({0: 1, 1: 1, 2: 5, 3: 5})
+    # need 4 pages, 1 free: retract rid 0 (need 3, free 2), rid 1 (need 2, free 3): fits
+    retracted, aborted, _ = retract_decode(s, 7, reqs, [], free_pages=1, abort_last=True)
+    assert [r.rid for r in retracted] == [0, 1] and aborted is None
+
+
+def test_retract_decode_last_request_aborted_or_allocation_fails():
+    reqs = [_req(i, 10, 100) for i in range(2)]
+    s = _FakeScheduler({0: 0, 1: 0})  # retraction frees nothing
+    retracted, aborted, _ = retract_decode(s, 7, reqs, [], free_pages=0, abort_last=True)
+    assert [r.rid for r in retracted] == [0] and aborted.rid == 1 and s.aborted == [1]
+    # without abort (naive): rid 0 retracted, then rid 1 alone still needs 1 page
+    with pytest.raises(AllocationFailed, match="1 page.* for the 1 request"):
+        retract_decode(_FakeScheduler({0: 0, 1: 0}), 7, reqs, [], free_pages=0, abort_last=False)
+    # locked members (naive under overlap) are never retracted; all candidates may go
+    s = _FakeScheduler({0: 0, 1: 0})
+    with pytest.raises(AllocationFailed, match="for the 1 request"):
+        retract_decode(s, 7, [reqs[0]], [reqs[1]], free_pages=0, abort_last=False)
+    assert s.released == [0]
+
+
+# --- two requests, pool 24 tokens, page 1, no admission reserve (init_new_token_ratio 0) -------
+# A: input 10, output 3 (finishes in decode batch 1); B: input 10, output 14. After decode
+# batches 0 and 1 both hold 12 slots: the pool is full. Under overlap the check for batch 2 runs
+# while batch 1 (A's last) is in flight.
+
+def _two_requests(write_trace, policy):
+    trace = write_trace([(0.0, 10, 3), (0.0, 10, 14)])
+    return sim.load_scenario({
+        "name": "two", "workload": {"arrival": "trace", "trace": trace},
+        "server": {"kv_pool_tokens": 24, "init_new_token_ratio": 0.0, "retraction": policy,
+                   "settings": ["overlap", "normal"]}})
+
+
+def test_v0522_skips_the_step_instead_of_retracting(write_trace):
+    x = sim.simulate(_two_requests(write_trace, "v0.5.22"), "overlap").summary()
+    # A is left out of batch 2 (finishes by length); B alone needs 1 slot, 0 free, A in flight: skip
+    assert (x["completed"], x["skipped_decodes"], x["retractions"], x["outcome"]) == (2, 1, 0, "ok")
+    assert x["peak_token_usage"] == 1.0
+
+
+def test_v0510_retracts_the_request_that_was_not_finishing(write_trace):
+    res = sim.simulate(_two_requests(write_trace, "v0.5.10"), "overlap")
+    x = res.summary()
+    # batch 2 = {A (overshoot), B}: need 2, free 0. Both committed 2 tokens, equal inputs: keep
+    # order is admission order, so B (popped last) is retracted and prefilled again with
+    # its input and 2 output tokens = 12 tokens; its KV (12 slots) makes room for A's slot.
+    assert (x["completed"], x["retractions"], x["reprefill_tokens"]) == (2, 1, 12)
+    assert list(res.requests["retractions"]) == [0, 1]
+    # B's client still gets 14 tokens
+    assert list(res.requests["output_tokens"]) == [3, 14]
+
+
+def test_naive_overlap_fails_allocation(write_trace):
+    x = sim.simulate(_two_requests(write_trace, "naive"), "overlap").summary()
+    # both members of batch 2 are in the in-flight batch 1: nothing to retract, 2 needed, 0 free
+    assert x["outcome"] == "server_died" and x["outcome_token_usage"] == 1.0
+    assert "needs 2 page(s) for the 2 request(s)" in x["outcome_reason"]
+    assert (x["completed"], x["cut_off"], x["could_not_connect"]) == (0, 2, 0)
+
+
+@pytest.mark.parametrize("policy", ["naive", "v0.5.10", "v0.5.22"])
+def test_normal_loop_needs_no_retraction_here(write_trace, policy):
+    # batch 1 is processed (A's 12 slots freed) before batch 2 is checked
+    x = sim.simulate(_two_requests(write_trace, policy), "normal").summary()
+    assert (x["completed"], x["retractions"], x["skipped_decodes"]) == (2, 0, 0)
+
+
+# --- the shipped scenario ---------------------------------------------------------------------
+# 34 pages of 64 tokens; 8 identical requests per round hold 64 + 192 = 256 private tokens
+# (4 pages) each when they finish together, 32 pages in all, and the overshoot token of each
+# starts a new page: 8 pages needed, 2 free, token usage 32/34.
+
+def test_kv_pressure_naive_overlap_dies_at_094():
+    s = sim.load_scenario(SCENARIOS / "kv-pressure.yaml")
+    assert (s.server.kv_pool_tokens, s.server.page_size) == (2176, 64)  # from launch_args
+    x = sim.simulate(s, "overlap").summary()
+    assert x["outcome"] == "server_died"
+    assert x["outcome_token_usage"] == pytest.approx(32 / 34)
+    assert "needs 8 page(s) for the 8 request(s)" in x["outcome_reason"]
+    assert (x["completed"], x["cut_off"], x["could_not_connect"]) == (0, 8, 56)
+    n = sim.simulate(s, "normal").summary()
+    assert (n["outcome"], n["completed"], n["retractions"]) == ("ok", 64, 0)
+    assert n["peak_token_usage"] == pytest.approx(32 / 34)
+
+
+def test_kv_pressure_v0522_survives_and_v0510_retracts():
+    s = sim.load_scenario(SCENARIOS / "kv-pressure.yaml", ["server.retraction=v0.5.22"])
+    x = sim.simulate(s, "overlap").summary()
+    # all 8 finish by length in the in-flight batch: left out, no decode batch, nothing to check
+    assert (x["outcome"], x["completed"], x["retractions"], x["skipped_decodes"]) == ("ok", 64, 0, 0)
+    one_round = sim.load_scenario(SCENARIOS / "kv-pressure.yaml",
+                                  ["server.retraction=v0.5.10", "workload.num_requests=8"])
+    x = sim.simulate(one_round, "overlap").summary()
+    # need 8, free 2: retract one (need 7, free 6), a second (need 6, free 10): 2 retracted,
+    # each prefilled again: 512 input + 192 committed output - 448 cached = 256 tokens
+    assert (x["completed"], x["retractions"], x["reprefill_tokens"]) == (8, 2, 512)
+
+
+# --- invariants ---------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(page=st.sampled_from([1, 4, 16]), pages=st.integers(8, 64), conc=st.integers(1, 6),
+       inp=st.integers(1, 60), out=st.integers(1, 60), policy=st.sampled_from(["naive", "v0.5.10", "v0.5.22"]),
+       setting=st.sampled_from(["normal", "overlap", "overlap_mlx", "thread_overlap"]),
+       finish=st.sampled_from(["length", "eos"]), seed=st.integers(0, 3))
+def test_every_request_is_accounted_for_and_the_pool_never_overflows(page, pages, conc, inp, out, policy,
+                                                                     setting, finish, seed):
+    s = sim.load_scenario({
+        "name": "h", "seed": seed,
+        "workload": {"concurrency": conc, "num_requests": 12, "input_len": {"dist": "uniform", "low": 1, "high": inp},
+                     "output_len": {"dist": "uniform", "low": 1, "high": out}, "finish": finish},
+        "server": {"kv_pool_tokens": pages * page, "page_size": page, "retraction": policy,
+                   "chunked_prefill_size": 16, "init_new_token_ratio": 0.3}})
+    res = sim.simulate(s, setting)
+    req = res.requests
+    assert len(req) == 12 and set(req["status"]) <= {"completed", "failed"}
+    assert set(req["failure"]) <= {"", "cut_off", "could_not_connect", "aborted", "too_long"}
+    assert (res.steps["kv_used"] <= pages * page).all()
+    done = req[req["status"] == "completed"]
+    assert (done["output_tokens"] == done["output_len"]).all()
+    if res.outcome["status"] == "ok":
+        assert not (req["failure"].isin(["cut_off", "could_not_connect"])).any()
+
+
+def test_cli_run_reports_the_failure_as_an_outcome(tmp_path, capsys):
+    import json
+
+    from sim.cli import main
+
+    assert main(["run", str(SCENARIOS / "kv-pressure.yaml"), "--out", str(tmp_path), "--no-plots", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["settings"]["overlap"]["outcome"] == "server_died"
+    assert out["settings"]["normal"]["outcome"] == "ok"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["settings"]["overlap"]["could_not_connect"] == 56

@@ -1,0 +1,212 @@
+"""Loop selection and ``overlap-sim advise``: the rules table evaluated for the launch commands
+the issue lists, checked against what SGLang's source does in each release."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from packaging.specifiers import SpecifierSet
+
+from sim.cli import main
+from sim.errors import ScenarioError, UserInputError
+from sim.launch_args import parse_launch_args, rules_table
+from sim.loop_rules import advise, retraction_policy, setting_faults
+from sim.scenario import SETTINGS, load_scenario
+
+
+def ids(hits):
+    return [h.id for h in hits]
+
+
+def test_default_cuda_runs_two_stream_overlap():
+    adv = advise(["--model-path", "Qwen/Qwen3-8B"], "cuda")
+    assert (adv.loop, adv.setting, adv.overlap) == ("event_loop_overlap", "overlap", True)
+    assert adv.disabled_by == ()
+    assert adv.config.version == "0.5.22"
+    assert any("--model-path Qwen/Qwen3-8B" in n and "passed over" in n for n in adv.notes)
+    assert "overlap_retract_v0522" in ids(adv.hazards)
+
+
+def test_disable_overlap_schedule_selects_normal():
+    adv = advise(["--model-path", "X", "--disable-overlap-schedule"], "cuda")
+    assert (adv.loop, adv.setting, adv.overlap) == ("event_loop_normal", "normal", False)
+    assert ids(adv.disabled_by) == ["user_flag"]
+    assert "normal_less_tested" in ids(adv.hazards)
+
+
+def test_pipeline_parallel_turns_overlap_off_and_selects_pp_loop():
+    adv = advise(["--model-path", "X", "--pp-size", "2"], "cuda")
+    assert adv.loop == "event_loop_pp" and adv.setting is None and not adv.overlap
+    assert ids(adv.disabled_by) == ["pipeline_parallel"]
+    assert "not_simulated" in ids(adv.hazards)
+    assert advise(["--pipeline-parallel-size=4"], "cuda").loop == "event_loop_pp"
+
+
+@pytest.mark.parametrize("version,env,algo,overlap,rule", [
+    ("0.5.10", [], "EAGLE", False, "speculative_without_spec_v2"),       # spec v1: overlap off
+    ("0.5.10", ["SGLANG_ENABLE_SPEC_V2=1"], "EAGLE", True, None),       # spec v2 keeps it
+    ("0.5.10", [], "NGRAM", False, "ngram_speculative"),
+    ("0.5.4", ["--enable-beta-spec"], "EAGLE", True, None),             # beta spec, EAGLE only
+    ("0.5.4", ["--enable-beta-spec"], "EAGLE3", False, "speculative_without_beta_spec"),
+    ("0.5.3", [], "EAGLE", False, "speculative_v1"),
+    ("0.5.22", [], "EAGLE", True, None),                                # v2 is the only worker
+])
+def test_speculative_decoding_with_and_without_spec_v2(version, env, algo, overlap, rule):
+    adv = advise([*env, "--speculative-algorithm", algo], "cuda", version)
+    assert adv.overlap is overlap
+    assert ids(adv.disabled_by) == ([rule] if rule else [])
+
+
+def test_speculative_decoding_on_cpu_disables_overlap():
+    adv = advise(["--speculative-algorithm", "NGRAM"], "cpu", "0.5.22")
+    assert not adv.overlap and ids(adv.disabled_by) == ["speculative_on_cpu"]
+
+
+def test_mlx_default_runs_the_mlx_chain():
+    adv = advise(["--model-path", "X"], "mlx")
+    assert (adv.loop, adv.setting, adv.overlap) == ("event_loop_overlap_mlx", "overlap_mlx", True)
+    assert adv.faults() == ()
+
+
+def test_mlx_with_overlap_disabled_has_the_relay_fault():
+    adv = advise(["--disable-overlap-schedule"], "mlx", "0.5.22")
+    assert (adv.loop, adv.setting) == ("event_loop_normal", "normal")
+    fault, = adv.faults()
+    assert fault.id == "mlx_normal_futuremap_device_mismatch" and fault.severity == "fault"
+    assert fault.sim["die_on_batch_min_reqs"] == 2
+    assert "seed document" in fault.source
+
+
+def test_mps_without_mlx_disables_overlap_and_env_token_turns_mlx_on():
+    adv = advise([], "mps")
+    assert adv.loop == "event_loop_normal" and ids(adv.disabled_by) == ["mps_without_mlx"]
+    adv = advise(["SGLANG_USE_MLX=1", "python", "-m", "sglang.launch_server", "--model-path", "X"], "mps")
+    assert adv.config.platform == "mlx" and adv.setting == "overlap_mlx"
+    assert adv.notes == ("--model-path X: not read by the rules (no effect on the event loop): passed over",)
+    # before the MLX overlap loop existed, MPS turned overlap off whatever the backend
+    assert ids(advise([], "mlx", "0.5.10").disabled_by) == ["mps_backend"]
+
+
+def test_dllm_pdmux_disaggregation():
+    assert ids(advise(["--dllm-algorithm", "LowConfidence"]).disabled_by) == ["diffusion_llm"]
+    adv = advise(["--enable-pdmux"])
+    assert adv.loop == "event_loop_pdmux" and "pdmux_needs_overlap_off" in ids(adv.hazards)
+    assert advise(["--disaggregation-mode", "decode"]).loop == "event_loop_overlap_disagg_decode"
+    assert advise(["--disaggregation-mode", "prefill", "--disable-overlap-schedule"]).loop == \
+        "event_loop_normal_disagg_prefill"
+
+
+def test_thread_era_selects_thread_overlap():
+    adv = advise([], "cuda", "0.5.3")
+    assert adv.setting == "thread_overlap" and "TpModelWorkerClient" in adv.selected_by.text
+    assert "thread_overlap_gil" in ids(adv.hazards)
+    assert advise([], "cuda", "0.5.4").setting == "overlap"
+
+
+def test_unknown_arguments_are_passed_over_with_a_note():
+    adv = advise(["--foo", "bar", "--baz", "stray", "--tp", "2", "--mem-fraction-static=0.8"])
+    assert adv.setting == "overlap"
+    assert adv.config.fields["tp_size"] == 2
+    notes = " | ".join(adv.notes)
+    for text in ("--foo bar", "--baz stray", "--mem-fraction-static", ):
+        assert text in notes
+
+
+def test_newer_release_gets_a_note_and_bad_input_raises():
+    assert any("newer than any checked" in n for n in advise([], "cuda", "0.6.1").notes)
+    with pytest.raises(UserInputError, match="integer"):
+        advise(["--pp-size", "two"])
+    with pytest.raises(UserInputError, match="value after"):
+        advise(["--page-size"])
+    with pytest.raises(UserInputError, match="release"):
+        advise([], "cuda", "latest")
+    with pytest.raises(UserInputError, match="one of"):
+        advise([], "rocm")
+
+
+def test_rules_table_is_well_formed():
+    table = rules_table()
+    rows = table["rules"]
+    assert len({r["id"] for r in rows}) == len(rows)
+    for r in rows:
+        assert r["kind"] in {"disable_overlap", "loop", "hazard", "retraction"}, r["id"]
+        SpecifierSet(r["versions"])  # parses
+        assert r.get("source"), r["id"]
+        if r["kind"] == "loop":
+            assert r["setting"] in (*SETTINGS, None)
+    loops = [r for r in rows if r["kind"] == "loop"]
+    assert loops[-1]["id"] == "select_normal" and loops[-1]["when"] == {}  # a fallback always matches
+    assert {f["flag"] for f in table["flags"]} >= {"--disable-overlap-schedule", "--pp-size", "--speculative-algorithm"}
+
+
+def test_retraction_policy_by_release_and_setting_faults():
+    assert [retraction_policy(v) for v in ("0.5.4", "0.5.12", "0.5.22", None)] == \
+        ["naive", "v0.5.10", "v0.5.22", "v0.5.22"]
+    assert ids(setting_faults("mlx", "normal", "0.5.22")) == ["mlx_normal_futuremap_device_mismatch"]
+    assert setting_faults("mlx", "normal", "0.5.10") == ()
+    assert setting_faults("mlx", "overlap_mlx") == () and setting_faults("cuda", "normal") == ()
+
+
+def test_parse_maps_flags_onto_scenario_fields():
+    cfg = parse_launch_args(["--page-size", "64", "--max-total-tokens", "2176", "--schedule-conservativeness", "0.5",
+                             "SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP=1"])
+    assert cfg.server == {"page_size": 64, "kv_pool_tokens": 2176, "init_new_token_ratio": pytest.approx(0.35),
+                          "disable_consecutive_prefill_overlap": True}
+
+
+# --- scenarios with launch_args ------------------------------------------------------------
+
+
+def test_scenario_settings_follow_launch_args():
+    s = load_scenario({"name": "x", "server": {"device": "mlx", "launch_args": ["--disable-overlap-schedule",
+                                                                                 "--page-size", "16"]}})
+    assert s.server.settings == ["normal"] and s.server.page_size == 16
+    # explicit settings win (a comparison), and launch_args still fill the other fields
+    s = load_scenario({"name": "x", "server": {"device": "mlx", "settings": ["overlap_mlx", "normal"],
+                                               "launch_args": ["--disable-overlap-schedule"]}})
+    assert s.server.settings == ["overlap_mlx", "normal"]
+
+
+def test_scenario_launch_args_rederived_after_override():
+    s = load_scenario({"name": "x", "server": {"launch_args": ["--disable-overlap-schedule"]}})
+    assert s.server.settings == ["normal"]
+    assert s.with_overrides(["server.launch_args=[]"]).server.settings == ["overlap"]
+    assert load_scenario(s, ["server.version=0.5.3", "server.launch_args=[]"]).server.settings == ["thread_overlap"]
+
+
+def test_scenario_version_sets_retraction_unless_given():
+    assert load_scenario({"name": "x", "server": {"version": "0.5.6"}}).server.retraction == "naive"
+    assert load_scenario({"name": "x", "server": {"version": "0.5.6", "retraction": "v0.5.22"}}).server.retraction == "v0.5.22"
+    assert load_scenario({"name": "x"}).server.retraction == "v0.5.22"
+
+
+@pytest.mark.parametrize("server,expected", [
+    ({"launch_args": ["--pp-size", "2"]}, "does not model"),
+    ({"launch_args": ["--page-size", "64"], "page_size": 16}, "page_size is 16 but launch_args give 64"),
+    ({"launch_args": ["--pp-size", "x"]}, "integer"),
+    ({"version": "newest"}, "release"),
+])
+def test_scenario_launch_args_errors_name_the_field(server, expected):
+    with pytest.raises(ScenarioError, match=expected) as err:
+        load_scenario({"name": "x", "server": server})
+    assert "server" in str(err.value)
+
+
+# --- CLI ---------------------------------------------------------------------------------------
+
+
+def test_cli_advise_json(capsys):
+    assert main(["advise", "--device", "mlx", "--json", "--", "--model-path", "X", "--disable-overlap-schedule"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["loop"] == "event_loop_normal" and out["overlap"] is False
+    assert out["hazards"][0]["id"] == "mlx_normal_futuremap_device_mismatch"
+
+
+def test_cli_advise_text_and_errors(capsys):
+    assert main(["advise", "--", "--pp-size", "2", "--unknown-flag"]) == 0
+    text = capsys.readouterr().out
+    assert "event_loop_pp" in text and "pipeline_parallel" in text and "--unknown-flag" in text
+    assert main(["advise", "--version", "x.y", "--", "--model-path", "X"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--version" in err[0]

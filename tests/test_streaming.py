@@ -1,0 +1,96 @@
+"""Streamed metrics (tables 'summary'/'none') against the metrics of the full tables."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sim
+from sim.metrics import SUMMARY_KEYS, measured_window, step_gaps
+from tests.test_invariants import scenarios
+
+QUANTILE_KEYS = {k for k in SUMMARY_KEYS if k.startswith(("median_", "p99_"))}
+
+
+def samples_ms(res: sim.Result) -> dict[str, np.ndarray]:
+    """The samples behind each quantile metric of a full-table run (ms)."""
+    req = res.requests[(~res.requests["warmup"]) & (res.requests["status"] == "completed")]
+    ttft = (req["first_token_s"] - req["arrival_s"]).to_numpy()
+    e2e = (req["finish_s"] - req["arrival_s"]).to_numpy()
+    multi = req["output_tokens"].to_numpy() > 1
+    tpot = (e2e - ttft)[multi] / (req["output_tokens"].to_numpy()[multi] - 1)
+    itl = np.repeat(res.itl["itl_s"].to_numpy(), res.itl["weight"].to_numpy())
+    start, end = measured_window(res.requests)
+    steps = res.steps
+    gaps = step_gaps(steps).to_numpy()
+    keep = (steps["forward_start"] >= start).to_numpy() & (steps["forward_start"] < end).to_numpy() \
+        & ~steps["after_idle"].to_numpy(dtype=bool) & ~np.isnan(gaps)
+    return {"ttft": ttft * 1e3, "e2e_latency": e2e * 1e3, "tpot": tpot * 1e3, "itl": itl * 1e3, "gap": gaps[keep] * 1e3}
+
+
+def assert_quantiles_bracketed(full: sim.Result, streamed: dict):
+    """A sketch quantile lies within 0.5% of the samples on either side of the exact rank."""
+    for name, values in samples_ms(full).items():
+        values = np.sort(values)
+        for prefix, q in (("median", 0.5), ("p99", 0.99)):
+            got = streamed[f"{prefix}_{name}_ms"]
+            if len(values) == 0:
+                assert math.isnan(got), (name, prefix)
+                continue
+            pos = q * (len(values) - 1)
+            lo, hi = values[int(np.floor(pos))], values[int(np.ceil(pos))]
+            assert lo * (1 - 0.006) - 1e-9 <= got <= hi * (1 + 0.006) + 1e-9, (name, prefix, lo, got, hi)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.sampled_from(["normal", "overlap", "overlap_mlx"]))
+def test_streamed_counts_and_means_are_exact(raw, setting):
+    raw["server"]["settings"] = [setting]
+    scenario = sim.load_scenario(raw)
+    full_result = sim.simulate(scenario, setting)
+    full = full_result.summary()
+    for tables in ("summary", "none"):
+        streamed = sim.simulate(scenario, setting, tables=tables).summary()
+        for key in SUMMARY_KEYS:
+            if key in QUANTILE_KEYS:
+                continue
+            a, b = full[key], streamed[key]
+            if isinstance(a, float) and math.isnan(a):
+                assert math.isnan(b), key
+            else:
+                assert b == pytest.approx(a, rel=1e-9, abs=1e-12), (key, tables)
+        assert_quantiles_bracketed(full_result, streamed)
+
+
+def test_streamed_quantiles_on_a_long_run():
+    raw = {"name": "long", "seed": 1,
+           "workload": {"arrival": "poisson", "rate_per_s": 40, "num_requests": 600, "warmup_requests": 50,
+                        "input_len": {"dist": "lognormal", "mean": 200, "sigma": 0.8},
+                        "output_len": {"dist": "lognormal", "mean": 120, "sigma": 0.8}, "finish": "eos"},
+           "costs": {"noise": {"gpu_cv": 0.05, "cpu_cv": 0.2}}}
+    for setting in ("normal", "overlap"):
+        full = sim.simulate(raw, setting)
+        streamed = sim.simulate(raw, setting, tables="none")
+        a, b = full.summary(), streamed.summary()
+        for key in SUMMARY_KEYS:
+            if key not in QUANTILE_KEYS:
+                assert b[key] == pytest.approx(a[key], rel=1e-9, abs=1e-12), key
+        assert_quantiles_bracketed(full, b)
+        assert streamed.steps.empty and streamed.requests.empty
+        kept = sim.simulate(raw, setting, tables="summary")
+        assert len(kept.requests) == 600 and kept.steps.empty
+
+
+def test_streamed_failure_counts_match_the_tables():
+    from tests.conftest import SCENARIOS
+
+    scenario = sim.load_scenario(SCENARIOS / "mlx-disable-overlap.yaml")
+    full = sim.simulate(scenario, "normal").summary()
+    streamed = sim.simulate(scenario, "normal", tables="none").summary()
+    for key in ("failed", "cut_off", "could_not_connect", "aborted", "completed"):
+        assert streamed[key] == full[key], key
+    assert full["failed"] == 32

@@ -1,0 +1,208 @@
+"""Sweeps: grid parsing, closed-form results per point, seeds of repeats, resuming, executors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import sim
+from sim.cli import main
+from sim.errors import ScenarioError, UserInputError
+from sim.sweeps import load_sweep, parse_grid, plan_sweep, sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
+
+# constant costs: a decode step of the normal loop is 1 ms of CPU + 4 ms x gpu.scale of device
+CLOSED = {
+    "name": "closed-form", "seed": 3,
+    "workload": {"concurrency": 1, "num_requests": 4, "input_len": 8, "cached_len": 0, "output_len": 20},
+    "costs": {"gpu": {"decode": {"base": 0.004}, "prefill": {"base": 0.002}, "overlap_residue": 0.0},
+              "cpu": {"recv": {"base": 1e-4}, "schedule": {"base": 2e-4}, "launch": {"base": 3e-4},
+                      "process": {"base": 4e-4}}},
+}
+NOISY = {**CLOSED, "name": "noisy",
+         "workload": {**CLOSED["workload"], "output_len": {"dist": "uniform", "low": 5, "high": 30}},
+         "costs": {**CLOSED["costs"], "noise": {"gpu_cv": 0.2, "cpu_cv": 0.2}}}
+
+
+def test_parse_grid_reads_yaml_values_in_order():
+    grid = parse_grid(["workload.concurrency=1,2,4", "costs.cpu.scale=0.5, 2", "server.settings=[overlap],[normal]"])
+    assert list(grid) == ["workload.concurrency", "costs.cpu.scale", "server.settings"]
+    assert grid["workload.concurrency"] == [1, 2, 4]
+    assert grid["costs.cpu.scale"] == [0.5, 2]
+    assert grid["server.settings"] == [["overlap"], ["normal"]]
+
+
+@pytest.mark.parametrize("items", [["workload.concurrency"], ["=1,2"], ["workload.concurrency="],
+                                   ["workload.concurrency=1", "workload.concurrency=2"]])
+def test_parse_grid_rejects_bad_items(items):
+    with pytest.raises(UserInputError):
+        parse_grid(items)
+
+
+def test_unknown_grid_key_names_the_key():
+    with pytest.raises(ScenarioError) as err:
+        plan_sweep(sim.load_scenario(CLOSED), {"workload.concurency": [1, 2]})
+    assert "workload.concurency" in str(err.value) and "unknown key" in str(err.value)
+
+
+def test_sweep_matches_closed_form_per_point():
+    table = sweep(CLOSED, {"costs.gpu.scale": [0.5, 1, 2]}, workers=1)
+    assert len(table) == 3 * 2
+    for row in table.to_dict("records"):
+        gpu_ms = 4.0 * row["costs.gpu.scale"]
+        expected = gpu_ms + 1.0 if row["setting"] == "normal" else max(gpu_ms, 1.0)
+        assert row["median_itl_ms"] == pytest.approx(expected, rel=1e-9)
+        assert row["median_gap_ms"] == pytest.approx(1.0 if row["setting"] == "normal" else 0.0, abs=1e-9)
+
+
+def test_repeats_use_consecutive_seeds_and_equal_direct_simulation():
+    table = sweep(NOISY, {"workload.concurrency": [1, 2]}, repeats=3, workers=1)
+    assert len(table) == 2 * 3 * 2
+    assert sorted(table["seed"].unique()) == [3, 4, 5]
+    for row in table.to_dict("records"):
+        scen = sim.load_scenario(NOISY, [f"workload.concurrency={row['workload.concurrency']}", f"seed={row['seed']}"])
+        direct = sim.simulate(scen, row["setting"]).summary()
+        assert row["output_throughput"] == pytest.approx(direct["output_throughput"], rel=1e-12)
+        assert row["repeat"] == row["seed"] - 3
+    # different seeds give different runs (noise and lengths are drawn from the seed)
+    assert table.groupby(["point", "setting"])["output_throughput"].nunique().min() == 3
+
+
+def test_table_columns_and_files(tmp_path):
+    table = sweep(NOISY, {"costs.cpu.scale": [1, 2]}, repeats=2, out=tmp_path, workers=1)
+    cols = list(table.columns)
+    assert cols[:6] == ["point", "costs.cpu.scale", "setting", "repeat", "seed", "completed"]
+    for key in sim.metrics.SUMMARY_KEYS + ["peak_token_usage", "outcome"]:
+        assert key in cols
+    from_parquet, manifest = load_sweep(tmp_path)
+    pd.testing.assert_frame_equal(from_parquet, table)
+    from_csv = pd.read_csv(tmp_path / "sweep.csv")
+    pd.testing.assert_frame_equal(from_csv, table, check_dtype=False)
+    assert manifest["grid"] == {"costs.cpu.scale": [1, 2]} and manifest["repeats"] == 2
+
+
+def test_resume_skips_saved_points_and_grows_the_grid(tmp_path):
+    first = sweep(NOISY, {"costs.cpu.scale": [1, 2]}, repeats=2, out=tmp_path, workers=1)
+    saved = sorted((tmp_path / "points").glob("*.json"))
+    assert len(saved) == 4
+    saved[0].unlink()  # as if the sweep had been killed before that point finished
+    progress = []
+    again = sweep(NOISY, {"costs.cpu.scale": [1, 2]}, repeats=2, out=tmp_path, workers=1,
+                  on_progress=lambda done, total: progress.append((done, total)))
+    assert progress[0] == (3, 4) and progress[-1] == (4, 4)
+    pd.testing.assert_frame_equal(again, first)
+    # a bigger grid reuses the four saved points and keeps them
+    progress.clear()
+    grown = sweep(NOISY, {"costs.cpu.scale": [1, 2, 4]}, repeats=2, out=tmp_path, workers=1,
+                  on_progress=lambda done, total: progress.append((done, total)))
+    assert progress[0] == (4, 6)
+    assert len(list((tmp_path / "points").glob("*.json"))) == 6
+    pd.testing.assert_frame_equal(grown[grown["costs.cpu.scale"] != 4].reset_index(drop=True), first)
+
+
+def test_corrupt_point_file_is_rerun(tmp_path):
+    sweep(NOISY, {"costs.cpu.scale": [1]}, out=tmp_path, workers=1)
+    (path,) = (tmp_path / "points").glob("*.json")
+    path.write_text('{"summaries": ')
+    progress = []
+    sweep(NOISY, {"costs.cpu.scale": [1]}, out=tmp_path, workers=1, on_progress=lambda d, t: progress.append(d))
+    assert progress[0] == 0
+    assert "overlap" in json.loads(path.read_text())["summaries"]
+
+
+def test_local_process_pool_equals_in_process():
+    grid = {"workload.concurrency": [1, 2], "costs.gpu.scale": [1, 3]}
+    serial = sweep(NOISY, grid, repeats=2, workers=1)
+    pooled = sweep(NOISY, grid, repeats=2, workers=2)
+    pd.testing.assert_frame_equal(pooled, serial)
+
+
+def test_dask_executor_equals_local(tmp_path):
+    distributed = pytest.importorskip("dask.distributed")
+    grid = {"workload.concurrency": [1, 2], "costs.cpu.scale": [0.5, 2]}
+    local = sweep(NOISY, grid, repeats=2, workers=1)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                                  dashboard_address=None) as cluster:
+        with distributed.Client(cluster) as client:
+            via_client = sweep(NOISY, grid, repeats=2, executor="dask", client=client, out=tmp_path / "a")
+        # the CLI path: connect to a scheduler by address
+        via_address = sweep(NOISY, grid, repeats=2, executor="dask", scheduler=cluster.scheduler_address)
+    pd.testing.assert_frame_equal(via_client, local)
+    pd.testing.assert_frame_equal(via_address, local)
+    assert len(list((tmp_path / "a" / "points").glob("*.json"))) == 8
+
+
+def test_cli_sweep_writes_table_and_plots(tmp_path, capsys):
+    out = tmp_path / "sw"
+    rc = main(["sweep", str(QUICKSTART), "--grid", "costs.cpu.scale=0.5,2", "--grid", "costs.gpu.scale=0.5,1",
+               "--set", "workload.num_requests=12", "--set", "workload.output_len=16", "--set", "workload.warmup_requests=0",
+               "--repeats", "2", "--workers", "1", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "overlap/normal" in text and "16 rows written" in text
+    spread = pd.read_csv(out / "spread.csv")
+    assert {"output_throughput_cv", "mean_gap_ms_std", "n"} <= set(spread.columns) and (spread["n"] == 2).all()
+    ci = pd.read_csv(out / "ratio_ci.csv")
+    assert set(ci["metric"]) >= {"output_throughput", "median_ttft_ms", "mean_gap_ms"} and len(ci) % 4 == 0
+    for name in ("sweep.parquet", "sweep.csv", "sweep.json", "ratio_heatmap.png", "ratio_ci.png",
+                 "sweep_costs.cpu.scale.png", "sweep_costs.gpu.scale.png"):
+        assert (out / name).is_file(), name
+    assert (out / "ratio_heatmap.png").read_bytes()[:4] == b"\x89PNG"
+    # `plots` redraws them from the saved table alone
+    for png in out.glob("*.png"):
+        png.unlink()
+    assert main(["plots", str(out)]) == 0
+    assert sorted(p.name for p in out.glob("*.png")) == ["ratio_ci.png", "ratio_heatmap.png",
+                                                         "sweep_costs.cpu.scale.png", "sweep_costs.gpu.scale.png"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--grid", "workload.nope=1,2"], "workload.nope"),
+    (["--grid", "workload.concurrency=0,1"], "workload.concurrency"),
+    (["--grid", "workload.concurrency"], "KEY.PATH="),
+    (["--grid", "workload.concurrency=1", "--repeats", "0"], "repeats"),
+    (["--grid", "workload.concurrency=1", "--scheduler", "tcp://127.0.0.1:1"], "--executor dask"),
+])
+def test_cli_sweep_bad_input_exits_2(tmp_path, capsys, args, needle):
+    rc = main(["sweep", str(QUICKSTART), "--out", str(tmp_path / "x"), *args])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert needle in err and err.startswith("overlap-sim: error:") and len(err.strip().splitlines()) == 1
+
+
+def test_killed_sweep_loses_nothing_and_resumes(tmp_path):
+    """Kill a running `overlap-sim sweep` with SIGKILL, then run it again."""
+    out = tmp_path / "killed"
+    args = [sys.executable, "-m", "sim.cli", "sweep", str(QUICKSTART), "--grid", "workload.concurrency=1,2,3,4,5,6,7,8",
+            "--grid", "costs.cpu.scale=1,2", "--set", "workload.num_requests=48", "--workers", "1",
+            "--no-plots", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline and len(list((out / "points").glob("*.json"))) < 3 and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    saved = {p.name: p.read_text() for p in (out / "points").glob("*.json")}
+    assert len(saved) >= 3
+    for text in saved.values():  # atomic writes: every file there is complete
+        assert "overlap" in json.loads(text)["summaries"]
+    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    if len(saved) < 16:
+        assert f"resuming: {len(saved)} of 16" in done.stderr
+    for name, text in saved.items():  # not recomputed, not lost
+        assert (out / "points" / name).read_text() == text
+    fresh = sweep(QUICKSTART, {"workload.concurrency": list(range(1, 9)), "costs.cpu.scale": [1, 2]},
+                  overrides=["workload.num_requests=48"], workers=1)
+    pd.testing.assert_frame_equal(load_sweep(out)[0], fresh)

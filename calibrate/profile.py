@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 from calibrate.errors import ProfileError
@@ -75,13 +74,11 @@ def profile_text(profile: dict) -> str:
 
 
 def save_profile(path: str | Path, profile: dict) -> None:
-    """Write ``profile`` to ``path`` atomically (temporary file + rename)."""
-    from sim.report import atomic_write_text  # pandas-free callers keep importing this module fast
+    """Write ``profile`` to ``path`` atomically (temporary file + rename, usual permissions)."""
+    from sim.atomic import atomic_path
 
-    atomic_write_text(Path(path), profile_text(profile))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)  # the temporary file was private (mkstemp); a profile is shared
+    with atomic_path(path) as tmp:
+        tmp.write_text(profile_text(profile))
 
 
 def load_profile(path: str | Path) -> dict:

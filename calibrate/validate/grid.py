@@ -119,7 +119,7 @@ def _bounds(spec) -> tuple[int, int]:
     return int(spec.get("min", 1)), int(spec["max"])
 
 
-def calibration_config(cfg: HarnessConfig, repeats: int = 7, warmup: int = 2) -> CalibrationConfig:
+def calibration_config(cfg: HarnessConfig, repeats: int = 15, warmup: int = 2) -> CalibrationConfig:
     """The calibration that times this device on ``cfg``'s ranges (see the module docstring)."""
     in_lo, in_hi = _bounds(cfg.input_len)
     c_lo, c_hi = _bounds(cfg.cached_len)

@@ -40,8 +40,26 @@ def _cpu_busy_s() -> float | None:
 
 
 def _own_cpu_s() -> float:
+    """CPU seconds of this process, its finished children and its live descendants (the
+    harness's device process spins while it waits: it is not another user)."""
     t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    total = t.user + t.system + t.children_user + t.children_system
+    procs: dict[int, tuple[int, int]] = {}  # pid -> (parent, utime + stime ticks)
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        procs[int(entry)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    mine, frontier = set(), [os.getpid()]
+    while frontier:
+        parent = frontier.pop()
+        kids = [pid for pid, (ppid, _) in procs.items() if ppid == parent and pid not in mine]
+        mine.update(kids)
+        frontier += kids
+    return total + sum(procs[pid][1] for pid in mine) / os.sysconf("SC_CLK_TCK")
 
 
 class LoadMeter:
@@ -66,19 +84,37 @@ BUSY_CORES = 0.25  # a harness run during which others used more than this is ta
 ATTEMPTS = 3
 
 
+def _busy_wait(seconds: float) -> None:
+    # spin rather than sleep: a core left idle drops its clock, and the timing that follows
+    # would start slow (in-process calibration points measured right after a 0.2 s sleep came
+    # out up to 2x slower at random)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def wait_quiet(report, timeout_s: float = 300.0, window_s: float = 0.5) -> float | None:
     """Wait (up to ``timeout_s``) until other processes use less than :data:`QUIET_CORES` cores
-    over ``window_s``; returns their last measured use (None where /proc/stat is missing)."""
+    over ``window_s`` (spinning meanwhile); returns their last measured use (None where
+    /proc/stat is missing)."""
     deadline = time.monotonic() + timeout_s
     said = False
     while True:
         with LoadMeter() as load:
-            time.sleep(window_s)
+            _busy_wait(window_s)
         if load.other_cores is None or load.other_cores < QUIET_CORES or time.monotonic() > deadline:
             return load.other_cores
         if not said:
             report(f"waiting for the machine to be quiet (other processes use {load.other_cores:.2f} cores)")
             said = True
+
+
+def _quiet_points(report):
+    """A calibration progress callback that waits for a quiet machine before each point."""
+    def gate(done: int, total: int, label: str) -> None:
+        if label:
+            wait_quiet(report, window_s=0.2)
+    return gate
 
 
 def _profiles(cfg: HarnessConfig, out: Path, report) -> dict[str, Path]:
@@ -99,20 +135,20 @@ def _profiles(cfg: HarnessConfig, out: Path, report) -> dict[str, Path]:
             report(f"{cfg.name}: calibrating the device process")
             backend = ProcessTorchBackend(ccfg, _cores(), build_tokenizer(cfg.tokenizer_vocab).token_to_id(EOS))
             try:
-                calibrate(ccfg, proc, backend=backend)
+                calibrate(ccfg, proc, backend=backend, report=_quiet_points(report))
             finally:
                 backend.close()
         thread = folder / f"{cfg.name}.thread.json"
         if not thread.exists():
             wait_quiet(report)
             report(f"{cfg.name}: calibrating in-process (forward thread)")
-            calibrate(ccfg, thread)
+            calibrate(ccfg, thread, report=_quiet_points(report))
         return {"normal": proc, "overlap": proc, "thread_overlap": thread}
     path = folder / f"{cfg.name}.json"
     if not path.exists():
         wait_quiet(report)
         report(f"{cfg.name}: calibrating")
-        calibrate(ccfg, path)
+        calibrate(ccfg, path, report=_quiet_points(report))
     return {s: path for s in cfg.settings}
 
 
@@ -148,7 +184,8 @@ def validate_case(regime: str, cfg: HarnessConfig, out: Path, profile: Path | No
         reps = runs[setting]
         measured[setting] = _median_summary([r["summary"] for r in reps])
         scenario = sim.load_scenario(cfg.scenario(str(profiles[setting].resolve()), settings=(setting,),
-                                                  gil=_gil_costs(gil) if setting == "thread_overlap" else None))
+                                                  gil=_gil_costs(gil) if setting == "thread_overlap" else None,
+                                                  gpu=_device_gap(profiles[setting])))
         predicted[setting] = sim.simulate(scenario, setting).summary()
     record = {"name": cfg.name, "regime": regime, "config": cfg.to_dict(),
               "profiles": {s: str(p) for s, p in profiles.items()}, "gil": gil,
@@ -179,9 +216,19 @@ def _quiet_run(cfg: HarnessConfig, setting: str, tokenizer, report) -> dict:
     return best
 
 
+def _device_gap(profile: Path) -> dict:
+    """``costs.gpu.overlap_residue``: the device process's measured idle time between
+    back-to-back forwards (see :meth:`calibrate.harness.process_backend.ProcessTorchBackend.device_gap_s`);
+    0 for other devices."""
+    from calibrate.profile import load_profile
+
+    return {"overlap_residue": float(load_profile(profile)["metadata"].get("device_gap_s", 0.0))}
+
+
 def _gil_costs(gil: dict) -> dict:
     """The ``costs.gil`` keys of a measurement (:func:`calibrate.validate.gil_params.measure_gil_params`)."""
-    return {k: gil[k] for k in ("switch_interval", "ops_per_forward", "sample_launch", "wait_launch_done")}
+    return {k: gil[k] for k in ("switch_interval", "ops_per_forward", "sample_launch", "sample_compute", "wake_latency",
+                                "wait_launch_done")}
 
 
 def _median_summary(summaries: list[dict]) -> dict:

@@ -70,27 +70,41 @@ def _median_in_thread(fn, n: int) -> float:
     return statistics.median(out)
 
 
-def _wake_latency_s(n: int = 200) -> float:
-    """Median time from ``Event.set()`` to the waiting thread running (a futex wake-up)."""
+def _wake_latency_s(cores: tuple, n: int = 200) -> float:
+    """Median time from ``Event.set()`` to the waiting thread running (a futex wake-up), the
+    setter and the waiter pinned to the harness's scheduler and device cores (waking a thread
+    on the other, idle core took ~27 us here, on the same core ~15 us)."""
+    import os
+
     ev, done = threading.Event(), threading.Event()
     stamp, res = [0.0], []
+    pin = cores[0] is not None and hasattr(os, "sched_setaffinity")
+    old = os.sched_getaffinity(0) if pin else None
 
     def waiter():
+        if pin:
+            os.sched_setaffinity(0, {cores[1]})
         for _ in range(n):
             ev.wait()
             res.append(time.perf_counter() - stamp[0])
             ev.clear()
             done.set()
 
+    if pin:
+        os.sched_setaffinity(0, {cores[0]})
     th = threading.Thread(target=waiter)
     th.start()
-    for _ in range(n):
-        time.sleep(0.0003)  # the waiter is asleep when the event fires
-        stamp[0] = time.perf_counter()
-        ev.set()
-        done.wait()
-        done.clear()
-    th.join()
+    try:
+        for _ in range(n):
+            time.sleep(0.0003)  # the waiter is asleep when the event fires
+            stamp[0] = time.perf_counter()
+            ev.set()
+            done.wait()
+            done.clear()
+        th.join()
+    finally:
+        if pin:
+            os.sched_setaffinity(0, old)
     return statistics.median(res[10:])
 
 
@@ -99,6 +113,7 @@ def measure_gil_params(cfg: HarnessConfig) -> dict:
     import torch
     from torch.overrides import TorchFunctionMode
 
+    from calibrate.harness.run import _cores
     from calibrate.harness.torch_device import DeviceSpec, ForwardRunner
 
     torch.set_num_threads(cfg.torch_threads)
@@ -158,6 +173,6 @@ def measure_gil_params(cfg: HarnessConfig) -> dict:
     beside = attempts[-1]["beside_s"]
     return {"switch_interval": interval, "ops_per_forward": max(1, round((beside - alone) / interval)),
             "sample_launch": _median_in_thread(sample_python, 9), "sample_compute": _median_in_thread(sample_op, 9),
-            "wake_latency": _wake_latency_s(), "wait_launch_done": True,
+            "wake_latency": _wake_latency_s(_cores()), "wait_launch_done": True,
             "measured": {"forward_alone_s": alone, "forward_beside_spinner_s": beside, "attempts": attempts,
                          "torch_calls": calls[0], "batch": bs, "ctx": ctx}}

@@ -31,15 +31,25 @@ REPEATS = 3
 ATTEMPTS = 3
 
 
-class _Spinner:
-    """A thread that runs Python without pause (holds the GIL whenever it can), counting loops."""
+def _pin(core) -> None:
+    import os
 
-    def __init__(self):
+    if core is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {core})
+
+
+class _Spinner:
+    """A thread that runs Python without pause (holds the GIL whenever it can), counting loops;
+    on the scheduler's core, as the harness pins the scheduler thread."""
+
+    def __init__(self, core=None):
         self.count = 0
         self.stop = False
+        self.core = core
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
+        _pin(self.core)
         while not self.stop:
             self.count += 1
 
@@ -55,12 +65,13 @@ class _Spinner:
         return False
 
 
-def _median_in_thread(fn, n: int) -> float:
-    """Median of ``n`` calls of ``fn()`` (each returns seconds) in one fresh thread, after one
-    untimed call (a thread's first torch call initialises per-thread state)."""
+def _median_in_thread(fn, n: int, core=None) -> float:
+    """Median of ``n`` calls of ``fn()`` (each returns seconds) in one fresh thread (pinned to
+    ``core``), after one untimed call (a thread's first torch call initialises per-thread state)."""
     out: list[float] = []
 
     def run():
+        _pin(core)
         fn()
         out.extend(fn() for _ in range(n))
 
@@ -151,12 +162,13 @@ def measure_gil_params(cfg: HarnessConfig) -> dict:
         return time.perf_counter() - t0
 
     interval = sys.getswitchinterval()
-    alone = _median_in_thread(forward, 9)
+    cores = _cores()
+    alone = _median_in_thread(forward, 9, cores[1])
     attempts = []
     for _ in range(ATTEMPTS):  # a spinner that did not get the CPU measures nothing: take it again
-        with _Spinner() as spinner:
+        with _Spinner(cores[0]) as spinner:
             c0 = spinner.count
-            beside = _median_in_thread(forward, REPEATS)
+            beside = _median_in_thread(forward, REPEATS, cores[1])
             loops = spinner.count - c0
         attempts.append({"beside_s": beside, "spinner_loops": loops})
         if beside - alone > interval:
@@ -172,7 +184,8 @@ def measure_gil_params(cfg: HarnessConfig) -> dict:
         m.decode_logits(ids, slots, pos, loc, ctx)
     beside = attempts[-1]["beside_s"]
     return {"switch_interval": interval, "ops_per_forward": max(1, round((beside - alone) / interval)),
-            "sample_launch": _median_in_thread(sample_python, 9), "sample_compute": _median_in_thread(sample_op, 9),
-            "wake_latency": _wake_latency_s(_cores()), "wait_launch_done": True,
+            "sample_launch": _median_in_thread(sample_python, 9, cores[1]),
+            "sample_compute": _median_in_thread(sample_op, 9, cores[1]),
+            "wake_latency": _wake_latency_s(cores), "wait_launch_done": True,
             "measured": {"forward_alone_s": alone, "forward_beside_spinner_s": beside, "attempts": attempts,
                          "torch_calls": calls[0], "batch": bs, "ctx": ctx}}

@@ -94,7 +94,7 @@ def _busy_wait(seconds: float) -> None:
         pass
 
 
-SLOW_FACTOR = 1.10  # a speed probe this much slower than the fastest seen: the host is busy elsewhere
+SLOW_FACTOR = 1.20  # a speed probe this much slower than the fastest seen: the host is busy elsewhere
 _best_probe: dict = {}  # core -> fastest probe seen in this process
 
 
@@ -104,15 +104,15 @@ def speed_probe() -> float:
     showing it (other guests): runs taken then are slow for a reason the simulator knows nothing of."""
     import numpy as np
 
-    a = np.ones((48, 48))
+    a = np.ones(4096)
     times = []
     for _ in range(5):
         t0 = time.perf_counter()
         x = 0
         for i in range(3000):
             x += i
-        for _ in range(20):
-            a = a @ a * 1e-3
+        for _ in range(40):  # elementwise only: a matrix product would wake BLAS threads that then spin
+            a = np.sqrt(a * 1.0001 + 1e-3)
         times.append(time.perf_counter() - t0)
     return sorted(times)[2]
 

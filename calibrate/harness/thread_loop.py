@@ -12,6 +12,9 @@ tokens (``tolist``). Both threads share the GIL: torch releases it inside each o
 op's Python part needs it back, so the scheduler's bookkeeping and the forward take turns.
 
 The loop itself is :func:`calibrate.harness.loops.overlap_loop`; this module is its device.
+A forward's recorded span is the forward thread's busy time (its CPU time, ending when its
+tokens are ready), so time spent waiting for the GIL shows as a gap before it, as in the
+simulator's thread loop.
 The scheduler thread and the forward thread are pinned to the two cores the device-process
 harness uses (a thread that wakes up on another core starts with cold caches: unpinned, the
 forward ran ~10% slower than calibrated).
@@ -22,6 +25,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 
 import numpy as np
 
@@ -76,7 +80,7 @@ class ThreadWorker:
                 return
             step, inp = item
             try:
-                step.forward_start = clock()
+                cpu0 = time.thread_time()
                 slots = inp.slots.tolist()
                 if step.kind == "decode":
                     last = [True] * len(slots)
@@ -98,6 +102,9 @@ class ThreadWorker:
                         toks[i] = tok
                     r.tokens[[slots[i] for i in done]] = fixed  # store_to_map
                 step.forward_end = clock()
+                # the forward's busy time is this thread's CPU time: waits for the GIL show as gaps
+                # before it, as in the simulator's thread loop
+                step.forward_start = step.forward_end - (time.thread_time() - cpu0)
                 self.outq.put((step.seq, toks, None))
             except Exception as err:  # noqa: BLE001  reported to the scheduler thread
                 step.handle.set()

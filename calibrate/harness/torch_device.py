@@ -154,6 +154,7 @@ def launch_message(step: Step, inputs, future: bool, admitted: set) -> tuple:
 
 STAMPS = 1 << 16  # device-side end stamps kept in shared memory (by step number, modulo this)
 SENT, REPLIED = STAMPS, STAMPS + 1  # message counters after the stamps (written by host / device only)
+IDLE_SPIN_S = 0.02  # the device process spins this long for the next message, then sleeps on the pipe
 
 
 class Mailbox:
@@ -204,8 +205,11 @@ def device_main(conn, spec: DeviceSpec, stamps_name: str) -> None:
     box.send(pickle.dumps("ready"))
     words, read = box.words, 0
     while True:
-        while words[SENT] <= read:  # spin: see Mailbox
-            pass
+        spin_until, n = time.perf_counter() + IDLE_SPIN_S, 0
+        while words[SENT] <= read:  # spin (see Mailbox); idle for long (between runs): sleep on the pipe
+            n += 1
+            if n % 1024 == 0 and time.perf_counter() > spin_until:
+                conn.poll(0.05)
         read += 1
         t0 = time.perf_counter()
         msg = pickle.loads(conn.recv_bytes())

@@ -152,6 +152,17 @@ def main() -> None:
         lambda g: pd.Series({f"us_per_step@{by}={n}": 1e6 * w / s for n, w, s in zip(g[by], g["wall_s"], g["steps"])}),
         include_groups=False)
     print(growth.round(2).to_string())
+    if args.batch_sizes:
+        # wall = a * decode steps + b * prefill steps + c * requests: a flat a across batch sizes
+        # means no per-request loop on a decode step
+        import numpy as np
+
+        for setting, g in df.groupby("setting"):
+            x = np.column_stack([g["decode_steps"], g["steps"] - g["decode_steps"], g["requests"]]).astype(float)
+            coef, *_ = np.linalg.lstsq(x, g["wall_s"].to_numpy(), rcond=None)
+            resid = g["wall_s"].to_numpy() - x @ coef
+            print(f"{setting}: wall = {coef[0] * 1e6:.2f} us x decode steps + {coef[1] * 1e6:.2f} us x prefill steps "
+                  f"+ {coef[2] * 1e6:.2f} us x requests (max residual {np.abs(resid).max() * 1e3:.1f} ms)")
 
 
 if __name__ == "__main__":

@@ -16,10 +16,12 @@ import time
 import numpy as np
 
 from calibrate.bookkeeping import Bookkeeper
+from calibrate.config import BenchWorkload
 from calibrate.requests import TextSource, build_tokenizer
 
-SYSTEM_PROMPTS, SYSTEM_LEN, USER_LEN = 16, 384, 128
-STOP_STRS = ("\n\nUser:", "<|end|>")
+_DEFAULT = BenchWorkload()
+SYSTEM_PROMPTS, SYSTEM_LEN, USER_LEN = _DEFAULT.system_prompts, _DEFAULT.system_len, _DEFAULT.user_len
+STOP_STRS = _DEFAULT.stop_strs
 
 
 def _check(batch, n: int) -> None:
@@ -32,28 +34,34 @@ class BookkeepingBench:
 
     Args:
         max_batch: largest batch size to be timed. seed: seed of prompt and length choices.
+        workload: the requests (default: the chat workload of :class:`calibrate.config.BenchWorkload`).
     """
 
-    def __init__(self, max_batch: int, seed: int = 0):
-        self.tokenizer = build_tokenizer()
+    def __init__(self, max_batch: int, seed: int = 0, workload: BenchWorkload = _DEFAULT):
+        self.w = workload
+        self.tokenizer = build_tokenizer(workload.vocab)
         self.text = TextSource(self.tokenizer)
         self.rng = np.random.default_rng(seed)
-        self.systems = [self.text.take(SYSTEM_LEN) for _ in range(SYSTEM_PROMPTS)]
+        self.systems = [self.text.take(workload.system_len) for _ in range(workload.system_prompts)]
         self.max_batch = max_batch
         self._rid = 0
 
     def _message(self) -> bytes:
-        sys_prompt = self.systems[int(self.rng.integers(SYSTEM_PROMPTS))]
+        w = self.w
+        sys_prompt = self.systems[int(self.rng.integers(w.system_prompts))]
         self._rid += 1
-        return pickle.dumps({"rid": f"req-{self._rid}", "input_ids": sys_prompt + self.text.take(USER_LEN),
-                             "sampling_params": {"max_new_tokens": int(self.rng.integers(128, 385)),
-                                                 "stop": list(STOP_STRS)}})
+        return pickle.dumps({"rid": f"req-{self._rid}", "input_ids": sys_prompt + self.text.take(w.user_len),
+                             "sampling_params": {"max_new_tokens": int(self.rng.integers(w.output_lo, w.output_hi + 1)),
+                                                 "stop": list(w.stop_strs)}})
 
     def fresh(self) -> Bookkeeper:
         """A bookkeeper whose radix cache already holds 8 finished conversations per system prompt."""
         cap = 2 * self.max_batch + 64  # n running plus n being scheduled
-        bk = Bookkeeper(self.tokenizer, kv_tokens=cap * 1024 + 200_000, max_reqs=cap, max_ctx=1024)
-        for _ in range(8 * SYSTEM_PROMPTS):
+        w = self.w
+        ctx = w.system_len + w.user_len + w.output_hi + 8
+        bk = Bookkeeper(self.tokenizer, kv_tokens=cap * ctx + 200_000 + 16 * w.system_prompts * ctx, max_reqs=cap,
+                        max_ctx=ctx)
+        for _ in range(8 * w.system_prompts):
             bk.recv([self._message()])
             batch = bk.schedule_extend()
             bk.process_extend(batch, self.text.take(1))
@@ -72,7 +80,7 @@ class BookkeepingBench:
             if not bk.running or bk.running[-1] is not batch.reqs[0]:
                 continue
             req = bk.running[-1]
-            for _ in range(int(self.rng.integers(0, 96))):  # earlier decode steps of this request
+            for _ in range(int(self.rng.integers(0, min(96, self.w.output_lo)))):  # earlier decode steps
                 bk.req_to_token[req.req_slot, req.seqlen - 1] = bk.alloc_tokens(1)[0]
                 req.append_token(self.text.take(1)[0], self.tokenizer)
                 if req.finished_reason:

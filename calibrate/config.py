@@ -22,6 +22,9 @@ class Grid:
             that many cached prefix tokens, every pair.
         bookkeeping_batch_sizes: batch sizes of the CPU phases (``recv`` also at 0).
         warmup, repeats: untimed and timed runs per point.
+        extend_request_tokens: 0 (default): each extend point is one request of that many new
+            tokens; N > 0: the tokens are split into requests of N new tokens (a prefill batch of
+            several prompts, as a serving loop runs them; each with the same cached prefix).
     """
 
     decode_batch_sizes: tuple[int, ...]
@@ -31,6 +34,8 @@ class Grid:
     bookkeeping_batch_sizes: tuple[int, ...]
     warmup: int
     repeats: int
+    extend_request_tokens: int = 0
+
 
     def __post_init__(self):
         for f in ("decode_batch_sizes", "decode_contexts", "extend_tokens", "bookkeeping_batch_sizes"):
@@ -41,6 +46,8 @@ class Grid:
             raise CalibrationInputError("calibration grid", "extend_prefixes", "a non-empty list of integers >= 0")
         if self.repeats < 1 or self.warmup < 0:
             raise CalibrationInputError("calibration grid", "repeats", "repeats >= 1 and warmup >= 0")
+        if self.extend_request_tokens < 0:
+            raise CalibrationInputError("calibration grid", "extend_request_tokens", "an integer >= 0")
         for f in ("decode_batch_sizes", "decode_contexts", "extend_tokens", "extend_prefixes",
                   "bookkeeping_batch_sizes"):
             object.__setattr__(self, f, tuple(sorted(set(getattr(self, f)))))
@@ -50,7 +57,40 @@ class Grid:
         return max(self.extend_tokens) + max(self.extend_prefixes)
 
     def to_dict(self) -> dict:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        out = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        if not self.extend_request_tokens:
+            del out["extend_request_tokens"]  # (profiles and sidecars written before it existed match)
+        return out
+
+
+@dataclass(frozen=True)
+class BenchWorkload:
+    """The requests the CPU bookkeeping is timed on (:class:`calibrate.bench_bookkeeping.BookkeepingBench`).
+
+    The defaults are a chat workload: prompts of ``system_len`` tokens of one of
+    ``system_prompts`` shared system prompts (radix-cache hits) plus ``user_len`` tokens of
+    text, outputs of ``output_lo``..``output_hi`` tokens, ``stop_strs`` checked on the text, a
+    tokenizer of ``vocab`` tokens. A validation sets them to the workload it serves.
+    """
+
+    system_prompts: int = 16
+    system_len: int = 384
+    user_len: int = 128
+    output_lo: int = 128
+    output_hi: int = 384
+    stop_strs: tuple[str, ...] = ("\n\nUser:", "<|end|>")
+    vocab: int = 8192
+
+    def __post_init__(self):
+        if self.system_prompts < 1 or self.system_len < 0 or self.user_len < 1 or not 1 <= self.output_lo <= self.output_hi:
+            raise CalibrationInputError("bookkeeping workload", "", "system_prompts >= 1, system_len >= 0, "
+                                        "user_len >= 1, 1 <= output_lo <= output_hi")
+        object.__setattr__(self, "stop_strs", tuple(self.stop_strs))
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["stop_strs"] = list(self.stop_strs)
+        return d
 
 
 QUICK = Grid((1, 4, 16), (64, 256, 1024), (1, 32, 256), (0, 512), (1, 8, 32), warmup=1, repeats=5)
@@ -73,7 +113,8 @@ def default_grid(device: str, quick: bool) -> Grid:
 class CalibrationConfig:
     """One calibration run. ``dtype`` None: bfloat16 on CUDA, float16 on Metal, float32 on CPUs.
     ``cuda_graph``: capture decode steps as CUDA graphs (CUDA only). ``threads``: torch CPU
-    threads (None: torch's default). ``note``: free text about the machine, kept in metadata."""
+    threads (None: torch's default). ``note``: free text about the machine, kept in metadata.
+    ``bookkeeping``: the requests the CPU phases are timed on."""
 
     backend: str
     device: str
@@ -85,6 +126,7 @@ class CalibrationConfig:
     cuda_graph: bool = True
     quick: bool = False
     note: str = ""
+    bookkeeping: BenchWorkload = BenchWorkload()
 
     def __post_init__(self):
         if self.backend not in BACKEND_DEVICES:
@@ -103,6 +145,9 @@ class CalibrationConfig:
 
     def identity(self) -> dict:
         """What must match for samples from an interrupted run to be reused."""
-        return {"backend": self.backend, "device": self.device, "model": self.shape.to_dict(),
-                "dtype": self.resolved_dtype, "grid": self.grid.to_dict(), "seed": self.seed,
-                "threads": self.threads, "cuda_graph": self.cuda_graph}
+        out = {"backend": self.backend, "device": self.device, "model": self.shape.to_dict(),
+               "dtype": self.resolved_dtype, "grid": self.grid.to_dict(), "seed": self.seed,
+               "threads": self.threads, "cuda_graph": self.cuda_graph}
+        if self.bookkeeping != BenchWorkload():
+            out["bookkeeping"] = self.bookkeeping.to_dict()
+        return out

@@ -156,9 +156,14 @@ class Measurer:
         # row, as a serving loop does
         slots, ctx = ((max(g.decode_batch_sizes), max(g.decode_contexts) + DECODE_ROW_PAD) if kind == "decode"
                       else (1, g.max_extend_ctx))
+        pool = slots * ctx
+        if kind == "extend" and g.extend_request_tokens:  # several requests sharing one cached prefix
+            slots = -(-max(g.extend_tokens) // g.extend_request_tokens)
+            ctx = max(g.extend_prefixes) + min(g.extend_request_tokens, max(g.extend_tokens))
+            pool = max(g.extend_prefixes) + max(g.extend_tokens)
         if self._kv_for != (slots, ctx):
-            self._check_memory(slots * ctx)
-            self._model.allocate_kv(slots, ctx)  # a pool of slots * ctx tokens
+            self._check_memory(pool)
+            self._model.allocate_kv(slots, ctx, pool)
             self._kv_for = (slots, ctx)
         return self._model
 
@@ -175,17 +180,17 @@ class Measurer:
         return self.rng.integers(0, self.cfg.shape.vocab, n).tolist()
 
     @staticmethod
-    def _steadiest(measure_once) -> tuple[list[float], list[float]]:
+    def _steadiest(measure_once) -> tuple[list[float], ...]:
         """Measure a forward point; while its samples spread widely (interquartile range over
         MAX_SPREAD of the median: another process took the CPU), measure it again, at most
         RETRIES more times, and keep the steadiest attempt."""
         best, best_spread = None, math.inf
         for _ in range(1 + RETRIES):
-            fwd, launch = measure_once()
-            q = np.percentile(fwd, [25, 50, 75])
+            res = measure_once()  # (forward, launch[, submit]) samples
+            q = np.percentile(res[0], [25, 50, 75])
             spread = (q[2] - q[0]) / q[1] if q[1] > 0 else 0.0
             if spread < best_spread:
-                best, best_spread = (fwd, launch), spread
+                best, best_spread = tuple(res), spread
             if spread <= MAX_SPREAD:
                 break
         return best
@@ -201,22 +206,34 @@ class Measurer:
                 model.set_req_to_token(i, 0, 1 + i * row + np.arange(ctx, dtype=np.int64))
             reqs = [Req(f"d{i}", self._tokens(ctx), 1 << 30, req_slot=i) for i in range(bs)]
             batch = DecodeBatch(reqs, 1 + np.arange(bs, dtype=np.int64) * row + ctx - 1)
-            fwd, launch = self._steadiest(lambda: self.backend.measure_decode(
+            res = self._steadiest(lambda: self.backend.measure_decode(
                 model, lambda: Bookkeeper.decode_inputs(batch), bs, ctx, g.warmup, g.repeats))
-            return [{"curve": "forward.decode", "point": {"num_reqs": bs, "ctx": ctx}, "times_s": fwd},
-                    {"curve": "launch.decode", "point": {"num_reqs": bs}, "times_s": launch}]
+            out = [{"curve": "forward.decode", "point": {"num_reqs": bs, "ctx": ctx}, "times_s": res[0]},
+                   {"curve": "launch.decode", "point": {"num_reqs": bs}, "times_s": res[1]}]
+            if len(res) > 2:  # how long the submission blocked the host (MLX)
+                out.append({"curve": "submit.decode", "point": {"num_reqs": bs, "ctx": ctx}, "times_s": res[2]})
+            return out
         if task.kind == "extend":
             tokens, prefix = task.a, task.b
-            req = Req("e0", self._tokens(prefix + tokens), 1 << 30, req_slot=0,
-                      prefix_indices=np.arange(1, prefix + 1, dtype=np.int64))
-            batch = ExtendBatch([req], [prefix], [tokens], np.arange(prefix + 1, prefix + tokens + 1, dtype=np.int64))
+            per = g.extend_request_tokens or tokens
+            sizes = [min(per, tokens - k) for k in range(0, tokens, per)]
+            shared = np.arange(1, prefix + 1, dtype=np.int64)  # the cached prefix, shared through the radix cache
+            reqs = [Req(f"e{i}", self._tokens(prefix + e), 1 << 30, req_slot=i, prefix_indices=shared)
+                    for i, e in enumerate(sizes)]
+            batch = ExtendBatch(reqs, [prefix] * len(sizes), sizes,
+                                np.arange(prefix + 1, prefix + tokens + 1, dtype=np.int64))
             model = self._model_with_kv("extend")
-            fwd, launch = self._steadiest(lambda: self.backend.measure_extend(
+            res = self._steadiest(lambda: self.backend.measure_extend(
                 model, lambda: Bookkeeper.extend_inputs(batch), g.warmup, g.repeats))
-            return [{"curve": "forward.extend", "point": {"num_tokens": tokens, "prefix": prefix}, "times_s": fwd},
-                    {"curve": "launch.extend", "point": {"num_tokens": tokens}, "times_s": launch}]
+            out = [{"curve": "forward.extend", "point": {"num_tokens": tokens, "prefix": prefix}, "times_s": res[0]},
+                   {"curve": "launch.extend", "point": {"num_tokens": tokens}, "times_s": res[1]}]
+            if len(res) > 2:
+                out.append({"curve": "submit.extend", "point": {"num_tokens": tokens, "prefix": prefix},
+                            "times_s": res[2]})
+            return out
         if self._bench is None:
-            self._bench = BookkeepingBench(max(g.bookkeeping_batch_sizes), seed=self.cfg.seed)
+            self._bench = BookkeepingBench(max(g.bookkeeping_batch_sizes), seed=self.cfg.seed,
+                                           workload=self.cfg.bookkeeping)
         out = self._bench.measure(task.a, g.warmup, g.repeats)
         return [{"curve": name, "point": {"num_reqs": task.a}, "times_s": times} for name, times in out.items()]
 
@@ -260,12 +277,15 @@ _TIMING = {
 
 
 def calibrate(cfg: CalibrationConfig, out: Path, *, fresh: bool = False,
-              report: Callable[[int, int, str], None] | None = None, command: str = "") -> dict:
+              report: Callable[[int, int, str], None] | None = None, command: str = "", backend=None) -> dict:
     """Measure ``cfg``'s grid (resuming from ``out``'s sidecar), write the profile to ``out``.
 
     Args:
         report: called as ``report(done, total, label)`` before each point is measured and
             once at the end with ``label == ""`` (progress display).
+        backend: the timing backend (default: :func:`make_backend` of ``cfg``); the harness's
+            validation passes one that times its device process
+            (:class:`calibrate.harness.process_backend.ProcessTorchBackend`).
 
     Returns:
         The profile written.
@@ -277,7 +297,7 @@ def calibrate(cfg: CalibrationConfig, out: Path, *, fresh: bool = False,
     out = Path(out)
     sidecar = Sidecar(out.with_name(out.name + ".samples.jsonl"), cfg.identity(), fresh)
     tasks = plan(cfg)
-    backend = make_backend(cfg)
+    backend = backend or make_backend(cfg)
     measurer = Measurer(cfg, backend)
     done = sum(t.key in sidecar.done for t in tasks)
     for task in tasks:

@@ -8,7 +8,11 @@ tokens with ``tolist()`` (the forward: from the submission to the tokens on the 
 The submission is counted in the forward because on MLX's CPU backend ``mx.async_eval`` itself
 runs a large share of the computation before returning (measured here: 15 of 28 ms of a
 256-token prefill of the ``tiny`` shape): it is device work, not launch overhead, although
-the calling thread is blocked while it runs.
+the calling thread is blocked while it runs. How long it blocks is kept as its own curve
+(``submit.*``): MLX dispatches the graph on the calling thread and waits while more than
+``MAX_ACTIVE_TASKS`` (10) tasks of ``DISPATCHES_PER_TASK`` (10) ops are outstanding
+(``mlx/transforms.cpp``, ``backend/cpu/encoder.h``), so the call returns only when the device is
+within its last tasks; the simulator holds the host that long after each launch.
 """
 
 from __future__ import annotations
@@ -80,24 +84,27 @@ class MlxBackend:
         return mx.array(a.astype(np.int32))
 
     def _repeat(self, make_inputs: Callable[[], StepInputs], build: Callable[[StepInputs], mx.array],
-                warmup: int, repeats: int) -> tuple[list[float], list[float]]:
-        fwd, lau = [], []
+                warmup: int, repeats: int) -> tuple[list[float], list[float], list[float]]:
+        fwd, lau, sub = [], [], []
         for k in range(warmup + repeats):
             t0 = time.perf_counter()
             out = build(make_inputs())
             t1 = time.perf_counter()
             mx.async_eval(out)
+            ts = time.perf_counter()
             mx.eval(out)
             out.tolist()
             t2 = time.perf_counter()
             if k >= warmup:
                 fwd.append(t2 - t1)
                 lau.append(t1 - t0)
-        return fwd, lau
+                sub.append(ts - t1)
+        return fwd, lau, sub
 
     def measure_decode(self, model: MlxLlama, make_inputs, batch_size: int, ctx: int, warmup: int,
-                       repeats: int) -> tuple[list[float], list[float]]:
-        """(forward seconds, launch seconds) samples of decode steps (see module docstring)."""
+                       repeats: int) -> tuple[list[float], list[float], list[float]]:
+        """(forward, launch, submit) seconds of decode steps (see module docstring); submit: how
+        long ``mx.async_eval`` blocked the caller (part of the forward)."""
 
         def build(inp: StepInputs) -> mx.array:
             return model.decode(*[self.to_device(a) for a in (inp.input_ids, inp.slots, inp.positions,
@@ -105,8 +112,9 @@ class MlxBackend:
 
         return self._repeat(make_inputs, build, warmup, repeats)
 
-    def measure_extend(self, model: MlxLlama, make_inputs, warmup: int, repeats: int) -> tuple[list[float], list[float]]:
-        """(forward seconds, launch seconds) samples of one prefill batch."""
+    def measure_extend(self, model: MlxLlama, make_inputs, warmup: int,
+                       repeats: int) -> tuple[list[float], list[float], list[float]]:
+        """(forward, launch, submit) seconds of one prefill batch."""
 
         def build(inp: StepInputs) -> mx.array:
             prefix = [self.to_device(a) for a in inp.prefix_indices] if inp.prefix_indices else None

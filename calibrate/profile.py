@@ -14,8 +14,9 @@ One JSON object::
 Curves (see :data:`CURVE_AXES`): the device time of a forward (``forward.decode`` over batch
 size x context per request; ``forward.extend`` over new tokens x cached prefix per request),
 and the CPU time of each scheduler phase the simulator charges (``recv``, ``schedule.*``,
-``launch.*``, ``process.*``). This module imports no torch or MLX: the simulator loads
-profiles with it.
+``launch.*``, ``process.*``), and optionally (:data:`OPTIONAL_CURVE_AXES`) how long the host
+is blocked in the submission of a step (``submit.*``, MLX). This module imports no torch or
+MLX: the simulator loads profiles with it.
 """
 
 from __future__ import annotations
@@ -41,6 +42,16 @@ CURVE_AXES: dict[str, tuple[str, ...]] = {
     "process.extend": ("num_reqs",),
     "process.decode": ("num_reqs",),
 }
+# curves a profile may have (the simulator uses them when present)
+OPTIONAL_CURVE_AXES: dict[str, tuple[str, ...]] = {
+    # host time blocked inside the submission call when the device was idle: MLX's
+    # mx.async_eval dispatches the graph on the calling thread and waits while more than
+    # MAX_ACTIVE_TASKS tasks are outstanding (mlx/transforms.cpp), so it returns only when the
+    # device is within the last of them
+    "submit.decode": ("num_reqs", "ctx"),
+    "submit.extend": ("num_tokens", "prefix"),
+}
+ALL_CURVE_AXES = {**CURVE_AXES, **OPTIONAL_CURVE_AXES}
 REQUIRED_METADATA = ("backend", "device", "device_name", "host_cpu", "libraries", "model", "date",
                      "grid", "repeats")
 
@@ -56,8 +67,10 @@ def build_profile(metadata: dict, samples: list[dict]) -> dict:
         ProfileError: a curve has no samples or its samples do not cover a full grid.
     """
     curves = {}
-    for name, axes in CURVE_AXES.items():
+    for name, axes in ALL_CURVE_AXES.items():
         pts = [([s["point"][a] for a in axes], s["times_s"]) for s in samples if s["curve"] == name]
+        if not pts and name in OPTIONAL_CURVE_AXES:
+            continue
         try:
             curves[name] = fit_curve(axes, pts)
         except ValueError as err:
@@ -130,12 +143,15 @@ def validate_profile(data, source: str) -> None:
             raise ProfileError(source, f"curves.{name}", "missing: a profile needs a curve for every forward "
                                f"kind and phase ({', '.join(CURVE_AXES)})")
         _check_curve(curves[name], axes, source, f"curves.{name}")
+    for name, axes in OPTIONAL_CURVE_AXES.items():
+        if name in curves:
+            _check_curve(curves[name], axes, source, f"curves.{name}")
     samples = data.get("samples")
     if not isinstance(samples, list):
         raise ProfileError(source, "samples", "a list of raw timing samples")
     for k, s in enumerate(samples):
         where = f"samples[{k}]"
-        if not isinstance(s, dict) or s.get("curve") not in CURVE_AXES or not isinstance(s.get("point"), dict) \
+        if not isinstance(s, dict) or s.get("curve") not in ALL_CURVE_AXES or not isinstance(s.get("point"), dict) \
                 or not isinstance(s.get("times_s"), list):
             raise ProfileError(source, where, "an object with curve (a known curve), point and times_s")
         for i, t in enumerate(s["times_s"]):
@@ -179,4 +195,4 @@ def _check_curve(c, axes: tuple[str, ...], source: str, where: str) -> None:
 def profile_curves(profile: dict) -> dict[str, Curve]:
     """The evaluable :class:`Curve` of every curve in a validated profile."""
     return {name: Curve(c["axes"], c["grid"], c["values_s"]) for name, c in profile["curves"].items()
-            if name in CURVE_AXES}
+            if name in ALL_CURVE_AXES}

@@ -8,7 +8,9 @@ Each simulated step is priced by the profile's curves (see :mod:`calibrate.profi
   extend, so a multi-request prefill is priced like one request of all its tokens);
 - recv: ``recv(new requests)``; schedule / process: ``schedule.<kind>(num_reqs)``,
   ``process.<kind>(num_reqs)``; launch: ``launch.decode(num_reqs)``,
-  ``launch.extend(num_tokens)``.
+  ``launch.extend(num_tokens)``;
+- submit (MLX profiles): ``submit.<kind>`` at the forward's coordinates: the host stays in the
+  launch until that long after the forward starts (``mx.async_eval``'s back-pressure).
 
 With a profile, the scenario's inline linear terms (``costs.gpu.decode``/``prefill``,
 ``costs.cpu.recv``/...) are not used; ``costs.gpu.scale`` multiplies the forward curves,
@@ -32,14 +34,21 @@ class ProfileCostModel:
         profile: a validated profile (see :func:`calibrate.profile.load_profile`).
         gpu_scale, cpu_scale: multipliers of the forward and of the CPU phase curves.
         overlap_residue_s: device time the FutureMap resolve adds per step under ``overlap``.
+        sync_latency_s: from the end of a forward until the host can read its results; None:
+            the profile's ``metadata.sync_latency_s`` (measured by calibrations that can see it,
+            e.g. the harness's device process), else 0.
         source: where the profile came from (recorded by :meth:`describe`).
     """
 
     def __init__(self, profile: dict, gpu_scale: float = 1.0, cpu_scale: float = 1.0,
-                 overlap_residue_s: float = 0.0, source: str = "<dict>", gil=None):
+                 overlap_residue_s: float = 0.0, source: str = "<dict>", gil=None,
+                 sync_latency_s: float | None = None):
         self.profile = profile
         self.source = source
         self.gil = gil  # sim.scenario.GilCosts for the thread_overlap loop (not measured here)
+        # None: the latency the calibration measured (metadata.sync_latency_s), else 0
+        self.sync_latency_s = float(profile["metadata"].get("sync_latency_s", 0.0)) if sync_latency_s is None \
+            else sync_latency_s
         self.extrapolated_steps = 0
         self.gpu_scale, self.cpu_scale = gpu_scale, cpu_scale
         self.overlap_residue_s = overlap_residue_s * gpu_scale
@@ -49,6 +58,7 @@ class ProfileCostModel:
         self._schedule = (c["schedule.extend"], c["schedule.decode"])
         self._launch = (c["launch.extend"], c["launch.decode"])
         self._process = (c["process.extend"], c["process.decode"])
+        self._submit = (c.get("submit.extend"), c.get("submit.decode"))  # MLX profiles only
 
     @classmethod
     def from_file(cls, path: str | Path, **kwargs) -> "ProfileCostModel":
@@ -81,6 +91,14 @@ class ProfileCostModel:
     def process_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
         return self._process[kind](num_reqs) * self.cpu_scale
 
+    def submit_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
+        """``submit.<kind>`` at the forward's coordinates (0 without that curve), times ``gpu_scale``."""
+        curve = self._submit[kind]
+        if curve is None:
+            return 0.0
+        x = (num_reqs, sum_ctx / num_reqs) if kind == DECODE else (num_tokens, (sum_ctx - num_tokens) / num_reqs)
+        return curve(*x) * self.gpu_scale
+
     def grid_text(self) -> str:
         """The measured ranges in words (for warnings)."""
         d, e = self.curves["forward.decode"], self.curves["forward.extend"]
@@ -92,4 +110,4 @@ class ProfileCostModel:
         return {"kind": "profile", "path": self.source, "backend": m.get("backend"), "device": m.get("device"),
                 "device_name": m.get("device_name"), "model": m.get("model", {}).get("name"),
                 "date": m.get("date"), "gpu_scale": self.gpu_scale, "cpu_scale": self.cpu_scale,
-                "overlap_residue_s": self.overlap_residue_s}
+                "overlap_residue_s": self.overlap_residue_s, "sync_latency_s": self.sync_latency_s}

@@ -91,6 +91,10 @@ class Req:
         req_slot: request slot (row of the model's KV cache), -1 before admission.
         prefix_indices: KV indices of the cached prefix (radix hit), then of all computed tokens.
         last_node: radix node the request holds a lock on. finished_reason: None while running.
+        inflight: tokens sampled by launched batches whose results are not processed yet (0 or
+            1 in a synchronous loop, up to 2 under overlap). extend_done: prompt tokens already
+            scheduled for prefill (chunked prefill continues from there). in_running: joined the
+            running batch.
     """
 
     rid: str
@@ -105,6 +109,9 @@ class Req:
     out_cache_loc: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     last_node: object = None
     finished_reason: str | None = None
+    inflight: int = 0  # sampled tokens scheduled (a prefill's last chunk, decodes) whose results are not processed
+    extend_done: int = 0  # prompt tokens whose KV is in the pool or being computed (chunked prefill)
+    in_running: bool = False  # joined the running batch
     _stream: DecodeStream | None = None
     _stop_len: int = 0
 

@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "sim.whatif_cli",
     "sim.advise",
     "calibrate.command",
+    "calibrate.validate.cli",
 )
 
 

@@ -28,6 +28,7 @@ class CostModel(Protocol):
     """
 
     overlap_residue_s: float
+    sync_latency_s: float  # from the end of a forward until the host can read its results
     gil: object  # sim.scenario.GilCosts, read by the thread_overlap loop
     extrapolated_steps: int  # steps priced so far outside measured data (counted by forward_s; 0 inline)
 
@@ -46,6 +47,12 @@ class CostModel(Protocol):
     def process_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
         """CPU time of ``process_batch_result_{prefill,decode}`` for this batch."""
 
+    def submit_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
+        """How long the host stays blocked in the submission of the forward when the device
+        was idle (part of the forward, measured from its start): MLX's ``mx.async_eval``
+        returns only when the device is within its last tasks. 0: the launch returns at once
+        (CUDA)."""
+
     def describe(self) -> dict:
         """JSON-able description recorded with results."""
 
@@ -63,6 +70,7 @@ class LinearCostModel:
         g, c = costs.gpu, costs.cpu
         self._forward = (_term(g.prefill, g.scale), _term(g.decode, g.scale))
         self.overlap_residue_s = g.overlap_residue * g.scale
+        self.sync_latency_s = g.sync_latency or 0.0
         self._recv = _term(c.recv, c.scale)
         self._schedule = _term(c.schedule, c.scale)
         self._launch = _term(c.launch, c.scale)
@@ -91,6 +99,9 @@ class LinearCostModel:
         t = self._process
         return t[0] + t[1] * num_reqs + t[2] * num_tokens + t[3] * sum_ctx
 
+    def submit_s(self, kind, num_reqs, num_tokens, sum_ctx):
+        return 0.0
+
     def describe(self) -> dict:
         return {"kind": "linear", "gpu": self._costs.gpu.model_dump(), "cpu": self._costs.cpu.model_dump()}
 
@@ -107,7 +118,8 @@ def make_cost_model(scenario: Scenario) -> CostModel:
         from calibrate.profile_costs import ProfileCostModel  # calibrate imports sim.errors: no cycle at load
 
         return ProfileCostModel.from_file(scenario.resolve_path(c.profile), gpu_scale=c.gpu.scale,
-                                          cpu_scale=c.cpu.scale, overlap_residue_s=c.gpu.overlap_residue, gil=c.gil)
+                                          cpu_scale=c.cpu.scale, overlap_residue_s=c.gpu.overlap_residue, gil=c.gil,
+                                          sync_latency_s=c.gpu.sync_latency)
     return LinearCostModel(c)
 
 

@@ -116,7 +116,10 @@ class Phases:
 
     def launch(self, batch: Batch, at: float) -> float:
         """The CPU part of ``run_batch`` starting at ``at``; the forward is enqueued on the device
-        when it ends. Returns the CPU time."""
+        when it ends. Returns the CPU time, plus, where the cost model has a submission block
+        (MLX's ``mx.async_eval`` back-pressure, :meth:`sim.costs.CostModel.submit_s`), the wait
+        until that long after the forward started (``launch_end`` stays at the end of the CPU
+        part; the wait shows as a gap before the next phase)."""
         c = self.costs
         k, n, tok, ctx = batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx
         dur = c.launch_s(k, n, tok, ctx) * self.cpu_jitter()
@@ -124,6 +127,9 @@ class Phases:
         batch.launch_end = at + dur
         forward = c.forward_s(k, n, tok, ctx) * self.gpu_jitter() + self.forward_extra_s
         self.stream.enqueue(batch, at + dur, forward)
+        submit = c.submit_s(k, n, tok, ctx)
+        if submit > 0.0:  # MLX: the submission returns only once the device is near the end of this forward
+            return max(dur, batch.forward_start + min(submit, forward) - at)
         return dur
 
     def sync(self, batch: Batch, at: float | None = None) -> float:
@@ -131,7 +137,13 @@ class Phases:
         Returns the wait."""
         at = self.env.now if at is None else at
         batch.sync_start = at
-        return self.stream.wait_s(batch, at)
+        return self.result_wait_s(batch, at)
+
+    def result_wait_s(self, batch: Batch, at: float) -> float:
+        """How long a host that waits for ``batch``'s results at ``at`` blocks: until its forward
+        ended plus the cost model's ``sync_latency_s`` (s, >= 0)."""
+        ready = batch.forward_end + self.costs.sync_latency_s
+        return ready - at if ready > at else 0.0
 
     def process(self, batch: Batch, at: float | None = None) -> float:
         """``process_batch_result`` from ``at`` (default: now): deliver tokens, finish requests,

@@ -215,9 +215,14 @@ class CostTerm(_Strict):
 
 
 class GpuCosts(_Strict):
+    """Device costs. ``sync_latency``: seconds from the end of a forward until the host can read
+    its results (the device-to-host copy's completion reaching the waiting thread); None: the
+    calibration profile's measured value, or 0 without one."""
+
     decode: CostTerm = CostTerm(base=0.004, per_req=2.0e-5, per_ctx_token=1.0e-9)
     prefill: CostTerm = CostTerm(base=0.002, per_token=1.0e-6)
     overlap_residue: NonNegFloat = 2.0e-5
+    sync_latency: Optional[NonNegFloat] = None
     scale: float = Field(default=1.0, gt=0)
 
 

@@ -111,7 +111,7 @@ def thread_overlap_loop(env, p: Phases, server):
             yield from worker.take_result(last)  # output_queue.get()
             if batch is not None and g.wait_launch_done:
                 yield worker.launch_done(batch)  # launch_done.wait(): the current batch is launched
-            yield env.timeout(p.stream.wait_s(last, env.now))  # copy_done.synchronize()
+            yield env.timeout(p.result_wait_s(last, env.now))  # copy_done.synchronize()
             yield from _process(env, p, gil, last)
         elif batch is None:
             gil.release(MAIN)

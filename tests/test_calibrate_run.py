@@ -20,7 +20,7 @@ def _check_profile(path, backend, device):
     assert (m["backend"], m["device"], m["model"]["name"]) == (backend, device, "tiny")
     assert m["host_cpu"] and m["libraries"]["tokenizers"] and m["date"]
     assert m["command"].startswith(f"overlap-sim calibrate --backend {backend} --device {device} --model tiny")
-    assert set(prof["curves"]) == set(CURVE_AXES)
+    assert set(CURVE_AXES) <= set(prof["curves"])
     assert all(t > 0 for s in prof["samples"] if s["curve"].startswith("forward") for t in s["times_s"])
     assert not path.with_name(path.name + ".samples.jsonl").exists()  # sidecar removed once written
     return prof
@@ -50,6 +50,7 @@ def test_mlx_quick_on_cpu(tmp_path):
                  "--out", str(out), "--quiet"]) == 0
     prof = _check_profile(out, "mlx", "cpu")
     assert "MLX" in prof["metadata"]["device_name"]
+    assert {"submit.decode", "submit.extend"} <= set(prof["curves"])  # mx.async_eval's blocking, per point
 
 
 def test_interrupted_calibration_resumes(tmp_path, monkeypatch):

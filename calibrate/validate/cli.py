@@ -1,0 +1,111 @@
+"""``overlap-sim validate``: run the ground-truth harness over a grid of configurations, simulate
+each from its isolated timings, and print predicted against measured.
+
+    overlap-sim validate --backend torch --device cpu --grid quick
+    overlap-sim validate --backend mlx --device cpu --grid full --out results/validate-mlx-cpu/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from calibrate.errors import CalibrationInputError
+from sim.cli import command
+
+HELP = "score the simulator against a real serving loop (the ground-truth harness) on this device"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=["torch", "mlx"], required=True, help="framework of the harness")
+    p.add_argument("--device", choices=["cpu", "cuda", "gpu"], required=True,
+                   help="torch: cpu or cuda; mlx: cpu or gpu (Metal)")
+    p.add_argument("--grid", choices=["quick", "full", "smoke"], default="quick",
+                   help="quick: minutes on 2 cores; full: more sizes and lengths; smoke: two tiny configurations")
+    p.add_argument("--profile", type=Path, default=None,
+                   help="use this calibration profile for every configuration and setting instead of calibrating")
+    p.add_argument("--out", type=Path, default=None, help="results folder (default results/validate-<backend>-<device>/)")
+    p.add_argument("--repeats", type=int, default=1, help="harness runs per setting (median of each metric)")
+    p.add_argument("--only", action="append", default=[], metavar="NAME",
+                   help="run only configurations whose name contains NAME (repeatable)")
+    p.add_argument("--fresh", action="store_true", help="run again the configurations already saved in --out")
+    p.add_argument("--json", action="store_true", help="print one JSON object (rows and error summary) on stdout")
+    p.add_argument("--no-plot", action="store_true", help="skip the predicted-vs-measured plot")
+
+
+def _check_device(backend: str, device: str) -> None:
+    from calibrate.harness.config import BACKENDS
+
+    if device not in BACKENDS[backend]:
+        raise CalibrationInputError("--device", "", f"one of {', '.join(BACKENDS[backend])} for --backend {backend}")
+    if backend == "torch" and device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise CalibrationInputError("--device", "", "cuda, but torch.cuda.is_available() is False here")
+    if backend == "mlx":
+        try:
+            import mlx.core  # noqa: F401
+        except ImportError:
+            raise CalibrationInputError("--backend", "", "mlx needs: pip install 'mlx[cpu]' (Linux) or mlx (macOS)") from None
+        if device == "gpu":
+            from calibrate.mlx_backend import metal_available
+
+            if not metal_available():
+                raise CalibrationInputError("--device", "", "gpu, but MLX has no Metal device here")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate every configuration of the grid (resuming), then report."""
+    import dataclasses
+
+    from rich.console import Console
+
+    from calibrate.validate import report
+    from calibrate.validate.grid import grid
+    from calibrate.validate.runner import load_cases, machine, validate_case
+
+    _check_device(args.backend, args.device)
+    if args.repeats < 1:
+        raise CalibrationInputError("--repeats", "", "an integer >= 1")
+    if args.profile is not None and not args.profile.is_file():
+        raise CalibrationInputError(str(args.profile), "--profile", "no such calibration profile")
+    out = args.out or Path("results") / f"validate-{args.backend}-{args.device}"
+    err = Console(stderr=True, width=120)
+    cases = [(regime, dataclasses.replace(cfg, device=args.device)) for regime, cfg in grid(args.backend, args.grid)]
+    if args.only:
+        cases = [(r, c) for r, c in cases if any(s in c.name for s in args.only)]
+        if not cases:
+            raise CalibrationInputError("--only", "", f"a part of a configuration name of the {args.grid} grid")
+    done = {} if args.fresh else load_cases(out)
+    todo = [(r, c) for r, c in cases if c.name not in done]
+    if len(todo) < len(cases):
+        err.print(f"resuming: {len(cases) - len(todo)} of {len(cases)} configurations already in {out}/cases/")
+    for i, (regime, cfg) in enumerate(todo):
+        err.print(f"[{i + 1}/{len(todo)}] {cfg.name} ({regime})", highlight=False)
+        done[cfg.name] = validate_case(regime, cfg, out, args.profile, args.repeats,
+                                       report=lambda msg: err.print(f"    {msg}", highlight=False))
+    rows = [row for _, cfg in cases for row in report.case_rows(done[cfg.name])]
+    report.write_csv(rows, out / "validation.csv")
+    m = machine()
+    title = (f"overlap-sim validate: {args.backend} on {args.device}, grid {args.grid} "
+             f"({m['host_cpu']}, {m['cores']} cores)")
+    if not args.no_plot:
+        report.plot(rows, out / "validation.png", title)
+    obj = report.json_object(rows)
+    from sim.atomic import atomic_path
+    from sim.report import jsonable
+
+    with atomic_path(out / "validation.json") as tmp:
+        tmp.write_text(json.dumps(jsonable({**obj, "machine": m}), indent=1) + "\n")
+    if args.json:
+        print(json.dumps(jsonable(obj)))
+    else:
+        report.print_table(rows, title, Console(width=200) if not sys.stdout.isatty() else None)
+        print(f"table: {out / 'validation.csv'}" + ("" if args.no_plot else f"; plot: {out / 'validation.png'}"))
+    return 0
+
+
+command("validate", HELP, add_arguments)(run)

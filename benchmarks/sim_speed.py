@@ -37,19 +37,19 @@ simulate_module = importlib.import_module("sim.simulate")  # the module (the pac
 SETTINGS = ["normal", "overlap", "overlap_mlx"]
 
 
-def reference_scenario(num_requests: int, arrival: str) -> dict:
+def reference_scenario(num_requests: int, arrival: str, concurrency: int = 64) -> dict:
     """The reference workload; Poisson rate set near the closed loop's measured saturation."""
     return {
         "name": f"reference-{arrival}",
         "seed": 0,
         "workload": {
-            "arrival": arrival, "concurrency": 64, "rate_per_s": 55.0, "num_requests": num_requests,
+            "arrival": arrival, "concurrency": concurrency, "rate_per_s": 55.0, "num_requests": num_requests,
             "warmup_requests": min(64, num_requests // 10),
             "input_len": {"dist": "lognormal", "mean": 200, "sigma": 0.8, "max": 4096},
             "output_len": {"dist": "lognormal", "mean": 180, "sigma": 0.8, "max": 4096},
             "finish": "eos",
         },
-        "server": {"settings": SETTINGS, "max_running_requests": 256},
+        "server": {"settings": SETTINGS, "max_running_requests": max(256, concurrency)},
         "costs": {"gpu": {"decode": {"base": 0.004, "per_req": 2.0e-5, "per_ctx_token": 1.0e-9}}},
     }
 
@@ -68,7 +68,7 @@ class CountingEnvironment(simpy.Environment):
 
 def run_case(args: tuple) -> dict:
     """Run one (size, arrival, setting, tables) case in this process; return its measurements."""
-    num_requests, arrival, setting, tables = args
+    num_requests, arrival, setting, tables, concurrency = args
     envs = []
 
     def factory(*a, **k):
@@ -77,7 +77,7 @@ def run_case(args: tuple) -> dict:
         return env
 
     simulate_module.simpy.Environment = factory  # count events without touching the simulator
-    scenario = sim.load_scenario(reference_scenario(num_requests, arrival))
+    scenario = sim.load_scenario(reference_scenario(num_requests, arrival, concurrency))
     kwargs = {"tables": tables} if tables else {}
     t0 = time.perf_counter()
     res = sim.simulate(scenario, setting, **kwargs)
@@ -93,6 +93,7 @@ def run_case(args: tuple) -> dict:
     steps = stats.get("steps", len(res.steps))
     return {
         "requests": num_requests, "arrival": arrival, "setting": setting, "tables": tables or "steps",
+        "concurrency": concurrency,
         "wall_s": wall, "sim_s": sim_s, "x_real_time": sim_s / wall, "steps": steps,
         "decode_steps": decode_steps, "decode_steps_per_wall_s": decode_steps / wall,
         "events_per_step": envs[0].events / max(steps, 1),
@@ -113,18 +114,24 @@ def main() -> None:
     ap.add_argument("--tables", default=None, help="passed to simulate(tables=...) when supported")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sim_speed.csv")
     ap.add_argument("--profile", type=int, default=None, metavar="N", help="cProfile one closed-loop overlap run of N requests")
+    ap.add_argument("--batch-sizes", type=int, nargs="*", default=None, metavar="C",
+                    help="instead: closed-loop runs of 20,000 requests at these concurrencies (per-step cost vs batch size)")
     args = ap.parse_args()
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()
-        run_case((args.profile, "closed_loop", "overlap", args.tables))
+        run_case((args.profile, "closed_loop", "overlap", args.tables, 64))
         prof.disable()
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(15)
         print(buf.getvalue())
         return
     ctx = mp.get_context("spawn")
-    cases = [(n, a, s, args.tables) for n in args.sizes for a in args.arrivals for s in args.settings]
+    if args.batch_sizes:
+        cases = [(20000, "closed_loop", s, args.tables, c) for c in args.batch_sizes for s in args.settings]
+        args.out = args.out.with_name("sim_speed_batch.csv")
+    else:
+        cases = [(n, a, s, args.tables, 64) for n in args.sizes for a in args.arrivals for s in args.settings]
     rows = []
     with ctx.Pool(1, maxtasksperchild=1) as pool:  # one fresh process per case: peak RSS is its own
         base = pool.apply(baseline_rss)
@@ -132,7 +139,7 @@ def main() -> None:
             row = pool.apply(run_case, (case,))
             row["baseline_rss_mb"] = base
             rows.append(row)
-            print(f"{row['requests']:>7} {row['arrival']:<11} {row['setting']:<12} wall {row['wall_s']:7.2f}s  "
+            print(f"{row['requests']:>7} {row['arrival']:<11} c={row['concurrency']:<4} {row['setting']:<12} wall {row['wall_s']:7.2f}s  "
                   f"sim {row['sim_s']:8.1f}s  x{row['x_real_time']:7.0f}  {row['decode_steps_per_wall_s']:9.0f} decode steps/s  "
                   f"{row['events_per_step']:.2f} ev/step  {row['peak_rss_mb']:6.0f} MB", flush=True)
     df = pd.DataFrame(rows)
@@ -140,10 +147,22 @@ def main() -> None:
     df.to_csv(args.out, index=False)
     print(f"\nbaseline RSS after imports: {base:.0f} MB; written {args.out}")
     # growth: wall time per request should stay flat as the run grows (linear cost)
+    by = "concurrency" if args.batch_sizes else "requests"
     growth = df.groupby(["arrival", "setting"]).apply(
-        lambda g: pd.Series({f"us_per_step@{n}": 1e6 * w / s for n, w, s in zip(g["requests"], g["wall_s"], g["steps"])}),
+        lambda g: pd.Series({f"us_per_step@{by}={n}": 1e6 * w / s for n, w, s in zip(g[by], g["wall_s"], g["steps"])}),
         include_groups=False)
     print(growth.round(2).to_string())
+    if args.batch_sizes:
+        # wall = a * decode steps + b * prefill steps + c * requests: a flat a across batch sizes
+        # means no per-request loop on a decode step
+        import numpy as np
+
+        for setting, g in df.groupby("setting"):
+            x = np.column_stack([g["decode_steps"], g["steps"] - g["decode_steps"], g["requests"]]).astype(float)
+            coef, *_ = np.linalg.lstsq(x, g["wall_s"].to_numpy(), rcond=None)
+            resid = g["wall_s"].to_numpy() - x @ coef
+            print(f"{setting}: wall = {coef[0] * 1e6:.2f} us x decode steps + {coef[1] * 1e6:.2f} us x prefill steps "
+                  f"+ {coef[2] * 1e6:.2f} us x requests (max residual {np.abs(resid).max() * 1e3:.1f} ms)")
 
 
 if __name__ == "__main__":

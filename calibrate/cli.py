@@ -145,6 +145,9 @@ def canonical_command(args: argparse.Namespace) -> str:
     return shlex.join(parts)
 
 
+NOISY_FORWARD_R2 = 0.95  # below this a forward curve is more noise than signal
+
+
 def print_summary(profile: dict, out: Path, console) -> None:
     """A short table of the fitted curves."""
     from rich.table import Table
@@ -159,6 +162,11 @@ def print_summary(profile: dict, out: Path, console) -> None:
         table.add_row(name, grid, f"{min(vals) * 1e3:.4f}", f"{max(vals) * 1e3:.4f}", f"{c['r2']:.3f}",
                       f"{c['max_rel_residual']:.2f}")
     console.print(table)
+    noisy = [name for name, c in profile["curves"].items() if name.startswith("forward") and c["r2"] < NOISY_FORWARD_R2]
+    if noisy:
+        console.print(f"[bold yellow]warning:[/] {', '.join(noisy)} fit poorly (R² < {NOISY_FORWARD_R2}): forward times "
+                      "should grow smoothly, so the machine was probably busy. Re-measure on a quiet machine "
+                      "(torch on CPU: try --threads 1) with --fresh.")
     console.print(f"profile written to {out}")
 
 

@@ -65,7 +65,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({k: payload[k] for k in ("scenario", "seed", "settings", "ratios")}))
     else:
-        print_table(f"{scenario.name} (seed {scenario.seed}, {scenario.server.device})", summaries)
+        print_table(f"{scenario.name} (seed {scenario.seed}, {scenario.server.device})", summaries,
+                    streamed=args.tables != "steps")
+        if args.tables != "steps" and not args.no_plots:
+            print("no plots: they are drawn from the steps tables (--tables steps)")
         print(f"results written to {out_dir}/")
     return 0
 

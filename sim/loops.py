@@ -32,6 +32,7 @@ def normal_loop(env, p: Phases, server):
         now += t
         if p.must_yield(now):
             yield env.timeout(now - env.now)
+    yield env.timeout(max(0.0, now - env.now))  # SimPy's clock ends where the CPU thread did
 
 
 def overlap_loop(env, p: Phases, server):
@@ -63,6 +64,7 @@ def overlap_loop(env, p: Phases, server):
         now += t
         if p.must_yield(now):
             yield env.timeout(now - env.now)
+    yield env.timeout(max(0.0, now - env.now))  # SimPy's clock ends where the CPU thread did
 
 
 def _overlap_disabled_for(server, batch, last) -> bool:
@@ -104,6 +106,7 @@ def overlap_mlx_loop(env, p: Phases, server):
         now += t
         if p.must_yield(now):
             yield env.timeout(now - env.now)
+    yield env.timeout(max(0.0, now - env.now))  # SimPy's clock ends where the CPU thread did
 
 
 def _idle(env, p: Phases, until: float):

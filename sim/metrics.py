@@ -56,7 +56,8 @@ def _stats_ms(values: np.ndarray, prefix: str, out: dict, weights: np.ndarray | 
     if total == 0:
         out[f"mean_{prefix}_ms"] = out[f"median_{prefix}_ms"] = out[f"p99_{prefix}_ms"] = math.nan
         return
-    out[f"mean_{prefix}_ms"] = float(np.dot(values, weights) / total) * 1e3
+    # fsum: correctly rounded, so the mean does not depend on BLAS threads (sweeps on Dask = local)
+    out[f"mean_{prefix}_ms"] = math.fsum((values * weights).tolist()) / total * 1e3
     out[f"median_{prefix}_ms"] = weighted_quantile(values, weights, 0.5) * 1e3
     out[f"p99_{prefix}_ms"] = weighted_quantile(values, weights, 0.99) * 1e3
 

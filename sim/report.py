@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 from pathlib import Path
 from typing import Iterable
 
@@ -102,11 +104,23 @@ def _ratio_cell(r: dict, key: str | None, label: str) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
-def print_table(title: str, summaries: dict[str, dict], console: Console | None = None) -> None:
-    """A rich table: one column per setting plus the ratio to ``normal`` (latency ratios: medians)."""
-    console = console or Console()
+def console_width() -> int | None:
+    """Width for tables: the terminal's, ``COLUMNS`` if set, else 110 when output is piped
+    (rich would wrap every row at 80)."""
+    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
+        return None
+    return 110
+
+
+def print_table(title: str, summaries: dict[str, dict], console: Console | None = None, streamed: bool = False) -> None:
+    """A rich table: one column per setting plus the ratio to ``normal`` (latency ratios: medians).
+    ``streamed``: the medians and p99s come from a streaming sketch (``--tables summary|none``)."""
+    console = console or Console(width=console_width())
     rat = ratios(summaries)
-    table = Table(title=title)
+    caption = "ratios: setting / normal; on mean / median / p99 rows, the ratio of the medians (gap: of the means)"
+    if streamed:
+        caption += "; medians and p99s streamed (DDSketch, within 0.5%)"
+    table = Table(title=title, caption=caption if rat or streamed else None)
     table.add_column("metric")
     for name in summaries:
         table.add_column(name, justify="right")

@@ -64,6 +64,9 @@ def load_run_tables(folder: Path, settings: Optional[list[str]] = None) -> RunTa
     found = {p.stem.split("_", 1)[1] for p in folder.glob("steps_*.*") if p.suffix in (".csv", ".parquet")}
     order = [s for s in payload.get("settings", {}) if s in found]
     available = order + sorted(found - set(order))
+    if not available:
+        raise UserInputError(str(folder), "", "the run kept no steps table (it ran with --tables summary or none); "
+                                              "run it again with --tables steps")
     wanted = settings or available
     missing = [s for s in wanted if s not in available]
     if missing:

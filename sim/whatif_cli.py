@@ -276,8 +276,8 @@ def cmd_plots(args: argparse.Namespace) -> int:
         run = load_run_tables(args.results)
         paths = save_run_plots(args.results, run.scenario_name, run.steps, run.summaries)
     else:
-        raise UserInputError(str(args.results), "", "not a run or sweep folder (expected summary.json + steps_*.csv, "
-                                                    "or sweep.json + sweep.parquet)")
+        raise UserInputError(str(args.results), "", "not a run or sweep folder (expected summary.json + steps_<setting>.csv "
+                                                    "or .parquet, or sweep.json + sweep.parquet)")
     for p in paths:
         print(p)
     return 0

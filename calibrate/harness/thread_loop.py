@@ -51,11 +51,14 @@ class ThreadWorker:
         self.thread = threading.Thread(target=self._forward_thread, name="forward-thread", daemon=True)
         self.thread.start()
 
-    def launch(self, step: Step, inputs, future: bool) -> None:
-        """``run_batch``: hand the batch over (``input_queue.put``)."""
+    def launch(self, step: Step, inputs, future: bool) -> float:
+        """``run_batch``: hand the batch over (``input_queue.put``); returns when the launch's CPU
+        part ended (just before the hand-over: the forward thread may start before ``put`` returns)."""
         step.handle = threading.Event()  # launch_done
         self.current = step
+        end = clock()
         self.inq.put((step, inputs))
+        return end
 
     def wait(self, step: Step) -> list[int]:
         """``resolve_last_batch_result``: ``step``'s result, after the current batch's launch."""

@@ -272,8 +272,13 @@ class ProcessDevice:
             raise RuntimeError("the harness device process failed to start (in a script, run the harness under "
                                "`if __name__ == '__main__':`, which multiprocessing's spawn needs)")
 
-    def launch(self, step: Step, inputs, future: bool) -> None:
-        self.box.send(pickle.dumps(launch_message(step, inputs, future, self.admitted)))
+    def launch(self, step: Step, inputs, future: bool) -> float:
+        """Post the launch message; returns when the launch's CPU part ended (just before the
+        post: the device process may pick the message up before ``send`` returns)."""
+        payload = pickle.dumps(launch_message(step, inputs, future, self.admitted))
+        end = clock()
+        self.box.send(payload)
+        return end
 
     def wait(self, step: Step) -> list[int]:
         box, spins = self.box, 0

@@ -85,3 +85,29 @@ def test_cuda_without_a_gpu_is_exit_2(tmp_path, capsys):
         pytest.skip("this machine has a GPU")
     assert main(["validate", "--backend", "torch", "--device", "cuda", "--out", str(tmp_path)]) == 2
     assert "cuda" in capsys.readouterr().err
+
+
+def test_quick_grid_configuration_end_to_end(tmp_path, capsys, no_wait):
+    # one configuration of the published quick grid, calibrated and run as `--grid quick` does
+    # (the whole grid takes minutes: it is run by hand and reported in the README)
+    out = tmp_path / "q"
+    assert main(["validate", "--backend", "torch", "--device", "cpu", "--grid", "quick",
+                 "--only", "gpu-tiny2-c8-length", "--out", str(out), "--no-plot"]) == 0
+    text = capsys.readouterr().out
+    assert "gpu-tiny2-c8-length" in text and "median |error|" in text
+    rows = report.case_rows(runner.load_cases(out)["gpu-tiny2-c8-length"])
+    assert [r["setting"] for r in rows] == ["normal", "overlap", "thread_overlap"]
+    for r in rows:
+        assert r["measured_output_throughput"] > 0 and r["predicted_output_throughput"] > 0
+        assert r["measured_median_tpot_ms"] > 0 and r["predicted_median_tpot_ms"] > 0
+
+
+def test_mlx_smoke_grid(tmp_path, capsys, no_wait):
+    pytest.importorskip("mlx.core")
+    out = tmp_path / "m"
+    assert main(["validate", "--backend", "mlx", "--device", "cpu", "--grid", "smoke", "--out", str(out),
+                 "--json", "--no-plot"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert len(rows) == 4 and {r["setting"] for r in rows} == {"normal", "overlap_mlx"}
+    for r in rows:
+        assert r["measured_output_throughput"] > 0 and r["predicted_output_throughput"] > 0

@@ -16,6 +16,7 @@ def no_wait(monkeypatch):
     # the quiet-machine gate and the busy-run retry are for real validations; tests just run
     monkeypatch.setattr(runner, "wait_quiet", lambda *a, **k: None)
     monkeypatch.setattr(runner, "ATTEMPTS", 1)
+    monkeypatch.setattr(runner, "_steady", lambda: True)
 
 
 def test_validate_smoke_grid_prints_the_table_and_resumes(tmp_path, capsys, no_wait):

@@ -167,6 +167,12 @@ def _quiet_points(report):
     return gate
 
 
+def _steady() -> bool:
+    """After a calibration point: were the cores still at speed (else the point is measured
+    again, as a disturbed harness run is; see :func:`calibrate.measure.calibrate`)."""
+    return _probe_cores() <= SLOW_FACTOR
+
+
 def _profiles(cfg: HarnessConfig, out: Path, report) -> dict[str, Path]:
     """Calibrate ``cfg`` (each kind of profile its settings need); returns setting -> profile."""
     from calibrate.measure import calibrate
@@ -185,7 +191,7 @@ def _profiles(cfg: HarnessConfig, out: Path, report) -> dict[str, Path]:
             report(f"{cfg.name}: calibrating the device process")
             backend = ProcessTorchBackend(ccfg, _cores(), build_tokenizer(cfg.tokenizer_vocab).token_to_id(EOS))
             try:
-                calibrate(ccfg, proc, backend=backend, report=_quiet_points(report))
+                calibrate(ccfg, proc, backend=backend, report=_quiet_points(report), steady=_steady)
             finally:
                 backend.close()
         thread = folder / f"{cfg.name}.thread.json"
@@ -196,7 +202,7 @@ def _profiles(cfg: HarnessConfig, out: Path, report) -> dict[str, Path]:
             report(f"{cfg.name}: calibrating the forward thread")
             backend = ThreadTorchBackend(ccfg, _cores(), build_tokenizer(cfg.tokenizer_vocab).token_to_id(EOS))
             try:
-                calibrate(ccfg, thread, report=_quiet_points(report), backend=backend)
+                calibrate(ccfg, thread, report=_quiet_points(report), steady=_steady, backend=backend)
             finally:
                 backend.close()
         return {"normal": proc, "overlap": proc, "thread_overlap": thread}
@@ -204,7 +210,7 @@ def _profiles(cfg: HarnessConfig, out: Path, report) -> dict[str, Path]:
     if not path.exists():
         wait_quiet(report)
         report(f"{cfg.name}: calibrating")
-        calibrate(ccfg, path, report=_quiet_points(report))
+        calibrate(ccfg, path, report=_quiet_points(report), steady=_steady)
     return {s: path for s in cfg.settings}
 
 

@@ -148,7 +148,7 @@ class BookkeepingBench:
                 for key, v in vals.items():
                     out[key].append(v)
         # decode steps back to back, as a running batch decodes: timed right after a prefill's
-        # recv and process, a decode step of 64 requests with 512 stop strings each ran 1.5x
+        # recv and process, a decode step of 64 requests with 512 stop strings each ran 1.4x
         # slower (its requests' state out of the caches) than in the harness's decode runs
         for k in range(warmup + repeats if n else 0):
             sched, proc = self.time_decode_step(bk, n)

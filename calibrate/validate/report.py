@@ -161,13 +161,14 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     keys = ("output_throughput", "median_tpot_ms", "median_ttft_ms", "mean_gap_ms", "p99_gap_ms", "speedup")
     fig, axes = plt.subplots(2, 3, figsize=(13, 8))
     markers = {"normal": "o", "overlap": "s", "thread_overlap": "^", "overlap_mlx": "D"}
+    colors = {"normal": "C0", "overlap": "C1", "thread_overlap": "C2", "overlap_mlx": "C3"}  # the same in every panel
     for ax, key in zip(axes.flat, keys):
         pts = [(r[f"measured_{key}"], r[f"predicted_{key}"], r["setting"]) for r in rows
                if r.get(f"measured_{key}") is not None and r.get(f"predicted_{key}") is not None]
         for setting in sorted({p[2] for p in pts}):
             xs = [p[0] for p in pts if p[2] == setting]
             ys = [p[1] for p in pts if p[2] == setting]
-            ax.scatter(xs, ys, marker=markers.get(setting, "x"), label=setting, alpha=0.8)
+            ax.scatter(xs, ys, marker=markers.get(setting, "x"), color=colors.get(setting), label=setting, alpha=0.8)
         if pts:
             vals = [v for p in pts for v in p[:2]]
             lo, hi = min(vals), max(vals)

@@ -276,8 +276,12 @@ _TIMING = {
 }
 
 
+POINT_ATTEMPTS = 3
+
+
 def calibrate(cfg: CalibrationConfig, out: Path, *, fresh: bool = False,
-              report: Callable[[int, int, str], None] | None = None, command: str = "", backend=None) -> dict:
+              report: Callable[[int, int, str], None] | None = None, command: str = "", backend=None,
+              steady: Callable[[], bool] | None = None) -> dict:
     """Measure ``cfg``'s grid (resuming from ``out``'s sidecar), write the profile to ``out``.
 
     Args:
@@ -286,6 +290,9 @@ def calibrate(cfg: CalibrationConfig, out: Path, *, fresh: bool = False,
         backend: the timing backend (default: :func:`make_backend` of ``cfg``); the harness's
             validation passes one that times its device process
             (:class:`calibrate.harness.process_backend.ProcessTorchBackend`).
+        steady: called after each point; False (the machine was slowed down meanwhile, e.g. by
+            another guest of a virtual machine) measures the point again, at most
+            ``POINT_ATTEMPTS`` times in all (the last attempt is kept).
 
     Returns:
         The profile written.
@@ -305,7 +312,11 @@ def calibrate(cfg: CalibrationConfig, out: Path, *, fresh: bool = False,
             continue
         if report is not None:
             report(done, len(tasks), task.label())
-        sidecar.append(task, measurer.run(task))
+        for _ in range(POINT_ATTEMPTS):
+            samples = measurer.run(task)
+            if steady is None or steady():
+                break
+        sidecar.append(task, samples)
         done += 1
     if report is not None:
         report(done, len(tasks), "")

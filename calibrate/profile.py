@@ -192,7 +192,33 @@ def _check_curve(c, axes: tuple[str, ...], source: str, where: str) -> None:
                 _check_time(t, source, f"{where}.values_s[{i}][{j}]")
 
 
-def profile_curves(profile: dict) -> dict[str, Curve]:
-    """The evaluable :class:`Curve` of every curve in a validated profile."""
-    return {name: Curve(c["axes"], c["grid"], c["values_s"]) for name, c in profile["curves"].items()
-            if name in ALL_CURVE_AXES}
+STATISTICS = ("median", "mean")
+
+
+def profile_curves(profile: dict, statistic: str = "median") -> dict[str, Curve]:
+    """The evaluable :class:`Curve` of every curve in a validated profile.
+
+    ``statistic``: ``median`` (the stored curves: the median of each point's samples, robust to
+    interference while calibrating) or ``mean`` (each point's raw samples averaged: the expected
+    cost of a step, which time averages such as throughput follow when the costs are skewed;
+    a point without raw samples keeps its median)."""
+    curves = {name: Curve(c["axes"], c["grid"], c["values_s"]) for name, c in profile["curves"].items()
+              if name in ALL_CURVE_AXES}
+    if statistic == "median":
+        return curves
+    if statistic != "mean":
+        raise ValueError(f"statistic must be one of {STATISTICS} (got {statistic!r})")
+    means: dict[tuple, float] = {}
+    for smp in profile.get("samples", []):
+        axes = ALL_CURVE_AXES.get(smp["curve"])
+        if axes and smp["times_s"]:
+            key = (smp["curve"], *(float(smp["point"][a]) for a in axes))
+            means[key] = sum(smp["times_s"]) / len(smp["times_s"])
+    out = {}
+    for name, c in curves.items():
+        if len(c.axes) == 1:
+            vals = [means.get((name, x), v) for x, v in zip(c.grid[0], c.values)]
+        else:
+            vals = [[means.get((name, x, y), v) for y, v in zip(c.grid[1], row)] for x, row in zip(c.grid[0], c.values)]
+        out[name] = Curve(c.axes, c.grid, vals)
+    return out

@@ -34,6 +34,8 @@ class ProfileCostModel:
         profile: a validated profile (see :func:`calibrate.profile.load_profile`).
         gpu_scale, cpu_scale: multipliers of the forward and of the CPU phase curves.
         overlap_residue_s: device time the FutureMap resolve adds per step under ``overlap``.
+        statistic: ``median`` (the profile's curves) or ``mean`` (each point's samples averaged,
+            see :func:`calibrate.profile.profile_curves`).
         sync_latency_s: from the end of a forward until the host can read its results; None:
             the profile's ``metadata.sync_latency_s`` (measured by calibrations that can see it,
             e.g. the harness's device process), else 0.
@@ -42,7 +44,7 @@ class ProfileCostModel:
 
     def __init__(self, profile: dict, gpu_scale: float = 1.0, cpu_scale: float = 1.0,
                  overlap_residue_s: float = 0.0, source: str = "<dict>", gil=None,
-                 sync_latency_s: float | None = None):
+                 sync_latency_s: float | None = None, statistic: str = "median"):
         self.profile = profile
         self.source = source
         self.gil = gil  # sim.scenario.GilCosts for the thread_overlap loop (not measured here)
@@ -52,7 +54,8 @@ class ProfileCostModel:
         self.extrapolated_steps = 0
         self.gpu_scale, self.cpu_scale = gpu_scale, cpu_scale
         self.overlap_residue_s = overlap_residue_s * gpu_scale
-        c = self.curves = profile_curves(profile)
+        c = self.curves = profile_curves(profile, statistic)
+        self.statistic = statistic
         self._forward = (c["forward.extend"], c["forward.decode"])
         self._recv = c["recv"]
         self._schedule = (c["schedule.extend"], c["schedule.decode"])
@@ -110,4 +113,5 @@ class ProfileCostModel:
         return {"kind": "profile", "path": self.source, "backend": m.get("backend"), "device": m.get("device"),
                 "device_name": m.get("device_name"), "model": m.get("model", {}).get("name"),
                 "date": m.get("date"), "gpu_scale": self.gpu_scale, "cpu_scale": self.cpu_scale,
-                "overlap_residue_s": self.overlap_residue_s, "sync_latency_s": self.sync_latency_s}
+                "overlap_residue_s": self.overlap_residue_s, "sync_latency_s": self.sync_latency_s,
+                "statistic": self.statistic}

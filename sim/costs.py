@@ -119,7 +119,7 @@ def make_cost_model(scenario: Scenario) -> CostModel:
 
         return ProfileCostModel.from_file(scenario.resolve_path(c.profile), gpu_scale=c.gpu.scale,
                                           cpu_scale=c.cpu.scale, overlap_residue_s=c.gpu.overlap_residue, gil=c.gil,
-                                          sync_latency_s=c.gpu.sync_latency)
+                                          sync_latency_s=c.gpu.sync_latency, statistic=c.profile_statistic)
     return LinearCostModel(c)
 
 

@@ -6,7 +6,9 @@ call such as a torch op's compute) releases it, and a waiting thread takes it at
 thread that has waited ``switch_interval`` seconds (``sys.getswitchinterval()``, 5 ms) without
 any switch happening sets a drop request; the holder drops the GIL at its next bytecode
 boundary (here: at once), the waiter takes it, and the dropped thread queues to take it back
-(after the new holder releases it, or after its own switch interval). Two CPU-bound threads
+(after the new holder releases it, or after its own switch interval). A waiter sleeps on a
+condition variable: with ``wake_latency_s`` it runs that long after the GIL was handed to it
+(the GIL stays reserved for it meanwhile). Two CPU-bound threads
 therefore alternate every 5 ms, and a thread that needs the GIL briefly, beside one that runs
 Python, waits up to 5 ms for it every time.
 """
@@ -29,9 +31,10 @@ class GIL:
         forced_switches: drops forced by a waiter's switch interval.
     """
 
-    def __init__(self, env: simpy.Environment, switch_interval_s: float):
+    def __init__(self, env: simpy.Environment, switch_interval_s: float, wake_latency_s: float = 0.0):
         self.env = env
         self.interval = switch_interval_s
+        self.wake_latency = wake_latency_s
         self.holder = None
         self.waiters: deque = deque()  # (thread, event)
         self.switches = 0
@@ -68,7 +71,10 @@ class GIL:
             thread, event = self.waiters.popleft()
             self.holder = thread
             self.switches += 1
-            event.succeed()
+            if self.wake_latency > 0:  # the waiter sleeps on a condition variable: it runs once woken
+                self.env.timeout(self.wake_latency).callbacks.append(lambda _: event.succeed())
+            else:
+                event.succeed()
 
     def _acquire(self, me):
         if self.holder is None and not self.waiters:

@@ -259,7 +259,11 @@ class GilCosts(_Strict):
     eager CPU forward slowed from 4 ms to 38 ms beside a spinning Python thread:
     (38 - 4) / 5 ms = 7 waits of one switch interval). ``sample_launch``: Python time (s) of the
     forward thread after the forward (future-map store, D2H copy launch, output queue put).
-    ``wait_launch_done``: the scheduler waits for the current batch's launch before processing
+    ``sample_compute``: the sampling op the forward thread runs right after ``launch_done``, with
+    the GIL released (the scheduler, woken by ``launch_done``, may take the GIL meanwhile; the
+    thread's ``sample_launch`` then waits for it). ``wake_latency``: how long a blocked thread
+    takes to run again once woken (a futex wake-up: the GIL handed to a waiting thread, a queue
+    or event it waits on); 0 = at once. ``wait_launch_done``: the scheduler waits for the current batch's launch before processing
     the previous result (``resolve_last_batch_result(launch_done)``, SGLang 0.5.3); False models
     a loop that processes k-1 while the forward thread runs k (threads contend for the GIL).
     """
@@ -267,6 +271,8 @@ class GilCosts(_Strict):
     switch_interval: float = Field(default=0.005, gt=0)
     ops_per_forward: int = Field(default=7, ge=1)
     sample_launch: NonNegFloat = 5.0e-5
+    sample_compute: NonNegFloat = 0.0
+    wake_latency: NonNegFloat = 0.0
     wait_launch_done: bool = True
 
 
@@ -274,9 +280,12 @@ class Costs(_Strict):
     """Step costs. With ``profile`` (a calibration profile, path relative to the scenario file)
     the forward and CPU phase times come from the profile and the inline ``gpu.decode``,
     ``gpu.prefill`` and ``cpu.*`` terms are not used; ``scale``, ``overlap_residue``, ``noise``
-    and ``gil`` apply either way (see :mod:`calibrate.profile_costs`)."""
+    and ``gil`` apply either way (see :mod:`calibrate.profile_costs`). ``profile_statistic``:
+    each step priced at the ``median`` of the profile's samples at a point (its curves) or at
+    their ``mean`` (the expected cost: what time averages such as throughput follow)."""
 
     profile: Optional[str] = None
+    profile_statistic: Literal["median", "mean"] = "median"
     gpu: GpuCosts = GpuCosts()
     cpu: CpuCosts = CpuCosts()
     noise: Noise = Noise()

@@ -13,7 +13,9 @@ sampling and the device-to-host copy (Python again) and puts the result on the o
 PR #11210 replaced this with two CUDA streams in one thread (:func:`sim.loops.overlap_loop`).
 
 Parameters (``costs.gil``): ``switch_interval`` (CPython's 5 ms), ``ops_per_forward`` (GIL
-acquisitions per forward), ``sample_launch`` (Python after the forward). On ``server.device:
+acquisitions per forward), ``sample_launch`` (Python after the forward), ``sample_compute``
+(the sampling op after ``launch_done``, GIL released), ``wake_latency`` (a woken thread runs
+that much later: queue, event and contended GIL hand-overs). On ``server.device:
 cpu`` the forward thread computes each op itself (torch releases the GIL inside the op), so
 op i+1 starts after op i's compute; on an accelerator the ops are only enqueued.
 ``wait_launch_done: false`` drops the wait on the current batch's launch (a worker-thread loop
@@ -35,12 +37,15 @@ MAIN, FORWARD = "scheduler", "forward"
 class ForwardThread:
     """The forward thread (``TpModelWorkerClient.forward_thread_func_``) as a SimPy process."""
 
-    def __init__(self, env, p: Phases, gil: GIL, ops: int, sample_launch_s: float, synchronous: bool):
+    def __init__(self, env, p: Phases, gil: GIL, ops: int, sample_launch_s: float, synchronous: bool,
+                 sample_compute_s: float = 0.0, wake_latency_s: float = 0.0):
         self.env = env
         self.p = p
         self.gil = gil
         self.ops = max(1, ops)
         self.sample_launch_s = sample_launch_s
+        self.sample_compute_s = sample_compute_s
+        self.wake_latency_s = wake_latency_s
         self.synchronous = synchronous
         self._queue: deque[Batch] = deque()
         self._wake = None
@@ -62,15 +67,24 @@ class ForwardThread:
     def take_result(self, batch: Batch):
         """``output_queue.get()``: a generator that waits for ``batch``'s result and drops the
         thread's bookkeeping of it."""
-        yield self._result[batch.seq]
+        yield from self.wait(self._result[batch.seq])
         del self._result[batch.seq], self._launch_done[batch.seq]
+
+    def wait(self, event):
+        """Block on ``event`` (a queue or threading event); a thread that had to sleep runs
+        ``wake_latency`` after the event fires."""
+        if event.triggered:
+            return
+        yield event
+        if self.wake_latency_s > 0:
+            yield self.env.timeout(self.wake_latency_s)
 
     def run(self):
         env, p, gil = self.env, self.p, self.gil
         while True:
             if not self._queue:
                 self._wake = env.event()
-                yield self._wake
+                yield from self.wait(self._wake)
                 continue
             batch = self._queue.popleft()
             k, n, tok, ctx = batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx
@@ -86,6 +100,8 @@ class ForwardThread:
             batch.forward_start = batch.forward_end - device  # busy time; GIL stalls show as gaps
             batch.launch_end = env.now
             self._launch_done[batch.seq].succeed()
+            if self.sample_compute_s > 0:  # the sampling op, GIL released: the woken scheduler may take it
+                yield env.timeout(self.sample_compute_s)
             yield from gil.run(FORWARD, self.sample_launch_s)  # future map, D2H copy launch, queue put
             gil.release(FORWARD)  # blocks on the input queue
             self._result[batch.seq].succeed()
@@ -96,8 +112,9 @@ def thread_overlap_loop(env, p: Phases, server):
     for k-1's result, k's launch and k-1's copy (GIL free), then process k-1 (GIL held)."""
     sched = p.scheduler
     g = p.costs.gil
-    gil = GIL(env, g.switch_interval)
-    worker = ForwardThread(env, p, gil, g.ops_per_forward, g.sample_launch, server.device == "cpu")
+    gil = GIL(env, g.switch_interval, g.wake_latency)
+    worker = ForwardThread(env, p, gil, g.ops_per_forward, g.sample_launch, server.device == "cpu",
+                           g.sample_compute, g.wake_latency)
     env.process(worker.run())
     last = None
     while not sched.all_done or last is not None:
@@ -110,7 +127,7 @@ def thread_overlap_loop(env, p: Phases, server):
             gil.release(MAIN)
             yield from worker.take_result(last)  # output_queue.get()
             if batch is not None and g.wait_launch_done:
-                yield worker.launch_done(batch)  # launch_done.wait(): the current batch is launched
+                yield from worker.wait(worker.launch_done(batch))  # launch_done.wait(): the current batch is launched
             yield env.timeout(p.result_wait_s(last, env.now))  # copy_done.synchronize()
             yield from _process(env, p, gil, last)
         elif batch is None:

@@ -82,12 +82,14 @@ class HarnessConfig:
         """The simulator scenario of this configuration (a dict for :func:`sim.load_scenario`).
 
         Args:
-            profile: the calibration profile (``costs.profile``). settings: loops to simulate.
+            profile: the calibration profile (``costs.profile``, priced at each point's mean:
+                the harness is judged on time averages). settings: loops to simulate.
             gil: ``costs.gil`` values (thread_overlap). gpu: other ``costs.gpu`` values.
         """
         costs: dict = {"gpu": {"overlap_residue": 0.0, **(gpu or {})}}
         if profile:
             costs["profile"] = str(profile)
+            costs["profile_statistic"] = "mean"
         if gil:
             costs["gil"] = dict(gil)
         return {

@@ -114,6 +114,8 @@ class CudaDevice:
         self.torch.cuda.synchronize()
         host0, ev0 = self.origin
         for step, start, end in self.events:
-            step.forward_start = host0 + ev0.elapsed_time(start) / 1e3
+            # the stream may start on the input copies while the host still queues kernels: the
+            # simulator's forward starts when its launch is queued, so the trace does too
+            step.forward_start = max(host0 + ev0.elapsed_time(start) / 1e3, step.launch_end)
             step.forward_end = host0 + ev0.elapsed_time(end) / 1e3
         return {"device": self.torch.cuda.get_device_name(self.dev)}

@@ -51,7 +51,8 @@ class MlxDevice:
         self.spec = spec
         self._prepare()
         self.launched: list[tuple[Step, float]] = []  # (step, submit time)
-        self.ends: dict[int, float] = {}
+        self.ends: dict[int, float] = {}  # the watcher's stamps
+        self.read: dict[int, float] = {}  # when the scheduler had each step's tokens
         self._last = None  # (slots, lazy tokens) of the last launched decode
         self._admitted: set = set()
         self._queue: queue.Queue = queue.Queue()
@@ -124,6 +125,7 @@ class MlxDevice:
         out, slots, last = step.handle
         step.handle = None
         toks = out.tolist()
+        self.read[step.seq] = clock()
         done = [i for i, is_last in enumerate(last) if is_last]
         fixed = self.script.apply([slots[i] for i in done], [toks[i] for i in done])
         for i, tok in zip(done, fixed):
@@ -132,12 +134,16 @@ class MlxDevice:
 
     def finish(self) -> dict:
         """Stop the watcher, restore the switch interval, stamp every step's forward (start: its
-        submission or the previous step's end, whichever is later)."""
+        submission or the previous step's end, whichever is later; end: the watcher's stamp or
+        the scheduler's read of its tokens, whichever is earlier)."""
         self._queue.put(None)
         self._watcher.join(30)
         sys.setswitchinterval(self._old_interval)
         prev_end = -np.inf
         for step, submitted in self.launched:
             step.forward_start = max(submitted, prev_end)
-            step.forward_end = prev_end = self.ends[step.seq]
+            # the watcher needs the GIL to stamp: when the scheduler read the tokens first, that
+            # read is the later bound of the step's end
+            end = min(self.ends[step.seq], self.read.get(step.seq, np.inf))
+            step.forward_end = prev_end = max(end, step.forward_start)
         return {"stamp_switch_interval_s": STAMP_SWITCH_INTERVAL_S}

@@ -18,10 +18,14 @@ import platform
 
 import numpy as np
 
+from calibrate.bookkeeping import StepInputs
 from calibrate.config import CalibrationConfig
 from calibrate.harness.torch_device import DeviceSpec, ProcessDevice, decode_message, extend_message
 from calibrate.harness.trace import clock
 from calibrate.shapes import ModelShape
+
+
+DECODES_BEFORE_PREFILL = 4
 
 
 class RemoteModel:
@@ -64,9 +68,11 @@ class ProcessTorchBackend:
                 "libraries": {"torch": torch.__version__, "numpy": np.__version__}, "dtype": "float32",
                 "decode_mode": "eager", "extend_mode": "eager", "torch_threads": self.cfg.threads or 1,
                 "machine": platform.machine(), "sync_latency_s": self.sync_latency_s(),
+                "device_gap_s": self.device_gap_s(),
                 "timing": "forward: the harness device process's stamps from reading the launch message to the "
                           "tokens ready to send; launch: inputs + pickling + sending the message; sync_latency_s: "
-                          "from the tokens ready on the device to read by the host (median)"}
+                          "from the tokens ready on the device to read by the host (median); device_gap_s: the "
+                          "device's idle time between back-to-back forwards (median)"}
 
     def create_model(self, shape: ModelShape) -> RemoteModel:
         spec = DeviceSpec(shape, self.cfg.seed, self.cfg.threads or 1, max_slots=1, max_ctx=16, pool_tokens=16,
@@ -82,18 +88,20 @@ class ProcessTorchBackend:
         return None
 
     def _step(self, message) -> tuple[float, float, float]:
-        """Send one launch message, wait for its tokens as the harness does (polling); returns
+        """Send one launch message, wait for its tokens as the harness does (spinning); returns
         (launch seconds: pickling and sending, device seconds, sync latency seconds)."""
         dev = self.device
         self._seq += 1
         t0 = clock()
-        dev.conn.send_bytes(pickle.dumps(message(self._seq)))
+        dev.box.send(pickle.dumps(message(self._seq)))
         t1 = clock()
-        while not dev.conn.poll(0):
-            pass
-        _seq, _toks, f0, f1 = pickle.loads(dev.conn.recv_bytes())
-        self.latencies.append(clock() - f1)
-        return t1 - t0, f1 - f0, clock() - f1
+        raw = dev.box.recv()
+        got = clock()
+        _seq, _toks, f0 = pickle.loads(raw)
+        have = clock()  # the tokens are usable by the scheduler
+        f1 = dev.end_stamp(self._seq, got)
+        self.latencies.append(have - f1)
+        return t1 - t0, f1 - f0, have - f1
 
     def _measure(self, make_inputs, message, warmup: int, repeats: int) -> tuple[list[float], list[float]]:
         fwd, lau = [], []
@@ -109,26 +117,95 @@ class ProcessTorchBackend:
 
     def measure_decode(self, model, make_inputs, batch_size: int, ctx: int, warmup: int,
                        repeats: int) -> tuple[list[float], list[float]]:
-        """(forward, launch) seconds of decode steps; the launch includes building the inputs."""
-        return self._measure(make_inputs, lambda seq, inp: decode_message(seq, inp, False), warmup, repeats)
+        """(forward, launch) seconds of decode steps; the launch includes building the inputs.
+
+        As in serving, consecutive samples are consecutive steps of the same requests: each
+        writes the next KV position and attends over one more token (contexts centred on
+        ``ctx``), instead of repeating one identical step (which stays warmer in the caches)."""
+        n = warmup + repeats
+        first = ctx - n // 2
+        if first < 1 or ctx - 1 + n - n // 2 > model.max_ctx:  # no room to advance: repeat the step
+            return self._measure(make_inputs, lambda seq, inp: decode_message(seq, inp, False), warmup, repeats)
+        row = model.max_ctx
+        base = make_inputs()
+        rows = [(i, 0, 1 + i * row + np.arange(first + n, dtype=np.int64)) for i in range(batch_size)]
+        self.device.control(("rows", rows))
+        fwd, lau = [], []
+        for k in range(n):
+            pos = np.full(batch_size, first - 1 + k, dtype=np.int64)
+            t0 = clock()
+            inp = make_inputs()
+            inp = StepInputs(inp.input_ids, inp.slots, pos, 1 + inp.slots * row + pos)
+            t1 = clock()
+            send, device, _lat = self._step(lambda seq: decode_message(seq, inp, False))
+            if k >= warmup:
+                fwd.append(device)
+                lau.append(send + t1 - t0)
+        del base
+        return fwd, lau
 
     def measure_extend(self, model, make_inputs, warmup: int, repeats: int) -> tuple[list[float], list[float]]:
-        """(forward, launch) seconds of one prefill batch."""
-        return self._measure(make_inputs, lambda seq, inp: extend_message(seq, inp, None, []), warmup, repeats)
+        """(forward, launch) seconds of one prefill batch, each sample taken right after
+        :data:`DECODES_BEFORE_PREFILL` untimed decode steps of the batch's requests: in serving a
+        prefill follows decodes, and measured back to back (warm caches) it was about 10% faster
+        here (3.83 against 4.2 ms for 8 x 64 tokens of ``tiny``, 2 layers)."""
+        fwd, lau = [], []
+        for k in range(warmup + repeats):
+            inp = make_inputs()
+            n = len(inp.prefix_lens)
+            p = int(min(inp.prefix_lens))
+            loc = inp.out_cache_loc[:n]
+            dec = StepInputs(np.zeros(n, dtype=np.int64), inp.slots, np.full(n, p, dtype=np.int64), loc)
+            for _ in range(DECODES_BEFORE_PREFILL):
+                self._step(lambda seq: decode_message(seq, dec, False))
+            t0 = clock()
+            inp = make_inputs()
+            t1 = clock()
+            send, device, _lat = self._step(lambda seq: extend_message(seq, inp, None, []))
+            if k >= warmup:
+                fwd.append(device)
+                lau.append(send + t1 - t0)
+        return fwd, lau
+
+    def _probe_device(self) -> RemoteModel:
+        model = self.create_model(self.cfg.shape) if self.device is None else RemoteModel(self.device)
+        model.allocate_kv(1, 16, 16)
+        return model
 
     def sync_latency_s(self) -> float:
         """Median time from a step's end on the device to its tokens read by the host (the
         latencies seen by every step measured so far, or 40 one-request decodes if none were)."""
         if not self.latencies:
-            model = self.create_model(self.cfg.shape) if self.device is None else RemoteModel(self.device)
-            model.allocate_kv(1, 16, 16)
-            from calibrate.bookkeeping import StepInputs
-
+            self._probe_device()
             one = np.zeros(1, dtype=np.int64)
             inp = StepInputs(one, one, one, one + 1)
             for _ in range(40):
                 self._step(lambda seq: decode_message(seq, inp, False))
         return float(np.median(self.latencies))
+
+    def device_gap_s(self) -> float:
+        """Median idle time of the device between two forwards whose launch messages were
+        already waiting (as under overlap): reading the next message after sending the last
+        tokens. The validation gives it to the simulator as ``costs.gpu.overlap_residue``."""
+        self._probe_device()
+        dev = self.device
+        one = np.zeros(1, dtype=np.int64)
+        inp = StepInputs(one, one, one, one + 1)
+        gaps = []
+        for _ in range(30):
+            seqs = []
+            for _ in range(2):
+                self._seq += 1
+                seqs.append(self._seq)
+                dev.box.send(pickle.dumps(decode_message(self._seq, inp, False)))
+            got = []
+            for _ in range(2):
+                raw = dev.box.recv()
+                got.append((pickle.loads(raw)[2], clock()))
+            end_first = dev.end_stamp(seqs[0], got[0][1])
+            dev.end_stamp(seqs[1], got[1][1])
+            gaps.append(got[1][0] - end_first)
+        return float(np.median(gaps))
 
     def close(self) -> None:
         if self.device is not None:

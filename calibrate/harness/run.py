@@ -77,7 +77,8 @@ def run_harness(cfg: HarnessConfig, setting: str, tokenizer=None) -> HarnessResu
         if setting == "thread_overlap":
             from calibrate.harness.thread_loop import ThreadWorker
 
-            with ThreadWorker(_device_spec(cfg, serving, workload, None)) as worker:
+            sched_core, dev_core = _cores()
+            with ThreadWorker(_device_spec(cfg, serving, workload, dev_core), scheduler_core=sched_core) as worker:
                 serving.start()
                 LOOPS["overlap"](serving, worker)
         else:
@@ -87,6 +88,7 @@ def run_harness(cfg: HarnessConfig, setting: str, tokenizer=None) -> HarnessResu
             with ProcessDevice(_device_spec(cfg, serving, workload, dev_core), sched_core) as dev:
                 serving.start()
                 LOOPS[setting](serving, dev)
+                dev.finish()
     elif cfg.backend == "torch":
         from calibrate.harness.cuda_device import CudaDevice
 

@@ -12,12 +12,20 @@ tokens (``tolist``). Both threads share the GIL: torch releases it inside each o
 op's Python part needs it back, so the scheduler's bookkeeping and the forward take turns.
 
 The loop itself is :func:`calibrate.harness.loops.overlap_loop`; this module is its device.
+A forward's recorded span is the forward thread's busy time (its CPU time, ending when its
+tokens are ready), so time spent waiting for the GIL shows as a gap before it, as in the
+simulator's thread loop.
+The scheduler thread and the forward thread are pinned to the two cores the device-process
+harness uses (a thread that wakes up on another core starts with cold caches: unpinned, the
+forward ran ~10% slower than calibrated).
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
+import time
 
 import numpy as np
 
@@ -28,7 +36,11 @@ from calibrate.harness.trace import Step, clock
 class ThreadWorker:
     """The forward thread and its queues (``with`` stops the thread)."""
 
-    def __init__(self, spec: DeviceSpec, wait_launch_done: bool = True):
+    def __init__(self, spec: DeviceSpec, wait_launch_done: bool = True, scheduler_core: int | None = None):
+        self._old_affinity = None
+        if scheduler_core is not None and hasattr(os, "sched_setaffinity"):
+            self._old_affinity = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, {scheduler_core})  # this (the scheduler) thread only, on Linux
         self.runner = ForwardRunner(spec)
         self.runner.prepare()
         self.wait_launch_done = wait_launch_done
@@ -39,11 +51,14 @@ class ThreadWorker:
         self.thread = threading.Thread(target=self._forward_thread, name="forward-thread", daemon=True)
         self.thread.start()
 
-    def launch(self, step: Step, inputs, future: bool) -> None:
-        """``run_batch``: hand the batch over (``input_queue.put``)."""
+    def launch(self, step: Step, inputs, future: bool) -> float:
+        """``run_batch``: hand the batch over (``input_queue.put``); returns when the launch's CPU
+        part ended (just before the hand-over: the forward thread may start before ``put`` returns)."""
         step.handle = threading.Event()  # launch_done
         self.current = step
+        end = clock()
         self.inq.put((step, inputs))
+        return end
 
     def wait(self, step: Step) -> list[int]:
         """``resolve_last_batch_result``: ``step``'s result, after the current batch's launch."""
@@ -58,6 +73,8 @@ class ThreadWorker:
         return toks
 
     def _forward_thread(self) -> None:
+        if self.runner.spec.core is not None and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, {self.runner.spec.core})  # pinned like the device process: no migrations
         r = self.runner
         t, m = r.torch, r.model
         while True:
@@ -66,7 +83,7 @@ class ThreadWorker:
                 return
             step, inp = item
             try:
-                step.forward_start = clock()
+                cpu0 = time.thread_time()
                 slots = inp.slots.tolist()
                 if step.kind == "decode":
                     last = [True] * len(slots)
@@ -88,6 +105,9 @@ class ThreadWorker:
                         toks[i] = tok
                     r.tokens[[slots[i] for i in done]] = fixed  # store_to_map
                 step.forward_end = clock()
+                # the forward's busy time is this thread's CPU time: waits for the GIL show as gaps
+                # before it, as in the simulator's thread loop
+                step.forward_start = step.forward_end - (time.thread_time() - cpu0)
                 self.outq.put((step.seq, toks, None))
             except Exception as err:  # noqa: BLE001  reported to the scheduler thread
                 step.handle.set()
@@ -102,6 +122,8 @@ class ThreadWorker:
     def close(self) -> None:
         self.inq.put(None)
         self.thread.join(10)
+        if self._old_affinity is not None:
+            os.sched_setaffinity(0, self._old_affinity)
 
     def __enter__(self):
         return self

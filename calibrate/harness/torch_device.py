@@ -7,10 +7,10 @@ slots, prompt tokens for a prefill); the process keeps every request's last samp
 its own memory (its token buffer, indexed by request slot: SGLang's FutureMap) and, for a
 ``future`` decode, builds the batch's input ids from there, so the scheduler never reads a
 token before launching. After the forward it reads the sampled tokens (the device-to-host
-copy) and sends them back with the forward's start and end times. Both sides poll their pipe
-instead of sleeping on it: a GPU polls its queue, and SGLang's ``copy_done.synchronize()``
-spins; a sleeping reader would add a wake-up latency of ~35 us per message on this VM
-(measured with a pipe echo: ~10 us polling).
+copy) and sends them back with the forward's start and end times. Both sides spin until a
+message is there instead of sleeping on the pipe: a GPU polls its queue, and SGLang's
+``copy_done.synchronize()`` spins; a sleeping reader added a wake-up latency of ~35 us per
+message on this VM (pipe echo), spinning ~10 us (see :class:`Mailbox` for how they spin).
 
 ``prepare`` runs before the clock starts: the system prompt's KV, and warm-up forwards of the
 run's shapes (first calls of torch ops are slow).
@@ -152,37 +152,83 @@ def launch_message(step: Step, inputs, future: bool, admitted: set) -> tuple:
     return extend_message(step.seq, inputs, b.is_last, admit)
 
 
-def device_main(conn, spec: DeviceSpec) -> None:
+STAMPS = 1 << 16  # device-side end stamps kept in shared memory (by step number, modulo this)
+SENT, REPLIED = STAMPS, STAMPS + 1  # message counters after the stamps (written by host / device only)
+IDLE_SPIN_S = 0.02  # the device process spins this long for the next message, then sleeps on the pipe
+
+
+class Mailbox:
+    """One side of the pipe between the scheduler and the device process, with message counters
+    in shared memory: a reader spins on the counter (user space, as a CUDA event sync spins on a
+    memory word) and reads the pipe only once a message is there. Spinning on ``poll`` instead
+    enters the kernel a million times a second, and the scheduler's Python then ran measurably
+    colder than in the isolated timings (process and launch phases up to 1.5-2x slower)."""
+
+    def __init__(self, conn, shm, mine: int, theirs: int):
+        self.conn = conn
+        self.words = np.ndarray((STAMPS + 2,), dtype=np.float64, buffer=shm.buf)
+        self.ends = self.words[:STAMPS]
+        self.mine, self.theirs = mine, theirs
+        self.read = 0
+
+    def send(self, data: bytes) -> None:
+        self.conn.send_bytes(data)
+        self.words[self.mine] += 1.0
+
+    def ready(self) -> bool:
+        return self.words[self.theirs] > self.read
+
+    def recv(self) -> bytes:
+        words, theirs, read = self.words, self.theirs, self.read
+        while words[theirs] <= read:
+            pass
+        self.read = read + 1
+        return self.conn.recv_bytes()
+
+
+def device_main(conn, spec: DeviceSpec, stamps_name: str) -> None:
     """The device process: prepare, say ready, then run launch messages in order until ``None``.
 
-    A step's device time runs from the moment its message is read (before unpickling: the
-    host-to-device copy of its inputs) to the moment its tokens are about to be sent back (the
-    device-to-host copy done). Control messages (``("kv", ...)``, ``("rows", ...)``, used by
+    A step's device time runs from the moment its message is there (reading and unpickling it:
+    the host-to-device copy of its inputs) to the moment its tokens have been sent back (the
+    device-to-host copy); that end is written to shared memory after the send (the reply itself
+    carries the start). Control messages (``("kv", ...)``, ``("rows", ...)``, used by
     calibration) are not timed.
     """
+    from multiprocessing import shared_memory
+
     _pin(spec.core)
+    shm = shared_memory.SharedMemory(name=stamps_name)
+    box = Mailbox(conn, shm, REPLIED, SENT)
     runner = ForwardRunner(spec)
     runner.prepare()
-    conn.send_bytes(pickle.dumps("ready"))
+    box.send(pickle.dumps("ready"))
+    words, read = box.words, 0
     while True:
-        while not conn.poll(0):  # spin: see the module docstring
-            pass
+        spin_until, n = time.perf_counter() + IDLE_SPIN_S, 0
+        while words[SENT] <= read:  # spin (see Mailbox); idle for long (between runs): sleep on the pipe
+            n += 1
+            if n % 1024 == 0 and time.perf_counter() > spin_until:
+                conn.poll(0.05)
+        read += 1
         t0 = time.perf_counter()
         msg = pickle.loads(conn.recv_bytes())
         if msg is None:
             break
         if msg[0] == "kv":
             runner.reallocate(*msg[1:])
-            conn.send_bytes(pickle.dumps("ok"))
+            box.send(pickle.dumps("ok"))
             continue
         if msg[0] == "rows":
             for slot, start, idx in msg[1]:
                 runner.model.set_req_to_token(slot, start, idx)
-            conn.send_bytes(pickle.dumps("ok"))
+            box.send(pickle.dumps("ok"))
             continue
         toks = runner.run(msg)
-        t1 = time.perf_counter()
-        conn.send_bytes(pickle.dumps((msg[1], toks, t0, t1)))
+        box.send(pickle.dumps((msg[1], toks, t0)))
+        box.ends[msg[1] % STAMPS] = time.perf_counter()
+    del words, box
+    shm.close()
     conn.close()
 
 
@@ -196,9 +242,17 @@ class ProcessDevice:
     def __init__(self, spec: DeviceSpec, scheduler_core: int | None = None):
         import multiprocessing as mp
 
+        from multiprocessing import shared_memory
+
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=device_main, args=(child, spec), daemon=True, name="harness-device")
+        self.shm = shared_memory.SharedMemory(create=True, size=8 * (STAMPS + 2))
+        self.box = Mailbox(self.conn, self.shm, SENT, REPLIED)
+        self.box.words[:] = 0.0
+        self.ends = self.box.ends
+        self.received: list[tuple[Step, float]] = []  # (step, when the host had its tokens)
+        self.proc = ctx.Process(target=device_main, args=(child, spec, self.shm.name), daemon=True,
+                                name="harness-device")
         self.proc.start()
         child.close()
         self.admitted: set = set()
@@ -206,8 +260,11 @@ class ProcessDevice:
         if scheduler_core is not None and hasattr(os, "sched_getaffinity"):
             self._old_affinity = os.sched_getaffinity(0)
             _pin(scheduler_core)
+        deadline = time.monotonic() + 600
+        while not self.box.ready() and self.proc.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
         try:
-            ready = self.conn.poll(600) and pickle.loads(self.conn.recv_bytes()) == "ready"
+            ready = self.box.ready() and pickle.loads(self.box.recv()) == "ready"
         except EOFError:
             ready = False
         if not ready:
@@ -215,36 +272,65 @@ class ProcessDevice:
             raise RuntimeError("the harness device process failed to start (in a script, run the harness under "
                                "`if __name__ == '__main__':`, which multiprocessing's spawn needs)")
 
-    def launch(self, step: Step, inputs, future: bool) -> None:
-        self.conn.send_bytes(pickle.dumps(launch_message(step, inputs, future, self.admitted)))
+    def launch(self, step: Step, inputs, future: bool) -> float:
+        """Post the launch message; returns when the launch's CPU part ended (just before the
+        post: the device process may pick the message up before ``send`` returns)."""
+        payload = pickle.dumps(launch_message(step, inputs, future, self.admitted))
+        end = clock()
+        self.box.send(payload)
+        return end
 
     def wait(self, step: Step) -> list[int]:
-        conn, spins = self.conn, 0
-        while not conn.poll(0):  # spin, as copy_done.synchronize() does
+        box, spins = self.box, 0
+        while not box.ready():  # spin, as copy_done.synchronize() does
             spins += 1
-            if spins % 100_000 == 0 and not self.proc.is_alive():
+            if spins % 1_000_000 == 0 and not self.proc.is_alive():
                 raise RuntimeError(f"the harness device process died (exit code {self.proc.exitcode})")
-        seq, toks, t0, t1 = pickle.loads(conn.recv_bytes())
+        raw = box.recv()
+        got = clock()
+        seq, toks, t0 = pickle.loads(raw)
         if seq != step.seq:
             raise RuntimeError(f"device returned step {seq}, expected {step.seq}")
-        step.forward_start, step.forward_end = t0, t1
+        step.forward_start = t0
+        step.forward_end = got  # until finish() reads the device's own end stamp
+        self.received.append((step, got))
         return toks
+
+    def end_stamp(self, seq: int, received: float) -> float:
+        """When step ``seq`` ended on the device (its tokens sent), at most when the host had
+        them (the send call may return after the reader already woke up)."""
+        i = seq % STAMPS
+        while self.ends[i] == 0.0:  # written right after the send: wait for it
+            pass
+        end, self.ends[i] = float(self.ends[i]), 0.0
+        return min(end, received)
+
+    def finish(self) -> None:
+        """Stamp every received step's forward end from the device's shared-memory stamps."""
+        for step, got in self.received:
+            step.forward_end = self.end_stamp(step.seq, got)
+        self.received.clear()
 
     def control(self, msg: tuple) -> None:
         """An untimed control message (KV allocation, token-map rows); waits for its answer."""
-        self.conn.send_bytes(pickle.dumps(msg))
-        if pickle.loads(self.conn.recv_bytes()) != "ok":
+        self.box.send(pickle.dumps(msg))
+        if pickle.loads(self.box.recv()) != "ok":
             raise RuntimeError(f"the device process refused {msg[0]!r}")
 
     def close(self) -> None:
         try:
-            self.conn.send_bytes(pickle.dumps(None))
+            self.box.send(pickle.dumps(None))
         except (OSError, BrokenPipeError):
             pass
         self.proc.join(10)
         if self.proc.is_alive():
             self.proc.terminate()
             self.proc.join(5)
+        if self.shm is not None:
+            del self.ends, self.box
+            self.shm.close()
+            self.shm.unlink()
+            self.shm = None
         if self._old_affinity is not None:
             os.sched_setaffinity(0, self._old_affinity)
 

@@ -8,8 +8,12 @@ machine for one configuration's model, never fitted to the harness's result.
   re-acquisition waits one switch interval, so (spinning - alone) / switch_interval
   acquisitions. (The torch calls the forward makes are counted too, for the record:
   ``torch_calls``.)
-- ``sample_launch``: the forward thread's Python after the forward (sampling, reading the
-  tokens, the token buffer, the output queue), timed alone.
+- ``sample_compute``: the sampling op (argmax) after ``launch_done``, timed alone (torch
+  releases the GIL inside it, so a woken scheduler thread can take the GIL meanwhile).
+- ``sample_launch``: the forward thread's Python after it (the tokens to the host, the EOS
+  script, the token buffer), timed alone.
+- ``wake_latency``: how long a thread blocked on an event takes to run once it is set (the
+  median of 200 wake-ups; the futex wake-up a queue, an event or a contended GIL costs).
 """
 
 from __future__ import annotations
@@ -24,23 +28,106 @@ import numpy as np
 from calibrate.harness.config import HarnessConfig
 
 REPEATS = 3
+ATTEMPTS = 3
 
 
-def _in_thread(fn) -> float:
-    out = []
-    th = threading.Thread(target=lambda: out.append(fn()))
+def _pin(core) -> None:
+    import os
+
+    if core is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {core})
+
+
+class _Spinner:
+    """A thread that runs Python without pause (holds the GIL whenever it can), counting loops;
+    on the scheduler's core, as the harness pins the scheduler thread."""
+
+    def __init__(self, core=None):
+        self.count = 0
+        self.stop = False
+        self.core = core
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        _pin(self.core)
+        while not self.stop:
+            self.count += 1
+
+    def __enter__(self):
+        self.thread.start()
+        while self.count == 0:
+            time.sleep(0.001)
+        return self
+
+    def __exit__(self, *exc):
+        self.stop = True
+        self.thread.join()
+        return False
+
+
+def _median_in_thread(fn, n: int, core=None) -> float:
+    """Median of ``n`` calls of ``fn()`` (each returns seconds) in one fresh thread (pinned to
+    ``core``), after one untimed call (a thread's first torch call initialises per-thread state)."""
+    out: list[float] = []
+
+    def run():
+        _pin(core)
+        fn()
+        out.extend(fn() for _ in range(n))
+
+    th = threading.Thread(target=run)
     th.start()
     th.join()
-    return out[0]
+    return statistics.median(out)
+
+
+def _wake_latency_s(cores: tuple, n: int = 200) -> float:
+    """Median time from ``Event.set()`` to the waiting thread running (a futex wake-up), the
+    setter and the waiter pinned to the harness's scheduler and device cores (waking a thread
+    on the other, idle core took ~27 us here, on the same core ~15 us)."""
+    import os
+
+    ev, done = threading.Event(), threading.Event()
+    stamp, res = [0.0], []
+    pin = cores[0] is not None and hasattr(os, "sched_setaffinity")
+    old = os.sched_getaffinity(0) if pin else None
+
+    def waiter():
+        if pin:
+            os.sched_setaffinity(0, {cores[1]})
+        for _ in range(n):
+            ev.wait()
+            res.append(time.perf_counter() - stamp[0])
+            ev.clear()
+            done.set()
+
+    if pin:
+        os.sched_setaffinity(0, {cores[0]})
+    th = threading.Thread(target=waiter)
+    th.start()
+    try:
+        for _ in range(n):
+            time.sleep(0.0003)  # the waiter is asleep when the event fires
+            stamp[0] = time.perf_counter()
+            ev.set()
+            done.wait()
+            done.clear()
+        th.join()
+    finally:
+        if pin:
+            os.sched_setaffinity(0, old)
+    return statistics.median(res[10:])
 
 
 def measure_gil_params(cfg: HarnessConfig) -> dict:
-    """``costs.gil`` for ``cfg`` plus ``torch_calls`` and the raw times (seconds)."""
+    """``costs.gil`` for ``cfg`` plus the raw measurements (``measured``: seconds, counts)."""
     import torch
     from torch.overrides import TorchFunctionMode
 
+    from calibrate.harness.run import _cores
     from calibrate.harness.torch_device import DeviceSpec, ForwardRunner
 
+    torch.set_num_threads(cfg.torch_threads)
     bs = min(cfg.concurrency, cfg.max_running_requests)
     in_len = cfg.input_len if isinstance(cfg.input_len, int) else int(cfg.input_len.get("high", cfg.input_len.get("max", 128)))
     ctx = in_len + 16
@@ -54,36 +141,38 @@ def measure_gil_params(cfg: HarnessConfig) -> dict:
     pos = torch.full((bs,), ctx - 1)
     loc = 1 + torch.arange(bs) * (ctx + 1) + ctx - 1
     ids = torch.zeros(bs, dtype=torch.int64)
+    logits = m.decode_logits(ids, slots, pos, loc, ctx)
+    every = list(range(bs))
 
     def forward() -> float:
         t0 = time.perf_counter()
         m.decode_logits(ids, slots, pos, loc, ctx)
         return time.perf_counter() - t0
 
-    def sample() -> float:
-        logits = m.decode_logits(ids, slots, pos, loc, ctx)
+    def sample_op() -> float:  # the sampling op right after launch_done (torch releases the GIL inside)
         t0 = time.perf_counter()
-        toks = torch.argmax(logits, dim=-1).tolist()
-        toks = runner.script.apply(list(range(bs)), toks)
-        runner.tokens[list(range(bs))] = toks
+        torch.argmax(logits, dim=-1)
         return time.perf_counter() - t0
 
-    alone = statistics.median(_in_thread(forward) for _ in range(5))
-    stop = threading.Event()
+    def sample_python() -> float:  # the rest: tokens to the host, the EOS script, the token buffer
+        out = torch.argmax(logits, dim=-1)
+        t0 = time.perf_counter()
+        toks = runner.script.apply(every, out.tolist())
+        runner.tokens[every] = toks
+        return time.perf_counter() - t0
 
-    def spin():
-        x = 0
-        while not stop.is_set():
-            x += 1
-
-    spinner = threading.Thread(target=spin, daemon=True)
-    spinner.start()
-    try:
-        beside = statistics.median(_in_thread(forward) for _ in range(REPEATS))
-    finally:
-        stop.set()
-        spinner.join()
     interval = sys.getswitchinterval()
+    cores = _cores()
+    alone = _median_in_thread(forward, 9, cores[1])
+    attempts = []
+    for _ in range(ATTEMPTS):  # a spinner that did not get the CPU measures nothing: take it again
+        with _Spinner(cores[0]) as spinner:
+            c0 = spinner.count
+            beside = _median_in_thread(forward, REPEATS, cores[1])
+            loops = spinner.count - c0
+        attempts.append({"beside_s": beside, "spinner_loops": loops})
+        if beside - alone > interval:
+            break
     calls = [0]
 
     class Count(TorchFunctionMode):
@@ -93,8 +182,10 @@ def measure_gil_params(cfg: HarnessConfig) -> dict:
 
     with Count():
         m.decode_logits(ids, slots, pos, loc, ctx)
-    sample_s = statistics.median(_in_thread(sample) for _ in range(5))
+    beside = attempts[-1]["beside_s"]
     return {"switch_interval": interval, "ops_per_forward": max(1, round((beside - alone) / interval)),
-            "sample_launch": sample_s, "wait_launch_done": True,
-            "measured": {"forward_alone_s": alone, "forward_beside_spinner_s": beside, "torch_calls": calls[0],
-                         "batch": bs, "ctx": ctx}}
+            "sample_launch": _median_in_thread(sample_python, 9, cores[1]),
+            "sample_compute": _median_in_thread(sample_op, 9, cores[1]),
+            "wake_latency": _wake_latency_s(cores), "wait_launch_done": True,
+            "measured": {"forward_alone_s": alone, "forward_beside_spinner_s": beside, "attempts": attempts,
+                         "torch_calls": calls[0], "batch": bs, "ctx": ctx}}

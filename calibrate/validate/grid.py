@@ -36,44 +36,52 @@ def _case(name, regime, finish, **kw) -> tuple[str, HarnessConfig]:
 
 
 def _torch_cases(full: bool) -> list[tuple[str, HarnessConfig]]:
+    # the decode step's CPU time over its forward, measured in the normal loop: ~0.1, ~0.9, ~1.6
     cases = []
     for finish in ("length", "eos"):
         cases += [
             _case("gpu-tiny2-c8", "gpu-bound", finish, overrides=TINY2, concurrency=8, num_requests=40,
                   warmup_requests=8, input_len=128, cached_len=64, output_len=48, stop_strings=2),
-            _case("cpu-micro-c32", "cpu-bound", finish, overrides=MICRO, concurrency=32, num_requests=96,
-                  warmup_requests=32, input_len=64, cached_len=32, output_len=32, stop_strings=64),
-            _case("bal-micro-c16", "balanced", finish, overrides=MICRO, concurrency=16, num_requests=64,
-                  warmup_requests=16, input_len=96, cached_len=64, output_len=40, stop_strings=24),
+            _case("bal-micro-c48", "balanced", finish, overrides=MICRO, concurrency=48, num_requests=144,
+                  warmup_requests=48, input_len=48, cached_len=32, output_len=24, stop_strings=256),
+            _case("cpu-micro-c64", "cpu-bound", finish, overrides=MICRO, concurrency=64, num_requests=192,
+                  warmup_requests=64, input_len=40, cached_len=24, output_len=16, stop_strings=512),
         ]
     if full:
         for finish in ("length", "eos"):
             cases += [
+                _case("gpu-micro-c16", "gpu-bound", finish, overrides=MICRO, concurrency=16, num_requests=64,
+                      warmup_requests=16, input_len=96, cached_len=64, output_len=40, stop_strings=24),
                 _case("gpu-small4-c4", "gpu-bound", finish, overrides=SMALL4, concurrency=4, num_requests=24,
                       warmup_requests=4, input_len=192, cached_len=128, output_len=48, stop_strings=2),
-                _case("bal-tiny1-c32", "balanced", finish, overrides=TINY1, concurrency=32, num_requests=96,
-                      warmup_requests=32, input_len=96, cached_len=64, output_len={"dist": "uniform", "low": 24,
-                                                                                   "high": 40}, stop_strings=32),
-                _case("cpu-micro-c48-chunk", "cpu-bound", finish, overrides=MICRO, concurrency=48, num_requests=144,
-                      warmup_requests=48, input_len=80, cached_len=16, output_len=24, stop_strings=96,
+                _case("bal-tiny1-c32-uniform", "balanced", finish, overrides=TINY1, concurrency=32, num_requests=96,
+                      warmup_requests=32, input_len=96, cached_len=64,
+                      output_len={"dist": "uniform", "low": 24, "high": 40}, stop_strings=128),
+                _case("cpu-micro-c48-chunked", "cpu-bound", finish, overrides=MICRO, concurrency=48, num_requests=144,
+                      warmup_requests=48, input_len=80, cached_len=16, output_len=24, stop_strings=512,
                       chunked_prefill_size=1024),
             ]
     return cases
 
 
 def _mlx_cases(full: bool) -> list[tuple[str, HarnessConfig]]:
+    # the decode step's CPU time over its forward, measured in the normal loop: ~0.25, ~1, ~2
     cases = []
     for finish in ("length", "eos"):
         cases += [
             _case("mlx-gpu-tiny2-c8", "gpu-bound", finish, backend="mlx", overrides=TINY2, concurrency=8,
                   num_requests=32, warmup_requests=8, input_len=96, cached_len=64, output_len=40, stop_strings=2),
-            _case("mlx-cpu-micro-c24", "cpu-bound", finish, backend="mlx", overrides=MICRO, concurrency=24,
-                  num_requests=72, warmup_requests=24, input_len=64, cached_len=32, output_len=32, stop_strings=64),
+            _case("mlx-bal-micro-c48", "balanced", finish, backend="mlx", overrides=MICRO, concurrency=48,
+                  num_requests=144, warmup_requests=48, input_len=48, cached_len=32, output_len=24, stop_strings=512),
+            _case("mlx-cpu-micro-c64", "cpu-bound", finish, backend="mlx", overrides=MICRO, concurrency=64,
+                  num_requests=192, warmup_requests=64, input_len=40, cached_len=24, output_len=16, stop_strings=1024),
         ]
     if full:
         for finish in ("length", "eos"):
             cases += [
-                _case("mlx-bal-micro-c16", "balanced", finish, backend="mlx", overrides=MICRO, concurrency=16,
+                _case("mlx-gpu-micro-c24", "gpu-bound", finish, backend="mlx", overrides=MICRO, concurrency=24,
+                      num_requests=72, warmup_requests=24, input_len=64, cached_len=32, output_len=32, stop_strings=64),
+                _case("mlx-gpu-micro-c16", "gpu-bound", finish, backend="mlx", overrides=MICRO, concurrency=16,
                       num_requests=64, warmup_requests=16, input_len=96, cached_len=64, output_len=40,
                       stop_strings=24),
             ]
@@ -119,7 +127,7 @@ def _bounds(spec) -> tuple[int, int]:
     return int(spec.get("min", 1)), int(spec["max"])
 
 
-def calibration_config(cfg: HarnessConfig, repeats: int = 7, warmup: int = 2) -> CalibrationConfig:
+def calibration_config(cfg: HarnessConfig, repeats: int = 30, warmup: int = 2) -> CalibrationConfig:
     """The calibration that times this device on ``cfg``'s ranges (see the module docstring)."""
     in_lo, in_hi = _bounds(cfg.input_len)
     c_lo, c_hi = _bounds(cfg.cached_len)

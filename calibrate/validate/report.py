@@ -24,9 +24,24 @@ def _rel(pred: float, meas: float) -> float | None:
     return (pred - meas) / meas
 
 
+def cpu_per_forward(case: dict) -> float | None:
+    """How CPU-bound a case really is: a decode step's CPU phases (recv, schedule, launch,
+    process) over its forward, measured in the ``normal`` runs (median over runs; None without
+    phase records). Under 1 the forward is longer (overlap hides the CPU); over 1 the CPU is."""
+    ratios = []
+    for run in case.get("runs", {}).get("normal", []):
+        ph = run.get("phases_ms") or {}
+        fwd = ph.get("forward.decode")
+        cpu = [ph.get(f"{k}.decode") for k in ("recv", "schedule", "launch", "process")]
+        if fwd and all(v is not None and math.isfinite(v) for v in cpu) and math.isfinite(fwd):
+            ratios.append(sum(cpu) / fwd)
+    return statistics.median(ratios) if ratios else None
+
+
 def case_rows(case: dict) -> list[dict]:
     """One row per setting of a case record (:func:`calibrate.validate.runner.validate_case`)."""
     rows = []
+    ratio = cpu_per_forward(case)
     meas, pred = case["measured"], case["predicted"]
     base_m = meas.get("normal", {}).get("output_throughput")
     base_p = pred.get("normal", {}).get("output_throughput")
@@ -34,7 +49,8 @@ def case_rows(case: dict) -> list[dict]:
     for setting in meas:
         m, p = meas[setting], pred[setting]
         row = {"config": case["name"], "regime": case["regime"], "finish": cfg["finish"], "setting": setting,
-               "concurrency": cfg["concurrency"], "stop_strings": cfg["stop_strings"]}
+               "concurrency": cfg["concurrency"], "stop_strings": cfg["stop_strings"],
+               "measured_cpu_per_forward": ratio}
         for key in ROW_METRICS:
             row[f"predicted_{key}"] = p.get(key)
             row[f"measured_{key}"] = m.get(key)
@@ -115,9 +131,12 @@ def print_table(rows: list[dict], title: str, console=None) -> None:
         sp = "-" if r["speedup_error_pp"] is None else \
             f"{r['predicted_speedup']:.3f} / {r['measured_speedup']:.3f} {r['speedup_error_pp']:+.1f}pp"
         load = "" if not r.get("other_cores") or r["other_cores"] < 0.2 else " (busy host)"
-        table.add_row(r["config"], r["regime"], r["setting"] + load, *cells, sp)
+        ratio = r.get("measured_cpu_per_forward")
+        regime = r["regime"] + ("" if ratio is None else f" ({ratio:.2f})")
+        table.add_row(r["config"], regime, r["setting"] + load, *cells, sp)
     console.print(table)
-    console.print("cells: predicted / measured, relative error")
+    console.print("cells: predicted / measured, relative error; regime (a decode step's CPU time over its forward, "
+                  "measured in the normal loop)")
     console.print(overall_line(rows), highlight=False)
 
 
@@ -142,13 +161,14 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     keys = ("output_throughput", "median_tpot_ms", "median_ttft_ms", "mean_gap_ms", "p99_gap_ms", "speedup")
     fig, axes = plt.subplots(2, 3, figsize=(13, 8))
     markers = {"normal": "o", "overlap": "s", "thread_overlap": "^", "overlap_mlx": "D"}
+    colors = {"normal": "C0", "overlap": "C1", "thread_overlap": "C2", "overlap_mlx": "C3"}  # the same in every panel
     for ax, key in zip(axes.flat, keys):
         pts = [(r[f"measured_{key}"], r[f"predicted_{key}"], r["setting"]) for r in rows
                if r.get(f"measured_{key}") is not None and r.get(f"predicted_{key}") is not None]
         for setting in sorted({p[2] for p in pts}):
             xs = [p[0] for p in pts if p[2] == setting]
             ys = [p[1] for p in pts if p[2] == setting]
-            ax.scatter(xs, ys, marker=markers.get(setting, "x"), label=setting, alpha=0.8)
+            ax.scatter(xs, ys, marker=markers.get(setting, "x"), color=colors.get(setting), label=setting, alpha=0.8)
         if pts:
             vals = [v for p in pts for v in p[:2]]
             lo, hi = min(vals), max(vals)

@@ -7,10 +7,11 @@ to ``<out>/profiles/`` (a calibration interrupted midway resumes from its sideca
 
 What the simulation is given, per setting (nothing measured by the harness run itself):
 ``normal``/``overlap`` on torch CPU: the device-process profile
-(:class:`calibrate.harness.process_backend.ProcessTorchBackend`); ``thread_overlap``: the
-in-process profile (:class:`calibrate.torch_backend.TorchBackend`, the forward on the calling
-thread as the forward thread runs it) and the GIL parameters of
+(:class:`calibrate.harness.process_backend.ProcessTorchBackend`; its measured device gap as
+``costs.gpu.overlap_residue``); ``thread_overlap``: the forward-thread profile
+(:class:`calibrate.harness.thread_backend.ThreadTorchBackend`) and the GIL parameters of
 :mod:`calibrate.validate.gil_params`; MLX: the MLX profile (:class:`calibrate.mlx_backend.MlxBackend`).
+Profiles are priced at each point's mean (``costs.profile_statistic: mean``).
 """
 
 from __future__ import annotations
@@ -40,8 +41,26 @@ def _cpu_busy_s() -> float | None:
 
 
 def _own_cpu_s() -> float:
+    """CPU seconds of this process, its finished children and its live descendants (the
+    harness's device process spins while it waits: it is not another user)."""
     t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    total = t.user + t.system + t.children_user + t.children_system
+    procs: dict[int, tuple[int, int]] = {}  # pid -> (parent, utime + stime ticks)
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        procs[int(entry)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    mine, frontier = set(), [os.getpid()]
+    while frontier:
+        parent = frontier.pop()
+        kids = [pid for pid, (ppid, _) in procs.items() if ppid == parent and pid not in mine]
+        mine.update(kids)
+        frontier += kids
+    return total + sum(procs[pid][1] for pid in mine) / os.sysconf("SC_CLK_TCK")
 
 
 class LoadMeter:
@@ -66,19 +85,92 @@ BUSY_CORES = 0.25  # a harness run during which others used more than this is ta
 ATTEMPTS = 3
 
 
+def _busy_wait(seconds: float) -> None:
+    # spin rather than sleep: a core left idle drops its clock, and the timing that follows
+    # would start slow (in-process calibration points measured right after a 0.2 s sleep came
+    # out up to 2x slower at random)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+SLOW_FACTOR = 1.20  # a speed probe this much slower than the fastest seen: the host is busy elsewhere
+_best_probe: dict = {}  # core -> fastest probe seen in this process
+
+
+def speed_probe() -> float:
+    """Seconds a fixed piece of Python and numpy work takes now (the median of 5). A virtual
+    machine's host can slow it down for seconds at a time without any process of this machine
+    showing it (other guests): runs taken then are slow for a reason the simulator knows nothing of."""
+    import numpy as np
+
+    a = np.ones(4096)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        x = 0
+        for i in range(3000):
+            x += i
+        for _ in range(40):  # elementwise only: a matrix product would wake BLAS threads that then spin
+            a = np.sqrt(a * 1.0001 + 1e-3)
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[2]
+
+
+def _probe_cores() -> float:
+    """The :func:`speed_probe` on each core this process may use (the harness pins one process
+    or thread to each); returns the worst ratio to that core's fastest probe so far."""
+    if not hasattr(os, "sched_getaffinity"):
+        probe = speed_probe()
+        best = _best_probe[None] = min(_best_probe.get(None, probe), probe)
+        return probe / best
+    old = os.sched_getaffinity(0)
+    worst = 0.0
+    try:
+        for core in sorted(old):
+            os.sched_setaffinity(0, {core})
+            probe = speed_probe()
+            best = _best_probe[core] = min(_best_probe.get(core, probe), probe)
+            worst = max(worst, probe / best)
+    finally:
+        os.sched_setaffinity(0, old)
+    return worst
+
+
 def wait_quiet(report, timeout_s: float = 300.0, window_s: float = 0.5) -> float | None:
     """Wait (up to ``timeout_s``) until other processes use less than :data:`QUIET_CORES` cores
-    over ``window_s``; returns their last measured use (None where /proc/stat is missing)."""
+    over ``window_s`` (spinning meanwhile) and the :func:`speed_probe` is within
+    :data:`SLOW_FACTOR` of the fastest seen in this process; returns the others' last measured
+    use (None where /proc/stat is missing)."""
     deadline = time.monotonic() + timeout_s
     said = False
     while True:
         with LoadMeter() as load:
-            time.sleep(window_s)
-        if load.other_cores is None or load.other_cores < QUIET_CORES or time.monotonic() > deadline:
+            _busy_wait(window_s)
+        ratio = _probe_cores()
+        busy = load.other_cores is not None and load.other_cores >= QUIET_CORES
+        slow = ratio > SLOW_FACTOR
+        if not (busy or slow) or time.monotonic() > deadline:
             return load.other_cores
         if not said:
-            report(f"waiting for the machine to be quiet (other processes use {load.other_cores:.2f} cores)")
+            why = (f"other processes use {load.other_cores:.2f} cores" if busy else
+                   f"a core runs {ratio:.2f}x slower than it did")
+            report(f"waiting for the machine to be quiet ({why})")
             said = True
+
+
+def _quiet_points(report):
+    """A calibration progress callback that waits for a quiet machine before each point."""
+    def gate(done: int, total: int, label: str) -> None:
+        if label:
+            wait_quiet(report, window_s=0.2)
+    return gate
+
+
+def _steady() -> bool:
+    """After a calibration point: were the cores still at speed (else the point is measured
+    again, as a disturbed harness run is; see :func:`calibrate.measure.calibrate`)."""
+    return _probe_cores() <= SLOW_FACTOR
 
 
 def _profiles(cfg: HarnessConfig, out: Path, report) -> dict[str, Path]:
@@ -99,20 +191,26 @@ def _profiles(cfg: HarnessConfig, out: Path, report) -> dict[str, Path]:
             report(f"{cfg.name}: calibrating the device process")
             backend = ProcessTorchBackend(ccfg, _cores(), build_tokenizer(cfg.tokenizer_vocab).token_to_id(EOS))
             try:
-                calibrate(ccfg, proc, backend=backend)
+                calibrate(ccfg, proc, backend=backend, report=_quiet_points(report), steady=_steady)
             finally:
                 backend.close()
         thread = folder / f"{cfg.name}.thread.json"
         if not thread.exists():
+            from calibrate.harness.thread_backend import ThreadTorchBackend
+
             wait_quiet(report)
-            report(f"{cfg.name}: calibrating in-process (forward thread)")
-            calibrate(ccfg, thread)
+            report(f"{cfg.name}: calibrating the forward thread")
+            backend = ThreadTorchBackend(ccfg, _cores(), build_tokenizer(cfg.tokenizer_vocab).token_to_id(EOS))
+            try:
+                calibrate(ccfg, thread, report=_quiet_points(report), steady=_steady, backend=backend)
+            finally:
+                backend.close()
         return {"normal": proc, "overlap": proc, "thread_overlap": thread}
     path = folder / f"{cfg.name}.json"
     if not path.exists():
         wait_quiet(report)
         report(f"{cfg.name}: calibrating")
-        calibrate(ccfg, path)
+        calibrate(ccfg, path, report=_quiet_points(report), steady=_steady)
     return {s: path for s in cfg.settings}
 
 
@@ -148,7 +246,8 @@ def validate_case(regime: str, cfg: HarnessConfig, out: Path, profile: Path | No
         reps = runs[setting]
         measured[setting] = _median_summary([r["summary"] for r in reps])
         scenario = sim.load_scenario(cfg.scenario(str(profiles[setting].resolve()), settings=(setting,),
-                                                  gil=_gil_costs(gil) if setting == "thread_overlap" else None))
+                                                  gil=_gil_costs(gil) if setting == "thread_overlap" else None,
+                                                  gpu=_device_gap(profiles[setting])))
         predicted[setting] = sim.simulate(scenario, setting).summary()
     record = {"name": cfg.name, "regime": regime, "config": cfg.to_dict(),
               "profiles": {s: str(p) for s, p in profiles.items()}, "gil": gil,
@@ -169,19 +268,32 @@ def _quiet_run(cfg: HarnessConfig, setting: str, tokenizer, report) -> dict:
         wait_quiet(report)
         with LoadMeter() as load:
             res = run_harness(cfg, setting, tokenizer)
+        slow = _probe_cores()  # a core still slow right after the run: it probably was during it
         rec = {"summary": res.summary(), "phases_ms": res.phase_means_ms(), "other_cores": load.other_cores,
-               "wall_s": load.wall_s, "info": res.info, "attempts": attempt + 1}
-        if best is None or (rec["other_cores"] or 0) < (best["other_cores"] or 0):
+               "slow_after": slow, "wall_s": load.wall_s, "info": res.info, "attempts": attempt + 1}
+        disturbed = (load.other_cores or 0) > BUSY_CORES or slow > SLOW_FACTOR
+        if best is None or not disturbed:
             best = rec
-        if load.other_cores is None or load.other_cores <= BUSY_CORES:
+        if not disturbed:
             break
-        report(f"other processes used {load.other_cores:.2f} cores during the run: running it again")
+        report(f"the machine was busy during the run (others {load.other_cores or 0:.2f} cores, a core "
+               f"{slow:.2f}x slow after it): running it again")
     return best
+
+
+def _device_gap(profile: Path) -> dict:
+    """``costs.gpu.overlap_residue``: the device process's measured idle time between
+    back-to-back forwards (see :meth:`calibrate.harness.process_backend.ProcessTorchBackend.device_gap_s`);
+    0 for other devices."""
+    from calibrate.profile import load_profile
+
+    return {"overlap_residue": float(load_profile(profile)["metadata"].get("device_gap_s", 0.0))}
 
 
 def _gil_costs(gil: dict) -> dict:
     """The ``costs.gil`` keys of a measurement (:func:`calibrate.validate.gil_params.measure_gil_params`)."""
-    return {k: gil[k] for k in ("switch_interval", "ops_per_forward", "sample_launch", "wait_launch_done")}
+    return {k: gil[k] for k in ("switch_interval", "ops_per_forward", "sample_launch", "sample_compute", "wake_latency",
+                                "wait_launch_done")}
 
 
 def _median_summary(summaries: list[dict]) -> dict:

@@ -1,0 +1,114 @@
+"""`overlap-sim validate` end to end on the test-only smoke grid (torch on this CPU), its JSON
+object, resume, the error summary, and its input errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from calibrate.validate import report, runner
+from sim.cli import main
+
+
+@pytest.fixture
+def no_wait(monkeypatch):
+    # the quiet-machine gate and the busy-run retry are for real validations; tests just run
+    monkeypatch.setattr(runner, "wait_quiet", lambda *a, **k: None)
+    monkeypatch.setattr(runner, "ATTEMPTS", 1)
+    monkeypatch.setattr(runner, "_steady", lambda: True)
+
+
+def test_validate_smoke_grid_prints_the_table_and_resumes(tmp_path, capsys, no_wait):
+    out = tmp_path / "v"
+    assert main(["validate", "--backend", "torch", "--device", "cpu", "--grid", "smoke", "--out", str(out)]) == 0
+    text = capsys.readouterr()
+    assert "smoke-torch-length" in text.out and "thread_overlap" in text.out and "median |error|" in text.out
+    assert (out / "validation.csv").is_file() and (out / "validation.png").is_file()
+    assert sorted(p.name for p in (out / "cases").iterdir()) == ["smoke-torch-eos.json", "smoke-torch-length.json"]
+    # the second run reuses both saved configurations (no harness run) and prints the same object
+    assert main(["validate", "--backend", "torch", "--device", "cpu", "--grid", "smoke", "--out", str(out),
+                 "--json", "--no-plot"]) == 0
+    text = capsys.readouterr()
+    assert "resuming: 2 of 2" in text.err
+    obj = json.loads(text.out)
+    assert set(obj) == {"rows", "summary"}
+    assert set(obj["summary"]) == {"output_throughput", "median_tpot_ms", "median_ttft_ms", "mean_gap_ms", "speedup"}
+    assert set(obj["summary"]["speedup"]) == {"median_abs_error_pp", "max_abs_error_pp"}
+    assert set(obj["summary"]["output_throughput"]) == {"median_abs_rel_error", "max_abs_rel_error"}
+    rows = obj["rows"]
+    assert len(rows) == 6 and {r["setting"] for r in rows} == {"normal", "overlap", "thread_overlap"}
+    for r in rows:
+        assert r["measured_output_throughput"] > 0 and r["predicted_output_throughput"] > 0
+        assert (r["speedup_error_pp"] is None) == (r["setting"] == "normal")
+    case = json.loads((out / "cases" / "smoke-torch-eos.json").read_text())
+    assert case["gil"]["ops_per_forward"] >= 1 and case["gil"]["measured"]["torch_calls"] > 0
+    assert "sync_latency_s" in json.loads(next((out / "profiles").glob("*.process.json")).read_text())["metadata"]
+
+
+def test_error_summary_by_hand():
+    case = {"name": "c", "regime": "balanced", "config": {"finish": "length", "concurrency": 4, "stop_strings": 2},
+            "measured": {"normal": {"output_throughput": 100.0, "median_tpot_ms": 2.0, "median_ttft_ms": 10.0,
+                                    "mean_gap_ms": 1.0},
+                         "overlap": {"output_throughput": 150.0, "median_tpot_ms": 1.0, "median_ttft_ms": 10.0,
+                                     "mean_gap_ms": 0.5}},
+            "predicted": {"normal": {"output_throughput": 110.0, "median_tpot_ms": 2.0, "median_ttft_ms": 9.0,
+                                     "mean_gap_ms": 1.0},
+                          "overlap": {"output_throughput": 132.0, "median_tpot_ms": 1.1, "median_ttft_ms": 10.0,
+                                      "mean_gap_ms": 0.25}}}
+    rows = report.case_rows(case)
+    assert rows[0]["rel_error_output_throughput"] == pytest.approx(0.1)
+    assert rows[1]["rel_error_output_throughput"] == pytest.approx(-0.12)
+    assert rows[1]["measured_speedup"] == pytest.approx(1.5) and rows[1]["predicted_speedup"] == pytest.approx(1.2)
+    assert rows[1]["speedup_error_pp"] == pytest.approx(-30.0)
+    s = report.summarize_errors(rows)
+    assert s["output_throughput"] == {"median_abs_rel_error": pytest.approx(0.11), "max_abs_rel_error": pytest.approx(0.12)}
+    assert s["mean_gap_ms"]["max_abs_rel_error"] == pytest.approx(0.5)
+    assert s["speedup"] == {"median_abs_error_pp": pytest.approx(30.0), "max_abs_error_pp": pytest.approx(30.0)}
+    assert "worst 12.0%, c overlap" in report.overall_line(rows)
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--backend", "torch", "--device", "gpu"], "--device"),
+    (["--backend", "mlx", "--device", "cuda"], "--device"),
+    (["--backend", "torch", "--device", "cpu", "--only", "no-such-config"], "--only"),
+    (["--backend", "torch", "--device", "cpu", "--profile", "/nonexistent/p.json"], "--profile"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, field):
+    assert main(["validate", *args, "--out", str(tmp_path / "v")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and field in err[0]
+
+
+def test_cuda_without_a_gpu_is_exit_2(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert main(["validate", "--backend", "torch", "--device", "cuda", "--out", str(tmp_path)]) == 2
+    assert "cuda" in capsys.readouterr().err
+
+
+def test_quick_grid_configuration_end_to_end(tmp_path, capsys, no_wait):
+    # one configuration of the published quick grid, calibrated and run as `--grid quick` does
+    # (the whole grid takes minutes: it is run by hand and reported in the README)
+    out = tmp_path / "q"
+    assert main(["validate", "--backend", "torch", "--device", "cpu", "--grid", "quick",
+                 "--only", "gpu-tiny2-c8-length", "--out", str(out), "--no-plot"]) == 0
+    text = capsys.readouterr().out
+    assert "gpu-tiny2-c8-length" in text and "median |error|" in text
+    rows = report.case_rows(runner.load_cases(out)["gpu-tiny2-c8-length"])
+    assert [r["setting"] for r in rows] == ["normal", "overlap", "thread_overlap"]
+    for r in rows:
+        assert r["measured_output_throughput"] > 0 and r["predicted_output_throughput"] > 0
+        assert r["measured_median_tpot_ms"] > 0 and r["predicted_median_tpot_ms"] > 0
+
+
+def test_mlx_smoke_grid(tmp_path, capsys, no_wait):
+    pytest.importorskip("mlx.core")
+    out = tmp_path / "m"
+    assert main(["validate", "--backend", "mlx", "--device", "cpu", "--grid", "smoke", "--out", str(out),
+                 "--json", "--no-plot"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert len(rows) == 4 and {r["setting"] for r in rows} == {"normal", "overlap_mlx"}
+    for r in rows:
+        assert r["measured_output_throughput"] > 0 and r["predicted_output_throughput"] > 0

@@ -89,10 +89,7 @@ class ThreadTorchBackend(ProcessTorchBackend):
                           "read; launch: inputs + the queue put"}
 
     def create_model(self, shape: ModelShape) -> RemoteModel:
-        spec = DeviceSpec(shape, self.cfg.seed, self.cfg.threads or 1, max_slots=1, max_ctx=16, pool_tokens=16,
-                          eos_at=np.zeros(0, dtype=np.int64), eos_id=self.eos_id, system_prompt=[],
-                          system_slots=np.zeros(0, dtype=np.int64), warmup_decode=(), warmup_extend=(),
-                          core=self.cores[1])
+        spec = DeviceSpec.for_calibration(shape, self.cfg.seed, self.cfg.threads or 1, self.eos_id, self.cores[1])
         self.close()
         self.device = ThreadDevice(spec, self.cores[0])
         return RemoteModel(self.device)

@@ -46,6 +46,14 @@ class DeviceSpec:
     warmup_extend: tuple  # token counts
     core: int | None
 
+    @classmethod
+    def for_calibration(cls, shape, seed: int, threads: int, eos_id: int, core: int | None) -> "DeviceSpec":
+        """A one-slot spec with no workload and no warm-up: calibration reallocates the KV cache
+        point by point (:meth:`ForwardRunner.reallocate`)."""
+        empty = np.zeros(0, dtype=np.int64)
+        return cls(shape, seed, threads, max_slots=1, max_ctx=16, pool_tokens=16, eos_at=empty, eos_id=eos_id,
+                   system_prompt=[], system_slots=empty, warmup_decode=(), warmup_extend=(), core=core)
+
 
 def _pin(core: int | None) -> None:
     if core is not None and hasattr(os, "sched_setaffinity"):

@@ -179,38 +179,33 @@ def _profiles(cfg: HarnessConfig, out: Path, report) -> dict[str, Path]:
 
     ccfg = calibration_config(cfg)
     folder = out / "profiles"
-    paths: dict[str, Path] = {}
+
+    def calibrated(path: Path, what: str, make_backend=None) -> Path:
+        # each profile is calibrated once (a rerun finds it), on a quiet machine
+        if not path.exists():
+            wait_quiet(report)
+            report(f"{cfg.name}: calibrating{what}")
+            backend = make_backend() if make_backend else None
+            try:
+                calibrate(ccfg, path, backend=backend, report=_quiet_points(report), steady=_steady)
+            finally:
+                if backend is not None:
+                    backend.close()
+        return path
+
     if cfg.backend == "torch" and cfg.device == "cpu":
         from calibrate.harness.process_backend import ProcessTorchBackend
         from calibrate.harness.run import _cores
+        from calibrate.harness.thread_backend import ThreadTorchBackend
         from calibrate.requests import EOS, build_tokenizer
 
-        proc = folder / f"{cfg.name}.process.json"
-        if not proc.exists():
-            wait_quiet(report)
-            report(f"{cfg.name}: calibrating the device process")
-            backend = ProcessTorchBackend(ccfg, _cores(), build_tokenizer(cfg.tokenizer_vocab).token_to_id(EOS))
-            try:
-                calibrate(ccfg, proc, backend=backend, report=_quiet_points(report), steady=_steady)
-            finally:
-                backend.close()
-        thread = folder / f"{cfg.name}.thread.json"
-        if not thread.exists():
-            from calibrate.harness.thread_backend import ThreadTorchBackend
-
-            wait_quiet(report)
-            report(f"{cfg.name}: calibrating the forward thread")
-            backend = ThreadTorchBackend(ccfg, _cores(), build_tokenizer(cfg.tokenizer_vocab).token_to_id(EOS))
-            try:
-                calibrate(ccfg, thread, report=_quiet_points(report), steady=_steady, backend=backend)
-            finally:
-                backend.close()
+        eos_id = build_tokenizer(cfg.tokenizer_vocab).token_to_id(EOS)
+        proc = calibrated(folder / f"{cfg.name}.process.json", " the device process",
+                          lambda: ProcessTorchBackend(ccfg, _cores(), eos_id))
+        thread = calibrated(folder / f"{cfg.name}.thread.json", " the forward thread",
+                            lambda: ThreadTorchBackend(ccfg, _cores(), eos_id))
         return {"normal": proc, "overlap": proc, "thread_overlap": thread}
-    path = folder / f"{cfg.name}.json"
-    if not path.exists():
-        wait_quiet(report)
-        report(f"{cfg.name}: calibrating")
-        calibrate(ccfg, path, report=_quiet_points(report), steady=_steady)
+    path = calibrated(folder / f"{cfg.name}.json", "")
     return {s: path for s in cfg.settings}
 
 

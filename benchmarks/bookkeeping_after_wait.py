@@ -13,7 +13,8 @@ The ground-truth harness measured ``process.decode`` slower in the ``normal`` lo
 waits for every forward) than in the ``overlap`` loop; the simulator prices a phase the same in
 every loop. This script isolates that effect.
 
-    python benchmarks/bookkeeping_after_wait.py --batch 64 --stop-strings 512 --rounds 3
+    python benchmarks/bookkeeping_after_wait.py                                 # 64 requests, 512 stop strings
+    python benchmarks/bookkeeping_after_wait.py --batch 8 --stop-strings 2      # a small batch
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ def main() -> None:
     from calibrate.harness.workload import stop_strings
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--stop-strings", type=int, default=512)
-    ap.add_argument("--wait-ms", type=float, default=1.0)
-    ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=64, help="running requests in the decode batch")
+    ap.add_argument("--stop-strings", type=int, default=512, help="stop strings per request")
+    ap.add_argument("--wait-ms", type=float, default=1.0, help="how long the thread sleeps or spins before a step")
+    ap.add_argument("--steps", type=int, default=32, help="timed decode steps per mode and round")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds (the three modes interleaved)")
     args = ap.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -78,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
     if args.only:
         cases = [(r, c) for r, c in cases if any(s in c.name for s in args.only)]
         if not cases:
-            raise CalibrationInputError("--only", "", f"a part of a configuration name of the {args.grid} grid")
+            names = ", ".join(c.name for _, c in grid(args.backend, args.grid))
+            raise CalibrationInputError("--only", "", f"a part of a configuration name of the {args.backend} "
+                                        f"{args.grid} grid ({names}); got {', '.join(args.only)}")
     done = {} if args.fresh else load_cases(out)
     todo = [(r, c) for r, c in cases if c.name not in done]
     if len(todo) < len(cases):
@@ -103,8 +106,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(jsonable(obj)))
     else:
-        report.print_table(rows, title, Console(width=200) if not sys.stdout.isatty() else None)
-        print(f"table: {out / 'validation.csv'}" + ("" if args.no_plot else f"; plot: {out / 'validation.png'}"))
+        report.print_table(rows, title, Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 220))
+        print(f"table: {out / 'validation.csv'}, {out / 'validation.json'}"
+              + ("" if args.no_plot else f"; plot: {out / 'validation.png'}")
+              + f"; per configuration: {out / 'cases'}/")
     return 0
 
 

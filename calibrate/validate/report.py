@@ -123,7 +123,9 @@ def print_table(rows: list[dict], title: str, console=None) -> None:
     table = Table(title=title)
     for col in ("configuration", "regime", "setting", "throughput (tok/s)", "median TPOT (ms)", "median ITL (ms)",
                 "median TTFT (ms)", "mean gap (ms)", "p99 gap (ms)", "speedup"):
-        table.add_column(col, justify="left" if col in ("configuration", "regime", "setting") else "right")
+        # names and regimes never wrap: an -eos and a -length configuration must stay apart
+        table.add_column(col, justify="left" if col in ("configuration", "regime", "setting") else "right",
+                         no_wrap=col in ("configuration", "regime", "setting"))
     for r in rows:
         cells = [_fmt(r[f"predicted_{k}"], r[f"measured_{k}"], r[f"rel_error_{k}"], d)
                  for k, d in (("output_throughput", 0), ("median_tpot_ms", 3), ("median_itl_ms", 3),

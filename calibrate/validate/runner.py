@@ -137,11 +137,14 @@ def _probe_cores() -> float:
     return worst
 
 
-def wait_quiet(report, timeout_s: float = 300.0, window_s: float = 0.5) -> float | None:
-    """Wait (up to ``timeout_s``) until other processes use less than :data:`QUIET_CORES` cores
-    over ``window_s`` (spinning meanwhile) and the :func:`speed_probe` is within
-    :data:`SLOW_FACTOR` of the fastest seen in this process; returns the others' last measured
-    use (None where /proc/stat is missing)."""
+QUIET_TIMEOUT_S = 60.0
+
+
+def wait_quiet(report, timeout_s: float = QUIET_TIMEOUT_S, window_s: float = 0.5) -> float | None:
+    """Wait (up to ``timeout_s``, then go on and say so) until other processes use less than
+    :data:`QUIET_CORES` cores over ``window_s`` (spinning meanwhile) and the :func:`speed_probe`
+    is within :data:`SLOW_FACTOR` of the fastest seen in this process; returns the others' last
+    measured use (None where /proc/stat is missing)."""
     deadline = time.monotonic() + timeout_s
     said = False
     while True:
@@ -150,11 +153,14 @@ def wait_quiet(report, timeout_s: float = 300.0, window_s: float = 0.5) -> float
         ratio = _probe_cores()
         busy = load.other_cores is not None and load.other_cores >= QUIET_CORES
         slow = ratio > SLOW_FACTOR
-        if not (busy or slow) or time.monotonic() > deadline:
+        why = (f"other processes use {load.other_cores:.2f} cores" if busy else
+               f"a core runs {ratio:.2f}x slower than its fastest probe")
+        if not (busy or slow):
+            return load.other_cores
+        if time.monotonic() > deadline:
+            report(f"the machine did not get quiet in {timeout_s:.0f} s ({why}): going on")
             return load.other_cores
         if not said:
-            why = (f"other processes use {load.other_cores:.2f} cores" if busy else
-                   f"a core runs {ratio:.2f}x slower than it did")
             report(f"waiting for the machine to be quiet ({why})")
             said = True
 
@@ -271,8 +277,9 @@ def _quiet_run(cfg: HarnessConfig, setting: str, tokenizer, report) -> dict:
             best = rec
         if not disturbed:
             break
-        report(f"the machine was busy during the run (others {load.other_cores or 0:.2f} cores, a core "
-               f"{slow:.2f}x slow after it): running it again")
+        why = (f"other processes used {load.other_cores:.2f} cores" if (load.other_cores or 0) > BUSY_CORES else
+               f"a core ran {slow:.2f}x slower than its fastest probe right after it")
+        report(f"the run was disturbed ({why}): running it again")
     return best
 
 

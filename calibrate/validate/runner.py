@@ -140,6 +140,13 @@ def _probe_cores() -> float:
 QUIET_TIMEOUT_S = 60.0
 
 
+def _why(other_cores: float | None, busy_cores: float, slow_ratio: float) -> str:
+    """Why the machine counts as disturbed: other processes' load, else a slow core."""
+    if other_cores is not None and other_cores >= busy_cores:
+        return f"other processes use {other_cores:.2f} cores"
+    return f"a core runs {slow_ratio:.2f}x slower than its fastest probe"
+
+
 def wait_quiet(report, timeout_s: float = QUIET_TIMEOUT_S, window_s: float = 0.5) -> float | None:
     """Wait (up to ``timeout_s``, then go on and say so) until other processes use less than
     :data:`QUIET_CORES` cores over ``window_s`` (spinning meanwhile) and the :func:`speed_probe`
@@ -153,8 +160,7 @@ def wait_quiet(report, timeout_s: float = QUIET_TIMEOUT_S, window_s: float = 0.5
         ratio = _probe_cores()
         busy = load.other_cores is not None and load.other_cores >= QUIET_CORES
         slow = ratio > SLOW_FACTOR
-        why = (f"other processes use {load.other_cores:.2f} cores" if busy else
-               f"a core runs {ratio:.2f}x slower than its fastest probe")
+        why = _why(load.other_cores, QUIET_CORES, ratio)
         if not (busy or slow):
             return load.other_cores
         if time.monotonic() > deadline:
@@ -261,7 +267,8 @@ def validate_case(regime: str, cfg: HarnessConfig, out: Path, profile: Path | No
 
 def _quiet_run(cfg: HarnessConfig, setting: str, tokenizer, report) -> dict:
     """One harness run on a quiet machine: waits for quiet, and takes the run again (up to
-    :data:`ATTEMPTS` times, keeping the quietest) when other processes were busy during it."""
+    :data:`ATTEMPTS` times) when it was disturbed (other processes busy, or a core slow right
+    after it); keeps the first undisturbed run, or the first run if none was."""
     from calibrate.harness.run import run_harness
 
     best = None
@@ -277,9 +284,7 @@ def _quiet_run(cfg: HarnessConfig, setting: str, tokenizer, report) -> dict:
             best = rec
         if not disturbed:
             break
-        why = (f"other processes used {load.other_cores:.2f} cores" if (load.other_cores or 0) > BUSY_CORES else
-               f"a core ran {slow:.2f}x slower than its fastest probe right after it")
-        report(f"the run was disturbed ({why}): running it again")
+        report(f"the run was disturbed ({_why(load.other_cores, BUSY_CORES, slow)}): running it again")
     return best
 
 

@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from calibrate.cli import HELP, add_arguments, run
-from sim.cli import command
+from sim.commands import command
 
 command("calibrate", HELP, add_arguments)(run)

@@ -24,11 +24,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from calibrate.profile import load_profile, profile_curves
-from sim.costs import DECODE, EXTEND
+from sim.model.costs import DECODE, EXTEND
 
 
 class ProfileCostModel:
-    """A :class:`sim.costs.CostModel` whose durations come from a measured profile.
+    """A :class:`sim.model.costs.CostModel` whose durations come from a measured profile.
 
     Args:
         profile: a validated profile (see :func:`calibrate.profile.load_profile`).
@@ -47,7 +47,7 @@ class ProfileCostModel:
                  sync_latency_s: float | None = None, statistic: str = "median"):
         self.profile = profile
         self.source = source
-        self.gil = gil  # sim.scenario.GilCosts for the thread_overlap loop (not measured here)
+        self.gil = gil  # sim.model.schema.GilCosts for the thread_overlap loop (not measured here)
         # None: the latency the calibration measured (metadata.sync_latency_s), else 0
         self.sync_latency_s = float(profile["metadata"].get("sync_latency_s", 0.0)) if sync_latency_s is None \
             else sync_latency_s

@@ -25,7 +25,7 @@
 #
 # Method: the simulator gives the noise-free ratio of this scenario and shows how per-step and
 # per-run noise in step times turn into run-to-run spread of throughput; the statistics are in
-# `sim.variance` (log ratios; t-intervals over paired repeats; power of a two-sample t-test).
+# `sim.whatif.variance` (log ratios; t-intervals over paired repeats; power of a two-sample t-test).
 
 # %%
 import math
@@ -37,8 +37,15 @@ import numpy as np
 import pandas as pd
 
 import sim
-from sim.sweeps import sweep
-from sim.variance import log_ratio_interval, paired_ratios, ratio_ci, runs_needed, single_run_tail, spread
+from sim.whatif.sweeps import sweep
+from sim.whatif.variance import (
+    log_ratio_interval,
+    paired_ratios,
+    ratio_ci,
+    runs_needed,
+    single_run_tail,
+    spread,
+)
 
 # %matplotlib inline
 SMALL = os.environ.get("OVERLAP_SIM_NOTEBOOK_SMALL") == "1"

@@ -31,9 +31,9 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 import sim
-from sim.sweeps import sweep
-from sim.variance import paired_ratios
-from sim.whatif_plots import ratio_heatmap
+from sim.whatif.plots import ratio_heatmap
+from sim.whatif.sweeps import sweep
+from sim.whatif.variance import paired_ratios
 
 # %matplotlib inline
 SMALL = os.environ.get("OVERLAP_SIM_NOTEBOOK_SMALL") == "1"

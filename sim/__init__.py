@@ -8,10 +8,10 @@ Python API: :func:`load_scenario`, :func:`simulate`, :func:`compare`, :class:`Re
 try:
     from sim.scenario import Scenario, load_scenario
     from sim.simulate import Result, compare, simulate
-    from sim.sweeps import sweep
+    from sim.whatif.sweeps import sweep
 except ModuleNotFoundError as _err:
     # A calibration host (a GPU box with torch, numpy, rich) may lack the simulator's own
-    # dependencies; sim.errors and sim.report must still import there (calibrate.cli).
+    # dependencies; sim.errors and sim.output.report must still import there (calibrate.cli).
     if _err.name not in ("pydantic", "yaml", "simpy"):
         raise
 

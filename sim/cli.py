@@ -1,4 +1,4 @@
-"""The ``overlap-sim`` command line. Subcommands register themselves in :data:`COMMANDS`.
+"""The ``overlap-sim`` command line. Subcommands register themselves in :data:`sim.commands.COMMANDS`.
 
 User mistakes (bad scenario, missing file, bad override) print one line to stderr and exit 2.
 """
@@ -10,27 +10,19 @@ import importlib
 import json
 import sys
 from pathlib import Path
-from typing import Callable
 
+from sim.commands import COMMANDS, command
 from sim.errors import UserInputError
 
-# name -> (help, add_arguments(parser), run(args) -> exit status)
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
-# modules whose import registers more subcommands with @command
+# modules whose import registers more subcommands with @command (sim.commands); named, not
+# imported, here: calibration's commands load only when the parser is built, and importing sim
+# never imports calibrate
 COMMAND_MODULES: tuple[str, ...] = (
-    "sim.whatif_cli",
-    "sim.advise",
+    "sim.whatif.cli",
+    "sim.engines.sglang.rules.advise",
     "calibrate.command",
     "calibrate.validate.cli",
 )
-
-
-def command(name: str, help_text: str, arguments: Callable[[argparse.ArgumentParser], None]):
-    """Decorator: register ``run(args) -> exit status`` as subcommand ``name``."""
-    def wrap(run):
-        COMMANDS[name] = (help_text, arguments, run)
-        return run
-    return wrap
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
@@ -48,8 +40,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 
 @command("run", "simulate a scenario under each scheduling setting and compare them", _add_run_args)
 def cmd_run(args: argparse.Namespace) -> int:
-    from sim.plots import save_run_plots
-    from sim.report import print_table, run_payload, write_results
+    from sim.output.plots import save_run_plots
+    from sim.output.report import print_table, run_payload, write_results
     from sim.scenario import load_scenario
     from sim.simulate import simulate
 

@@ -11,19 +11,17 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from sim.costs import Jitter, make_cost_model
-from sim.device import DeviceStream
-from sim.loop_rules import setting_faults
-from sim.loops import LOOPS
-from sim.metrics import summarize
-from sim.phases import Phases
-from sim.policy import Scheduler, ServerDied
+from sim.engines.sglang.loops import LOOPS
+from sim.engines.sglang.phases import Phases
+from sim.engines.sglang.rules.loop_rules import setting_faults
+from sim.engines.sglang.scheduler import Scheduler, ServerDied
+from sim.model.costs import Jitter, make_cost_model
+from sim.model.device import DeviceStream
+from sim.model.workload import ClosedLoopClients, make_requests, open_loop_arrivals
 from sim.scenario import Scenario, load_scenario
-from sim.streaming import StreamingRecorder
-from sim.trace import FAILURE_KINDS, STEP_COLUMNS, TraceRecorder
-from sim.workload import ClosedLoopClients, make_requests, open_loop_arrivals
-
-
+from sim.trace.metrics import summarize
+from sim.trace.recorder import FAILURE_KINDS, STEP_COLUMNS, TraceRecorder
+from sim.trace.streaming import StreamingRecorder
 
 
 @dataclass
@@ -32,7 +30,7 @@ class Result:
 
     Attributes:
         scenario: the scenario that ran; setting: the event loop ('normal', 'overlap', ...).
-        steps, requests, itl: trace tables (schema in :mod:`sim.trace`), times in seconds.
+        steps, requests, itl: trace tables (schema in :mod:`sim.trace.recorder`), times in seconds.
         outcome: {'status': 'ok'|'server_died', 'reason': str, 'time_s': float,
             'peak_token_usage': fraction of the KV pool, 'token_usage_at_failure': fraction,
             'retraction_steps', 'retractions' (requests retracted), 'reprefill_tokens',
@@ -50,7 +48,7 @@ class Result:
     stats: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
-        """bench_serving-style metrics (see :mod:`sim.metrics`) plus the run's outcome."""
+        """bench_serving-style metrics (see :mod:`sim.trace.metrics`) plus the run's outcome."""
         out = dict(self.metrics) if self.metrics is not None else summarize(self.steps, self.requests, self.itl)
         o = self.outcome
         out["peak_token_usage"] = o.get("peak_token_usage", math.nan)

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from sim.cli import main
-from sim.metrics import step_gaps
-from sim.real_trace import measure_gaps
+from sim.output.real_trace import measure_gaps
+from sim.trace.metrics import step_gaps
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"

@@ -88,7 +88,7 @@ def test_cuda_harness_needs_a_gpu(tokenizer):
 def test_harness_serves_the_simulators_requests(tokenizer):
     cfg = dataclasses.replace(SMALL, input_len={"dist": "uniform", "low": 12, "high": 30}, cached_len=6)
     w = build_workload(cfg, tokenizer)
-    specs = sim.workload.make_requests(sim.load_scenario(cfg.scenario()))
+    specs = sim.model.workload.make_requests(sim.load_scenario(cfg.scenario()))
     np.testing.assert_array_equal(w.input_len, specs.input_len)
     np.testing.assert_array_equal(w.output_len, specs.output_len)
     prompts = [pickle.loads(m)["input_ids"] for m in w.messages]

@@ -1,4 +1,4 @@
-"""The loops run on their own clock between SimPy yields (sim.phases.Phases.must_yield);
+"""The loops run on their own clock between SimPy yields (sim.engines.sglang.phases.Phases.must_yield);
 yielding after every iteration must give exactly the same run."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import sim
-from sim.phases import Phases
+from sim.engines.sglang.phases import Phases
 from tests.conftest import SCENARIOS
 from tests.test_invariants import scenarios
 

@@ -9,10 +9,15 @@ import pytest
 from packaging.specifiers import SpecifierSet
 
 from sim.cli import main
+from sim.engines.sglang.rules.launch_args import parse_launch_args, rules_table
+from sim.engines.sglang.rules.loop_rules import (
+    advise,
+    retraction_policy,
+    setting_faults,
+)
+from sim.engines.sglang.server import SETTINGS
 from sim.errors import ScenarioError, UserInputError
-from sim.launch_args import parse_launch_args, rules_table
-from sim.loop_rules import advise, retraction_policy, setting_faults
-from sim.scenario import SETTINGS, load_scenario
+from sim.scenario import load_scenario
 
 
 def ids(hits):

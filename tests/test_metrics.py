@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.metrics import weighted_quantile
+from sim.trace.metrics import weighted_quantile
 
 
 @settings(max_examples=200, deadline=None)

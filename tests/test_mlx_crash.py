@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 import sim
-from sim.workload import ClosedLoopClients
-
+from sim.model.workload import ClosedLoopClients
 from tests.conftest import SCENARIOS
 
 

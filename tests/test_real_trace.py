@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sim.cli import main
-from sim.real_trace import find_steps, gap_summary, measure_gaps
+from sim.output.real_trace import find_steps, gap_summary, measure_gaps
 
 SLEEP_S = 0.004  # host idle time between forward steps
 STEPS = 8

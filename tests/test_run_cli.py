@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from sim.cli import main
-from sim.metrics import SUMMARY_KEYS
+from sim.trace.metrics import SUMMARY_KEYS
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "scenarios" / "quickstart.yaml"
 

@@ -8,7 +8,7 @@ from datetime import datetime
 import pytest
 
 from sim.cli import main
-from sim.sglang_log import parse_line, parse_lines
+from sim.engines.sglang.server_log import parse_line, parse_lines
 
 SEED_DOC_LINE = ("[2026-10-16 14:07:15] Prefill batch, #new-seq: 1, #new-token: 1, #cached-token: 511, "
                  "token usage: 0.00, #running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, "

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sim
-from sim.metrics import SUMMARY_KEYS, measured_window, step_gaps
+from sim.trace.metrics import SUMMARY_KEYS, measured_window, step_gaps
 from tests.test_invariants import scenarios
 
 QUANTILE_KEYS = {k for k in SUMMARY_KEYS if k.startswith(("median_", "p99_"))}

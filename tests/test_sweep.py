@@ -16,7 +16,7 @@ import pytest
 import sim
 from sim.cli import main
 from sim.errors import ScenarioError, UserInputError
-from sim.sweeps import load_sweep, parse_grid, plan_sweep, sweep
+from sim.whatif.sweeps import load_sweep, parse_grid, plan_sweep, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
@@ -82,7 +82,7 @@ def test_table_columns_and_files(tmp_path):
     table = sweep(NOISY, {"costs.cpu.scale": [1, 2]}, repeats=2, out=tmp_path, workers=1)
     cols = list(table.columns)
     assert cols[:6] == ["point", "costs.cpu.scale", "setting", "repeat", "seed", "completed"]
-    for key in sim.metrics.SUMMARY_KEYS + ["peak_token_usage", "outcome"]:
+    for key in sim.trace.metrics.SUMMARY_KEYS + ["peak_token_usage", "outcome"]:
         assert key in cols
     from_parquet, manifest = load_sweep(tmp_path)
     pd.testing.assert_frame_equal(from_parquet, table)

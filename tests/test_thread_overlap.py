@@ -10,8 +10,7 @@ import pytest
 import simpy
 
 import sim
-from sim.gil import GIL
-
+from sim.engines.sglang.gil import GIL
 from tests.conftest import SCENARIOS
 
 

@@ -1,5 +1,5 @@
 """The ground-truth harness: a small but real serving loop under each schedule, recorded in the
-simulator's trace schema (:mod:`sim.trace`), so :func:`sim.metrics.summarize` reads both.
+simulator's trace schema (:mod:`sim.trace.recorder`), so :func:`sim.trace.metrics.summarize` reads both.
 
 Modules (data flows down the list):
 :mod:`calibrate.harness.config` (what one run serves: model, workload, server knobs, and the

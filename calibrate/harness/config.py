@@ -1,7 +1,7 @@
 """What one harness run serves: the model, the workload, the server's scheduling knobs and the
 bookkeeping knobs; and the simulator scenario that describes the same run.
 
-Lengths are drawn by the simulator's own :func:`sim.workload.make_requests` from the scenario
+Lengths are drawn by the simulator's own :func:`sim.model.workload.make_requests` from the scenario
 built here, so the harness and the simulation serve the same requests in the same order.
 """
 

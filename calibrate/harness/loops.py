@@ -1,6 +1,6 @@
 """The harness's event loops over :class:`calibrate.harness.serving.Serving` and a device.
 
-They read as the simulator's loops (:mod:`sim.loops`), phase for phase; only the device differs
+They read as the simulator's loops (:mod:`sim.engines.sglang.loops`), phase for phase; only the device differs
 (a torch device process, MLX's lazy evaluation, CUDA streams). ``thread_overlap`` is in
 :mod:`calibrate.harness.thread_loop`.
 """

@@ -7,7 +7,7 @@ in-flight step's still-lazy tokens: SGLang's ``event_loop_overlap_mlx`` chain) a
 block: MLX walks the graph on the calling thread and waits while more than ``MAX_ACTIVE_TASKS``
 tasks are outstanding, so it returns only when the device is near the end of the step. The
 launch's CPU part ends when ``mx.async_eval`` is called; the blocked time shows as a gap in
-the scheduler's phases, as the simulator models it (:meth:`sim.costs.CostModel.submit_s`).
+the scheduler's phases, as the simulator models it (:meth:`sim.model.costs.CostModel.submit_s`).
 
 When a step ends on the device is observed by a watcher thread that blocks on each step in
 launch order (``mx.eval`` releases the GIL while it waits) and stamps the time; the switch

@@ -23,7 +23,7 @@ from calibrate.requests import build_tokenizer
 
 @dataclass
 class HarnessResult:
-    """A measured run: trace tables with :mod:`sim.trace`'s columns (seconds from the start)."""
+    """A measured run: trace tables with :mod:`sim.trace.recorder`'s columns (seconds from the start)."""
 
     config: HarnessConfig
     setting: str
@@ -33,8 +33,8 @@ class HarnessResult:
     info: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
-        """:func:`sim.metrics.summarize` of the measured trace (the simulator's keys)."""
-        from sim.metrics import summarize
+        """:func:`sim.trace.metrics.summarize` of the measured trace (the simulator's keys)."""
+        from sim.trace.metrics import summarize
 
         return summarize(self.steps, self.requests, self.itl)
 

@@ -1,4 +1,4 @@
-"""The harness's timeline, written in the simulator's trace schema (:mod:`sim.trace`).
+"""The harness's timeline, written in the simulator's trace schema (:mod:`sim.trace.recorder`).
 
 Times come from ``time.perf_counter`` (CLOCK_MONOTONIC on Linux: one clock for every process of
 the machine, so the device process's stamps line up with the scheduler's), relative to the
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from sim.trace import REQUEST_COLUMNS, STEP_COLUMNS
+from sim.trace.recorder import REQUEST_COLUMNS, STEP_COLUMNS
 
 clock = time.perf_counter
 

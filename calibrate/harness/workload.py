@@ -1,7 +1,7 @@
 """The harness's requests: real-text prompts with the configured lengths, stop strings, the
 closed-loop clients that send them, and the model's EOS script.
 
-Lengths come from :func:`sim.workload.make_requests` on the configuration's scenario, so the
+Lengths come from :func:`sim.model.workload.make_requests` on the configuration's scenario, so the
 simulation sees the same requests. Each prompt is ``cached_len`` tokens of a shared system
 prompt (put into the radix cache before the run, as the simulator assumes), one token that is
 unique to the request (so the radix match is exactly ``cached_len``: no two prompts share more),
@@ -58,7 +58,7 @@ def build_workload(cfg: HarnessConfig, tokenizer: Tokenizer) -> Workload:
         ValueError: more requests than the vocabulary can give unique first tokens.
     """
     import sim
-    from sim.workload import make_requests
+    from sim.model.workload import make_requests
 
     specs = make_requests(sim.load_scenario(cfg.scenario()))
     n = len(specs)
@@ -116,7 +116,7 @@ class EosScript:
 
 class ClosedLoopClients:
     """``concurrency`` clients, each sending its next request the moment its previous one
-    finished (the simulator's :class:`sim.workload.ClosedLoopClients`); request ids in order."""
+    finished (the simulator's :class:`sim.model.workload.ClosedLoopClients`); request ids in order."""
 
     def __init__(self, workload: Workload, concurrency: int):
         self.workload = workload

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from calibrate.errors import CalibrationInputError
-from sim.cli import command
+from sim.commands import command
 
 HELP = "score the simulator against a real serving loop (the ground-truth harness) on this device"
 
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         report.plot(rows, out / "validation.png", title)
     obj = report.json_object(rows)
     from sim.atomic import atomic_path
-    from sim.report import jsonable
+    from sim.output.report import jsonable
 
     with atomic_path(out / "validation.json") as tmp:
         tmp.write_text(json.dumps(jsonable({**obj, "machine": m}), indent=1) + "\n")

@@ -232,7 +232,7 @@ def validate_case(regime: str, cfg: HarnessConfig, out: Path, profile: Path | No
     import sim
     from calibrate.requests import build_tokenizer
     from sim.atomic import atomic_path
-    from sim.report import jsonable
+    from sim.output.report import jsonable
 
     out = Path(out)
     profiles = {s: Path(profile) for s in cfg.settings} if profile else _profiles(cfg, out, report)

@@ -1,0 +1,23 @@
+"""The registry of ``overlap-sim``'s subcommands: a module registers ``run(args)`` with
+:func:`command` when it is imported; :mod:`sim.cli` imports the modules of
+:data:`sim.cli.COMMAND_MODULES` and builds its parser from :data:`COMMANDS`.
+
+It lives apart from :mod:`sim.cli` so that a command module anywhere in the tree (an engine's
+``advise``, the what-if tools, calibration) registers without importing the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+# name -> (help, add_arguments(parser), run(args) -> exit status)
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
+
+
+def command(name: str, help_text: str, arguments: Callable[[argparse.ArgumentParser], None]):
+    """Decorator: register ``run(args) -> exit status`` as subcommand ``name``."""
+    def wrap(run):
+        COMMANDS[name] = (help_text, arguments, run)
+        return run
+    return wrap

@@ -1,0 +1,121 @@
+"""The scheduler's event loops, as SimPy generator functions over :class:`sim.engines.sglang.phases.Phases`.
+
+Each loop reads as the timeline it produces; the loops differ only in which batch's results
+are processed after a launch. One iteration's phases run back to back on the CPU thread and are
+yielded to SimPy once (``t`` accumulates the iteration's CPU time, blocking waits included).
+Sources: SGLang ``Scheduler.event_loop_normal``, ``event_loop_overlap`` (two CUDA streams in
+one thread since PR #11210, Oct 2025) and ``event_loop_overlap_mlx`` (2026), as described in
+DESIGN.md section 2; ``thread_overlap``
+(the pre-October-2025 forward thread sharing the GIL) lives in :mod:`sim.engines.sglang.thread_loop`.
+"""
+
+from __future__ import annotations
+
+from sim.engines.sglang.phases import Phases
+from sim.engines.sglang.thread_loop import thread_overlap_loop
+from sim.model.costs import DECODE, EXTEND
+
+
+def normal_loop(env, p: Phases, server):
+    """``event_loop_normal``: recv -> schedule k -> launch k -> wait for k -> process k.
+    The device idles during every CPU phase: step = T_cpu + T_gpu."""
+    sched = p.scheduler
+    now = env.now  # the CPU thread's clock; SimPy catches up when another process may act
+    while not sched.all_done:
+        batch, t = p.recv_and_schedule(now)
+        if batch is None:
+            now = yield from _idle(env, p, now + t)
+            continue
+        t += p.launch(batch, now + t)
+        t += p.sync(batch, now + t)
+        t += p.process(batch, now + t)
+        now += t
+        if p.must_yield(now):
+            yield env.timeout(now - env.now)
+    yield env.timeout(max(0.0, now - env.now))  # SimPy's clock ends where the CPU thread did
+
+
+def overlap_loop(env, p: Phases, server):
+    """``event_loop_overlap``: recv -> schedule k (state as of k-2) -> launch k -> wait for k-1
+    -> process k-1 while the device runs k. Batch k reads k-1's sampled tokens on the device
+    (FutureMap), so the CPU never waits for them before launching.
+
+    With ``disable_consecutive_prefill_overlap`` (``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP``),
+    a prefill that follows a prefill waits for the previous result first.
+    """
+    sched = p.scheduler
+    last = None
+    now = env.now
+    while not sched.all_done or last is not None:
+        batch, t = p.recv_and_schedule(now)
+        if last is not None and batch is not None and _overlap_disabled_for(server, batch, last):
+            t += p.sync(last, now + t)
+            t += p.process(last, now + t)
+            last = None
+        if batch is not None:
+            t += p.launch(batch, now + t)
+        if last is not None:
+            t += p.sync(last, now + t)
+            t += p.process(last, now + t)
+        elif batch is None:
+            now = yield from _idle(env, p, now + t)
+            continue
+        last = batch
+        now += t
+        if p.must_yield(now):
+            yield env.timeout(now - env.now)
+    yield env.timeout(max(0.0, now - env.now))  # SimPy's clock ends where the CPU thread did
+
+
+def _overlap_disabled_for(server, batch, last) -> bool:
+    # SGLang is_disable_overlap_for_batch: consecutive prefills under the env flag
+    return server.disable_consecutive_prefill_overlap and batch.kind == EXTEND and last.kind == EXTEND
+
+
+def overlap_mlx_loop(env, p: Phases, server):
+    """``event_loop_overlap_mlx``: keep two decode steps in flight with ``mx.async_eval``.
+
+    While the step in flight is a pure decode, no request is waiting and none finished in the
+    last processed step, the next decode is built on the in-flight step's lazy tokens and
+    queued before the CPU blocks on the in-flight one. Otherwise the chain breaks: the CPU
+    blocks on the queued step, processes it (a request that finished one step earlier has its
+    chained token discarded), then schedules and builds a fresh step while the device idles.
+    """
+    sched = p.scheduler
+    inflight = None
+    finished_last = False
+    now = env.now
+    while not sched.all_done or inflight is not None:
+        t = p.recv(now)
+        chain = (inflight is not None and inflight.kind == DECODE and not finished_last
+                 and not sched.has_queued_work)
+        batch = None
+        if inflight is None or chain:
+            batch, sched_s = p.schedule(now + t)
+            t += sched_s
+        if batch is not None:
+            t += p.launch(batch, now + t)
+        if inflight is not None:  # block on the queued step (chained: while the next one runs)
+            t += p.sync(inflight, now + t)
+            t += p.process(inflight, now + t)
+            finished_last = batch is not None and inflight.finished > 0
+        elif batch is None:
+            now = yield from _idle(env, p, now + t)
+            continue
+        inflight = batch
+        now += t
+        if p.must_yield(now):
+            yield env.timeout(now - env.now)
+    yield env.timeout(max(0.0, now - env.now))  # SimPy's clock ends where the CPU thread did
+
+
+def _idle(env, p: Phases, until: float):
+    """Nothing to run: catch SimPy up to ``until``, then wait for the next arrival; returns the
+    new time of the CPU thread's clock."""
+    yield env.timeout(until - env.now)
+    yield p.idle()
+    return env.now
+
+
+LOOPS = {"normal": normal_loop, "overlap": overlap_loop, "overlap_mlx": overlap_mlx_loop,
+         "thread_overlap": thread_overlap_loop}

@@ -1,0 +1,179 @@
+"""The CPU phases of one scheduler iteration, as the event loops call them.
+
+Each phase applies its effect to the scheduler state, stamps the batch's timeline and returns
+how long the CPU is busy with it (seconds); the loop then yields that time to SimPy. Phase costs
+come from the cost model, times seeded per-step jitter.
+"""
+
+from __future__ import annotations
+
+import math
+
+import simpy
+
+from sim.engines.sglang.scheduler import Scheduler, ServerDied
+from sim.model.batch import Batch
+from sim.model.costs import CostModel, Jitter
+from sim.model.device import DeviceStream
+from sim.trace.recorder import TraceRecorder
+
+
+class Phases:
+    """The scheduler thread's phases (recv, schedule, launch, sync, process) over shared state.
+
+    A loop may run several phases back to back without yielding in between (passing each the
+    time it starts, ``at``) and yield their total once: nothing else changes the scheduler
+    state inside one CPU iteration (arrivals wait in the inbox until the next ``recv``). It may
+    even run several iterations on its own clock, as long as no other process can act before
+    its next ``recv``: :attr:`horizon` is the time of the next request that another SimPy
+    process (the open-loop arrival process) will submit. Closed-loop clients submit from
+    inside the loop (at explicit times), so their horizon is infinite.
+
+    Args:
+        env: the SimPy environment (its clock is the CPU thread's clock).
+        scheduler: policy and state (:class:`sim.engines.sglang.scheduler.Scheduler`).
+        stream: the device stream forwards are enqueued on.
+        costs: phase and forward durations.
+        gpu_jitter, cpu_jitter: per-step multiplicative noise.
+        forward_extra_s: device time added to every forward (the FutureMap resolve under
+            ``overlap``; 0 otherwise).
+        faults: release faults of this path (:func:`sim.engines.sglang.rules.loop_rules.setting_faults`); one with
+            ``sim: {die_on_batch_min_reqs: N}`` kills the server when the result of a batch of
+            N or more requests is relayed, at the end of its forward.
+    """
+
+    def __init__(self, env: simpy.Environment, scheduler: Scheduler, stream: DeviceStream, costs: CostModel,
+                 gpu_jitter: Jitter, cpu_jitter: Jitter, recorder: TraceRecorder, forward_extra_s: float = 0.0,
+                 faults: tuple = (), external_arrival_s=None):
+        self.env = env
+        self.scheduler = scheduler
+        self.stream = stream
+        self.costs = costs
+        self.gpu_jitter = gpu_jitter
+        self.cpu_jitter = cpu_jitter
+        self.recorder = recorder
+        self.forward_extra_s = forward_extra_s
+        self._die_fault = next((f for f in faults if "die_on_batch_min_reqs" in f.sim), None)
+        self._wakeup: simpy.Event | None = None
+        self._was_idle = False
+        self._external = None if external_arrival_s is None else list(external_arrival_s)
+        self._num_submitted = 0
+        self.horizon = self._external[0] if self._external else math.inf
+
+    def must_yield(self, until: float) -> bool:
+        """True when the loop must hand control to SimPy before running on to ``until``: another
+        process may submit a request at or before that time."""
+        return until >= self.horizon
+
+    def submit(self, rid: int, arrival_s: float) -> None:
+        """A request is sent to the server (workload side); wakes an idle scheduler."""
+        self.scheduler.submit(rid, arrival_s)
+        self.recorder.arrival(rid, arrival_s)
+        self._num_submitted += 1
+        if self._external is not None:
+            ext = self._external
+            self.horizon = ext[self._num_submitted] if self._num_submitted < len(ext) else math.inf
+        if self._wakeup is not None and not self._wakeup.triggered:
+            self._wakeup.succeed()
+
+    def recv(self, at: float | None = None) -> float:
+        """``recv_requests`` at ``at`` (default: now): drain arrived requests. Returns the CPU time."""
+        at = self.env.now if at is None else at
+        n_new = self.scheduler.recv(at)
+        self._recv_start = at
+        self._recv_s = self.costs.recv_s(n_new) * self.cpu_jitter()
+        return self._recv_s
+
+    def schedule(self, at: float) -> tuple[Batch | None, float]:
+        """``get_next_batch_to_run`` starting at ``at`` (right after :meth:`recv`).
+        Returns (batch or None, CPU time)."""
+        try:
+            batch = self.scheduler.get_next_batch()
+        except ServerDied as err:
+            err.time_s = at if err.time_s is None else err.time_s
+            raise
+        if batch is None:
+            return None, 0.0
+        c = self.costs
+        dur = c.schedule_s(batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx) * self.cpu_jitter()
+        batch.recv_start = self._recv_start
+        batch.schedule_start = at
+        batch.schedule_end = batch.launch_start = at + dur
+        batch.after_idle = self._was_idle
+        sched = self.scheduler
+        batch.num_running = sched.n_running
+        batch.num_queued = len(sched.waiting) + (sched.chunked_req is not None)
+        self._was_idle = False
+        return batch, dur
+
+    def recv_and_schedule(self, at: float | None = None) -> tuple[Batch | None, float]:
+        """:meth:`recv` then :meth:`schedule` from ``at`` (default: now); returns (batch or None,
+        their CPU time)."""
+        at = self.env.now if at is None else at
+        recv_s = self.recv(at)
+        batch, sched_s = self.schedule(at + recv_s)
+        return batch, recv_s + sched_s
+
+    def launch(self, batch: Batch, at: float) -> float:
+        """The CPU part of ``run_batch`` starting at ``at``; the forward is enqueued on the device
+        when it ends. Returns the CPU time, plus, where the cost model has a submission block
+        (MLX's ``mx.async_eval`` back-pressure, :meth:`sim.model.costs.CostModel.submit_s`), the wait
+        until that long after the forward started (``launch_end`` stays at the end of the CPU
+        part; the wait shows as a gap before the next phase)."""
+        c = self.costs
+        k, n, tok, ctx = batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx
+        dur = c.launch_s(k, n, tok, ctx) * self.cpu_jitter()
+        batch.launch_start = at
+        batch.launch_end = at + dur
+        forward = c.forward_s(k, n, tok, ctx) * self.gpu_jitter() + self.forward_extra_s
+        self.stream.enqueue(batch, at + dur, forward)
+        submit = c.submit_s(k, n, tok, ctx)
+        if submit > 0.0:  # MLX: the submission returns only once the device is near the end of this forward
+            return max(dur, batch.forward_start + min(submit, forward) - at)
+        return dur
+
+    def sync(self, batch: Batch, at: float | None = None) -> float:
+        """Block on ``batch``'s forward (``copy_done.synchronize()``) from ``at`` (default: now).
+        Returns the wait."""
+        at = self.env.now if at is None else at
+        batch.sync_start = at
+        return self.result_wait_s(batch, at)
+
+    def result_wait_s(self, batch: Batch, at: float) -> float:
+        """How long a host that waits for ``batch``'s results at ``at`` blocks: until its forward
+        ended plus the cost model's ``sync_latency_s`` (s, >= 0)."""
+        ready = batch.forward_end + self.costs.sync_latency_s
+        return ready - at if ready > at else 0.0
+
+    def process(self, batch: Batch, at: float | None = None) -> float:
+        """``process_batch_result`` from ``at`` (default: now): deliver tokens, finish requests,
+        free KV. Tokens reach the clients when the phase ends. Returns the CPU time."""
+        now = self.env.now if at is None else at
+        self.check_faults(batch, now)
+        dur = self.costs.process_s(batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx) * self.cpu_jitter()
+        batch.process_start = now
+        batch.process_end = now + dur
+        self.scheduler.process_batch_result(batch, now + dur)
+        self.recorder.step(batch)
+        return dur
+
+    def check_faults(self, batch: Batch, at: float | None = None) -> None:
+        """Apply a release fault to a batch whose result is about to be used at ``at``.
+
+        Raises:
+            ServerDied: the fault kills the server on this batch (e.g. the MLX FutureMap relay
+                in ``event_loop_normal`` at v0.5.22 on a batch of two or more requests).
+        """
+        f = self._die_fault
+        if f is not None and batch.num_reqs >= f.sim["die_on_batch_min_reqs"]:
+            raise ServerDied(f"{f.id}: batch {batch.seq} ({batch.num_reqs} requests): {f.sim.get('message', f.text)}",
+                             self.env.now if at is None else at)
+
+    def idle(self) -> simpy.Event:
+        """Nothing to run: an event that fires when the next request arrives."""
+        self._was_idle = True
+        nxt = self.scheduler.next_arrival_s()
+        if nxt is not None:
+            return self.env.timeout(max(0.0, nxt - self.env.now))
+        self._wakeup = self.env.event()
+        return self._wakeup

@@ -1,0 +1,116 @@
+"""Applying a batch's results: ``process_batch_result_{prefill,decode}`` (token delivery,
+finishes, KV free) and the failure paths (server died, could not connect), mixed into
+:class:`sim.engines.sglang.scheduler.Scheduler`. O(1) per decode step in the batch size except for finishes."""
+
+from __future__ import annotations
+
+from sim.model.batch import FAILED, FINISHED, Batch, Req
+from sim.model.costs import DECODE
+
+
+class ResultsMixin:
+    """Result processing over the scheduler state of :class:`sim.engines.sglang.scheduler.Scheduler`."""
+
+    def process_batch_result(self, batch: Batch, deliver_s: float) -> int:
+        """Apply a batch's results as ``process_batch_result_{prefill,decode}`` does; tokens reach
+        the client at ``deliver_s``. Returns the number of requests that finished."""
+        if batch.kind == DECODE:
+            return self._process_decode(batch, deliver_s)
+        return self._process_prefill(batch, deliver_s)
+
+    def _process_prefill(self, batch: Batch, t: float) -> int:
+        done = 0
+        rec = self.recorder
+        for req, _take, last, finishes, retractions in batch.chunks:
+            if not last or req.retractions != retractions or req.status == FAILED:
+                continue  # a chunk, or a request retracted/aborted while the prefill was in flight
+            if req.first_token_s != req.first_token_s:  # NaN: first token of the request
+                req.first_token_s = t
+            elif not req.warmup:
+                rec.itl(t - req.last_token_s, 1)
+            req.last_token_s = t
+            req.delivered += 1
+            if finishes:
+                req.output_done += 1
+                self.kv.free(self.kv.pages(req.prefill_target - req.shared_len))
+                self._complete(req, t)
+                done += 1
+        return done
+
+    def _process_decode(self, batch: Batch, t: float) -> int:
+        g = batch.decode_seq
+        rec = self.recorder
+        finished = self.finishing_at.pop(g, [])
+        for req in finished:
+            self.n_running -= 1
+            self.n_running_warmup -= req.warmup
+            self.ctx_offset -= req.ctx_at_join() - req.join_seq
+            self.finish_sum -= req.finish_seq
+            self.kv.free(self.kv.pages(req.kv_base + (g - req.join_seq + 1)))
+            self.demand.remove(req.kv_base, req.join_seq)
+            req.output_done = req.output_len
+            self._complete(req, t)
+        self.kv.free(batch.overshoot_pages)  # the extra slot of each overshoot member
+        dropped = batch.dropped
+        warm_fresh = 0
+        for req in batch.fresh:
+            warm_fresh += req.warmup
+            if not req.warmup and not (dropped and req in dropped):
+                rec.itl(t - req.last_token_s, 1)
+        warm_over = sum(r.warmup for r in batch.overshoot)
+        continuing = batch.num_reqs - len(batch.overshoot) - len(batch.fresh)
+        measured = continuing - (batch.num_warmup - warm_over - warm_fresh)
+        if dropped:
+            measured -= sum(1 for r in dropped if not r.warmup and r not in batch.fresh)
+        if measured > 0:
+            rec.itl(t - self.last_decode_delivery_s, measured)
+        self.last_processed_decode = g
+        self.last_decode_delivery_s = t
+        batch.finished = len(finished)
+        return len(finished)
+
+    def _complete(self, req: Req, t: float) -> None:
+        req.status = FINISHED
+        req.finish_s = t
+        self.num_done += 1
+        self.recorder.request(req)
+        self.on_finish(req.rid, t)
+
+    def _fail(self, req: Req, t: float, failure: str) -> None:
+        req.status = FAILED
+        req.failure = failure
+        req.finish_s = t
+        self.num_done += 1
+        self.recorder.request(req)
+        self.on_finish(req.rid, t)
+
+    def fail_all(self, t: float) -> int:
+        """The server died at ``t``: every request it holds (queued, prefilling, running) fails.
+        Requests that arrive later are failed by :meth:`reject_arrivals`. Returns how many failed."""
+        live: dict[int, Req] = {}
+        for req in list(self.waiting) + self.pending_merge + [self.chunked_req]:
+            if req is not None:
+                live[req.rid] = req
+        for reqs in self.finishing_at.values():
+            for req in reqs:
+                live[req.rid] = req
+        self.waiting.clear()
+        self.pending_merge.clear()
+        self.finishing_at.clear()
+        self.chunked_req = None
+        self.n_running = self.n_running_warmup = self.ctx_offset = self.finish_sum = 0
+        failed = [r for r in live.values() if r.status not in (FINISHED, FAILED)]
+        for req in failed:
+            self._fail(req, t, "cut_off")
+        return len(failed)
+
+    def reject_arrivals(self, now: float) -> int:
+        """After the server died: requests arriving by ``now`` cannot connect and fail."""
+        n = 0
+        s = self.specs
+        while self.inbox and self.inbox[0][0] <= now:
+            arrival, rid = self.inbox.popleft()
+            self._fail(Req(rid, arrival, int(s.input_len[rid]), int(s.cached_len[rid]), int(s.output_len[rid]),
+                           self.finish_by_length, rid < self.warmup_requests), arrival, "could_not_connect")
+            n += 1
+        return n

@@ -1,0 +1,115 @@
+"""The scenario's ``server`` section for SGLang: the server flags that change scheduling, and the
+event loops (``settings``) the simulator models.
+
+A scenario may give an SGLang launch command (``launch_args``) and release (``version``)
+instead; the rules table (:mod:`sim.engines.sglang.rules`) turns them into these fields.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field, PrivateAttr, model_validator
+
+from sim.model.schema import StrictModel
+
+SETTINGS = ("normal", "overlap", "overlap_mlx", "thread_overlap")
+Setting = Literal["normal", "overlap", "overlap_mlx", "thread_overlap"]
+
+
+class Server(StrictModel):
+    """Server flags that change scheduling (names follow SGLang's ServerArgs).
+
+    ``launch_args`` (an SGLang launch command as a list of strings, ``NAME=VALUE`` environment
+    tokens allowed) and ``version`` (the SGLang release) decide, through the rules table
+    (:mod:`sim.engines.sglang.rules.loop_rules`), which event loop runs: when ``launch_args`` is given and
+    ``settings`` is not, ``settings`` becomes that one loop; flags that map onto a field here
+    (``--page-size``, ``--max-running-requests``, ``--chunked-prefill-size``,
+    ``--max-total-tokens``, ``--schedule-conservativeness``,
+    SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP) fill it, and a field given both ways must agree.
+    ``device`` is the platform ('mlx' = MPS with SGLANG_USE_MLX). ``version`` (default: the
+    seed document's 0.5.22) also decides the release-specific faults the simulator predicts and,
+    when ``retraction`` is not given, the retraction policy of that release.
+    """
+
+    device: Literal["cuda", "mlx", "mps", "cpu"] = "cuda"
+    settings: list[Setting] = Field(default_factory=lambda: ["overlap", "normal"], min_length=1)
+    max_running_requests: int = Field(default=64, ge=1)
+    chunked_prefill_size: int = Field(default=8192, ge=1)
+    kv_pool_tokens: int = Field(default=400_000, ge=1)
+    page_size: int = Field(default=1, ge=1)
+    init_new_token_ratio: float = Field(default=0.7, ge=0, le=1)
+    retraction: Literal["naive", "v0.5.10", "v0.5.22"] = "v0.5.22"
+    disable_consecutive_prefill_overlap: bool = False
+    launch_args: Optional[list[str]] = None
+    version: Optional[str] = None
+    _from_launch_args: tuple = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _apply_launch_args(cls, data, handler):
+        derived: tuple = ()
+        if isinstance(data, dict) and isinstance(data.get("launch_args"), list):
+            # YAML reads `--pp-size, 2` as a number: launch arguments are strings
+            data = {**data, "launch_args": [a if isinstance(a, str) else str(a) for a in data["launch_args"]]}
+            data, derived = _resolve_launch_args(data)
+        if isinstance(data, dict) and data.get("version") is not None and "retraction" not in data:
+            from sim.engines.sglang.rules.loop_rules import retraction_policy
+            from sim.errors import UserInputError
+            try:
+                data = {**data, "retraction": retraction_policy(str(data["version"]))}
+                derived = (*derived, "retraction")
+            except UserInputError:
+                pass  # the version check below reports it
+        server = handler(data)
+        server._from_launch_args = derived
+        return server
+
+    @model_validator(mode="after")
+    def _unique(self):
+        if len(set(self.settings)) != len(self.settings):
+            raise ValueError("settings must not repeat a loop")
+        if self.version is not None:
+            from sim.engines.sglang.rules.launch_args import parse_version
+            from sim.errors import UserInputError
+            try:
+                parse_version(self.version)
+            except UserInputError as err:
+                raise ValueError(err.expected) from None
+        if self.page_size > 1 and self.kv_pool_tokens % self.page_size:
+            raise ValueError("kv_pool_tokens must be a multiple of page_size")
+        return self
+
+
+def _resolve_launch_args(data: dict) -> tuple[dict, tuple]:
+    """Fill server fields from ``launch_args`` (see :class:`Server`); returns (data, derived keys).
+
+    Raises:
+        ValueError: a bad flag, a loop the simulator does not model, or a field set both in
+            ``server`` and by a launch argument to different values.
+    """
+    from sim.engines.sglang.rules.loop_rules import advise
+    from sim.errors import UserInputError
+
+    args = data["launch_args"]
+    if not isinstance(args, list):
+        return data, ()
+    try:
+        adv = advise([str(a) for a in args], str(data.get("device", "cuda")), data.get("version"),
+                     source="server.launch_args")
+    except UserInputError as err:
+        raise ValueError(f"launch_args {err.field}: {err.expected}" if err.field else err.expected) from None
+    wanted: dict = dict(adv.config.server)
+    wanted["device"] = adv.config.platform
+    if "settings" not in data:
+        if adv.setting is None:
+            raise ValueError(f"launch_args select {adv.loop}, which the simulator does not model")
+        wanted["settings"] = [adv.setting]
+    derived = []
+    for key, value in wanted.items():
+        if key in data and data[key] != value:
+            raise ValueError(f"{key} is {data[key]!r} but launch_args give {value!r}")
+        if key not in data:
+            data[key] = value
+            derived.append(key)
+    return data, tuple(derived)

@@ -1,0 +1,148 @@
+"""Cost models: what each CPU phase and each device forward costs, in seconds.
+
+The simulator asks a :class:`CostModel` for the duration of every phase of every step. The
+inline model (:class:`LinearCostModel`) evaluates the scenario's linear terms; a measured
+calibration profile is another implementation of the same interface. Per-step jitter is
+applied on top by :class:`Jitter`, seeded, so runs stay reproducible.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from sim.model.schema import Costs, CostTerm
+
+EXTEND = 0  # SGLang ForwardMode.EXTEND (prefill, possibly a chunk)
+DECODE = 1  # SGLang ForwardMode.DECODE
+KIND_NAMES = ("extend", "decode")
+
+
+class CostModel(Protocol):
+    """Durations (seconds) of one step's phases.
+
+    Arguments common to the methods: ``kind`` is EXTEND or DECODE; ``num_reqs`` the batch
+    size; ``num_tokens`` the tokens computed (extend tokens for a prefill, one per request for
+    a decode); ``sum_ctx`` the summed context length (cached + computed tokens) attended over.
+    """
+
+    overlap_residue_s: float
+    sync_latency_s: float  # from the end of a forward until the host can read its results
+    gil: object  # sim.model.schema.GilCosts, read by the thread_overlap loop
+    extrapolated_steps: int  # steps priced so far outside measured data (counted by forward_s; 0 inline)
+
+    def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
+        """Device time of the forward, sampling and device-to-host copy of the batch."""
+
+    def recv_s(self, num_new_reqs: int) -> float:
+        """CPU time of ``recv_requests`` + ``process_input_requests`` for that many new requests."""
+
+    def schedule_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
+        """CPU time of ``get_next_batch_to_run`` that produced this batch."""
+
+    def launch_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
+        """CPU time of the launch part of ``run_batch`` (metadata, kernel/graph launch)."""
+
+    def process_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
+        """CPU time of ``process_batch_result_{prefill,decode}`` for this batch."""
+
+    def submit_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
+        """How long the host stays blocked in the submission of the forward when the device
+        was idle (part of the forward, measured from its start): MLX's ``mx.async_eval``
+        returns only when the device is within its last tasks. 0: the launch returns at once
+        (CUDA)."""
+
+    def describe(self) -> dict:
+        """JSON-able description recorded with results."""
+
+
+
+def _term(t: CostTerm, scale: float) -> tuple[float, float, float, float]:
+    return (t.base * scale, t.per_req * scale, t.per_token * scale, t.per_ctx_token * scale)
+
+
+class LinearCostModel:
+    """The scenario's inline linear terms: base + per_req*reqs + per_token*tokens + per_ctx_token*ctx,
+    multiplied by ``costs.gpu.scale`` / ``costs.cpu.scale``."""
+
+    def __init__(self, costs: Costs):
+        g, c = costs.gpu, costs.cpu
+        self._forward = (_term(g.prefill, g.scale), _term(g.decode, g.scale))
+        self.overlap_residue_s = g.overlap_residue * g.scale
+        self.sync_latency_s = g.sync_latency or 0.0
+        self._recv = _term(c.recv, c.scale)
+        self._schedule = _term(c.schedule, c.scale)
+        self._launch = _term(c.launch, c.scale)
+        self._process = _term(c.process, c.scale)
+        self.gil = costs.gil  # the thread_overlap loop's GIL parameters
+        self.extrapolated_steps = 0
+        self._costs = costs
+
+    def forward_s(self, kind, num_reqs, num_tokens, sum_ctx):
+        t = self._forward[kind]
+        return t[0] + t[1] * num_reqs + t[2] * num_tokens + t[3] * sum_ctx
+
+    def recv_s(self, num_new_reqs):
+        t = self._recv
+        return t[0] + t[1] * num_new_reqs
+
+    def schedule_s(self, kind, num_reqs, num_tokens, sum_ctx):
+        t = self._schedule
+        return t[0] + t[1] * num_reqs + t[2] * num_tokens + t[3] * sum_ctx
+
+    def launch_s(self, kind, num_reqs, num_tokens, sum_ctx):
+        t = self._launch
+        return t[0] + t[1] * num_reqs + t[2] * num_tokens + t[3] * sum_ctx
+
+    def process_s(self, kind, num_reqs, num_tokens, sum_ctx):
+        t = self._process
+        return t[0] + t[1] * num_reqs + t[2] * num_tokens + t[3] * sum_ctx
+
+    def submit_s(self, kind, num_reqs, num_tokens, sum_ctx):
+        return 0.0
+
+    def describe(self) -> dict:
+        return {"kind": "linear", "gpu": self._costs.gpu.model_dump(), "cpu": self._costs.cpu.model_dump()}
+
+
+def make_cost_model(scenario) -> CostModel:
+    """The cost model a scenario asks for: its calibration profile (``costs.profile``) if it
+    names one, else the inline linear terms. ``scenario``: a :class:`sim.scenario.Scenario`
+    (its ``costs`` and ``resolve_path`` are read).
+
+    Raises:
+        ProfileError: the profile file is unusable (see :func:`calibrate.profile.load_profile`).
+    """
+    c = scenario.costs
+    if c.profile:
+        from calibrate.profile_costs import (
+            ProfileCostModel,  # calibrate imports sim.errors: no cycle at load
+        )
+
+        return ProfileCostModel.from_file(scenario.resolve_path(c.profile), gpu_scale=c.gpu.scale,
+                                          cpu_scale=c.cpu.scale, overlap_residue_s=c.gpu.overlap_residue, gil=c.gil,
+                                          sync_latency_s=c.gpu.sync_latency, statistic=c.profile_statistic)
+    return LinearCostModel(c)
+
+
+class Jitter:
+    """Seeded multiplicative per-step jitter, lognormal with mean 1 and coefficient of variation
+    ``cv``; ``cv == 0`` returns exactly 1.0 without drawing. Draws are buffered for speed."""
+
+    _CHUNK = 8192
+
+    def __init__(self, cv: float, rng: np.random.Generator):
+        self.cv = cv
+        self._rng = rng
+        self._buf: list[float] = []
+        if cv > 0:
+            var = np.log1p(cv * cv)
+            self._sigma, self._mu = float(np.sqrt(var)), float(-var / 2)
+
+    def __call__(self) -> float:
+        if self.cv == 0:
+            return 1.0
+        if not self._buf:
+            self._buf = self._rng.lognormal(self._mu, self._sigma, self._CHUNK).tolist()
+        return self._buf.pop()

@@ -1,0 +1,177 @@
+"""Summaries side by side: ratios, JSON, rich tables, and a results folder written atomically."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from sim.atomic import atomic_path
+from sim.trace.metrics import SUMMARY_KEYS
+
+RATIO_BASELINE = "normal"
+# (label, key, format) rows of the terminal table
+TABLE_ROWS = [
+    ("completed / failed", None, None),
+    ("failed: cut off / no connect / aborted", None, None),
+    ("output throughput (tok/s)", "output_throughput", "{:.1f}"),
+    ("request throughput (req/s)", "request_throughput", "{:.3f}"),
+    ("TTFT mean / median / p99 (ms)", "ttft", "{:.2f}"),
+    ("TPOT mean / median / p99 (ms)", "tpot", "{:.3f}"),
+    ("ITL mean / median / p99 (ms)", "itl", "{:.3f}"),
+    ("E2E mean / median (ms)", "e2e", "{:.1f}"),
+    ("GPU idle fraction", "gpu_idle_fraction", "{:.3f}"),
+    ("gap mean / median / p99 (ms)", "gap", "{:.3f}"),
+    ("sync wait mean (ms)", "mean_sync_wait_ms", "{:.3f}"),
+    ("steps / decode batch size", None, None),
+    ("overshoot tokens", "overshoot_tokens", "{:d}"),
+    ("peak KV token usage", "peak_token_usage", "{:.3f}"),
+    ("retracted / re-prefilled tok / skipped", None, None),
+]
+
+
+def ratios(summaries: dict[str, dict], baseline: str = RATIO_BASELINE) -> dict[str, dict]:
+    """``{"X/normal": {key: X[key] / normal[key]}}`` for every numeric key and every other setting."""
+    if baseline not in summaries:
+        return {}
+    base = summaries[baseline]
+    out = {}
+    for name, summ in summaries.items():
+        if name == baseline:
+            continue
+        row = {}
+        for key in SUMMARY_KEYS:
+            a, b = summ.get(key), base.get(key)
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b and not math.isnan(b) and not math.isnan(a):
+                row[key] = a / b
+            else:
+                row[key] = None
+        out[f"{name}/{baseline}"] = row
+    return out
+
+
+def jsonable(obj):
+    """Replace NaN/inf by None and numpy scalars by Python ones, recursively."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def run_payload(name: str, seed: int, summaries: dict[str, dict]) -> dict:
+    """The ``run --json`` object: scenario, seed, settings, ratios."""
+    return jsonable({"scenario": name, "seed": seed, "settings": summaries, "ratios": ratios(summaries)})
+
+
+def _fmt(fmt: str, v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return fmt.format(int(v) if fmt.endswith("d}") else v)
+
+
+def _cell(summ: dict, key: str | None, fmt: str | None, label: str) -> str:
+    if label.startswith("completed"):
+        return f"{summ['completed']} / {summ['failed']}"
+    if label.startswith("failed:"):
+        return " / ".join(str(summ.get(k, 0)) for k in ("cut_off", "could_not_connect", "aborted"))
+    if label.startswith("retracted"):
+        return f"{summ.get('retractions', 0)} / {summ.get('reprefill_tokens', 0)} / {summ.get('skipped_decodes', 0)}"
+    if label.startswith("steps"):
+        return f"{summ['num_steps']} / {_fmt('{:.1f}', summ['mean_decode_batch_size'])}"
+    if key in ("ttft", "tpot", "itl", "gap"):
+        return " / ".join(_fmt(fmt, summ[f"{s}_{key}_ms"]) for s in ("mean", "median", "p99"))
+    if key == "e2e":
+        return " / ".join(_fmt(fmt, summ[f"{s}_e2e_latency_ms"]) for s in ("mean", "median"))
+    return _fmt(fmt, summ.get(key))
+
+
+def _ratio_cell(r: dict, key: str | None, label: str) -> str:
+    k = {"ttft": "median_ttft_ms", "tpot": "median_tpot_ms", "itl": "median_itl_ms", "gap": "mean_gap_ms",
+         "e2e": "median_e2e_latency_ms"}.get(key, key)
+    v = r.get(k) if k else None
+    return "-" if v is None else f"{v:.3f}"
+
+
+def console_width() -> int | None:
+    """Width for tables: the terminal's, ``COLUMNS`` if set, else 110 when output is piped
+    (rich would wrap every row at 80)."""
+    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
+        return None
+    return 110
+
+
+def print_table(title: str, summaries: dict[str, dict], console: Console | None = None, streamed: bool = False) -> None:
+    """A rich table: one column per setting plus the ratio to ``normal`` (latency ratios: medians).
+    ``streamed``: the medians and p99s come from a streaming sketch (``--tables summary|none``)."""
+    console = console or Console(width=console_width())
+    rat = ratios(summaries)
+    caption = "ratios: setting / normal; on mean / median / p99 rows, the ratio of the medians (gap: of the means)"
+    if streamed:
+        caption += "; medians and p99s streamed (DDSketch, within 0.5%)"
+    table = Table(title=title, caption=caption if rat or streamed else None)
+    table.add_column("metric")
+    for name in summaries:
+        table.add_column(name, justify="right")
+    for rname in rat:
+        table.add_column(rname, justify="right")
+    for label, key, fmt in TABLE_ROWS:
+        cells = [_cell(s, key, fmt, label) for s in summaries.values()]
+        cells += [_ratio_cell(r, key, label) for r in rat.values()]
+        table.add_row(label, *cells)
+    console.print(table)
+    for name, s in summaries.items():
+        if s.get("extrapolated_steps"):
+            console.print(f"[yellow]warning: {name}: {s['extrapolated_steps']} steps (warm-up included) lie "
+                          "outside the calibration profile's measured grid; their costs are extrapolated[/]")
+        if s.get("outcome", "ok") != "ok":
+            usage = s.get("outcome_token_usage")
+            at_usage = f", token usage {usage:.2f}" if isinstance(usage, float) and usage == usage else ""
+            console.print(f"[bold red]{name}: {s['outcome']}[/] at t={s.get('outcome_time_s', float('nan')):.3f}s"
+                          f"{at_usage}: {s.get('outcome_reason', '')}")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (see :func:`sim.atomic.atomic_path`)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def atomic_write_frame(df: pd.DataFrame, path: Path) -> None:
+    """Write a DataFrame as CSV or Parquet (by suffix), atomically."""
+    with atomic_path(path) as tmp:
+        if Path(path).suffix == ".parquet":
+            df.to_parquet(tmp, index=False)
+        else:
+            df.to_csv(tmp, index=False)
+
+
+def write_results(out_dir: Path, payload: dict, results: Iterable, table_format: str = "csv",
+                  tables: str = "steps") -> list[Path]:
+    """Write ``summary.json`` and per-setting ``steps_/requests_/itl_<setting>.<fmt>`` into
+    ``out_dir`` (``tables``: which tables exist, see :func:`sim.simulate`), each file
+    atomically. Returns the paths written."""
+    out_dir = Path(out_dir)
+    written = []
+    kinds = {"steps": ("steps", "requests", "itl"), "summary": ("requests",), "none": ()}[tables]
+    for res in results:
+        for kind in kinds:
+            df = getattr(res, kind)
+            path = out_dir / f"{kind}_{res.setting}.{table_format}"
+            atomic_write_frame(df, path)
+            written.append(path)
+    path = out_dir / "summary.json"
+    atomic_write_text(path, json.dumps(payload, indent=2) + "\n")
+    written.append(path)
+    return written

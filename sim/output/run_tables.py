@@ -1,0 +1,84 @@
+"""Reading a results folder written by ``overlap-sim run`` back into tables (no simulation)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+
+from sim.errors import UserInputError
+
+
+@dataclass
+class RunTables:
+    """A saved run: ``payload`` is summary.json (scenario, seed, settings, ratios, scenario_config);
+    ``steps``/``requests`` map each setting to its table (schema in :mod:`sim.trace.recorder`)."""
+
+    folder: Path
+    payload: dict
+    steps: dict[str, pd.DataFrame] = field(default_factory=dict)
+    requests: dict[str, pd.DataFrame] = field(default_factory=dict)
+
+    @property
+    def scenario_name(self) -> str:
+        return str(self.payload.get("scenario", self.folder.name))
+
+    @property
+    def summaries(self) -> dict[str, dict]:
+        return {k: v for k, v in self.payload.get("settings", {}).items() if k in self.steps}
+
+    @property
+    def kv_pool_tokens(self) -> Optional[int]:
+        return self.payload.get("scenario_config", {}).get("server", {}).get("kv_pool_tokens")
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    except Exception as err:  # pyarrow and the CSV parser raise many kinds
+        raise UserInputError(str(path), "", f"cannot read the table ({type(err).__name__}: {err})") from None
+
+
+def is_run_folder(folder: Path) -> bool:
+    folder = Path(folder)
+    return (folder / "summary.json").is_file() and any(folder.glob("steps_*.*"))
+
+
+def load_run_tables(folder: Path, settings: Optional[list[str]] = None) -> RunTables:
+    """Load ``summary.json`` and the ``steps_/requests_<setting>.{csv,parquet}`` tables of a run.
+
+    Raises:
+        UserInputError: no summary.json, an unreadable table, a step table without the columns
+            this needs, or a requested setting the folder does not have.
+    """
+    folder = Path(folder)
+    try:
+        payload = json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError) as err:
+        raise UserInputError(str(folder / "summary.json"), "",
+                             f"cannot read a run's summary ({err}); expected a folder written by 'overlap-sim run'") from None
+    out = RunTables(folder, payload)
+    found = {p.stem.split("_", 1)[1] for p in folder.glob("steps_*.*") if p.suffix in (".csv", ".parquet")}
+    order = [s for s in payload.get("settings", {}) if s in found]
+    available = order + sorted(found - set(order))
+    if not available:
+        raise UserInputError(str(folder), "", "the run kept no steps table (it ran with --tables summary or none); "
+                                              "run it again with --tables steps")
+    wanted = settings or available
+    missing = [s for s in wanted if s not in available]
+    if missing:
+        raise UserInputError(str(folder), "--setting", f"no steps table for {missing}; the run has {available}")
+    for s in wanted:
+        for kind, target in (("steps", out.steps), ("requests", out.requests)):
+            path = next((p for p in (folder / f"{kind}_{s}.parquet", folder / f"{kind}_{s}.csv") if p.is_file()), None)
+            if path is not None:
+                target[s] = _read_table(path)
+        needed = {"seq", "kind", "forward_start", "forward_end", "recv_start", "process_end"}
+        lacking = needed - set(out.steps[s].columns)
+        if lacking:
+            raise UserInputError(str(folder / f"steps_{s}"), ",".join(sorted(lacking)), "missing column(s) in the steps table")
+        out.steps[s] = out.steps[s].sort_values("seq", kind="stable").reset_index(drop=True)
+    return out

@@ -1,0 +1,80 @@
+"""The event trace of one run: per-step timeline, per-request outcomes, ITL samples.
+
+The same schema is produced by the simulator and (later) by the ground-truth harness, so one
+metrics function reads both. Times are seconds from the start of the run.
+
+steps (one row per batch, in launch order):
+    seq, kind ('extend'|'decode'), num_reqs, num_tokens, sum_ctx, num_warmup, overshoot,
+    finished, after_idle, kv_used, num_running, num_queued, recv_start, schedule_start, schedule_end, launch_start, launch_end,
+    forward_start, forward_end, sync_start, process_start, process_end
+requests (one row per request):
+    rid, arrival_s, input_len, cached_len, output_len, output_tokens, first_token_s,
+    finish_s, status ('completed'|'failed'), warmup, retractions,
+    failure ('' | 'cut_off': in the server when it died | 'could_not_connect': sent after it
+    died | 'aborted': aborted out of KV memory | 'too_long': larger than the KV pool)
+itl (weighted inter-token latencies of measured requests):
+    itl_s, weight
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from sim.model.batch import FINISHED, Batch, Req
+from sim.model.costs import KIND_NAMES
+
+FAILURE_KINDS = ("cut_off", "could_not_connect", "aborted")  # summary counts these
+
+STEP_COLUMNS = [
+    "seq", "kind", "num_reqs", "num_tokens", "sum_ctx", "num_warmup", "overshoot", "finished",
+    "after_idle", "kv_used", "num_running", "num_queued", "recv_start", "schedule_start", "schedule_end", "launch_start", "launch_end",
+    "forward_start", "forward_end", "sync_start", "process_start", "process_end",
+]
+REQUEST_COLUMNS = [
+    "rid", "arrival_s", "input_len", "cached_len", "output_len", "output_tokens", "first_token_s",
+    "finish_s", "status", "warmup", "retractions", "failure",
+]
+
+
+class TraceRecorder:
+    """Collects rows as the simulation runs (tuples, turned into DataFrames once at the end)."""
+
+    def __init__(self):
+        self._steps: list[tuple] = []
+        self._requests: list[tuple] = []
+        self._itl_values: list[float] = []
+        self._itl_weights: list[int] = []
+
+    def arrival(self, rid: int, arrival_s: float) -> None:
+        """A request was sent (the full trace gets arrivals from the request rows instead)."""
+
+    def step(self, b: Batch) -> None:
+        self._steps.append((
+            b.seq, b.kind, b.num_reqs, b.num_tokens, b.sum_ctx, b.num_warmup, len(b.overshoot), b.finished,
+            b.after_idle, b.kv_used_after_alloc, b.num_running, b.num_queued, b.recv_start, b.schedule_start, b.schedule_end, b.launch_start, b.launch_end,
+            b.forward_start, b.forward_end, b.sync_start, b.process_start, b.process_end,
+        ))
+
+    def request(self, r: Req) -> None:
+        ok = r.status == FINISHED
+        self._requests.append((
+            r.rid, r.arrival_s, r.input_len, r.cached_len, r.output_len, r.output_done if ok else 0,
+            r.first_token_s, r.finish_s, "completed" if ok else "failed", r.warmup, r.retractions, r.failure,
+        ))
+
+    def itl(self, value_s: float, weight: int) -> None:
+        self._itl_values.append(value_s)
+        self._itl_weights.append(weight)
+
+    def steps_frame(self) -> pd.DataFrame:
+        df = pd.DataFrame(self._steps, columns=STEP_COLUMNS)
+        df["kind"] = pd.Categorical.from_codes(df["kind"].to_numpy(dtype=np.int8), categories=list(KIND_NAMES))
+        return df.sort_values("seq", kind="stable").reset_index(drop=True)
+
+    def requests_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self._requests, columns=REQUEST_COLUMNS).sort_values("rid").reset_index(drop=True)
+
+    def itl_frame(self) -> pd.DataFrame:
+        return pd.DataFrame({"itl_s": np.asarray(self._itl_values, dtype=np.float64),
+                             "weight": np.asarray(self._itl_weights, dtype=np.int64)})

@@ -1,0 +1,182 @@
+"""Metrics computed as the run goes, without per-step tables (``tables: summary | none``).
+
+Memory stays bounded by the requests in flight: counts, sums and the measured window are exact;
+quantiles (median, p99) come from DDSketch (relative accuracy 0.5%). The measured window and
+the steps inside it follow :func:`sim.trace.metrics.summarize` exactly: a step counts when its forward
+starts inside [first measured arrival, last measured finish). Steps reach the recorder in launch
+order (every loop processes results in the order it launched them), so a step's gap is its
+forward start minus the previous step's forward end.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+from ddsketch import DDSketch
+
+from sim.model.batch import FINISHED, Batch, Req
+from sim.trace.metrics import SUMMARY_KEYS
+from sim.trace.recorder import FAILURE_KINDS, REQUEST_COLUMNS, TraceRecorder
+
+RELATIVE_ACCURACY = 0.005
+
+
+class _Stat:
+    """Count, sum and a quantile sketch of one metric (seconds in, ms out)."""
+
+    __slots__ = ("count", "total", "sketch")
+
+    def __init__(self):
+        self.count = 0
+        self.total = 0.0
+        self.sketch = DDSketch(relative_accuracy=RELATIVE_ACCURACY)
+
+    def add(self, value: float, weight: int = 1) -> None:
+        self.count += weight
+        self.total += value * weight
+        self.sketch.add(max(value, 0.0), weight)
+
+    def into(self, prefix: str, out: dict) -> None:
+        if self.count == 0:
+            out[f"mean_{prefix}_ms"] = out[f"median_{prefix}_ms"] = out[f"p99_{prefix}_ms"] = math.nan
+            return
+        out[f"mean_{prefix}_ms"] = self.total / self.count * 1e3
+        out[f"median_{prefix}_ms"] = self.sketch.get_quantile_value(0.5) * 1e3
+        out[f"p99_{prefix}_ms"] = self.sketch.get_quantile_value(0.99) * 1e3
+
+
+class StreamingRecorder:
+    """Drop-in for :class:`sim.trace.recorder.TraceRecorder` that keeps no step rows.
+
+    Args:
+        warmup_requests: request ids below this are warm-up; request ``warmup_requests`` is the
+            first measured one (ids are handed out in arrival order).
+        keep_requests: keep the per-request table (``tables: summary``); False keeps nothing
+            per request (``tables: none``).
+    """
+
+    def __init__(self, warmup_requests: int, keep_requests: bool):
+        self._first_measured = warmup_requests
+        self._rows = TraceRecorder() if keep_requests else None
+        self.window_start = math.nan
+        self.window_end = -math.inf
+        self._early: list[tuple] = []  # steps seen before the window start was known
+        self._pending: list[tuple] = []  # steps since the last measured finish
+        self._prev_forward_end = math.nan
+        self.completed = self.failed = self.input_tokens = self.output_tokens = 0
+        self.failures = dict.fromkeys(FAILURE_KINDS, 0)
+        self.steps = self.decode_steps = self.decode_reqs = self.overshoot = self.sync_count = 0
+        self.busy_s = self.sync_wait_s = 0.0
+        self.ttft, self.tpot, self.itl_stat, self.e2e, self.gap = _Stat(), _Stat(), _Stat(), _Stat(), _Stat()
+
+    # --- recorder interface -------------------------------------------------------------------
+    def arrival(self, rid: int, arrival_s: float) -> None:
+        if rid == self._first_measured:
+            self.window_start = arrival_s
+            early, self._early = self._early, []
+            for rec in early:
+                self._admit(rec)
+
+    def step(self, b: Batch) -> None:
+        gap = b.forward_start - self._prev_forward_end  # NaN for the first step
+        self._prev_forward_end = b.forward_end
+        rec = (b.forward_start, b.forward_end, gap if gap > 0 else (0.0 if gap == gap else math.nan),
+               b.after_idle, b.kind, b.num_reqs, len(b.overshoot), b.process_start - b.sync_start, True)
+        if self.window_start != self.window_start:  # NaN: the window has not started yet
+            self._early.append(rec)
+        else:
+            self._admit(rec)
+
+    def request(self, r: Req) -> None:
+        if self._rows is not None:
+            self._rows.request(r)
+        if r.warmup:
+            return
+        if r.finish_s > self.window_end:
+            self.window_end = r.finish_s
+            self._flush_pending()
+        if r.status != FINISHED:
+            self.failed += 1
+            if r.failure in self.failures:
+                self.failures[r.failure] += 1
+            return
+        self.completed += 1
+        self.input_tokens += r.input_len
+        self.output_tokens += r.output_done
+        ttft = r.first_token_s - r.arrival_s
+        e2e = r.finish_s - r.arrival_s
+        self.ttft.add(ttft)
+        self.e2e.add(e2e)
+        if r.output_done > 1:
+            self.tpot.add((e2e - ttft) / (r.output_done - 1))
+
+    def itl(self, value_s: float, weight: int) -> None:
+        self.itl_stat.add(value_s, weight)
+
+    # --- window bookkeeping ---------------------------------------------------------------
+    def _admit(self, rec: tuple) -> None:
+        start = self.window_start
+        if rec[0] >= start:
+            self._pending.append(rec)
+        elif rec[1] > start:  # a forward running across the window start: its busy time inside only
+            self._pending.append((start,) + rec[1:-1] + (False,))
+
+    def _flush_pending(self) -> None:
+        # every pending step was processed by now, so its forward started before this finish
+        for rec in self._pending:
+            self._count(rec)
+        self._pending.clear()
+
+    def _count(self, rec: tuple) -> None:
+        fs, fe, gap, after_idle, kind, num_reqs, overshoot, sync_wait, counted = rec
+        self.busy_s += min(fe, self.window_end) - fs
+        if not counted:
+            return
+        self.steps += 1
+        if not after_idle and gap == gap:
+            self.gap.add(gap)
+        if kind == 1:
+            self.decode_steps += 1
+            self.decode_reqs += num_reqs
+        self.overshoot += overshoot
+        self.sync_wait_s += sync_wait
+        self.sync_count += 1
+
+    # --- results ------------------------------------------------------------------------------
+    def finish(self) -> None:
+        """Count the steps still pending that started before the last measured finish."""
+        end = self.window_end
+        self._pending = [rec for rec in self._pending if rec[0] < end]
+        self._flush_pending()
+
+    def requests_frame(self) -> pd.DataFrame:
+        if self._rows is None:
+            return pd.DataFrame(columns=REQUEST_COLUMNS)
+        return self._rows.requests_frame()
+
+    def summary(self) -> dict:
+        """The same keys as :func:`sim.trace.metrics.summarize`, plus failure counts by kind."""
+        out: dict = {"completed": self.completed, "failed": self.failed}
+        duration = self.window_end - self.window_start if self.completed + self.failed else 0.0
+        duration = duration if duration == duration and duration > 0 else 0.0
+        out["duration_s"] = duration
+        out["total_input_tokens"] = self.input_tokens
+        out["total_output_tokens"] = self.output_tokens
+        out["request_throughput"] = self.completed / duration if duration > 0 else 0.0
+        out["output_throughput"] = self.output_tokens / duration if duration > 0 else 0.0
+        self.ttft.into("ttft", out)
+        self.tpot.into("tpot", out)
+        self.itl_stat.into("itl", out)
+        self.e2e.into("e2e_latency", out)
+        self.gap.into("gap", out)
+        if self.steps and duration > 0:
+            out["num_steps"] = self.steps
+            out["gpu_idle_fraction"] = max(0.0, 1.0 - self.busy_s / duration)
+            out["mean_sync_wait_ms"] = self.sync_wait_s / self.sync_count * 1e3
+            out["mean_decode_batch_size"] = self.decode_reqs / self.decode_steps if self.decode_steps else math.nan
+            out["overshoot_tokens"] = self.overshoot
+        else:
+            out.update(num_steps=0, gpu_idle_fraction=math.nan, mean_sync_wait_ms=math.nan,
+                       mean_decode_batch_size=math.nan, overshoot_tokens=0)
+        return {**{k: out[k] for k in SUMMARY_KEYS}, **self.failures}

@@ -1,0 +1,290 @@
+"""Subcommands for what-if analysis: ``sweep``, ``trace``, ``gaps``, ``log`` and ``plots``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from sim.commands import command
+from sim.errors import UserInputError
+from sim.output.report import jsonable
+
+_err = Console(stderr=True)
+
+
+def _sweep_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("scenario", help="scenario YAML file")
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=v1,v2,...",
+                   help="a scenario field and the values to sweep, e.g. workload.concurrency=1,8,64 (repeatable)")
+    p.add_argument("--repeats", type=int, default=1, help="runs per grid point; repeat r uses seed + r (default 1)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario field for every point (repeatable)")
+    p.add_argument("--out", type=Path, default=None, help="sweep folder (default results/<scenario>-sweep/)")
+    p.add_argument("--executor", choices=["local", "dask"], default="local",
+                   help="local processes (default) or a Dask distributed cluster")
+    p.add_argument("--scheduler", default=None, metavar="tcp://HOST:8786",
+                   help="Dask scheduler address (--executor dask; default: a local Dask cluster)")
+    p.add_argument("--workers", type=int, default=None, help="processes (local) or local Dask workers; default: cores")
+    p.add_argument("--no-plots", action="store_true", help="skip the sweep plots")
+
+
+def _print_sweep(table, scenario: str, console: Console) -> None:
+    from sim.whatif.variance import grid_keys, ratio_ci
+
+    keys = grid_keys(table)
+    settings = list(dict.fromkeys(table["setting"]))
+    grouped = table.groupby(["point", "setting"], sort=False)["output_throughput"]
+    means = grouped.mean().unstack("setting")
+    cvs = (grouped.std() / grouped.mean()).unstack("setting")
+    first = table.drop_duplicates("point").set_index("point")
+    ci = ratio_ci(table).set_index("point") if {"overlap", "normal"} <= set(settings) else None
+    n = int(table["repeat"].max()) + 1
+    t = Table(title=f"{scenario}: output throughput (tok/s), mean of {n} repeat{'s' if n > 1 else ''}"
+                    + (" ± CV across repeats" if n > 1 else ""))
+    for k in keys:
+        t.add_column(k, justify="right")
+    for s in settings:
+        t.add_column(s, justify="right")
+    if ci is not None:
+        t.add_column("overlap/normal" + (" [95% CI]" if n > 1 else ""), justify="right")
+    shown = list(means.index)[:40]
+    for point in shown:
+        cells = [str(first.loc[point, k]) for k in keys]
+        cells += [f"{means.loc[point, s]:.1f}" + (f" ±{cvs.loc[point, s]:.1%}" if n > 1 else "") for s in settings]
+        if ci is not None:
+            r = ci.loc[point]
+            cells.append(f"{r['ratio']:.3f}" + (f" [{r['ci_low']:.3f}, {r['ci_high']:.3f}]" if n > 1 else ""))
+        t.add_row(*cells)
+    console.print(t)
+    if len(means) > len(shown):
+        console.print(f"... {len(means) - len(shown)} more points in the table")
+
+
+@command("sweep", "run a scenario over a grid of field values, every setting, with repeats (resumable)", _sweep_args)
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from sim.scenario import load_scenario
+    from sim.whatif.plots import save_sweep_plots
+    from sim.whatif.sweeps import parse_grid, plan_sweep, sweep
+
+    scenario = load_scenario(args.scenario, args.overrides)
+    grid = parse_grid(args.grid)
+    if args.scheduler and args.executor != "dask":
+        raise UserInputError("--scheduler", "", "needs --executor dask")
+    if args.workers is not None and args.workers < 1:
+        raise UserInputError("--workers", "", f"expected a positive number (got {args.workers})")
+    plan_sweep(scenario, grid, args.repeats)  # bad keys and values fail here, before the progress bar
+    out = args.out or Path("results") / f"{scenario.name}-sweep"
+    columns = (TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("points x repeats"),
+               TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=_err) as progress:
+        bar = progress.add_task("sweep", total=None)
+        state = {"first": True}
+
+        def on_progress(done: int, total: int) -> None:
+            progress.update(bar, completed=done, total=total)
+            if state.pop("first", False) and done:
+                progress.console.print(f"resuming: {done} of {total} point runs already in {out}/points/")
+
+        table = sweep(scenario, grid, args.repeats, out=out, executor=args.executor, workers=args.workers,
+                      scheduler=args.scheduler, on_progress=on_progress)
+    _print_sweep(table, scenario.name, Console())
+    if not args.no_plots:
+        save_sweep_plots(out, table, scenario.name)
+    print(f"{len(table)} rows written to {out}/sweep.parquet and sweep.csv")
+    if args.repeats > 1:
+        _write_variance(out, table)
+        print(f"spread of every metric across repeats: {out}/spread.csv; ratio intervals: {out}/ratio_ci.csv")
+    return 0
+
+
+VARIANCE_RATIO_METRICS = ("output_throughput", "request_throughput", "median_ttft_ms", "median_tpot_ms",
+                          "median_itl_ms", "mean_gap_ms", "gpu_idle_fraction")
+
+
+def _write_variance(out: Path, table) -> None:
+    """spread.csv: mean/std/cv/min/max of every numeric summary key per point and setting;
+    ratio_ci.csv: overlap/normal 95% t-interval of the main metrics per point."""
+    import pandas as pd
+
+    from sim.output.report import atomic_write_frame
+    from sim.trace.metrics import SUMMARY_KEYS
+    from sim.whatif.variance import ratio_ci, spread
+
+    metrics = [k for k in SUMMARY_KEYS + ["peak_token_usage"] if k in table and pd.api.types.is_numeric_dtype(table[k])]
+    atomic_write_frame(spread(table, metrics), out / "spread.csv")
+    if {"overlap", "normal"} <= set(table["setting"]):
+        parts = [ratio_ci(table, m).assign(metric=m) for m in VARIANCE_RATIO_METRICS if m in table]
+        atomic_write_frame(pd.concat(parts, ignore_index=True), out / "ratio_ci.csv")
+
+
+def _trace_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("results", type=Path, help="a results folder written by 'overlap-sim run'")
+    p.add_argument("--setting", action="append", default=None, help="only this setting (repeatable; default all)")
+    p.add_argument("--window", default=None, metavar="START:END", help="seconds of simulated time, e.g. 0.2:0.5")
+    p.add_argument("--out", type=Path, default=None, help="trace file (default RESULTS/trace.json; .gz compresses)")
+    p.add_argument("--preview", type=Path, default=None, metavar="PNG", help="also draw the first 40 ms as a PNG")
+
+
+@command("trace", "write a run's timeline as a Chrome trace JSON (open in Perfetto or chrome://tracing)", _trace_args)
+def cmd_trace(args: argparse.Namespace) -> int:
+    from sim.output.chrome_trace import chrome_trace, parse_window, write_chrome_trace
+    from sim.output.plots import _save
+    from sim.output.run_tables import load_run_tables
+    from sim.whatif.plots import trace_preview
+
+    window = parse_window(args.window)
+    run = load_run_tables(args.results, args.setting)
+    trace = chrome_trace(run, window)
+    out = write_chrome_trace(trace, args.out or args.results / "trace.json")
+    if args.preview:
+        _save(trace_preview(trace, f"{run.scenario_name}: Chrome trace preview"), args.preview)
+    counts = {}
+    for e in trace["traceEvents"]:
+        counts[e["ph"]] = counts.get(e["ph"], 0) + 1
+    print(f"{out}: {counts.get('X', 0)} slices, {counts.get('s', 0)} flow arrows, {counts.get('C', 0)} counter samples "
+          f"for {', '.join(run.steps)}; open it in https://ui.perfetto.dev or chrome://tracing")
+    return 0
+
+
+def _gaps_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace", type=Path, help="a Chrome trace JSON (torch.profiler export_chrome_trace; .gz ok)")
+    p.add_argument("--step-name", default=None, metavar="NAME",
+                   help="record_function annotation around each forward (default: device kernels per step)")
+    p.add_argument("--split-gap-us", type=float, default=50.0,
+                   help="without annotations: a device idle gap longer than this starts a new step (default 50)")
+    p.add_argument("--pid", default=None, help="the trace pid (device) to measure; default: the one with most steps")
+    p.add_argument("--against", type=Path, default=None, metavar="RESULTS",
+                   help="a results folder of 'overlap-sim run': print the predicted values beside the measured")
+    p.add_argument("--plot", type=Path, default=None, metavar="PNG", help="write a histogram of the measured gaps")
+    p.add_argument("--json", action="store_true", help="print the summary keys as one JSON object")
+
+
+def _gap_table(title: str, columns: dict[str, dict]) -> Table:
+    rows = [("forward steps", "num_steps", "{:d}"), ("GPU idle fraction", "gpu_idle_fraction", "{:.3f}"),
+            ("gap mean / median / p99 (ms)", "gap", "{:.3f}")]
+    t = Table(title=title)
+    t.add_column("metric")
+    for name in columns:
+        t.add_column(name, justify="right")
+
+    def fmt(f, v):
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f.format(int(v) if "d" in f else v)
+    for label, key, f in rows:
+        if key == "gap":
+            t.add_row(label, *(" / ".join(fmt(f, c.get(f"{s}_gap_ms")) for s in ("mean", "median", "p99"))
+                               for c in columns.values()))
+        else:
+            t.add_row(label, *(fmt(f, c.get(key)) for c in columns.values()))
+    return t
+
+
+@command("gaps", "measure GPU gaps and idle fraction in a real torch.profiler / Chrome trace", _gaps_args)
+def cmd_gaps(args: argparse.Namespace) -> int:
+    from sim.output.plots import _save
+    from sim.output.real_trace import GAP_KEYS, measure_gaps
+    from sim.output.run_tables import load_run_tables
+    from sim.trace.metrics import SUMMARY_KEYS
+    from sim.whatif.plots import measured_gap_histogram
+
+    res = measure_gaps(args.trace, args.step_name, args.split_gap_us, args.pid)
+    predicted = load_run_tables(args.against).summaries if args.against else {}
+    if args.plot:
+        _save(measured_gap_histogram(res["gaps_ms"], f"{args.trace.name}: {res['mode']}"), args.plot)
+    if args.json:
+        out = {k: res[k] for k in GAP_KEYS + ["mode", "source"]}
+        if predicted:
+            out["predicted"] = {s: {k: v.get(k) for k in SUMMARY_KEYS if k in GAP_KEYS} for s, v in predicted.items()}
+        print(json.dumps(jsonable(out)))
+        return 0
+    columns = {"measured": res, **{f"predicted: {s}": v for s, v in predicted.items()}}
+    Console().print(_gap_table(f"{args.trace.name}: {res['mode']}", columns))
+    return 0
+
+
+def _log_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("log", type=Path, help="an SGLang server log (scheduler 'Prefill batch' / 'Decode batch' lines)")
+    p.add_argument("--json", action="store_true", help='print {"records": [...], "skipped_lines": N}')
+    p.add_argument("--out", type=Path, default=None, help="folder for log.csv and log.png (default results/<log>-log/)")
+
+
+@command("log", "parse an SGLang server log into a table over time and plot it", _log_args)
+def cmd_log(args: argparse.Namespace) -> int:
+    from sim.engines.sglang.server_log import parse_log
+    from sim.output.plots import _save
+    from sim.output.report import atomic_write_frame
+    from sim.whatif.plots import log_timeline
+
+    parsed = parse_log(args.log)
+    df = parsed.frame()
+    out = args.out or Path("results") / f"{args.log.stem}-log"
+    atomic_write_frame(df, out / "log.csv")
+    _save(log_timeline(df, f"{args.log.name}: SGLang scheduler log ({len(df)} batch lines)"), out / "log.png")
+    if parsed.skipped_lines:
+        print(f"{args.log}: skipped {parsed.skipped_lines} line(s) that are not scheduler batch lines", file=sys.stderr)
+    if args.json:
+        records = [{k: (v.isoformat(sep=" ") if hasattr(v, "isoformat") else v) for k, v in r.items()}
+                   for r in parsed.records]
+        print(json.dumps(jsonable({"records": records, "skipped_lines": parsed.skipped_lines})))
+        return 0
+    t = Table(title=f"{args.log.name}: {len(df)} batch lines, {parsed.skipped_lines} other lines skipped")
+    t.add_column("")
+    t.add_column("prefill", justify="right")
+    t.add_column("decode", justify="right")
+    for label, col, agg, f in (("lines", "kind", "size", "{:d}"), ("max running requests", "running_req", "max", "{:.0f}"),
+                               ("max waiting queue", "queue_req", "max", "{:.0f}"),
+                               ("max KV token usage", "token_usage", "max", "{:.2f}"),
+                               ("mean gen throughput (tok/s)", "gen_throughput_tok_s", "mean", "{:.1f}"),
+                               ("cuda graph share", "cuda_graph", "mean", "{:.2f}")):
+        cells = []
+        for kind in ("prefill", "decode"):
+            sub = df[df["kind"] == kind]
+            v = len(sub) if agg == "size" else (getattr(sub[col].dropna().astype(float), agg)()
+                                                if col in sub and sub[col].notna().any() else None)
+            cells.append("-" if v is None or (isinstance(v, float) and math.isnan(v)) else f.format(v))
+        t.add_row(label, *cells)
+    Console().print(t)
+    if df["t_s"].max() > 0:
+        print(f"time span {df['t_s'].max():.1f} s; table and plot written to {out}/")
+    else:
+        print(f"table and plot written to {out}/")
+    return 0
+
+
+def _plots_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("results", type=Path, help="a folder written by 'overlap-sim run' or 'overlap-sim sweep'")
+
+
+@command("plots", "redraw every plot of a run or sweep from its saved tables (no simulation)", _plots_args)
+def cmd_plots(args: argparse.Namespace) -> int:
+    from sim.output.plots import save_run_plots
+    from sim.output.run_tables import is_run_folder, load_run_tables
+    from sim.whatif.plots import save_sweep_plots
+    from sim.whatif.sweeps import MANIFEST, load_sweep
+
+    if (args.results / MANIFEST).is_file():
+        table, manifest = load_sweep(args.results)
+        paths = save_sweep_plots(args.results, table, manifest.get("scenario", args.results.name))
+    elif is_run_folder(args.results):
+        run = load_run_tables(args.results)
+        paths = save_run_plots(args.results, run.scenario_name, run.steps, run.summaries)
+    else:
+        raise UserInputError(str(args.results), "", "not a run or sweep folder (expected summary.json + steps_<setting>.csv "
+                                                    "or .parquet, or sweep.json + sweep.parquet)")
+    for p in paths:
+        print(p)
+    return 0

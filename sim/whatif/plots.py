@@ -1,0 +1,221 @@
+"""Plots of sweeps, server logs, measured gaps and Chrome traces, drawn from saved tables/files.
+
+- sweep_<key>.png: metrics against one grid key, a line per setting (error bars: std across repeats);
+- ratio_heatmap.png: overlap/normal ratio over two grid keys with the break-even (ratio 1) line;
+- ratio_ci.png: the ratio per grid point with its confidence interval (sweeps with repeats);
+- the server log over time; a histogram of measured gaps; a preview of a Chrome trace.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from sim.output.plots import KIND_COLORS, PHASE_COLORS, _save, plt
+from sim.whatif.variance import grid_keys, paired_ratios, ratio_ci
+
+LINE_METRICS = (("output_throughput", "output throughput (tok/s)"), ("median_ttft_ms", "median TTFT (ms)"),
+                ("median_itl_ms", "median ITL (ms)"), ("mean_gap_ms", "mean GPU gap (ms)"))
+
+
+def _numeric(values: pd.Series) -> bool:
+    return pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
+
+
+def _label(v) -> str:
+    return f"{v:g}" if isinstance(v, (float, np.floating)) else str(v)
+
+
+def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
+    """Metrics (rows of :data:`LINE_METRICS`) against grid ``key``: a line per setting (and per
+    value of the other grid keys, up to 4 combinations; more are averaged)."""
+    others = [k for k in grid_keys(table) if k != key]
+    combos = table[others].drop_duplicates() if others else pd.DataFrame(index=[0])
+    split = bool(others) and len(combos) <= 4
+    fig, axes = plt.subplots(1, len(LINE_METRICS), figsize=(3.6 * len(LINE_METRICS), 3.6))
+    styles = ["-", "--", ":", "-."]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    settings = list(dict.fromkeys(table["setting"]))
+    for ax, (metric, label) in zip(axes, LINE_METRICS):
+        for si, setting in enumerate(settings):
+            sub = table[table["setting"] == setting]
+            groups = sub.groupby(others, sort=False, dropna=False) if split else [((), sub)]
+            for ci, (values, g) in enumerate(groups):
+                stats = g.groupby(key, sort=True)[metric].agg(["mean", "std"])
+                values = values if isinstance(values, tuple) else (values,)
+                extra = ", ".join(f"{'.'.join(k.split('.')[-2:])}={_label(v)}" for k, v in zip(others, values)) if split else ""
+                x = stats.index.to_numpy() if _numeric(table[key]) else np.arange(len(stats))
+                ax.errorbar(x, stats["mean"], yerr=stats["std"].fillna(0), color=colors[si % len(colors)],
+                            linestyle=styles[ci % 4], marker="o", ms=3, capsize=2,
+                            label=setting + (f" ({extra})" if extra else ""))
+                if not _numeric(table[key]):
+                    ax.set_xticks(x, [_label(v) for v in stats.index], rotation=30, fontsize=7)
+        ax.set_xlabel(key)
+        ax.set_title(label, fontsize=9)
+        if _numeric(table[key]) and table[key].min() > 0 and table[key].max() / table[key].min() >= 16:
+            ax.set_xscale("log", base=2)
+    axes[0].legend(fontsize=7)
+    note = "" if split or not others else f" (averaged over {', '.join(others)})"
+    fig.suptitle(f"{scenario}: sweep over {key}{note}; error bars: std across repeats", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def ratio_heatmap(table: pd.DataFrame, x_key: str, y_key: str, scenario: str, metric: str = "output_throughput",
+                  num: str = "overlap", den: str = "normal"):
+    """Heatmap of the ``num``/``den`` ratio of ``metric`` (geometric mean over repeats and other
+    grid keys) over two grid keys, with the break-even contour (ratio = 1)."""
+    pr = paired_ratios(table, metric, num, den)
+    pr["log_ratio"] = np.log(pr["ratio"])
+    grid = pr.groupby([y_key, x_key])["log_ratio"].mean().unstack(x_key).sort_index().sort_index(axis=1)
+    z = np.exp(grid.to_numpy(dtype=float))
+    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * z.shape[1], 1.4 + 0.6 * z.shape[0]))
+    span = max(abs(np.log(np.nanmax(z))), abs(np.log(np.nanmin(z))), 1e-3)
+    im = ax.imshow(np.log(z), origin="lower", cmap="RdBu", vmin=-span, vmax=span, aspect="auto")
+    for (i, j), v in np.ndenumerate(z):
+        ax.text(j, i, f"{v:.3f}" if abs(v - 1) < 0.01 else f"{v:.2f}", ha="center", va="center", fontsize=8)
+    if z.shape[0] > 1 and z.shape[1] > 1 and np.nanmin(z) < 1 < np.nanmax(z):
+        cs = ax.contour(np.log(z), levels=[0.0], colors="black", linewidths=1.5)
+        ax.clabel(cs, fmt={0.0: "break-even"}, fontsize=8)
+    ax.set_xticks(range(z.shape[1]), [_label(v) for v in grid.columns])
+    ax.set_yticks(range(z.shape[0]), [_label(v) for v in grid.index])
+    ax.set_xlabel(x_key)
+    ax.set_ylabel(y_key)
+    cbar = fig.colorbar(im, ax=ax)
+    ticks = np.linspace(-span, span, 5)
+    cbar.set_ticks(ticks, labels=[f"{math.exp(t):.2f}" for t in ticks])
+    cbar.set_label(f"{num}/{den} {metric}")
+    ax.set_title(f"{scenario}: {num}/{den} {metric}\n(>1: {num} better for throughput)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def ratio_ci_plot(table: pd.DataFrame, scenario: str, metric: str = "output_throughput", level: float = 0.95):
+    """The paired ratio per grid point with its t-interval (:func:`sim.whatif.variance.ratio_ci`)."""
+    ci = ratio_ci(table, metric, level=level)
+    keys = grid_keys(table)
+    labels = [", ".join(f"{k.split('.')[-1]}={_label(r[k])}" for k in keys) or "scenario" for _, r in ci.iterrows()]
+    fig, ax = plt.subplots(figsize=(max(5, 0.5 * len(ci) + 2), 3.8))
+    x = np.arange(len(ci))
+    lo = (ci["ratio"] - ci["ci_low"]).fillna(0)
+    hi = (ci["ci_high"] - ci["ratio"]).fillna(0)
+    ax.errorbar(x, ci["ratio"], yerr=[lo, hi], fmt="o", capsize=3)
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="break-even")
+    ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel(f"overlap/normal {metric}")
+    n = int(ci["n"].max()) if len(ci) else 0
+    ax.set_title(f"{scenario}: paired ratio, {level:.0%} t-interval over {n} repeats", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def save_sweep_plots(out_dir: Path, table: pd.DataFrame, scenario: str) -> list[Path]:
+    """Write every sweep plot that applies into ``out_dir``; returns the paths."""
+    out_dir = Path(out_dir)
+    keys = grid_keys(table)
+    paths = [_save(sweep_lines(table, k, scenario), out_dir / f"sweep_{k}.png") for k in keys]
+    settings = set(table["setting"])
+    if {"overlap", "normal"} <= settings:
+        if len(keys) >= 2:
+            paths.append(_save(ratio_heatmap(table, keys[0], keys[1], scenario), out_dir / "ratio_heatmap.png"))
+        if table["repeat"].max() >= 1:
+            paths.append(_save(ratio_ci_plot(table, scenario), out_dir / "ratio_ci.png"))
+    return paths
+
+
+def log_timeline(df: pd.DataFrame, title: str):
+    """A server log over time: running requests and queue, KV token usage, generation throughput,
+    prefill tokens; one series per rank if several ranks log."""
+    panels = [(("running_req", "running requests"), ("queue_req", "waiting queue")),
+              (("token_usage", "KV token usage"),),
+              (("gen_throughput_tok_s", "gen throughput (tok/s)"),),
+              (("new_token", "prefill new tokens"), ("cached_token", "prefill cached tokens"))]
+    rank_cols = [c for c in df.columns if c.endswith("_rank")]
+    groups = list(df.groupby(rank_cols, sort=True)) if rank_cols else [((), df)]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 7.5), sharex=True)
+    for ax, series in zip(axes, panels):
+        for col, label in series:
+            if col not in df:
+                continue
+            for rank, g in groups:
+                g = g[g[col].notna()]
+                rank = rank if isinstance(rank, tuple) else (rank,)
+                suffix = "".join(f" {c[:-5].upper()}{int(v)}" for c, v in zip(rank_cols, rank)) if len(groups) > 1 else ""
+                if col in ("new_token", "cached_token"):
+                    ax.plot(g["t_s"], g[col], ".", ms=4, label=label + suffix)
+                else:
+                    ax.step(g["t_s"], g[col], where="post", linewidth=1.2, label=label + suffix)
+        ax.legend(fontsize=7, loc="upper right")
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("time since first batch line (s)")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def measured_gap_histogram(gaps_ms: list[float], title: str):
+    """Histogram of measured gaps between consecutive forward steps (ms)."""
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    g = np.asarray(gaps_ms, dtype=float)
+    bins = np.linspace(0, max(float(g.max()) if len(g) else 1.0, 1e-3) * 1.05, 40)
+    ax.hist(g, bins=bins, color="#d62728")
+    ax.set_xlabel("measured gap between consecutive forward steps (ms)")
+    ax.set_ylabel("gaps")
+    ax.set_title(title, fontsize=10)
+    return fig
+
+
+def trace_preview(trace: dict, title: str, max_span_ms: Optional[float] = 40.0):
+    """A static drawing of a Chrome trace written by :mod:`sim.output.chrome_trace`: per process a CPU
+    lane and a device lane, flow arrows, and the counters below; the first ``max_span_ms`` ms."""
+    events = trace["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    xs = [e for e in events if e.get("ph") == "X"]
+    t0 = min(e["ts"] for e in xs if e["tid"] == 2)  # from the first forward shown
+    t1 = t0 + max_span_ms * 1e3 if max_span_ms else max(e["ts"] + e["dur"] for e in xs)
+    pids = sorted(names)
+    fig, axes = plt.subplots(len(pids) + 1, 1, figsize=(11, 1.9 * len(pids) + 2.2), sharex=True)
+    ms = lambda ts: (ts - t0) / 1e3  # noqa: E731
+    for ax, pid in zip(axes, pids):
+        for e in xs:
+            if e["pid"] != pid or e["ts"] > t1:
+                continue
+            lane = 10 if e["tid"] == 1 else 0
+            color = PHASE_COLORS.get(e["name"]) or KIND_COLORS.get(e["name"].split()[-1], "#888888")
+            ax.broken_barh([(ms(e["ts"]), e["dur"] / 1e3)], (lane, 8), facecolors=color, edgecolor="white",
+                           linewidth=0.3)
+        starts = {(e["id"], e["cat"]): e for e in events if e.get("ph") == "s" and e["pid"] == pid}
+        for e in events:
+            if e.get("ph") != "f" or e["pid"] != pid or e["ts"] > t1:
+                continue
+            s = starts.get((e["id"], e["cat"]))
+            if s is None:
+                continue
+            y0, y1 = (10 if s["tid"] == 1 else 4), (8 if e["tid"] == 2 else 10)
+            color = "#444444" if e["cat"] == "launch" else "#e377c2"
+            ax.annotate("", xy=(ms(e["ts"]), y1), xytext=(ms(s["ts"]), y0),
+                        arrowprops=dict(arrowstyle="->", color=color, lw=0.8))
+        ax.set_yticks([4, 14], ["device", "CPU"])
+        ax.set_title(names[pid], fontsize=9, loc="left")
+    cax = axes[-1]
+    for pid in pids:
+        for cname in ("running requests", "waiting queue"):
+            pts = [(ms(e["ts"]), next(iter(e["args"].values()))) for e in events
+                   if e.get("ph") == "C" and e["pid"] == pid and e["name"] == cname and e["ts"] <= t1]
+            if pts:
+                cax.step(*zip(*pts), where="post", label=f"{names[pid].split(': ')[-1]}: {cname}")
+    cax.set_ylabel("requests")
+    cax.legend(fontsize=7, ncol=2)
+    cax.set_xlabel("time (ms) from the first forward shown")
+    cax.set_xlim(-0.01 * (t1 - t0) / 1e3, (t1 - t0) / 1e3)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in list(PHASE_COLORS.values()) + list(KIND_COLORS.values())]
+    fig.legend(handles, [f"CPU: {p}" for p in PHASE_COLORS] + [f"forward {k}" for k in KIND_COLORS],
+               loc="lower center", ncol=7, fontsize=7)
+    fig.suptitle(title + "\narrows: launch -> forward (grey), device-side dependency k-1 -> k (pink)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return fig

@@ -1,0 +1,303 @@
+"""Parameter sweeps: every grid point x setting x repeat, resumable, on local processes or Dask.
+
+A grid maps scenario field paths (the ``--set`` syntax, e.g. ``workload.concurrency``) to the
+values to try; the sweep runs the cartesian product. Repeat ``r`` of a point runs it with
+``seed = point seed + r`` (the point's seed is ``scenario.seed`` unless ``seed`` itself is a
+grid key). One unit of work ("point task") is one grid point at one repeat and runs every
+setting of ``server.settings`` with that seed, so settings share request lengths, arrivals and
+per-step jitter (common random numbers) and the overlap/normal ratio is a paired comparison.
+
+With an output folder, each finished point task is saved atomically as
+``points/<id>.json`` the moment it completes, where ``<id>`` is a hash of the point's full
+scenario (seed included): a restarted sweep, even with a grown grid, reruns nothing it already
+has and never deletes a saved point.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Optional, Union
+
+import pandas as pd
+import yaml
+
+from sim.errors import ScenarioError, UserInputError
+from sim.output.report import atomic_write_frame, atomic_write_text, jsonable
+from sim.scenario import Scenario, load_scenario
+
+SEED_RULE = "seed of repeat r = point seed + r (point seed: scenario.seed, or the grid's seed value)"
+POINTS_DIR = "points"
+TABLE_NAME = "sweep"
+MANIFEST = "sweep.json"
+
+
+@dataclass(frozen=True)
+class PointTask:
+    """One grid point at one repeat: ``scenario`` has the point's overrides and seed applied.
+
+    Attributes:
+        point_id: hex digest of the scenario (with seed) and its settings; names the saved file.
+        index: the grid point's position in the grid's product order.
+        values: grid key -> value of this point. repeat: 0-based repeat number.
+    """
+
+    point_id: str
+    index: int
+    values: dict
+    repeat: int
+    scenario: Scenario
+
+
+def parse_grid(items: Iterable[str]) -> dict[str, list]:
+    """Parse ``--grid KEY=v1,v2,...`` strings into ``{key: [values]}`` (insertion order kept).
+
+    Values are read as a YAML flow sequence, so ``1,2,4`` gives ints, ``0.5,1`` floats,
+    ``[overlap],[normal]`` lists. Raises UserInputError on a missing ``=``, no values, or a key
+    given twice."""
+    grid: dict[str, list] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UserInputError(f"--grid {item}", "", "expected KEY.PATH=v1,v2,... (e.g. workload.concurrency=1,2,4)")
+        try:
+            values = yaml.safe_load(f"[{text}]")
+        except yaml.YAMLError:
+            values = [v.strip() for v in text.split(",")]
+        values = [v for v in values if v is not None]
+        if not values:
+            raise UserInputError(f"--grid {item}", key, "expected at least one value after '='")
+        if key in grid:
+            raise UserInputError(f"--grid {item}", key, "key given twice; put all its values in one --grid")
+        grid[key] = values
+    return grid
+
+
+def _point_id(scenario: Scenario) -> str:
+    blob = json.dumps(scenario.model_dump(mode="json"), sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def plan_sweep(scenario: Scenario, grid: dict[str, list], repeats: int = 1) -> list[PointTask]:
+    """Every (grid point, repeat) as a :class:`PointTask`, in grid product order then repeat.
+
+    Every point's scenario is validated up front, so a bad key or value fails before anything runs.
+
+    Raises:
+        ScenarioError: an unknown grid key, or a value the schema rejects (message names the key).
+        UserInputError: ``repeats < 1``.
+    """
+    if repeats < 1:
+        raise UserInputError("--repeats", "", f"expected a positive number of repeats (got {repeats})")
+    keys = list(grid)
+    tasks: list[PointTask] = []
+    for index, combo in enumerate(itertools.product(*(grid[k] for k in keys))):
+        values = dict(zip(keys, combo))
+        overrides = [f"{k}={json.dumps(v)}" for k, v in values.items()]
+        try:
+            point = scenario.with_overrides(overrides)
+        except ScenarioError as err:
+            key = next((k for k in keys if err.field == k or err.field.startswith(k + ".")
+                        or k.startswith(err.field + ".")), err.field)
+            raise ScenarioError(f"{scenario.source} (--grid {key})", err.field, err.expected) from None
+        for r in range(repeats):
+            run = point.model_copy(update={"seed": point.seed + r})
+            tasks.append(PointTask(_point_id(run), index, values, r, run))
+    return tasks
+
+
+def run_point(task: PointTask) -> dict:
+    """Simulate every setting of ``task.scenario``; returns ``{setting: summary dict}`` (JSON-able).
+
+    A top-level function so process pools and Dask workers can import it."""
+    from sim.simulate import simulate
+
+    return jsonable({s: simulate(task.scenario, s).summary() for s in task.scenario.server.settings})
+
+
+class PointStore:
+    """Saved point results under ``out_dir/points/``, one JSON file per point task."""
+
+    def __init__(self, out_dir: Path):
+        self.dir = Path(out_dir) / POINTS_DIR
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, point_id: str) -> Path:
+        return self.dir / f"{point_id}.json"
+
+    def load(self, point_id: str) -> Optional[dict]:
+        """The saved ``{setting: summary}`` of a point, or None if absent or unreadable (a file
+        cut short by a crash is rerun, not trusted)."""
+        path = self._path(point_id)
+        try:
+            return json.loads(path.read_text())["summaries"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def save(self, task: PointTask, summaries: dict) -> None:
+        payload = {"point_id": task.point_id, "scenario": task.scenario.name, "seed": task.scenario.seed,
+                   "values": jsonable(task.values), "summaries": summaries}
+        atomic_write_text(self._path(task.point_id), json.dumps(payload) + "\n")
+
+
+def _cell(value: Any) -> Any:
+    # lists/dicts (e.g. server.settings) become JSON text so the column stays Parquet-friendly
+    return json.dumps(value) if isinstance(value, (list, dict)) else value
+
+
+def sweep_table(tasks: list[PointTask], results: dict[str, dict], grid_keys: list[str]) -> pd.DataFrame:
+    """The tidy table: one row per point x setting x repeat, in plan order.
+
+    Columns: ``point`` (grid point index), the grid keys, ``setting``, ``repeat``, ``seed``, then
+    every summary key (:data:`sim.trace.metrics.SUMMARY_KEYS`, ``peak_token_usage``, ``outcome``...)."""
+    rows = []
+    for t in tasks:
+        for setting, summ in results[t.point_id].items():
+            row = {"point": t.index}
+            row.update({k: _cell(t.values[k]) for k in grid_keys})
+            row.update(setting=setting, repeat=t.repeat, seed=t.scenario.seed)
+            row.update({k: (math.nan if v is None else v) for k, v in summ.items()})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _execute_local(tasks: list[PointTask], workers: Optional[int]) -> Iterator[tuple[PointTask, dict]]:
+    workers = max(1, min(workers or os.cpu_count() or 1, len(tasks)))
+    if workers == 1:
+        for t in tasks:
+            yield t, run_point(t)
+        return
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    # forkserver: no fork of a parent that runs threads (rich's progress refresh); spawn elsewhere
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        # preload this module instead of __main__, so a script without a __main__ guard works
+        ctx.set_forkserver_preload(["sim.whatif.sweeps"])
+    else:
+        ctx = mp.get_context("spawn")
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+    try:
+        futures = {pool.submit(run_point, t): t for t in tasks}
+        for fut in as_completed(futures):
+            yield futures[fut], fut.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _execute_dask(tasks: list[PointTask], workers: Optional[int], scheduler: Optional[str],
+                  client=None) -> Iterator[tuple[PointTask, dict]]:
+    try:
+        from dask.distributed import Client, LocalCluster, as_completed
+    except ImportError:
+        raise UserInputError("--executor dask", "", "needs dask.distributed: pip install 'overlap-sim[dask]'") from None
+
+    own_client = own_cluster = None
+    if client is None:
+        if scheduler:
+            try:
+                client = own_client = Client(scheduler, timeout="10s")
+            except (OSError, TimeoutError) as err:
+                raise UserInputError("--scheduler", "", f"cannot reach the Dask scheduler {scheduler} ({err})") from None
+        else:
+            own_cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1,
+                                       dashboard_address=None)
+            client = own_client = Client(own_cluster)
+    try:
+        futures = {client.submit(run_point, t, key=f"overlap-sim-point-{t.point_id}", pure=False): t for t in tasks}
+        for fut in as_completed(futures):
+            yield futures[fut], fut.result()
+    finally:
+        if own_client is not None:
+            own_client.close()
+        if own_cluster is not None:
+            own_cluster.close()
+
+
+def sweep(scenario: Union[Scenario, str, Path, dict], grid: dict[str, list], repeats: int = 1,
+          out: Optional[Union[str, Path]] = None, executor: str = "local", workers: Optional[int] = None,
+          scheduler: Optional[str] = None, client=None, overrides: Optional[list[str]] = None,
+          on_progress: Optional[Callable[[int, int], None]] = None) -> pd.DataFrame:
+    """Run a sweep and return its tidy table (see :func:`sweep_table`).
+
+    Args:
+        scenario: a Scenario, a YAML path or a dict; ``overrides`` (``--set``) apply first.
+        grid: ``{field path: [values]}`` (an empty grid is one point: the scenario itself).
+        repeats: runs per point; repeat r uses seed + r (see :data:`SEED_RULE`).
+        out: results folder; when given, points are saved as they finish and reused on restart,
+            and ``sweep.parquet``, ``sweep.csv`` and ``sweep.json`` (the manifest) are written.
+        executor: ``"local"`` (a process pool of ``workers`` processes, default one per core;
+            ``workers=1`` runs in this process; a script that calls this with more workers needs
+            the usual ``if __name__ == "__main__":`` guard of Python multiprocessing) or ``"dask"`` (``dask.distributed``: ``client``, or
+            a Client for ``scheduler`` such as ``tcp://host:8786``, or a LocalCluster of ``workers``).
+        on_progress: called as ``on_progress(done, total)`` after each point task (resumed ones first).
+
+    Raises:
+        ScenarioError / UserInputError: bad scenario, grid key or value, executor or scheduler.
+    """
+    if executor not in ("local", "dask"):
+        raise UserInputError("--executor", "", f"expected 'local' or 'dask' (got {executor!r})")
+    scenario = load_scenario(scenario, overrides)
+    tasks = plan_sweep(scenario, grid, repeats)
+    store = PointStore(Path(out)) if out is not None else None
+    results: dict[str, dict] = {}
+    for t in tasks:
+        if t.point_id not in results and store is not None:
+            saved = store.load(t.point_id)
+            if saved is not None:
+                results[t.point_id] = saved
+    unique: dict[str, PointTask] = {}
+    for t in tasks:
+        if t.point_id not in results:
+            unique.setdefault(t.point_id, t)
+    total = len(tasks)
+    done = sum(t.point_id in results for t in tasks)
+    if out is not None:
+        atomic_write_text(Path(out) / MANIFEST, json.dumps(jsonable({
+            "scenario": scenario.name, "scenario_config": scenario.model_dump(mode="json"), "grid": grid,
+            "repeats": repeats, "settings": list(scenario.server.settings), "seed_rule": SEED_RULE,
+            "point_tasks": total, "resumed": done}), indent=2) + "\n")
+    if on_progress:
+        on_progress(done, total)
+    pending = list(unique.values())
+    if executor == "dask":
+        stream = _execute_dask(pending, workers, scheduler, client)
+    else:
+        stream = _execute_local(pending, workers)
+    copies = {pid: sum(t.point_id == pid for t in tasks) for pid in unique}
+    for task, summaries in stream:
+        results[task.point_id] = summaries
+        if store is not None:
+            store.save(task, summaries)
+        done += copies[task.point_id]
+        if on_progress:
+            on_progress(done, total)
+    table = sweep_table(tasks, results, list(grid))
+    if out is not None:
+        atomic_write_frame(table, Path(out) / f"{TABLE_NAME}.parquet")
+        atomic_write_frame(table, Path(out) / f"{TABLE_NAME}.csv")
+    return table
+
+
+def load_sweep(out_dir: Union[str, Path]) -> tuple[pd.DataFrame, dict]:
+    """(table, manifest) of a finished sweep folder (Parquet preferred, CSV otherwise).
+
+    Raises:
+        UserInputError: no sweep table or manifest in the folder."""
+    out_dir = Path(out_dir)
+    try:
+        manifest = json.loads((out_dir / MANIFEST).read_text())
+    except (OSError, ValueError) as err:
+        raise UserInputError(str(out_dir / MANIFEST), "", f"cannot read the sweep manifest ({err})") from None
+    for suffix, reader in ((".parquet", pd.read_parquet), (".csv", pd.read_csv)):
+        path = out_dir / f"{TABLE_NAME}{suffix}"
+        if path.is_file():
+            return reader(path), manifest
+    raise UserInputError(str(out_dir), "", "no sweep.parquet or sweep.csv (did the sweep finish? rerun it to resume)")

@@ -6,7 +6,7 @@ Modules: :mod:`calibrate.shapes` (model sizes), :mod:`calibrate.torch_model` /
 :mod:`calibrate.requests`, :mod:`calibrate.bookkeeping` (the scheduler's per-step work),
 :mod:`calibrate.torch_backend` / :mod:`calibrate.mlx_backend` and
 :mod:`calibrate.bench_bookkeeping` (timing), :mod:`calibrate.measure` (the run, resumable),
-:mod:`calibrate.fit`, :mod:`calibrate.profile` and :mod:`calibrate.profile_costs` (no torch or
+:mod:`calibrate.fit`, :mod:`sim.model.profile` and :mod:`sim.model.profile_costs` (no torch or
 MLX: what the simulator imports), :mod:`calibrate.cli` (``overlap-sim calibrate``).
 Importing this package imports nothing heavy.
 """

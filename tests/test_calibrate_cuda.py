@@ -43,7 +43,7 @@ def test_cuda_graph_decode_matches_eager_and_prefill():
 
 def test_cuda_calibration_runs(tmp_path):
     from calibrate.cli import main
-    from calibrate.profile import load_profile
+    from sim.model.profile import load_profile
 
     out = tmp_path / "cuda.json"
     rc = main(["--backend", "torch", "--device", "cuda", "--model", "tiny", "--quick", "--out", str(out), "--quiet",

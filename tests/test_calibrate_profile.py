@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from calibrate.errors import ProfileError
-from calibrate.profile import CURVE_AXES, SCHEMA_VERSION, load_profile, profile_text, save_profile
+from sim.model.profile import CURVE_AXES, SCHEMA_VERSION, load_profile, profile_text, save_profile
 from sim.cli import main
 from sim.errors import UserInputError
 from tests.calibrate_helpers import synthetic_profile

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from calibrate import measure
-from calibrate.profile import CURVE_AXES, load_profile
+from sim.model.profile import CURVE_AXES, load_profile
 from sim.cli import main
 
 TINY_GRID = ["--batch-sizes", "1,2", "--contexts", "16,32", "--extend-tokens", "1,8", "--prefixes", "0,8",

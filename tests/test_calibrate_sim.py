@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from calibrate.profile import save_profile
-from calibrate.profile_costs import ProfileCostModel
+from sim.model.profile import save_profile
+from sim.model.profile_costs import ProfileCostModel
 from sim.cli import main
 from sim.errors import ScenarioError
 from sim.scenario import load_scenario

@@ -292,7 +292,7 @@ def _device_gap(profile: Path) -> dict:
     """``costs.gpu.overlap_residue``: the device process's measured idle time between
     back-to-back forwards (see :meth:`calibrate.harness.process_backend.ProcessTorchBackend.device_gap_s`);
     0 for other devices."""
-    from calibrate.profile import load_profile
+    from sim.model.profile import load_profile
 
     return {"overlap_residue": float(load_profile(profile)["metadata"].get("device_gap_s", 0.0))}
 

@@ -112,11 +112,11 @@ def make_cost_model(scenario) -> CostModel:
     (its ``costs`` and ``resolve_path`` are read).
 
     Raises:
-        ProfileError: the profile file is unusable (see :func:`calibrate.profile.load_profile`).
+        ProfileError: the profile file is unusable (see :func:`sim.model.profile.load_profile`).
     """
     c = scenario.costs
     if c.profile:
-        from calibrate.profile_costs import (
+        from sim.model.profile_costs import (
             ProfileCostModel,  # calibrate imports sim.errors: no cycle at load
         )
 

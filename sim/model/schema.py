@@ -177,7 +177,7 @@ class Costs(StrictModel):
     """Step costs. With ``profile`` (a calibration profile, path relative to the scenario file)
     the forward and CPU phase times come from the profile and the inline ``gpu.decode``,
     ``gpu.prefill`` and ``cpu.*`` terms are not used; ``scale``, ``overlap_residue``, ``noise``
-    and ``gil`` apply either way (see :mod:`calibrate.profile_costs`). ``profile_statistic``:
+    and ``gil`` apply either way (see :mod:`sim.model.profile_costs`). ``profile_statistic``:
     each step priced at the ``median`` of the profile's samples at a point (its curves) or at
     their ``mean`` (the expected cost: what time averages such as throughput follow)."""
 

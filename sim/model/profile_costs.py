@@ -1,6 +1,6 @@
 """The simulator's cost model read from a calibration profile (no torch or MLX needed).
 
-Each simulated step is priced by the profile's curves (see :mod:`calibrate.profile`):
+Each simulated step is priced by the profile's curves (see :mod:`sim.model.profile`):
 
 - forward, decode: ``forward.decode(num_reqs, sum_ctx / num_reqs)``;
 - forward, extend: ``forward.extend(num_tokens, (sum_ctx - num_tokens) / num_reqs)``: the
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from calibrate.profile import load_profile, profile_curves
+from sim.model.profile import load_profile, profile_curves
 from sim.model.costs import DECODE, EXTEND
 
 
@@ -31,11 +31,11 @@ class ProfileCostModel:
     """A :class:`sim.model.costs.CostModel` whose durations come from a measured profile.
 
     Args:
-        profile: a validated profile (see :func:`calibrate.profile.load_profile`).
+        profile: a validated profile (see :func:`sim.model.profile.load_profile`).
         gpu_scale, cpu_scale: multipliers of the forward and of the CPU phase curves.
         overlap_residue_s: device time the FutureMap resolve adds per step under ``overlap``.
         statistic: ``median`` (the profile's curves) or ``mean`` (each point's samples averaged,
-            see :func:`calibrate.profile.profile_curves`).
+            see :func:`sim.model.profile.profile_curves`).
         sync_latency_s: from the end of a forward until the host can read its results; None:
             the profile's ``metadata.sync_latency_s`` (measured by calibrations that can see it,
             e.g. the harness's device process), else 0.

@@ -6,7 +6,8 @@ Modules: :mod:`calibrate.shapes` (model sizes), :mod:`calibrate.torch_model` /
 :mod:`calibrate.requests`, :mod:`calibrate.bookkeeping` (the scheduler's per-step work),
 :mod:`calibrate.torch_backend` / :mod:`calibrate.mlx_backend` and
 :mod:`calibrate.bench_bookkeeping` (timing), :mod:`calibrate.measure` (the run, resumable),
-:mod:`calibrate.fit`, :mod:`sim.model.profile` and :mod:`sim.model.profile_costs` (no torch or
-MLX: what the simulator imports), :mod:`calibrate.cli` (``overlap-sim calibrate``).
+:mod:`calibrate.fit` and :mod:`calibrate.profile` (fitting the curves, building and saving the
+profile; the simulator reads it with :mod:`sim.model.profile`), :mod:`calibrate.cli`
+(``overlap-sim calibrate``).
 Importing this package imports nothing heavy.
 """

@@ -1,79 +1,16 @@
-"""Cost curves fitted to timing samples: piecewise-linear over one axis, bilinear over two.
-
-A curve passes through the median of the samples at every measured grid point and is linear
-between neighbouring points (bilinear inside a cell of a two-axis grid), so it follows whatever
-shape the measurements have (CUDA-graph buckets, cache effects) without assuming a formula.
-Outside the grid it extends the edge segment linearly (clamped at 0) and :meth:`Curve.inside`
-says so, which the simulator reports as extrapolated steps.
-
-Evaluation is pure Python (bisect on short lists): the simulator calls a curve several times
-per simulated step, where numpy's per-call overhead would dominate.
+"""Fitting cost curves to timing samples: a :class:`sim.model.curve.Curve` through the median of
+the samples at every measured grid point, and how well it describes them.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from bisect import bisect_right
 from typing import Sequence
 
 import numpy as np
 
-
-def _segment(nodes: Sequence[float], x: float) -> tuple[int, float]:
-    """Index i of the segment [nodes[i], nodes[i+1]] used for x and the (unclamped) fraction t."""
-    n = len(nodes)
-    if n == 1:
-        return 0, 0.0
-    i = min(max(bisect_right(nodes, x) - 1, 0), n - 2)
-    x0, x1 = nodes[i], nodes[i + 1]
-    return i, (x - x0) / (x1 - x0)
-
-
-class Curve:
-    """A piecewise-linear (1 axis) or bilinear (2 axes) interpolating curve, in seconds.
-
-    Args:
-        axes: names of the inputs, e.g. ``("num_reqs",)`` or ``("num_reqs", "ctx")``.
-        grid: strictly increasing node coordinates, one list per axis.
-        values_s: node values in seconds: a list (1 axis) or a list of rows, one per node of
-            the first axis (2 axes).
-    """
-
-    def __init__(self, axes: Sequence[str], grid: Sequence[Sequence[float]], values_s):
-        self.axes = tuple(axes)
-        self.grid = tuple(tuple(float(v) for v in g) for g in grid)
-        if len(self.axes) == 1:
-            self.values = tuple(float(v) for v in values_s)
-        else:
-            self.values = tuple(tuple(float(v) for v in row) for row in values_s)
-        self.lo = tuple(g[0] for g in self.grid)
-        self.hi = tuple(g[-1] for g in self.grid)
-
-    def __call__(self, *x: float) -> float:
-        """The curve at ``x`` (one value per axis), in seconds, >= 0."""
-        if len(self.axes) == 1:
-            i, t = _segment(self.grid[0], x[0])
-            v = self.values
-            y = v[i] if len(v) == 1 else v[i] + t * (v[i + 1] - v[i])
-        else:
-            i, t = _segment(self.grid[0], x[0])
-            j, u = _segment(self.grid[1], x[1])
-            v = self.values
-            i1 = i + 1 if len(v) > 1 else i
-            j1 = j + 1 if len(v[0]) > 1 else j
-            a = v[i][j] + u * (v[i][j1] - v[i][j])
-            b = v[i1][j] + u * (v[i1][j1] - v[i1][j])
-            y = a + t * (b - a)
-        return y if y > 0.0 else 0.0
-
-    def inside(self, *x: float) -> bool:
-        """True when ``x`` lies within the measured grid on every axis (no extrapolation)."""
-        return all(lo <= xi <= hi for xi, lo, hi in zip(x, self.lo, self.hi))
-
-    def to_dict(self) -> dict:
-        vals = list(self.values) if len(self.axes) == 1 else [list(r) for r in self.values]
-        return {"axes": list(self.axes), "grid": [list(g) for g in self.grid], "values_s": vals}
+from sim.model.curve import Curve
 
 
 def fit_curve(axes: Sequence[str], samples: Sequence[tuple[Sequence[float], Sequence[float]]]) -> dict:

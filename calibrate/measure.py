@@ -26,7 +26,7 @@ from calibrate.bench_bookkeeping import BookkeepingBench
 from calibrate.bookkeeping import Bookkeeper, DecodeBatch, ExtendBatch
 from calibrate.config import CalibrationConfig
 from calibrate.errors import CalibrationInputError
-from sim.model.profile import build_profile, save_profile
+from calibrate.profile import build_profile, save_profile
 from calibrate.requests import Req
 
 KV_MEMORY_SHARE = 0.85  # most of the free device memory the KV cache may take

@@ -11,7 +11,8 @@ try:
     from sim.whatif.sweeps import sweep
 except ModuleNotFoundError as _err:
     # A calibration host (a GPU box with torch, numpy, rich) may lack the simulator's own
-    # dependencies; sim.errors and sim.output.report must still import there (calibrate.cli).
+    # dependencies; what calibration imports of sim (sim.errors, sim.atomic, sim.model.profile,
+    # sim.output.report) must still import there.
     if _err.name not in ("pydantic", "yaml", "simpy"):
         raise
 

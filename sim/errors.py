@@ -22,3 +22,8 @@ class UserInputError(Exception):
 
 class ScenarioError(UserInputError):
     """A scenario (YAML, dict or ``--set`` override) that does not validate."""
+
+
+class ProfileError(UserInputError):
+    """A calibration profile that cannot be used: unreadable, corrupt, from a newer schema,
+    missing a curve, or holding NaN or negative times. ``source`` is the profile's path."""

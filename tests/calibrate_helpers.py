@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import copy
 
-from sim.model.profile import CURVE_AXES, build_profile
+from calibrate.profile import build_profile
+from sim.model.profile import CURVE_AXES
 
 METADATA = {"backend": "torch", "device": "cuda", "device_name": "synthetic", "host_cpu": "synthetic",
             "libraries": {}, "model": {"name": "synthetic"}, "dtype": "bfloat16", "date": "2026-01-01T00:00:00+00:00",

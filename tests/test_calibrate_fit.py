@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calibrate.fit import Curve, fit_curve
+from calibrate.fit import fit_curve
+from sim.model.curve import Curve
 
 
 def test_one_axis_interpolates_extrapolates_and_clamps():

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.errors import ProfileError
-from sim.model.profile import CURVE_AXES, SCHEMA_VERSION, load_profile, profile_text, save_profile
+from calibrate.profile import profile_text, save_profile
 from sim.cli import main
-from sim.errors import UserInputError
+from sim.errors import ProfileError, UserInputError
+from sim.model.profile import CURVE_AXES, SCHEMA_VERSION, load_profile
 from tests.calibrate_helpers import synthetic_profile
 
 ROOT = Path(__file__).resolve().parents[1]

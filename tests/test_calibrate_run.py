@@ -7,8 +7,8 @@ import json
 import pytest
 
 from calibrate import measure
-from sim.model.profile import CURVE_AXES, load_profile
 from sim.cli import main
+from sim.model.profile import CURVE_AXES, load_profile
 
 TINY_GRID = ["--batch-sizes", "1,2", "--contexts", "16,32", "--extend-tokens", "1,8", "--prefixes", "0,8",
              "--bookkeeping-batch-sizes", "1,2", "--repeats", "2", "--warmup", "1"]

@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from sim.model.profile import save_profile
-from sim.model.profile_costs import ProfileCostModel
+from calibrate.profile import save_profile
 from sim.cli import main
 from sim.errors import ScenarioError
+from sim.model.profile_costs import ProfileCostModel
 from sim.scenario import load_scenario
 from sim.simulate import simulate
 from tests.calibrate_helpers import synthetic_profile

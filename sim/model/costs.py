@@ -116,9 +116,7 @@ def make_cost_model(scenario) -> CostModel:
     """
     c = scenario.costs
     if c.profile:
-        from sim.model.profile_costs import (
-            ProfileCostModel,  # calibrate imports sim.errors: no cycle at load
-        )
+        from sim.model.profile_costs import ProfileCostModel  # it imports this module
 
         return ProfileCostModel.from_file(scenario.resolve_path(c.profile), gpu_scale=c.gpu.scale,
                                           cpu_scale=c.cpu.scale, overlap_residue_s=c.gpu.overlap_residue, gil=c.gil,

@@ -1,4 +1,4 @@
-"""The calibration profile file: schema, building from samples, validation, loading, saving.
+"""The calibration profile file as the simulator reads it: schema, validation, loading, curves.
 
 One JSON object::
 
@@ -15,8 +15,8 @@ Curves (see :data:`CURVE_AXES`): the device time of a forward (``forward.decode`
 size x context per request; ``forward.extend`` over new tokens x cached prefix per request),
 and the CPU time of each scheduler phase the simulator charges (``recv``, ``schedule.*``,
 ``launch.*``, ``process.*``), and optionally (:data:`OPTIONAL_CURVE_AXES`) how long the host
-is blocked in the submission of a step (``submit.*``, MLX). This module imports no torch or
-MLX: the simulator loads profiles with it.
+is blocked in the submission of a step (``submit.*``, MLX). Calibration builds and saves
+profiles (:mod:`calibrate.profile`); this module, which imports no torch or MLX, reads them.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import json
 import math
 from pathlib import Path
 
-from calibrate.errors import ProfileError
-from calibrate.fit import Curve, fit_curve
+from sim.errors import ProfileError
+from sim.model.curve import Curve
 
 FORMAT = "overlap-sim calibration profile"
 SCHEMA_VERSION = 1
@@ -54,44 +54,6 @@ OPTIONAL_CURVE_AXES: dict[str, tuple[str, ...]] = {
 ALL_CURVE_AXES = {**CURVE_AXES, **OPTIONAL_CURVE_AXES}
 REQUIRED_METADATA = ("backend", "device", "device_name", "host_cpu", "libraries", "model", "date",
                      "grid", "repeats")
-
-
-def build_profile(metadata: dict, samples: list[dict]) -> dict:
-    """Fit every curve of :data:`CURVE_AXES` to ``samples`` and assemble a profile.
-
-    Args:
-        metadata: the ``metadata`` object (keys of :data:`REQUIRED_METADATA` and more).
-        samples: ``{"curve", "point": {axis: value}, "times_s": [...]}`` records.
-
-    Raises:
-        ProfileError: a curve has no samples or its samples do not cover a full grid.
-    """
-    curves = {}
-    for name, axes in ALL_CURVE_AXES.items():
-        pts = [([s["point"][a] for a in axes], s["times_s"]) for s in samples if s["curve"] == name]
-        if not pts and name in OPTIONAL_CURVE_AXES:
-            continue
-        try:
-            curves[name] = fit_curve(axes, pts)
-        except ValueError as err:
-            raise ProfileError("calibration samples", f"curves.{name}", str(err)) from None
-    profile = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "metadata": metadata,
-               "samples": samples, "curves": curves}
-    validate_profile(profile, "<built profile>")
-    return profile
-
-
-def profile_text(profile: dict) -> str:
-    """The profile as JSON text (strict: no NaN or infinity)."""
-    return json.dumps(profile, indent=1, allow_nan=False) + "\n"
-
-
-def save_profile(path: str | Path, profile: dict) -> None:
-    """Write ``profile`` to ``path`` atomically (temporary file + rename, usual permissions)."""
-    from sim.atomic import atomic_path
-
-    with atomic_path(path) as tmp:
-        tmp.write_text(profile_text(profile))
 
 
 def load_profile(path: str | Path) -> dict:

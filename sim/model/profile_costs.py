@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.model.profile import load_profile, profile_curves
 from sim.model.costs import DECODE, EXTEND
+from sim.model.profile import load_profile, profile_curves
 
 
 class ProfileCostModel:
@@ -65,7 +65,7 @@ class ProfileCostModel:
 
     @classmethod
     def from_file(cls, path: str | Path, **kwargs) -> "ProfileCostModel":
-        """Load ``path`` (raises :class:`calibrate.errors.ProfileError` if it is unusable)."""
+        """Load ``path`` (raises :class:`sim.errors.ProfileError` if it is unusable)."""
         return cls(load_profile(path), source=str(path), **kwargs)
 
     def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:

@@ -1,0 +1,59 @@
+"""Building a calibration profile from timing samples and saving it.
+
+The file's schema, validation and reading are the simulator's (:mod:`sim.model.profile`):
+calibration writes what the simulator reads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from calibrate.fit import fit_curve
+from sim.errors import ProfileError
+from sim.model.profile import (
+    ALL_CURVE_AXES,
+    FORMAT,
+    OPTIONAL_CURVE_AXES,
+    SCHEMA_VERSION,
+    validate_profile,
+)
+
+
+def build_profile(metadata: dict, samples: list[dict]) -> dict:
+    """Fit every curve of :data:`sim.model.profile.ALL_CURVE_AXES` that has samples (all of
+    :data:`~sim.model.profile.CURVE_AXES` must) to ``samples`` and assemble a profile.
+
+    Args:
+        metadata: the ``metadata`` object (keys of :data:`sim.model.profile.REQUIRED_METADATA` and more).
+        samples: ``{"curve", "point": {axis: value}, "times_s": [...]}`` records.
+
+    Raises:
+        ProfileError: a curve has no samples or its samples do not cover a full grid.
+    """
+    curves = {}
+    for name, axes in ALL_CURVE_AXES.items():
+        pts = [([s["point"][a] for a in axes], s["times_s"]) for s in samples if s["curve"] == name]
+        if not pts and name in OPTIONAL_CURVE_AXES:
+            continue
+        try:
+            curves[name] = fit_curve(axes, pts)
+        except ValueError as err:
+            raise ProfileError("calibration samples", f"curves.{name}", str(err)) from None
+    profile = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "metadata": metadata,
+               "samples": samples, "curves": curves}
+    validate_profile(profile, "<built profile>")
+    return profile
+
+
+def profile_text(profile: dict) -> str:
+    """The profile as JSON text (strict: no NaN or infinity)."""
+    return json.dumps(profile, indent=1, allow_nan=False) + "\n"
+
+
+def save_profile(path: str | Path, profile: dict) -> None:
+    """Write ``profile`` to ``path`` atomically (temporary file + rename, usual permissions)."""
+    from sim.atomic import atomic_path
+
+    with atomic_path(path) as tmp:
+        tmp.write_text(profile_text(profile))

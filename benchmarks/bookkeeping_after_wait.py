@@ -1,6 +1,6 @@
 """Does the scheduler's bookkeeping run slower right after the CPU waited? (run by hand)
 
-Times ``process_decode`` of one decode step (``calibrate.bookkeeping.Bookkeeper``, a running
+Times ``process_decode`` of one decode step (``calibrate.bookkeeping.bookkeeper.Bookkeeper``, a running
 batch of ``--batch`` requests with ``--stop-strings`` stop strings each) in three ways, pinned
 to one core, rounds interleaved:
 
@@ -26,7 +26,7 @@ import time
 
 
 def main() -> None:
-    from calibrate.bench_bookkeeping import BookkeepingBench
+    from calibrate.bookkeeping.bench import BookkeepingBench
     from calibrate.config import BenchWorkload
     from calibrate.harness.workload import stop_strings
 

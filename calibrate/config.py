@@ -65,7 +65,7 @@ class Grid:
 
 @dataclass(frozen=True)
 class BenchWorkload:
-    """The requests the CPU bookkeeping is timed on (:class:`calibrate.bench_bookkeeping.BookkeepingBench`).
+    """The requests the CPU bookkeeping is timed on (:class:`calibrate.bookkeeping.bench.BookkeepingBench`).
 
     The defaults are a chat workload: prompts of ``system_len`` tokens of one of
     ``system_prompts`` shared system prompts (radix-cache hits) plus ``user_len`` tokens of

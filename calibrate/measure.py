@@ -22,12 +22,12 @@ from typing import Callable
 
 import numpy as np
 
-from calibrate.bench_bookkeeping import BookkeepingBench
-from calibrate.bookkeeping import Bookkeeper, DecodeBatch, ExtendBatch
+from calibrate.bookkeeping.bench import BookkeepingBench
+from calibrate.bookkeeping.bookkeeper import Bookkeeper, DecodeBatch, ExtendBatch
+from calibrate.bookkeeping.requests import Req
 from calibrate.config import CalibrationConfig
 from calibrate.errors import CalibrationInputError
 from calibrate.profile import build_profile, save_profile
-from calibrate.requests import Req
 
 KV_MEMORY_SHARE = 0.85  # most of the free device memory the KV cache may take
 DECODE_ROW_PAD = 64
@@ -85,9 +85,9 @@ def make_backend(cfg: CalibrationConfig):
     """
     try:
         if cfg.backend == "torch":
-            from calibrate.torch_backend import TorchBackend as cls
+            from calibrate.forward.torch_backend import TorchBackend as cls
         else:
-            from calibrate.mlx_backend import MlxBackend as cls
+            from calibrate.forward.mlx_backend import MlxBackend as cls
     except ImportError as err:
         hint = "pip install 'mlx[cpu]' (Linux) or mlx (macOS)" if cfg.backend == "mlx" else "pip install torch"
         raise CalibrationInputError("--backend", "", f"{cfg.backend} needs {err.name or 'its package'}: {hint}") from None

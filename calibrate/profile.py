@@ -11,13 +11,7 @@ from pathlib import Path
 
 from calibrate.fit import fit_curve
 from sim.errors import ProfileError
-from sim.model.profile import (
-    ALL_CURVE_AXES,
-    FORMAT,
-    OPTIONAL_CURVE_AXES,
-    SCHEMA_VERSION,
-    validate_profile,
-)
+from sim.model.profile import ALL_CURVE_AXES, FORMAT, OPTIONAL_CURVE_AXES, SCHEMA_VERSION, validate_profile
 
 
 def build_profile(metadata: dict, samples: list[dict]) -> dict:

@@ -38,14 +38,7 @@ import pandas as pd
 
 import sim
 from sim.whatif.sweeps import sweep
-from sim.whatif.variance import (
-    log_ratio_interval,
-    paired_ratios,
-    ratio_ci,
-    runs_needed,
-    single_run_tail,
-    spread,
-)
+from sim.whatif.variance import log_ratio_interval, paired_ratios, ratio_ci, runs_needed, single_run_tail, spread
 
 # %matplotlib inline
 SMALL = os.environ.get("OVERLAP_SIM_NOTEBOOK_SMALL") == "1"

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from calibrate.bookkeeping import Bookkeeper
-from calibrate.kv_pool import ReqSlotAllocator, TokenSlotAllocator
-from calibrate.radix import RadixCache
-from calibrate.requests import EOS, Req, build_tokenizer
+from calibrate.bookkeeping.bookkeeper import Bookkeeper
+from calibrate.bookkeeping.kv_pool import ReqSlotAllocator, TokenSlotAllocator
+from calibrate.bookkeeping.radix import RadixCache
+from calibrate.bookkeeping.requests import EOS, Req, build_tokenizer
+from calibrate.forward.torch_model import TorchLlama
+from calibrate.forward.weights import random_weights
 from calibrate.shapes import NAMED_SHAPES, resolve_shape
-from calibrate.torch_model import TorchLlama
-from calibrate.weights import random_weights
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ def test_bookkeeper_drives_the_model_like_a_serving_loop(tokenizer):
 
 def test_torch_and_mlx_models_agree():
     mx = pytest.importorskip("mlx.core")
-    from calibrate.mlx_model import MlxLlama
+    from calibrate.forward.mlx_model import MlxLlama
 
     shape = NAMED_SHAPES["tiny"]
     w = random_weights(shape, 3)

@@ -10,9 +10,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def _model():
+    from calibrate.forward.torch_model import TorchLlama
+    from calibrate.forward.weights import random_weights
     from calibrate.shapes import resolve_shape
-    from calibrate.torch_model import TorchLlama
-    from calibrate.weights import random_weights
 
     shape = resolve_shape("tiny")
     model = TorchLlama(shape, "cuda", torch.float32, weights=random_weights(shape, 0))
@@ -22,7 +22,7 @@ def _model():
 
 
 def test_cuda_graph_decode_matches_eager_and_prefill():
-    from calibrate.torch_model import CudaGraphDecode
+    from calibrate.forward.torch_model import CudaGraphDecode
 
     model = _model()
     graph = CudaGraphDecode(model, 4, 16)  # capture first: its warm-up writes into padding slot 0

@@ -120,7 +120,7 @@ def test_cuda_requested_without_cuda(tmp_path, capsys):
 
 def test_metal_calibration(tmp_path):
     pytest.importorskip("mlx.core")
-    from calibrate.mlx_backend import metal_available
+    from calibrate.forward.mlx_backend import metal_available
 
     if not metal_available():
         pytest.skip("needs an Apple Metal GPU")
@@ -131,7 +131,7 @@ def test_metal_calibration(tmp_path):
 
 def test_metal_requested_without_metal(tmp_path, capsys):
     pytest.importorskip("mlx.core")
-    from calibrate.mlx_backend import metal_available
+    from calibrate.forward.mlx_backend import metal_available
 
     if metal_available():
         pytest.skip("this machine has Metal")

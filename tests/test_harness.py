@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 import sim
-from calibrate.bookkeeping import Bookkeeper
+from calibrate.bookkeeping.bookkeeper import Bookkeeper
+from calibrate.bookkeeping.requests import EOS, build_tokenizer
 from calibrate.harness.config import HarnessConfig
 from calibrate.harness.run import run_harness
 from calibrate.harness.workload import EosScript, build_workload
-from calibrate.requests import EOS, build_tokenizer
 from tests.test_invariants import check_run
 
 MICRO = {"layers": 1, "hidden": 32, "heads": 2, "kv_heads": 1, "intermediate": 64}

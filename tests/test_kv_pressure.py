@@ -9,12 +9,7 @@ from hypothesis import strategies as st
 
 import sim
 from sim.engines.sglang.kvpool import DecodePageDemand, KVPool
-from sim.engines.sglang.retraction import (
-    AllocationFailed,
-    keep_order,
-    ratio_after_retract,
-    retract_decode,
-)
+from sim.engines.sglang.retraction import AllocationFailed, keep_order, ratio_after_retract, retract_decode
 from sim.model.batch import Req
 from tests.conftest import SCENARIOS
 

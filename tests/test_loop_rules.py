@@ -10,11 +10,7 @@ from packaging.specifiers import SpecifierSet
 
 from sim.cli import main
 from sim.engines.sglang.rules.launch_args import parse_launch_args, rules_table
-from sim.engines.sglang.rules.loop_rules import (
-    advise,
-    retraction_policy,
-    setting_faults,
-)
+from sim.engines.sglang.rules.loop_rules import advise, retraction_policy, setting_faults
 from sim.engines.sglang.server import SETTINGS
 from sim.errors import ScenarioError, UserInputError
 from sim.scenario import load_scenario

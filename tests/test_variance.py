@@ -12,15 +12,7 @@ from scipy import stats
 
 import sim
 from sim.whatif.sweeps import sweep
-from sim.whatif.variance import (
-    log_ratio_interval,
-    log_sigma,
-    paired_ratios,
-    ratio_ci,
-    runs_needed,
-    single_run_tail,
-    spread,
-)
+from sim.whatif.variance import log_ratio_interval, log_sigma, paired_ratios, ratio_ci, runs_needed, single_run_tail, spread
 
 NOISY = {
     "name": "noisy", "seed": 3,

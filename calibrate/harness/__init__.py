@@ -5,7 +5,7 @@ Modules (data flows down the list):
 :mod:`calibrate.harness.config` (what one run serves: model, workload, server knobs, and the
 matching simulator scenario), :mod:`calibrate.harness.workload` (prompts of real text, stop
 strings, closed-loop clients, the model's EOS script), :mod:`calibrate.harness.serving` (the
-scheduler's state and phases over :class:`calibrate.bookkeeping.Bookkeeper`, with the
+scheduler's state and phases over :class:`calibrate.bookkeeping.bookkeeper.Bookkeeper`, with the
 simulator's policy), :mod:`calibrate.harness.trace` (the timeline recorder),
 :mod:`calibrate.harness.torch_device` (torch on a CPU: a separate device process),
 :mod:`calibrate.harness.mlx_device` (MLX lazy evaluation), :mod:`calibrate.harness.cuda_device`

@@ -23,7 +23,7 @@ class CudaDevice:
     def __init__(self, spec, dtype: str = "bfloat16"):
         import torch
 
-        from calibrate.torch_model import TorchLlama
+        from calibrate.forward.torch_model import TorchLlama
 
         if not torch.cuda.is_available():
             raise RuntimeError("the CUDA harness needs a CUDA GPU (torch.cuda.is_available() is False)")

@@ -41,7 +41,7 @@ class MlxDevice:
     def __init__(self, cfg, spec):
         import mlx.core as mx
 
-        from calibrate.mlx_model import MlxLlama
+        from calibrate.forward.mlx_model import MlxLlama
 
         self.mx = mx
         mx.set_default_device(mx.gpu if cfg.device == "gpu" else mx.cpu)

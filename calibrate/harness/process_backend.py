@@ -7,7 +7,7 @@ process's own stamps, from reading the message to the tokens ready to send back 
 token buffer, forward, sampling, reading the tokens); ``metadata.sync_latency_s`` = the median
 time from there until the scheduler has read the tokens (the pipe back; the simulator's
 ``costs.gpu.sync_latency``). Used by ``overlap-sim validate`` in place
-of :class:`calibrate.torch_backend.TorchBackend` (which times the forward on the calling thread,
+of :class:`calibrate.forward.torch_backend.TorchBackend` (which times the forward on the calling thread,
 as the ``thread_overlap`` harness runs it).
 """
 
@@ -18,12 +18,11 @@ import platform
 
 import numpy as np
 
-from calibrate.bookkeeping import StepInputs
+from calibrate.bookkeeping.bookkeeper import StepInputs
 from calibrate.config import CalibrationConfig
 from calibrate.harness.torch_device import DeviceSpec, ProcessDevice, decode_message, extend_message
 from calibrate.harness.trace import clock
 from calibrate.shapes import ModelShape
-
 
 DECODES_BEFORE_PREFILL = 4
 

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from calibrate.bookkeeping.requests import build_tokenizer
 from calibrate.errors import CalibrationInputError
 from calibrate.harness.config import HarnessConfig
 from calibrate.harness.loops import LOOPS
 from calibrate.harness.serving import Serving
 from calibrate.harness.workload import build_workload
-from calibrate.requests import build_tokenizer
 
 
 @dataclass

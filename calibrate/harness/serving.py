@@ -1,5 +1,5 @@
 """The harness scheduler's state and its CPU phases (recv, schedule, launch, sync, process) over
-the real bookkeeping (:class:`calibrate.bookkeeping.Bookkeeper`), with the simulator's policy.
+the real bookkeeping (:class:`calibrate.bookkeeping.bookkeeper.Bookkeeper`), with the simulator's policy.
 
 Policy (as :class:`sim.engines.sglang.scheduler.Scheduler`, from SGLang's ``get_next_batch_to_run``): prefill
 first (FCFS, chunked at ``chunked_prefill_size`` tokens, while the running batch plus the new
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from calibrate.bookkeeping import Bookkeeper, DecodeBatch
+from calibrate.bookkeeping.bookkeeper import Bookkeeper, DecodeBatch
 from calibrate.harness.config import EOS_SLACK, HarnessConfig
 from calibrate.harness.trace import Step, TraceRecorder, clock
 from calibrate.harness.workload import ClosedLoopClients, Workload

@@ -6,7 +6,7 @@ on the result queue, as the scheduler does.
 Same measurements as :class:`calibrate.harness.process_backend.ProcessTorchBackend` (decode
 steps in serving order, prefills after decodes); only the transport differs: no process, no
 pipe, a queue hand-over. Timed on the calling thread with no hand-over at all (the stock
-:class:`calibrate.torch_backend.TorchBackend`), the forward was 5-13% faster than the forward
+:class:`calibrate.forward.torch_backend.TorchBackend`), the forward was 5-13% faster than the forward
 thread ran it in the harness.
 """
 

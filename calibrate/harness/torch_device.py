@@ -70,8 +70,8 @@ class ForwardRunner:
     def __init__(self, spec: DeviceSpec):
         import torch
 
+        from calibrate.forward.torch_model import TorchLlama
         from calibrate.harness.workload import EosScript
-        from calibrate.torch_model import TorchLlama
 
         torch.set_num_threads(spec.threads)
         self.torch = torch
@@ -249,7 +249,6 @@ class ProcessDevice:
 
     def __init__(self, spec: DeviceSpec, scheduler_core: int | None = None):
         import multiprocessing as mp
-
         from multiprocessing import shared_memory
 
         ctx = mp.get_context("spawn")

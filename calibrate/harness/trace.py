@@ -23,7 +23,7 @@ clock = time.perf_counter
 class Step:
     """One launched batch: its composition (set when scheduled) and its timeline (seconds).
 
-    ``batch`` is the :class:`calibrate.bookkeeping.ExtendBatch` / ``DecodeBatch``; ``got`` the
+    ``batch`` is the :class:`calibrate.bookkeeping.bookkeeper.ExtendBatch` / ``DecodeBatch``; ``got`` the
     request ids that receive a token from it (set when processed); ``tokens`` the sampled ids.
     """
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import Tokenizer
 
+from calibrate.bookkeeping.requests import EOS, TextSource
 from calibrate.harness.config import EOS_SLACK, HarnessConfig
-from calibrate.requests import EOS, TextSource
 
 
 def stop_strings(n: int) -> list[str]:

@@ -52,7 +52,7 @@ def _check_device(backend: str, device: str) -> None:
         except ImportError:
             raise CalibrationInputError("--backend", "", "mlx needs: pip install 'mlx[cpu]' (Linux) or mlx (macOS)") from None
         if device == "gpu":
-            from calibrate.mlx_backend import metal_available
+            from calibrate.forward.mlx_backend import metal_available
 
             if not metal_available():
                 raise CalibrationInputError("--device", "", "gpu, but MLX has no Metal device here")

@@ -10,7 +10,7 @@ What the simulation is given, per setting (nothing measured by the harness run i
 (:class:`calibrate.harness.process_backend.ProcessTorchBackend`; its measured device gap as
 ``costs.gpu.overlap_residue``); ``thread_overlap``: the forward-thread profile
 (:class:`calibrate.harness.thread_backend.ThreadTorchBackend`) and the GIL parameters of
-:mod:`calibrate.validate.gil_params`; MLX: the MLX profile (:class:`calibrate.mlx_backend.MlxBackend`).
+:mod:`calibrate.validate.gil_params`; MLX: the MLX profile (:class:`calibrate.forward.mlx_backend.MlxBackend`).
 Profiles are priced at each point's mean (``costs.profile_statistic: mean``).
 """
 
@@ -206,10 +206,10 @@ def _profiles(cfg: HarnessConfig, out: Path, report) -> dict[str, Path]:
         return path
 
     if cfg.backend == "torch" and cfg.device == "cpu":
+        from calibrate.bookkeeping.requests import EOS, build_tokenizer
         from calibrate.harness.process_backend import ProcessTorchBackend
         from calibrate.harness.run import _cores
         from calibrate.harness.thread_backend import ThreadTorchBackend
-        from calibrate.requests import EOS, build_tokenizer
 
         eos_id = build_tokenizer(cfg.tokenizer_vocab).token_to_id(EOS)
         proc = calibrated(folder / f"{cfg.name}.process.json", " the device process",
@@ -230,7 +230,7 @@ def validate_case(regime: str, cfg: HarnessConfig, out: Path, profile: Path | No
         CalibrationInputError / ProfileError / ScenarioError: bad input (one line, exit 2).
     """
     import sim
-    from calibrate.requests import build_tokenizer
+    from calibrate.bookkeeping.requests import build_tokenizer
     from sim.atomic import atomic_path
     from sim.output.report import jsonable
 

@@ -16,13 +16,7 @@ import numpy as np
 import simpy
 
 from sim.errors import UserInputError
-from sim.model.schema import (
-    ChoiceLength,
-    Length,
-    LognormalLength,
-    NormalLength,
-    UniformLength,
-)
+from sim.model.schema import ChoiceLength, Length, LognormalLength, NormalLength, UniformLength
 
 
 @dataclass(frozen=True)

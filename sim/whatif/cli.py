@@ -68,14 +68,7 @@ def _print_sweep(table, scenario: str, console: Console) -> None:
 
 @command("sweep", "run a scenario over a grid of field values, every setting, with repeats (resumable)", _sweep_args)
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from sim.scenario import load_scenario
     from sim.whatif.plots import save_sweep_plots

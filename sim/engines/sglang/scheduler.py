@@ -32,11 +32,7 @@ from typing import Callable
 
 from sim.engines.sglang.kvpool import DecodePageDemand, KVPool
 from sim.engines.sglang.results import ResultsMixin
-from sim.engines.sglang.retraction import (
-    AllocationFailed,
-    RetractionMixin,
-    retract_decode,
-)
+from sim.engines.sglang.retraction import AllocationFailed, RetractionMixin, retract_decode
 from sim.engines.sglang.server import Server
 from sim.model.batch import RUNNING, Batch, Req
 from sim.model.costs import DECODE, EXTEND

@@ -18,12 +18,7 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from sim.engines.sglang.rules.launch_args import (
-    LaunchConfig,
-    env_truthy,
-    parse_launch_args,
-    rules_table,
-)
+from sim.engines.sglang.rules.launch_args import LaunchConfig, env_truthy, parse_launch_args, rules_table
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from calibrate.forward.weights import INIT_STD, is_norm, rope_tables, weight_shapes
 from calibrate.shapes import ModelShape
-from calibrate.weights import INIT_STD, is_norm, rope_tables, weight_shapes
 
 
 class TorchLlama:
@@ -29,7 +29,7 @@ class TorchLlama:
     Args:
         shape: the sizes. device: ``"cpu"`` or ``"cuda"``. dtype: parameter/activation type.
         seed: seed of the on-device initialisation. weights: optional numpy weights by name
-            (:func:`calibrate.weights.random_weights`) instead of on-device random ones.
+            (:func:`calibrate.forward.weights.random_weights`) instead of on-device random ones.
     """
 
     def __init__(self, shape: ModelShape, device: str = "cpu", dtype: torch.dtype = torch.float32,

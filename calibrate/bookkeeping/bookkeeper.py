@@ -7,7 +7,7 @@ A serving loop calls, once per step: :meth:`Bookkeeper.recv` (new requests),
 :meth:`Bookkeeper.extend_inputs` / :meth:`Bookkeeper.decode_inputs` (the batch's host arrays,
 which the backend copies to the device and launches), then :meth:`Bookkeeper.process_extend` /
 :meth:`Bookkeeper.process_decode` with the sampled token ids. Calibration times each in
-isolation (:mod:`calibrate.bench_bookkeeping`); the ground-truth harness
+isolation (:mod:`calibrate.bookkeeping.bench`); the ground-truth harness
 (:mod:`calibrate.harness`) runs the same methods in its serving loop.
 
 Serving semantics, as SGLang's scheduler: a prefill may be chunked (``token_budget``, SGLang's
@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import Tokenizer
 
-from calibrate.kv_pool import ReqSlotAllocator, TokenSlotAllocator
-from calibrate.radix import RadixCache
-from calibrate.requests import EOS, Req
+from calibrate.bookkeeping.kv_pool import ReqSlotAllocator, TokenSlotAllocator
+from calibrate.bookkeeping.radix import RadixCache
+from calibrate.bookkeeping.requests import EOS, Req
 
 
 @dataclass

@@ -1,7 +1,7 @@
-"""Timing :class:`calibrate.torch_model.TorchLlama` on a CPU or a CUDA GPU.
+"""Timing :class:`calibrate.forward.torch_model.TorchLlama` on a CPU or a CUDA GPU.
 
 Per sample, one step as a serving loop runs it: build the batch's host arrays from the
-requests (:class:`calibrate.bookkeeping.Bookkeeper`), copy them to the device, launch the
+requests (:class:`calibrate.bookkeeping.bookkeeper.Bookkeeper`), copy them to the device, launch the
 forward (CUDA: replay the decode step's CUDA graph, as SGLang's ``CudaGraphRunner`` does;
 extend and ``--no-cuda-graph`` decode run eagerly), sample (argmax) and read the tokens back.
 
@@ -23,11 +23,11 @@ from typing import Callable
 import numpy as np
 import torch
 
-from calibrate.bookkeeping import StepInputs
+from calibrate.bookkeeping.bookkeeper import StepInputs
 from calibrate.config import CalibrationConfig
 from calibrate.errors import CalibrationInputError
+from calibrate.forward.torch_model import CudaGraphDecode, TorchLlama
 from calibrate.shapes import ModelShape
-from calibrate.torch_model import CudaGraphDecode, TorchLlama
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 SLEEP_CLOCK_HZ = 2.0e9  # cycles per second assumed for torch.cuda._sleep (H100/H200 boost ~1.98 GHz)

@@ -1,6 +1,6 @@
 """The same Llama-style decoder in MLX (CPU via ``mlx[cpu]``, Metal on a Mac), lazily evaluated.
 
-Mirrors :mod:`calibrate.torch_model`: same weight names and layouts, same KV token pool
+Mirrors :mod:`calibrate.forward.torch_model`: same weight names and layouts, same KV token pool
 (``[kv_heads, pool_tokens + 1, head_dim]`` per layer) addressed through a ``req_to_token``
 table, same ``extend`` and ``decode`` API. Calls only build the lazy graph; ``mx.eval`` / ``mx.async_eval`` on the result
 runs it (what SGLang's ``event_loop_overlap_mlx`` chains). Attention uses
@@ -14,8 +14,8 @@ import math
 import mlx.core as mx
 import numpy as np
 
+from calibrate.forward.weights import INIT_STD, is_norm, rope_tables, weight_shapes
 from calibrate.shapes import ModelShape
-from calibrate.weights import INIT_STD, is_norm, rope_tables, weight_shapes
 
 
 class MlxLlama:
@@ -50,7 +50,7 @@ class MlxLlama:
     def allocate_kv(self, max_slots: int, max_ctx: int, pool_tokens: int | None = None) -> None:
         """(Re)allocate a zeroed KV token pool (``pool_tokens`` slots + padding slot 0; default
         ``max_slots * max_ctx``) and the ``req_to_token`` table, as
-        :meth:`calibrate.torch_model.TorchLlama.allocate_kv`."""
+        :meth:`calibrate.forward.torch_model.TorchLlama.allocate_kv`."""
         s = self.shape
         self.k_pool = self.v_pool = []
         size = (pool_tokens or max_slots * max_ctx) + 1
@@ -105,7 +105,7 @@ class MlxLlama:
     def decode_logits(self, input_ids: mx.array, slots: mx.array, positions: mx.array, out_cache_loc: mx.array,
                       ctx_len: int | None = None) -> mx.array:
         """One decode step for B running requests (lazy). Arguments as
-        :meth:`calibrate.torch_model.TorchLlama.decode_logits` (int32 arrays). Returns [B, vocab]."""
+        :meth:`calibrate.forward.torch_model.TorchLlama.decode_logits` (int32 arrays). Returns [B, vocab]."""
         s = self.shape
         b = input_ids.shape[0]
         length = ctx_len or self.max_ctx

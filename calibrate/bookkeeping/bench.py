@@ -1,4 +1,4 @@
-"""Timing the scheduler's bookkeeping (:mod:`calibrate.bookkeeping`) in isolation over batch sizes.
+"""Timing the scheduler's bookkeeping (:mod:`calibrate.bookkeeping.bookkeeper`) in isolation over batch sizes.
 
 The state is realistic: a radix cache warmed with earlier conversations (16 system prompts of
 384 tokens, each with many 128-token user turns), prompts of 512 tokens that share a system
@@ -15,9 +15,9 @@ import time
 
 import numpy as np
 
-from calibrate.bookkeeping import Bookkeeper
+from calibrate.bookkeeping.bookkeeper import Bookkeeper
+from calibrate.bookkeeping.requests import TextSource, build_tokenizer
 from calibrate.config import BenchWorkload
-from calibrate.requests import TextSource, build_tokenizer
 
 _DEFAULT = BenchWorkload()
 SYSTEM_PROMPTS, SYSTEM_LEN, USER_LEN = _DEFAULT.system_prompts, _DEFAULT.system_len, _DEFAULT.user_len

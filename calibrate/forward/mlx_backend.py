@@ -1,4 +1,4 @@
-"""Timing :class:`calibrate.mlx_model.MlxLlama` with MLX on its CPU backend or on Metal.
+"""Timing :class:`calibrate.forward.mlx_model.MlxLlama` with MLX on its CPU backend or on Metal.
 
 Per sample, as SGLang's MLX loop runs a step: build the host arrays from the requests, wrap
 them as ``mx.array`` and build the lazy forward graph and argmax (the launch: ``perf_counter``
@@ -24,10 +24,10 @@ from typing import Callable
 import mlx.core as mx
 import numpy as np
 
-from calibrate.bookkeeping import StepInputs
+from calibrate.bookkeeping.bookkeeper import StepInputs
 from calibrate.config import CalibrationConfig
 from calibrate.errors import CalibrationInputError
-from calibrate.mlx_model import MlxLlama
+from calibrate.forward.mlx_model import MlxLlama
 from calibrate.shapes import ModelShape
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}

@@ -3,6 +3,28 @@ against the synchronous loop), fed by measured costs.
 
 Python API: :func:`load_scenario`, :func:`simulate`, :func:`compare`, :class:`Result`,
 :func:`sweep` (a grid of scenario variants, every setting, repeats: one tidy DataFrame).
+
+Layout. Imports run one way, from each line to the lines above it that it names, never back
+and never between two engines (``tests/test_layout.py`` checks it)::
+
+    base            sim.errors, sim.atomic, sim.commands: user errors,
+                    atomic writes, the subcommand registry
+    sim.model       the engine-neutral core: the scenario's workload and   <- base
+                    costs sections, request lengths and arrivals, requests
+                    and batches, cost models, calibration profiles (read),
+                    the device stream
+    sim.trace       the event trace, its recorders, its metrics           <- model, base
+    sim.engines.X   one package per engine (sim.engines.sglang): server    <- trace, model, base
+                    section, scheduling policy, phases, loops, rules
+    sim.output      reports, results folders, plots, Chrome traces         <- trace, model, base
+    sim.scenario    the composition root: a scenario (workload + an        <- engines, trace, model, base
+    sim.simulate    engine's server + costs) and a run of it
+    sim.whatif      sweeps, variance, their plots and subcommands          <- all of the above
+    sim.cli, sim    the command line and this API                          <- everything
+
+Calibration (the ``calibrate`` package) imports sim; sim never imports calibrate (the command
+line names calibration's subcommand modules in :data:`sim.cli.COMMAND_MODULES` and loads them
+only to build its parser).
 """
 
 try:

@@ -20,24 +20,40 @@ def build_profile(metadata: dict, samples: list[dict]) -> dict:
 
     Args:
         metadata: the ``metadata`` object (keys of :data:`sim.model.profile.REQUIRED_METADATA` and more).
-        samples: ``{"curve", "point": {axis: value}, "times_s": [...]}`` records.
+        samples: ``{"curve", "point": {axis: value}, "times_s": [...]}`` records; a record with
+            ``"setting"`` was measured under that event loop only and goes into the profile's
+            ``setting_curves`` (:mod:`sim.model.profile`).
 
     Raises:
         ProfileError: a curve has no samples or its samples do not cover a full grid.
     """
+    curves = _fit([s for s in samples if not s.get("setting")], "curves")
+    by_setting: dict[str, dict] = {}
+    for setting in sorted({s["setting"] for s in samples if s.get("setting")}):
+        mine = [s for s in samples if s.get("setting") == setting]
+        by_setting[setting] = _fit(mine, f"setting_curves.{setting}", required=())
+    profile = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "metadata": metadata,
+               "samples": samples, "curves": curves}
+    if by_setting:
+        profile["setting_curves"] = by_setting
+    validate_profile(profile, "<built profile>")
+    return profile
+
+
+def _fit(samples: list[dict], where: str, required=None) -> dict:
+    """Curves fitted to ``samples``; every curve not in OPTIONAL_CURVE_AXES is required unless
+    ``required`` lists which are."""
     curves = {}
     for name, axes in ALL_CURVE_AXES.items():
         pts = [([s["point"][a] for a in axes], s["times_s"]) for s in samples if s["curve"] == name]
-        if not pts and name in OPTIONAL_CURVE_AXES:
+        must = name not in OPTIONAL_CURVE_AXES if required is None else name in required
+        if not pts and not must:
             continue
         try:
             curves[name] = fit_curve(axes, pts)
         except ValueError as err:
-            raise ProfileError("calibration samples", f"curves.{name}", str(err)) from None
-    profile = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "metadata": metadata,
-               "samples": samples, "curves": curves}
-    validate_profile(profile, "<built profile>")
-    return profile
+            raise ProfileError("calibration samples", f"{where}.{name}", str(err)) from None
+    return curves
 
 
 def profile_text(profile: dict) -> str:

@@ -94,7 +94,7 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
     w, srv = scenario.workload, scenario.server
     specs = make_requests(scenario)
     env = simpy.Environment()
-    costs = make_cost_model(_run_noise_applied(scenario, setting))
+    costs = make_cost_model(_run_noise_applied(scenario, setting), setting)
     warmup = min(w.warmup_requests, len(specs) - 1)
     recorder = TraceRecorder() if tables == "steps" else StreamingRecorder(warmup, keep_requests=tables == "summary")
     clients = None
@@ -111,8 +111,9 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
         env, scheduler, DeviceStream(), costs,
         Jitter(scenario.costs.noise.gpu_cv, np.random.default_rng([scenario.seed, 2])),
         Jitter(scenario.costs.noise.cpu_cv, np.random.default_rng([scenario.seed, 3])),
-        recorder, forward_extra_s=costs.overlap_residue_s if setting == "overlap" else 0.0,
+        recorder, forward_extra_s=costs.overlap_residue_s if setting == "overlap" and not srv.blocking_forward else 0.0,
         faults=faults, external_arrival_s=None if clients is not None else specs.arrival_s,
+        blocking_forward=srv.blocking_forward,
     )
     outcome = {"status": "ok", "reason": "", "time_s": math.nan}
     if clients is not None:

@@ -99,6 +99,8 @@ class HarnessConfig:
                          "input_len": self.input_len, "cached_len": self.cached_len,
                          "output_len": self.output_len, "finish": self.finish},
             "server": {"device": "cpu" if self.device == "cpu" else ("mlx" if self.backend == "mlx" else "cuda"),
+                       # the harness's device is a process or thread beside the scheduler's
+                       "forward_on_scheduler_thread": False,
                        "version": "0.5.22", "retraction": "v0.5.22",
                        "settings": list(settings or self.settings),
                        "max_running_requests": self.max_running_requests,

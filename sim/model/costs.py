@@ -106,10 +106,11 @@ class LinearCostModel:
         return {"kind": "linear", "gpu": self._costs.gpu.model_dump(), "cpu": self._costs.cpu.model_dump()}
 
 
-def make_cost_model(scenario) -> CostModel:
+def make_cost_model(scenario, setting: str | None = None) -> CostModel:
     """The cost model a scenario asks for: its calibration profile (``costs.profile``) if it
     names one, else the inline linear terms. ``scenario``: a :class:`sim.scenario.Scenario`
-    (its ``costs`` and ``resolve_path`` are read).
+    (its ``costs`` and ``resolve_path`` are read); ``setting``: the event loop to price (a
+    profile may hold curves per loop).
 
     Raises:
         ProfileError: the profile file is unusable (see :func:`sim.model.profile.load_profile`).
@@ -120,7 +121,8 @@ def make_cost_model(scenario) -> CostModel:
 
         return ProfileCostModel.from_file(scenario.resolve_path(c.profile), gpu_scale=c.gpu.scale,
                                           cpu_scale=c.cpu.scale, overlap_residue_s=c.gpu.overlap_residue, gil=c.gil,
-                                          sync_latency_s=c.gpu.sync_latency, statistic=c.profile_statistic)
+                                          sync_latency_s=c.gpu.sync_latency, statistic=c.profile_statistic,
+                                          setting=setting)
     return LinearCostModel(c)
 
 

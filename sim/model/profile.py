@@ -11,6 +11,12 @@ One JSON object::
                                    "spread_rel": ..., "r2": ..., "max_rel_residual": ...,
                                    "loo_max_rel_error": ..., "linear": {...}}, ...}}
 
+A profile measured under several event loops may hold, besides ``curves``, the curves that differ
+by loop: ``"setting_curves": {"overlap": {"launch.decode": {...}, ...}}`` (the real SGLang
+scheduler's launch costs twice as much under ``event_loop_overlap``, which resolves the
+FutureMap); their samples carry ``"setting"``. A simulation of that setting uses them in place of
+the base curves (:func:`profile_curves`).
+
 Curves (see :data:`CURVE_AXES`): the device time of a forward (``forward.decode`` over batch
 size x context per request; ``forward.extend`` over new tokens x cached prefix per request),
 and the CPU time of each scheduler phase the simulator charges (``recv``, ``schedule.*``,
@@ -108,6 +114,16 @@ def validate_profile(data, source: str) -> None:
     for name, axes in OPTIONAL_CURVE_AXES.items():
         if name in curves:
             _check_curve(curves[name], axes, source, f"curves.{name}")
+    by_setting = data.get("setting_curves", {})
+    if not isinstance(by_setting, dict):
+        raise ProfileError(source, "setting_curves", "an object: setting -> curves that differ under it")
+    for setting, named in by_setting.items():
+        if not isinstance(named, dict):
+            raise ProfileError(source, f"setting_curves.{setting}", "an object of curves")
+        for name, c in named.items():
+            if name not in ALL_CURVE_AXES:
+                raise ProfileError(source, f"setting_curves.{setting}.{name}", "a known curve name")
+            _check_curve(c, ALL_CURVE_AXES[name], source, f"setting_curves.{setting}.{name}")
     samples = data.get("samples")
     if not isinstance(samples, list):
         raise ProfileError(source, "samples", "a list of raw timing samples")
@@ -116,6 +132,8 @@ def validate_profile(data, source: str) -> None:
         if not isinstance(s, dict) or s.get("curve") not in ALL_CURVE_AXES or not isinstance(s.get("point"), dict) \
                 or not isinstance(s.get("times_s"), list):
             raise ProfileError(source, where, "an object with curve (a known curve), point and times_s")
+        if not isinstance(s.get("setting", ""), str):
+            raise ProfileError(source, f"{where}.setting", "a setting name")
         for i, t in enumerate(s["times_s"]):
             _check_time(t, source, f"{where}.times_s[{i}]")
 
@@ -157,30 +175,34 @@ def _check_curve(c, axes: tuple[str, ...], source: str, where: str) -> None:
 STATISTICS = ("median", "mean")
 
 
-def profile_curves(profile: dict, statistic: str = "median") -> dict[str, Curve]:
+def profile_curves(profile: dict, statistic: str = "median", setting: str | None = None) -> dict[str, Curve]:
     """The evaluable :class:`Curve` of every curve in a validated profile.
 
     ``statistic``: ``median`` (the stored curves: the median of each point's samples, robust to
     interference while calibrating) or ``mean`` (each point's raw samples averaged: the expected
     cost of a step, which time averages such as throughput follow when the costs are skewed;
-    a point without raw samples keeps its median)."""
-    curves = {name: Curve(c["axes"], c["grid"], c["values_s"]) for name, c in profile["curves"].items()
-              if name in ALL_CURVE_AXES}
-    if statistic == "median":
-        return curves
-    if statistic != "mean":
+    a point without raw samples keeps its median). ``setting``: the event loop simulated; its
+    ``setting_curves`` (if any) replace the base curves of the same name."""
+    if statistic not in STATISTICS:
         raise ValueError(f"statistic must be one of {STATISTICS} (got {statistic!r})")
+    stored = {name: (c, "") for name, c in profile["curves"].items() if name in ALL_CURVE_AXES}
+    for name, c in profile.get("setting_curves", {}).get(setting, {}).items():
+        stored[name] = (c, setting)
     means: dict[tuple, float] = {}
-    for smp in profile.get("samples", []):
-        axes = ALL_CURVE_AXES.get(smp["curve"])
-        if axes and smp["times_s"]:
-            key = (smp["curve"], *(float(smp["point"][a]) for a in axes))
-            means[key] = sum(smp["times_s"]) / len(smp["times_s"])
+    if statistic == "mean":
+        for smp in profile.get("samples", []):
+            axes = ALL_CURVE_AXES.get(smp["curve"])
+            if axes and smp["times_s"]:
+                key = (smp.get("setting", ""), smp["curve"], *(float(smp["point"][a]) for a in axes))
+                means[key] = sum(smp["times_s"]) / len(smp["times_s"])
     out = {}
-    for name, c in curves.items():
-        if len(c.axes) == 1:
-            vals = [means.get((name, x), v) for x, v in zip(c.grid[0], c.values)]
-        else:
-            vals = [[means.get((name, x, y), v) for y, v in zip(c.grid[1], row)] for x, row in zip(c.grid[0], c.values)]
-        out[name] = Curve(c.axes, c.grid, vals)
+    for name, (c, where) in stored.items():
+        grid, values = c["grid"], c["values_s"]
+        if means:
+            if len(grid) == 1:
+                values = [means.get((where, name, float(x)), v) for x, v in zip(grid[0], values)]
+            else:
+                values = [[means.get((where, name, float(x), float(y)), v) for y, v in zip(grid[1], row)]
+                          for x, row in zip(grid[0], values)]
+        out[name] = Curve(c["axes"], grid, values)
     return out

@@ -36,6 +36,8 @@ class ProfileCostModel:
         overlap_residue_s: device time the FutureMap resolve adds per step under ``overlap``.
         statistic: ``median`` (the profile's curves) or ``mean`` (each point's samples averaged,
             see :func:`sim.model.profile.profile_curves`).
+        setting: the event loop simulated: the profile's curves for that loop (``setting_curves``)
+            replace its base curves.
         sync_latency_s: from the end of a forward until the host can read its results; None:
             the profile's ``metadata.sync_latency_s`` (measured by calibrations that can see it,
             e.g. the harness's device process), else 0.
@@ -44,7 +46,7 @@ class ProfileCostModel:
 
     def __init__(self, profile: dict, gpu_scale: float = 1.0, cpu_scale: float = 1.0,
                  overlap_residue_s: float = 0.0, source: str = "<dict>", gil=None,
-                 sync_latency_s: float | None = None, statistic: str = "median"):
+                 sync_latency_s: float | None = None, statistic: str = "median", setting: str | None = None):
         self.profile = profile
         self.source = source
         self.gil = gil  # sim.model.schema.GilCosts for the thread_overlap loop (not measured here)
@@ -54,7 +56,8 @@ class ProfileCostModel:
         self.extrapolated_steps = 0
         self.gpu_scale, self.cpu_scale = gpu_scale, cpu_scale
         self.overlap_residue_s = overlap_residue_s * gpu_scale
-        c = self.curves = profile_curves(profile, statistic)
+        c = self.curves = profile_curves(profile, statistic, setting)
+        self.setting = setting
         self.statistic = statistic
         self._forward = (c["forward.extend"], c["forward.decode"])
         self._recv = c["recv"]

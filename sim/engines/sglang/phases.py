@@ -40,11 +40,13 @@ class Phases:
         faults: release faults of this path (:func:`sim.engines.sglang.rules.loop_rules.setting_faults`); one with
             ``sim: {die_on_batch_min_reqs: N}`` kills the server when the result of a batch of
             N or more requests is relayed, at the end of its forward.
+        blocking_forward: the forward runs on the scheduler's thread (SGLang's CPU engine): the
+            launch returns only when it has ended (:attr:`sim.engines.sglang.server.Server.blocking_forward`).
     """
 
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, stream: DeviceStream, costs: CostModel,
                  gpu_jitter: Jitter, cpu_jitter: Jitter, recorder: TraceRecorder, forward_extra_s: float = 0.0,
-                 faults: tuple = (), external_arrival_s=None):
+                 faults: tuple = (), external_arrival_s=None, blocking_forward: bool = False):
         self.env = env
         self.scheduler = scheduler
         self.stream = stream
@@ -53,6 +55,7 @@ class Phases:
         self.cpu_jitter = cpu_jitter
         self.recorder = recorder
         self.forward_extra_s = forward_extra_s
+        self.blocking_forward = blocking_forward
         self._die_fault = next((f for f in faults if "die_on_batch_min_reqs" in f.sim), None)
         self._wakeup: simpy.Event | None = None
         self._was_idle = False
@@ -119,7 +122,8 @@ class Phases:
         when it ends. Returns the CPU time, plus, where the cost model has a submission block
         (MLX's ``mx.async_eval`` back-pressure, :meth:`sim.model.costs.CostModel.submit_s`), the wait
         until that long after the forward started (``launch_end`` stays at the end of the CPU
-        part; the wait shows as a gap before the next phase)."""
+        part; the wait shows as a gap before the next phase). Where the forward runs on the
+        scheduler's thread (:attr:`blocking_forward`), the launch returns when it has ended."""
         c = self.costs
         k, n, tok, ctx = batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx
         dur = c.launch_s(k, n, tok, ctx) * self.cpu_jitter()
@@ -127,6 +131,8 @@ class Phases:
         batch.launch_end = at + dur
         forward = c.forward_s(k, n, tok, ctx) * self.gpu_jitter() + self.forward_extra_s
         self.stream.enqueue(batch, at + dur, forward)
+        if self.blocking_forward:  # CPU engine: run_batch returns when the forward is done
+            return batch.forward_end - at
         submit = c.submit_s(k, n, tok, ctx)
         if submit > 0.0:  # MLX: the submission returns only once the device is near the end of this forward
             return max(dur, batch.forward_start + min(submit, forward) - at)

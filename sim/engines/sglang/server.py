@@ -30,6 +30,13 @@ class Server(StrictModel):
     ``device`` is the platform ('mlx' = MPS with SGLANG_USE_MLX). ``version`` (default: the
     seed document's 0.5.22) also decides the release-specific faults the simulator predicts and,
     when ``retraction`` is not given, the retraction policy of that release.
+
+    ``forward_on_scheduler_thread``: the forward runs inside ``run_batch`` on the scheduler's own
+    thread, so nothing can overlap it and every loop pays it in full. None (default): True on
+    ``device: cpu`` (SGLang's CPU engine: ``Scheduler.run_batch`` calls the model on the thread
+    that schedules, 0.5.23, ``managers/scheduler.py``; ``event_loop_overlap`` still runs and
+    still processes each result one step late), False on accelerators. The ground-truth
+    harness, whose "device" is a separate process, sets False.
     """
 
     device: Literal["cuda", "mlx", "mps", "cpu"] = "cuda"
@@ -43,6 +50,7 @@ class Server(StrictModel):
     disable_consecutive_prefill_overlap: bool = False
     launch_args: Optional[list[str]] = None
     version: Optional[str] = None
+    forward_on_scheduler_thread: Optional[bool] = None
     _from_launch_args: tuple = PrivateAttr(default=())
 
     @model_validator(mode="wrap")
@@ -64,6 +72,13 @@ class Server(StrictModel):
         server = handler(data)
         server._from_launch_args = derived
         return server
+
+    @property
+    def blocking_forward(self) -> bool:
+        """Whether the forward blocks the scheduler's thread (see ``forward_on_scheduler_thread``)."""
+        if self.forward_on_scheduler_thread is None:
+            return self.device == "cpu"
+        return self.forward_on_scheduler_thread
 
     @model_validator(mode="after")
     def _unique(self):

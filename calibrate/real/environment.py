@@ -1,0 +1,98 @@
+"""Where a real engine's environment is, and how the project runs code inside it.
+
+Each real engine lives in its own virtual environment (``realengines/<engine>/setup.sh``): the
+project never imports it. :func:`run_module` starts ``python -m realengines.<...>`` with that
+environment's interpreter and reads back what the module wrote. The interpreter is, in order:
+``--engine-python``, ``$OVERLAP_SIM_<ENGINE>_PYTHON``, ``.venvs/<engine>/bin/python`` under the
+repository root.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from calibrate.errors import CalibrationInputError
+
+REPO = Path(__file__).resolve().parents[2]
+ENGINES = ("sglang", "vllm")
+SETUP = {e: f"realengines/{e}/setup.sh" for e in ENGINES}
+IMPORT_CHECK = {"sglang": "import sglang, torch; print(sglang.__version__)",
+                "vllm": "import vllm, torch; print(vllm.__version__)"}
+MODEL_DIMS = "1024,256,4,4,2,512"  # realengines.model's default: the tiny Llama
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A real engine's environment. ``python``: its interpreter; ``version``: the engine's release."""
+
+    name: str
+    python: Path
+    version: str
+
+    def env(self, extra: dict | None = None) -> dict:
+        """The environment for modules of ``realengines``: the repository on PYTHONPATH (SGLang's
+        import shims too), one OpenMP thread (an idle CPU engine otherwise spins on every core)."""
+        env = dict(os.environ)
+        paths = [str(REPO)]
+        if self.name == "sglang":
+            paths.insert(0, str(REPO / "realengines" / "sglang" / "shims"))
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+        env["OMP_NUM_THREADS"] = "1"
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(extra or {})
+        return env
+
+
+def find_engine(name: str, python: str | Path | None = None, flag: str = "--engine-python") -> Engine:
+    """The environment of engine ``name``, checked by importing it there.
+
+    Raises:
+        CalibrationInputError: unknown engine, or no working environment (the message says how
+            to build one).
+    """
+    if name not in ENGINES:
+        raise CalibrationInputError("--engine", "", f"unknown engine {name!r}; expected one of {', '.join(ENGINES)}")
+    source = flag if python else f"OVERLAP_SIM_{name.upper()}_PYTHON"
+    python = python or os.environ.get(f"OVERLAP_SIM_{name.upper()}_PYTHON")
+    if not python:
+        python, source = REPO / ".venvs" / name / "bin" / "python", "the default environment"
+    python = Path(python)
+    how = f"build it with {SETUP[name]} (about 2-10 minutes, 3 GB) or name one with --engine-python"
+    if not python.exists():
+        raise CalibrationInputError(source, "", f"no {name} environment at {python}: {how}")
+    try:
+        out = subprocess.run([str(python), "-c", IMPORT_CHECK[name]], capture_output=True, text=True, timeout=300,
+                             env=Engine(name, python, "").env())
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise CalibrationInputError(source, "", f"{python} does not run ({err}): {how}") from None
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise CalibrationInputError(source, "", f"{name} does not import with {python} ({last}): {how}")
+    return Engine(name, python, out.stdout.strip().splitlines()[-1])
+
+
+def run_module(engine: Engine, module: str, args: list[str], log: Path, timeout_s: float | None = None,
+               env: dict | None = None) -> None:
+    """Run ``python -m <module> <args>`` in the engine's environment, output to ``log``.
+
+    Raises:
+        RuntimeError: the module failed (the message quotes the end of the log).
+    """
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f:
+        proc = subprocess.run([str(engine.python), "-m", module, *args], stdout=f, stderr=subprocess.STDOUT,
+                              env=engine.env(env), cwd=str(REPO), timeout=timeout_s)
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-12:])
+        raise RuntimeError(f"{module} failed in the {engine.name} environment (exit {proc.returncode}); "
+                           f"log {log}:\n{tail}")
+
+
+def test_model(engine: Engine, folder: Path) -> Path:
+    """The tiny random-weight Llama both engines load (written once into ``folder``)."""
+    if not (folder / "config.json").exists() or not (folder / "model.safetensors").exists():
+        run_module(engine, "realengines.model", [str(folder), "--dims", MODEL_DIMS], folder.parent / "model.log")
+    return folder

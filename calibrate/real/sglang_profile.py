@@ -1,0 +1,237 @@
+"""A calibration profile from SGLang's own code: its real scheduler, timed phase by phase.
+
+``overlap-sim calibrate --engine sglang`` runs SGLang 0.5.23's ``Scheduler`` in-process with its
+own event loop (:mod:`realengines.sglang.drive`) on a designed request list and prices every
+curve of the profile (:mod:`calibrate.profile`) from what the real functions cost
+(:mod:`calibrate.real.sglang_trace`):
+
+- decode grid: for each batch size B and context C, a wave of B requests with prompts of
+  ``C - decode_steps/2`` tokens decoding ``decode_steps`` tokens together; its decode steps
+  price ``forward.decode(B, C)``, ``launch.decode(B)``, ``schedule.decode(B)`` and
+  ``process.decode(B)``; its prefill prices ``schedule.extend(B)``, ``process.extend(B)`` and its
+  receive ``recv(B)`` (the empty receives of the decode steps price ``recv(0)``);
+- extend grid: for each new-token count T and cached prefix P, a request of P tokens (finished
+  at its prefill: the radix cache keeps it), then one of the same P tokens plus T new ones:
+  ``forward.extend(T, P)`` and ``launch.extend(T)`` from the second's prefill.
+
+Times are the scheduler thread's CPU time (``time.thread_time``): robust to other processes on
+the machine. On the CPU engine the forward runs on that thread, so ``forward`` is CPU time too
+(``ModelRunner.forward`` + ``ModelRunner.sample``); ``launch`` is the rest of ``run_batch``. The
+wall time of each iteration outside the phases (loop overhead, the tracer: tens of microseconds)
+is added to ``recv``. The requests stop by length (``ignore_eos``) or, with ``stop_strings``, also
+carry stop strings that never match (the per-token stop check costs CPU in ``process``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from calibrate.errors import CalibrationInputError
+from calibrate.real import sglang_trace
+from calibrate.real.environment import MODEL_DIMS, Engine, run_module
+from calibrate.real.jobs import Prompts, request
+
+
+@dataclass(frozen=True)
+class SglangGrid:
+    """What to measure. Lengths in tokens."""
+
+    decode_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    decode_contexts: tuple[int, ...] = (128, 256, 512, 768)
+    decode_steps: int = 32
+    decode_waves: int = 2  # each (B, C) wave is sent this many times
+    extend_tokens: tuple[int, ...] = (16, 64, 128, 256, 512)
+    extend_prefixes: tuple[int, ...] = (0, 256, 512)
+    extend_repeats: int = 5
+    stop_strings: tuple[str, ...] = ()
+    context_length: int = 2048
+    max_running_requests: int = 16
+    mem_fraction_static: float = 0.05
+    seed: int = 0
+
+    def server_args(self) -> list[str]:
+        return ["--context-length", str(self.context_length), "--max-running-requests", str(self.max_running_requests),
+                "--mem-fraction-static", str(self.mem_fraction_static)]
+
+    def check(self) -> None:
+        """Raises CalibrationInputError for a grid the server cannot run."""
+        if max(self.decode_batch_sizes) > self.max_running_requests:
+            raise CalibrationInputError("--batch-sizes", "", f"a batch of {max(self.decode_batch_sizes)} exceeds "
+                                        f"--max-running-requests {self.max_running_requests}")
+        longest = max(max(self.decode_contexts) + self.decode_steps,
+                      max(self.extend_tokens) + max(self.extend_prefixes) + 1)
+        if longest > self.context_length:
+            raise CalibrationInputError("--contexts", "", f"requests of {longest} tokens exceed the context "
+                                        f"length {self.context_length}")
+        if min(self.decode_contexts) <= self.decode_steps // 2:
+            raise CalibrationInputError("--contexts", "", f"contexts must exceed decode_steps/2 = {self.decode_steps // 2}")
+
+
+@dataclass
+class Design:
+    """The job's requests and, per request id, the profile point its steps measure."""
+
+    waves: list = field(default_factory=list)  # lists of requests
+    decode_point: dict = field(default_factory=dict)  # rid -> (B, C)
+    extend_point: dict = field(default_factory=dict)  # rid -> (T, P) for measured prefills
+
+    def job(self, model_dir: str, overlap: bool, grid: SglangGrid) -> dict:
+        reqs = [r for wave in self.waves for r in wave]
+        return {"model_dir": model_dir, "overlap": overlap, "server_args": grid.server_args(),
+                "arrival": {"kind": "waves", "waves": [[r["rid"] for r in w] for w in self.waves]}, "requests": reqs}
+
+
+def design(grid: SglangGrid) -> Design:
+    """The waves of the calibration job (see the module docstring)."""
+    d = Design()
+    prompts = Prompts(grid.seed)
+    n = 0
+
+    def rid() -> str:
+        nonlocal n
+        n += 1
+        return f"c{n - 1}"
+
+    def stop(req: dict) -> dict:
+        if grid.stop_strings:
+            req["stop"] = list(grid.stop_strings)
+        return req
+
+    for _ in range(grid.decode_waves):
+        for ctx in grid.decode_contexts:
+            for b in grid.decode_batch_sizes:
+                wave = [stop(request(rid(), prompts.new(ctx - grid.decode_steps // 2), grid.decode_steps))
+                        for _ in range(b)]
+                for r in wave:
+                    d.decode_point[r["rid"]] = (b, ctx)
+                d.waves.append(wave)
+    for _ in range(grid.extend_repeats):
+        for prefix in grid.extend_prefixes:
+            for tokens in grid.extend_tokens:
+                ids = prompts.new(prefix + tokens)
+                if prefix:
+                    d.waves.append([request(rid(), ids[:prefix], 1)])
+                r = request(rid(), ids, 1)
+                d.extend_point[r["rid"]] = (tokens, prefix)
+                d.waves.append([r])
+    return d
+
+
+def samples(its: list[sglang_trace.Iteration], d: Design) -> list[dict]:
+    """Profile samples (``{"curve", "point", "times_s"}``) from the job's iterations."""
+    acc: dict[tuple, list[float]] = {}
+
+    def add(curve: str, point: dict, t: float) -> None:
+        acc.setdefault((curve, tuple(sorted(point.items()))), []).append(t)
+
+    for it in its:
+        add("recv", {"num_reqs": it.n_new}, it.recv + it.other)
+    for s in sglang_trace.steps(its):
+        rid = s.rids[0]
+        if s.mode == "DECODE" and rid in d.decode_point:
+            b, ctx = d.decode_point[rid]
+            if s.num_reqs != b:
+                continue
+            add("forward.decode", {"num_reqs": b, "ctx": ctx}, s.forward)
+            add("launch.decode", {"num_reqs": b}, s.launch)
+            add("schedule.decode", {"num_reqs": b}, s.schedule)
+            if s.process == s.process:
+                add("process.decode", {"num_reqs": b}, s.process)
+        elif s.mode == "EXTEND":
+            if rid in d.decode_point and s.num_reqs == d.decode_point[rid][0]:
+                add("schedule.extend", {"num_reqs": s.num_reqs}, s.schedule)
+                if s.process == s.process:
+                    add("process.extend", {"num_reqs": s.num_reqs}, s.process)
+            elif rid in d.extend_point and s.num_reqs == 1:
+                tokens, prefix = d.extend_point[rid]
+                add("forward.extend", {"num_tokens": tokens, "prefix": prefix}, s.forward)
+                add("launch.extend", {"num_tokens": tokens}, s.launch)
+    return [{"curve": c, "point": dict(p), "times_s": ts} for (c, p), ts in sorted(acc.items())]
+
+
+def check_coverage(samples_: list[dict], grid: SglangGrid) -> None:
+    """Raises CalibrationInputError when a grid point got no samples (the real scheduler batched
+    the waves differently than designed)."""
+    have = {(s["curve"], tuple(sorted(s["point"].items()))) for s in samples_}
+    want = [("forward.decode", {"num_reqs": b, "ctx": c}) for b in grid.decode_batch_sizes for c in grid.decode_contexts]
+    want += [("forward.extend", {"num_tokens": t, "prefix": p}) for t in grid.extend_tokens for p in grid.extend_prefixes]
+    missing = [f"{c} {p}" for c, p in want if (c, tuple(sorted(p.items()))) not in have]
+    if missing:
+        raise CalibrationInputError("calibration", "", f"no samples for {len(missing)} grid points, e.g. {missing[0]}")
+
+
+def metadata(engine: Engine, grid: SglangGrid, meta: dict, setting: str, command: str) -> dict:
+    import os
+    import platform
+
+    from calibrate.measure import host_cpu
+
+    dims = dict(zip(("vocab", "hidden", "layers", "heads", "kv_heads", "intermediate"),
+                    (int(x) for x in MODEL_DIMS.split(","))))
+    return {
+        "backend": "sglang", "device": "cpu", "engine": "sglang", "engine_version": engine.version,
+        "device_name": f"cpu (SGLang {engine.version} CPU engine, {meta.get('torch_threads', 1)} torch thread)",
+        "host_cpu": host_cpu(), "host_cores": os.cpu_count(), "platform": platform.platform(),
+        "libraries": {"sglang": meta.get("sglang"), "torch": meta.get("torch"), "python": meta.get("python")},
+        "model": {"name": "tiny-llama", **dims}, "dtype": "float32",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "grid": asdict(grid), "repeats": grid.decode_waves * (grid.decode_steps - 1), "warmup": 0,
+        "setting": setting, "scheduler_limits": meta.get("limits", {}), "command": command,
+        "timing": "the scheduler thread's CPU time (time.thread_time) of SGLang's own functions, in-process: "
+                  "recv = ingest_requests (+ loop overhead), schedule = get_next_batch_to_run, forward = "
+                  "ModelRunner.forward + sample, launch = run_batch - forward, process = process_batch_result",
+        "sync_latency_s": 0.0,
+    }
+
+
+def run_job(engine: Engine, job: dict, folder: Path, name: str, report: Callable[[str], None]) -> Path:
+    """Run (or reuse: a finished trace is kept) one in-process driver job; returns its trace."""
+    out = folder / f"{name}.jsonl"
+    job_path = folder / f"{name}.job.json"
+    text = json.dumps(job)
+    if out.exists() and job_path.exists() and job_path.read_text() == text:
+        report(f"{name}: reusing {out}")
+        return out
+    folder.mkdir(parents=True, exist_ok=True)
+    job_path.write_text(text)
+    out.unlink(missing_ok=True)
+    report(f"{name}: running SGLang's scheduler in-process ({len(job['requests'])} requests)")
+    run_module(engine, "realengines.sglang.drive", [str(job_path), str(out)], folder / f"{name}.log")
+    return out
+
+
+def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, setting: str, folder: Path,
+                     command: str = "", report: Callable[[str], None] = print) -> dict:
+    """Run the calibration job under ``setting`` (``normal`` or ``overlap``) and build the profile.
+
+    Raises:
+        CalibrationInputError: a grid the server cannot run, or points without samples.
+        RuntimeError: the driver failed in the SGLang environment.
+    """
+    from calibrate.profile import build_profile
+
+    grid.check()
+    d = design(grid)
+    trace = run_job(engine, d.job(str(model_dir), setting == "overlap", grid), folder, f"calibrate-{setting}", report)
+    meta, records, _ = sglang_trace.read_records(trace)
+    its = sglang_trace.iterations(records)
+    got = samples(its, d)
+    check_coverage(got, grid)
+    return build_profile(metadata(engine, grid, meta or {}, setting, command), got)
+
+
+def phase_table(profile: dict) -> list[tuple[str, str, float, float]]:
+    """(curve, point, median ms, mean ms) of the CPU phases, for a summary."""
+    rows = []
+    for s in profile["samples"]:
+        if s["curve"].startswith("forward"):
+            continue
+        ts = s["times_s"]
+        rows.append((s["curve"], ",".join(f"{v}" for v in s["point"].values()),
+                     statistics.median(ts) * 1e3, statistics.fmean(ts) * 1e3))
+    return rows

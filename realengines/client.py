@@ -1,0 +1,149 @@
+"""A closed-loop streaming load generator for a real server, with bench_serving's metrics.
+
+    python -m realengines.client LOAD.json OUT.json
+
+LOAD (JSON)::
+
+    {"url": "http://127.0.0.1:30000", "api": "sglang" | "openai", "concurrency": int,
+     "warmup_requests": int, "requests": [{"rid": str, "input_ids": [int], "max_new_tokens": int,
+     "ignore_eos": bool, "stop_token_ids": [int] (optional), "temperature": float (default 0),
+     "sampling_seed": int (optional)}]}
+
+``concurrency`` clients each send their next request when their previous one has finished
+(bench_serving's ``--max-concurrency`` with an infinite request rate behaves the same). The first
+``warmup_requests`` are sent and awaited before the measured ones, concurrently, as
+bench_serving's warm-up. ``api: sglang`` posts to SGLang's native ``/generate`` with
+``input_ids`` (what ``bench_serving --backend sglang`` does); ``openai`` posts to
+``/v1/completions`` with the token ids as the prompt (vLLM). Tokens are counted from the server's
+own count (SGLang: ``meta_info.completion_tokens``; OpenAI: one token per chunk, checked
+against ``usage.completion_tokens``).
+
+OUT (JSON): ``{"start_s", "end_s", "requests": [{"rid", "warmup", "send_s", "first_s", "end_s",
+"output_len", "token_times_s": [...] (one per token, a chunk of n tokens spread evenly over its
+gap as bench_serving does), "error"}]}``; times from ``time.perf_counter`` (the machine's
+monotonic clock, the same clock as the engine tracers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+
+clock = time.perf_counter
+
+
+def _sglang_body(req: dict) -> tuple[str, dict]:
+    params = {"max_new_tokens": int(req["max_new_tokens"]), "ignore_eos": bool(req.get("ignore_eos", True)),
+              "temperature": float(req.get("temperature", 0.0))}
+    if req.get("stop_token_ids"):
+        params["stop_token_ids"] = list(req["stop_token_ids"])
+    if req.get("sampling_seed") is not None:
+        params["sampling_seed"] = int(req["sampling_seed"])
+    return "/generate", {"input_ids": req["input_ids"], "sampling_params": params, "stream": True}
+
+
+def _openai_body(req: dict) -> tuple[str, dict]:
+    body = {"model": req.get("model", "default"), "prompt": req["input_ids"], "max_tokens": int(req["max_new_tokens"]),
+            "ignore_eos": bool(req.get("ignore_eos", True)), "temperature": float(req.get("temperature", 0.0)),
+            "stream": True, "stream_options": {"include_usage": True}}
+    if req.get("stop_token_ids"):
+        body["stop_token_ids"] = list(req["stop_token_ids"])
+    if req.get("sampling_seed") is not None:
+        body["seed"] = int(req["sampling_seed"])
+    return "/v1/completions", body
+
+
+def _count_sglang(data: dict, count: int) -> int:
+    return int((data.get("meta_info") or {}).get("completion_tokens", count))
+
+
+def _count_openai(data: dict, count: int) -> int:
+    choices = data.get("choices") or []
+    if choices and (choices[0].get("text") or choices[0].get("token_ids")):
+        return count + 1
+    usage = data.get("usage") or {}
+    return int(usage.get("completion_tokens") or count)
+
+
+async def send(session, url: str, api: str, req: dict) -> dict:
+    """One streamed request; returns its record (see the module docstring)."""
+    path, body = (_sglang_body if api == "sglang" else _openai_body)(req)
+    count_of = _count_sglang if api == "sglang" else _count_openai
+    out = {"rid": req["rid"], "send_s": clock(), "first_s": None, "end_s": None, "output_len": 0,
+           "token_times_s": [], "error": ""}
+    times = out["token_times_s"]
+    last_t, count = out["send_s"], 0
+    try:
+        async with session.post(url + path, json=body) as resp:
+            if resp.status != 200:
+                out["error"] = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                return out
+            async for line in resp.content:
+                line = line.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    break
+                now = clock()
+                new = count_of(json.loads(payload), count)
+                if new > count:
+                    step = (now - last_t) / (new - count)
+                    times.extend(last_t + step * (i + 1) for i in range(new - count))
+                    if out["first_s"] is None:
+                        out["first_s"] = now
+                    last_t, count = now, new
+    except Exception as err:  # connection refused, reset: the request failed
+        out["error"] = f"{type(err).__name__}: {err}"
+        return out
+    out["end_s"] = clock()
+    out["output_len"] = count
+    return out
+
+
+async def run_load(load: dict) -> dict:
+    import aiohttp
+
+    url, api, reqs = load["url"].rstrip("/"), load.get("api", "sglang"), load["requests"]
+    warm = int(load.get("warmup_requests", 0))
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=float(load.get("read_timeout_s", 300)))
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        warm_out = await asyncio.gather(*(send(session, url, api, r) for r in reqs[:warm]))
+        queue = list(reversed(reqs[warm:]))
+        measured: list[dict] = []
+
+        async def client():
+            while queue:
+                measured.append(await send(session, url, api, queue.pop()))
+
+        start = clock()
+        await asyncio.gather(*(client() for _ in range(int(load["concurrency"]))))
+        end = clock()
+    for rec in warm_out:
+        rec["warmup"] = True
+    for rec in measured:
+        rec["warmup"] = False
+    order = {r["rid"]: i for i, r in enumerate(reqs)}
+    records = sorted([*warm_out, *measured], key=lambda r: order[r["rid"]])
+    return {"start_s": start, "end_s": end, "requests": records}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        sys.exit("usage: python -m realengines.client LOAD.json OUT.json")
+    with open(argv[0]) as f:
+        load = json.load(f)
+    result = asyncio.run(run_load(load))
+    tmp = argv[1] + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f)
+    os.replace(tmp, argv[1])
+
+
+if __name__ == "__main__":
+    main()

@@ -12,7 +12,7 @@ SESSION (JSON)::
 ``sync``); the engine module (:mod:`realengines.sglang.launch`, :mod:`realengines.vllm.launch`)
 turns it into a command line and environment. With ``trace``, the engine's phase tracer writes
 ``OUT_DIR/trace.<pid>.jsonl``. Each load runs through :mod:`realengines.client` in this process,
-one after another; OUT_DIR receives ``<name>.json`` per load (the client's records and its
+one after another, the engine's prefix cache flushed after each; OUT_DIR receives ``<name>.json`` per load (the client's records and its
 window), ``server.log`` and ``session.json`` (versions, command, when the server was ready and
 stopped). The server runs in its own process group and is stopped with SIGTERM, then SIGKILL.
 """
@@ -74,6 +74,14 @@ def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
         proc.wait()
 
 
+def flush(url: str) -> None:
+    """POST to the engine's cache-flush endpoint (best effort: a failure leaves the cache warm)."""
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=30).close()
+    except OSError:
+        pass
+
+
 def run_session(session: dict, out_dir: Path) -> dict:
     from realengines.client import run_load
 
@@ -100,6 +108,7 @@ def run_session(session: dict, out_dir: Path) -> dict:
             tmp.replace(out_dir / f"{load['name']}.json")
             meta["loads"].append({"name": load["name"], "start_s": result["start_s"], "end_s": result["end_s"]})
             time.sleep(float(session.get("pause_between_loads_s", 2.0)))  # idle: the tracer flushes
+            flush(f"http://127.0.0.1:{port}{engine.FLUSH_PATH}")  # the next load starts with an empty prefix cache
     finally:
         stop(proc)
     meta["exit_status"] = proc.returncode
@@ -107,7 +116,12 @@ def run_session(session: dict, out_dir: Path) -> dict:
     return meta
 
 
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(f"stopped by signal {signum}")  # run_session's finally stops the server
+
+
 def main(argv: list[str] | None = None) -> None:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
         sys.exit("usage: python -m realengines.server SESSION.json OUT_DIR")

@@ -14,7 +14,7 @@ import simpy
 from sim.engines.sglang.loops import LOOPS
 from sim.engines.sglang.phases import Phases
 from sim.engines.sglang.rules.loop_rules import setting_faults
-from sim.engines.sglang.scheduler import Scheduler, ServerDied
+from sim.engines.sglang.policy.scheduler import Scheduler, ServerDied
 from sim.model.costs import Jitter, make_cost_model
 from sim.model.device import DeviceStream
 from sim.model.workload import ClosedLoopClients, make_requests, open_loop_arrivals
@@ -105,7 +105,8 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
     else:
         on_finish = _ignore
     scheduler = Scheduler(specs, srv, warmup, w.finish == "length", recorder, on_finish,
-                          lookahead_policy=setting != "overlap_mlx")
+                          lookahead_policy=setting != "overlap_mlx",
+                          deferred_results=setting in ("overlap", "thread_overlap"))
     faults = setting_faults(srv.device, setting, srv.version)
     phases = Phases(
         env, scheduler, DeviceStream(), costs,

@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sim
-from sim.engines.sglang.kvpool import DecodePageDemand, KVPool
-from sim.engines.sglang.retraction import AllocationFailed, keep_order, ratio_after_retract, retract_decode
+from sim.engines.sglang.policy.kvpool import DecodePageDemand, KVPool
+from sim.engines.sglang.policy.retraction import AllocationFailed, keep_order, ratio_after_retract, retract_decode
 from sim.model.batch import Req
 from tests.conftest import SCENARIOS
 
@@ -37,7 +37,7 @@ def test_decode_page_demand_by_residue():
 
 
 def _req(rid, input_len, output_len):
-    return Req(rid, 0.0, input_len, 0, output_len, True, False)
+    return Req(rid, 0.0, input_len, 0, output_len, True, False, max_new_tokens=output_len)
 
 
 def test_keep_order_and_ratio_after_retract():
@@ -74,14 +74,14 @@ def test_retract_decode_retracts_least_preferred_until_it_fits():
     reqs = [_req(i, 10, 100) for i in range(4)]
     s = _FakeScheduler({0: 1, 1: 1, 2: 5, 3: 5})
     # need 4 pages, 1 free: retract rid 0 (need 3, free 2), rid 1 (need 2, free 3): fits
-    retracted, aborted, _ = retract_decode(s, 7, reqs, [], free_pages=1, abort_last=True)
+    retracted, aborted, _, _ = retract_decode(s, 7, reqs, [], free_pages=1, abort_last=True)
     assert [r.rid for r in retracted] == [0, 1] and aborted is None
 
 
 def test_retract_decode_last_request_aborted_or_allocation_fails():
     reqs = [_req(i, 10, 100) for i in range(2)]
     s = _FakeScheduler({0: 0, 1: 0})  # retraction frees nothing
-    retracted, aborted, _ = retract_decode(s, 7, reqs, [], free_pages=0, abort_last=True)
+    retracted, aborted, _, _ = retract_decode(s, 7, reqs, [], free_pages=0, abort_last=True)
     assert [r.rid for r in retracted] == [0] and aborted.rid == 1 and s.aborted == [1]
     # without abort (naive): rid 0 retracted, then rid 1 alone still needs 1 page
     with pytest.raises(AllocationFailed, match="1 page.* for the 1 request"):
@@ -93,51 +93,53 @@ def test_retract_decode_last_request_aborted_or_allocation_fails():
     assert s.released == [0]
 
 
-# --- two requests, pool 24 tokens, page 1, no admission reserve (init_new_token_ratio 0) -------
-# A: input 10, output 3 (finishes in decode batch 1); B: input 10, output 14. After decode
-# batches 0 and 1 both hold 12 slots: the pool is full. Under overlap the check for batch 2 runs
-# while batch 1 (A's last) is in flight.
+# --- three requests, pool 22 tokens, page 1, no running offset (init_new_token_ratio 0) -------
+# Admission reserves a new request's whole output, so requests admitted in one pass always fit
+# together; the pool overflows only through a *later* admission that discounts the running
+# batch's remaining output by the ratio (0 here, 0.5.4-era rules). Two clients: A (input 1,
+# output 3) and B (input 6, output 10) fit one pass (4 + 16 tokens of 22); C (input 5, output 5)
+# is sent when A finishes and admitted against B's current KV only. B and C then need 16 + 10
+# tokens at the end: the pool runs out as B finishes by length, and under overlap the check of
+# the batch after B's last runs while B's KV is still held.
 
-def _two_requests(write_trace, policy):
-    trace = write_trace([(0.0, 10, 3), (0.0, 10, 14)])
+def _three_requests(write_trace, policy):
+    trace = write_trace([(0.0, 1, 3), (0.0, 6, 10), (0.0, 5, 5)])
     return sim.load_scenario({
-        "name": "two", "workload": {"arrival": "trace", "trace": trace},
-        "server": {"kv_pool_tokens": 24, "init_new_token_ratio": 0.0, "retraction": policy,
+        "name": "three", "workload": {"arrival": "closed_loop", "trace": trace, "concurrency": 2},
+        "server": {"kv_pool_tokens": 22, "init_new_token_ratio": 0.0, "retraction": policy, "admission": "v0.5.4",
                    "settings": ["overlap", "normal"]}})
 
 
 def test_v0522_skips_the_step_instead_of_retracting(write_trace):
-    x = sim.simulate(_two_requests(write_trace, "v0.5.22"), "overlap").summary()
-    # A is left out of batch 2 (finishes by length); B alone needs 1 slot, 0 free, A in flight: skip
-    assert (x["completed"], x["skipped_decodes"], x["retractions"], x["outcome"]) == (2, 1, 0, "ok")
+    x = sim.simulate(_three_requests(write_trace, "v0.5.22"), "overlap").summary()
+    # B is left out of the batch after its last (finishes by length); C alone still needs a slot
+    # that is not free while B's result is in flight: the step is skipped, nobody retracted
+    assert (x["completed"], x["skipped_decodes"], x["retractions"], x["outcome"]) == (3, 1, 0, "ok")
     assert x["peak_token_usage"] == 1.0
 
 
 def test_v0510_retracts_the_request_that_was_not_finishing(write_trace):
-    res = sim.simulate(_two_requests(write_trace, "v0.5.10"), "overlap")
+    res = sim.simulate(_three_requests(write_trace, "v0.5.10"), "overlap")
     x = res.summary()
-    # batch 2 = {A (overshoot), B}: need 2, free 0. Both committed 2 tokens, equal inputs: keep
-    # order is admission order, so B (popped last) is retracted and prefilled again with
-    # its input and 2 output tokens = 12 tokens; its KV (12 slots) makes room for A's slot.
-    assert (x["completed"], x["retractions"], x["reprefill_tokens"]) == (2, 1, 12)
-    assert list(res.requests["retractions"]) == [0, 1]
-    # B's client still gets 14 tokens
-    assert list(res.requests["output_tokens"]) == [3, 14]
+    # B (overshoot) and C need 2 slots, none free: C has the shorter output and is retracted,
+    # then prefilled again with its input and its 4 committed output tokens = 9 tokens
+    assert (x["completed"], x["retractions"], x["reprefill_tokens"]) == (3, 1, 9)
+    assert list(res.requests["retractions"]) == [0, 0, 1]
+    assert list(res.requests["output_tokens"]) == [3, 10, 5]  # C's client still gets 5 tokens
 
 
 def test_naive_overlap_fails_allocation(write_trace):
-    x = sim.simulate(_two_requests(write_trace, "naive"), "overlap").summary()
-    # both members of batch 2 are in the in-flight batch 1: nothing to retract, 2 needed, 0 free
+    x = sim.simulate(_three_requests(write_trace, "naive"), "overlap").summary()
+    # both members of the batch are in the in-flight batch: nothing to retract, 2 needed, 0 free
     assert x["outcome"] == "server_died" and x["outcome_token_usage"] == 1.0
     assert "needs 2 page(s) for the 2 request(s)" in x["outcome_reason"]
-    assert (x["completed"], x["cut_off"], x["could_not_connect"]) == (0, 2, 0)
 
 
 @pytest.mark.parametrize("policy", ["naive", "v0.5.10", "v0.5.22"])
 def test_normal_loop_needs_no_retraction_here(write_trace, policy):
-    # batch 1 is processed (A's 12 slots freed) before batch 2 is checked
-    x = sim.simulate(_two_requests(write_trace, policy), "normal").summary()
-    assert (x["completed"], x["retractions"], x["skipped_decodes"]) == (2, 0, 0)
+    # B's last batch is processed (its KV freed) before C's next batch is checked
+    x = sim.simulate(_three_requests(write_trace, policy), "normal").summary()
+    assert (x["completed"], x["retractions"], x["skipped_decodes"]) == (3, 0, 0)
 
 
 # --- the shipped scenario ---------------------------------------------------------------------

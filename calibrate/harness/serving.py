@@ -1,7 +1,7 @@
 """The harness scheduler's state and its CPU phases (recv, schedule, launch, sync, process) over
 the real bookkeeping (:class:`calibrate.bookkeeping.bookkeeper.Bookkeeper`), with the simulator's policy.
 
-Policy (as :class:`sim.engines.sglang.scheduler.Scheduler`, from SGLang's ``get_next_batch_to_run``): prefill
+Policy (as :class:`sim.engines.sglang.policy.scheduler.Scheduler`, from SGLang's ``get_next_batch_to_run``): prefill
 first (FCFS, chunked at ``chunked_prefill_size`` tokens, while the running batch plus the new
 requests stay under ``max_running_requests``), otherwise one decode of the whole running
 batch; under ``overlap`` the decode leaves out requests whose in-flight tokens reach their

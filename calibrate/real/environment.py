@@ -78,17 +78,45 @@ def run_module(engine: Engine, module: str, args: list[str], log: Path, timeout_
                env: dict | None = None) -> None:
     """Run ``python -m <module> <args>`` in the engine's environment, output to ``log``.
 
+    The module runs in its own process group, killed whole when it overruns ``timeout_s`` or
+    this process is interrupted (SGLang's scheduler would otherwise outlive its parent).
+
     Raises:
-        RuntimeError: the module failed (the message quotes the end of the log).
+        RuntimeError: the module failed or timed out (the message quotes the end of the log).
     """
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f:
-        proc = subprocess.run([str(engine.python), "-m", module, *args], stdout=f, stderr=subprocess.STDOUT,
-                              env=engine.env(env), cwd=str(REPO), timeout=timeout_s)
+        proc = subprocess.Popen([str(engine.python), "-m", module, *args], stdout=f, stderr=subprocess.STDOUT,
+                                env=engine.env(env), cwd=str(REPO), start_new_session=True)
+        try:
+            proc.wait(timeout_s)
+        except BaseException as err:  # timeout, Ctrl-C: no orphaned engine processes
+            _kill_group(proc)
+            if isinstance(err, subprocess.TimeoutExpired):
+                raise RuntimeError(f"{module} did not finish within {timeout_s:.0f} s in the {engine.name} "
+                                   f"environment; log {log}") from None
+            raise
     if proc.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-12:])
         raise RuntimeError(f"{module} failed in the {engine.name} environment (exit {proc.returncode}); "
                            f"log {log}:\n{tail}")
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM the module's process group (a server session then stops its server), SIGKILL it
+    after ``grace_s``."""
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def test_model(engine: Engine, folder: Path) -> Path:

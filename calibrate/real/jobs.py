@@ -10,6 +10,8 @@ workload shares on purpose.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 FIRST_ID = 3  # <s>, </s>, <unk> are 0, 1, 2
@@ -24,14 +26,18 @@ def prompt(rng: np.random.Generator, length: int, first: int | None = None, voca
     return ids
 
 
-def request(rid: str, input_ids: list[int], max_new_tokens: int, stop_token: int | None = None,
+def request(rid: str, input_ids: list[int], max_new_tokens: int, stop_tokens: list[int] | None = None,
             seed: int | None = None) -> dict:
-    """A request that stops at ``max_new_tokens`` (``ignore_eos``), or, with ``stop_token``, when
-    it samples that token (temperature 1, seeded: reproducible on any batch)."""
+    """A request that stops at ``max_new_tokens`` (``ignore_eos``), or, with ``stop_tokens``, also
+    when it samples one of them (temperature 1, seeded: reproducible on any batch). The tiny
+    random-weight model samples nearly uniformly over its vocabulary, so ``s`` stop tokens end a
+    request after a geometric number of tokens with mean about vocab/s: an EOS-like finish the
+    scheduler cannot foresee."""
     req = {"rid": rid, "input_ids": [int(x) for x in input_ids], "max_new_tokens": int(max_new_tokens),
-           "ignore_eos": stop_token is None}
-    if stop_token is not None:
-        req.update({"stop_token_ids": [int(stop_token)], "temperature": 1.0, "sampling_seed": int(seed or 0)})
+           "ignore_eos": not stop_tokens}
+    if stop_tokens:
+        req.update({"stop_token_ids": [int(t) for t in stop_tokens], "temperature": 1.0,
+                    "sampling_seed": int(seed or 0)})
     return req
 
 
@@ -47,3 +53,39 @@ class Prompts:
         first = self._first
         self._first = FIRST_ID + (self._first - FIRST_ID + 1) % (self.vocab - FIRST_ID)
         return prompt(self.rng, length, first, self.vocab)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A workload for a real engine: ``num_requests`` requests (the first ``warmup_requests`` of
+    them a warm-up), ``concurrency`` in flight, prompt and output lengths uniform on [lo, hi]
+    (tokens), extra launch flags; ``shared_prefix``: tokens every prompt starts with (a system
+    prompt: radix-cache hits); ``stop``: requests may also stop at a sampled stop token
+    (EOS-like, seeded temperature sampling) before ``max_new_tokens``."""
+
+    name: str
+    num_requests: int = 40
+    concurrency: int = 8
+    input_len: tuple[int, int] = (64, 256)
+    output_len: tuple[int, int] = (16, 96)
+    shared_prefix: int = 0
+    stop: bool = False
+    server_args: tuple[str, ...] = ()
+    seed: int = 0
+    warmup_requests: int = 0
+
+    def requests(self, prefix: str = "q") -> list[dict]:
+        """The request list (ids ``<prefix>0``, ``<prefix>1``, ...), the same for a given seed."""
+        rng = np.random.default_rng([self.seed, 7])
+        prompts = Prompts(self.seed)
+        shared = prompts.new(self.shared_prefix) if self.shared_prefix else []
+        out = []
+        for i in range(self.num_requests):
+            n_in = int(rng.integers(self.input_len[0], self.input_len[1] + 1))
+            n_out = int(rng.integers(self.output_len[0], self.output_len[1] + 1))
+            ids = shared + prompts.new(n_in)
+            if self.stop:  # 8 stop tokens: about 1 in 128 sampled tokens ends the request
+                out.append(request(f"{prefix}{i}", ids, n_out, stop_tokens=rng.integers(3, 1024, size=8).tolist(), seed=i))
+            else:
+                out.append(request(f"{prefix}{i}", ids, n_out))
+        return out

@@ -37,6 +37,9 @@ from calibrate.real.environment import MODEL_DIMS, Engine, run_module
 from calibrate.real.jobs import Prompts, request
 
 
+DRIVER_TIMEOUT_S = 1800  # one in-process run: about a minute here; a hung one is stopped
+
+
 @dataclass(frozen=True)
 class SglangGrid:
     """What to measure. Lengths in tokens."""
@@ -165,7 +168,7 @@ def check_coverage(samples_: list[dict], grid: SglangGrid) -> None:
         raise CalibrationInputError("calibration", "", f"no samples for {len(missing)} grid points, e.g. {missing[0]}")
 
 
-def metadata(engine: Engine, grid: SglangGrid, meta: dict, setting: str, command: str) -> dict:
+def metadata(engine: Engine, grid: SglangGrid, meta: dict, settings: tuple[str, ...], command: str) -> dict:
     import os
     import platform
 
@@ -181,7 +184,7 @@ def metadata(engine: Engine, grid: SglangGrid, meta: dict, setting: str, command
         "model": {"name": "tiny-llama", **dims}, "dtype": "float32",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "grid": asdict(grid), "repeats": grid.decode_waves * (grid.decode_steps - 1), "warmup": 0,
-        "setting": setting, "scheduler_limits": meta.get("limits", {}), "command": command,
+        "settings": list(settings), "base_setting": settings[0], "scheduler_limits": meta.get("limits", {}), "command": command,
         "timing": "the scheduler thread's CPU time (time.thread_time) of SGLang's own functions, in-process: "
                   "recv = ingest_requests (+ loop overhead), schedule = get_next_batch_to_run, forward = "
                   "ModelRunner.forward + sample, launch = run_batch - forward, process = process_batch_result",
@@ -201,13 +204,20 @@ def run_job(engine: Engine, job: dict, folder: Path, name: str, report: Callable
     job_path.write_text(text)
     out.unlink(missing_ok=True)
     report(f"{name}: running SGLang's scheduler in-process ({len(job['requests'])} requests)")
-    run_module(engine, "realengines.sglang.drive", [str(job_path), str(out)], folder / f"{name}.log")
+    run_module(engine, "realengines.sglang.drive", [str(job_path), str(out)], folder / f"{name}.log",
+               timeout_s=DRIVER_TIMEOUT_S)
     return out
 
 
-def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, setting: str, folder: Path,
-                     command: str = "", report: Callable[[str], None] = print) -> dict:
-    """Run the calibration job under ``setting`` (``normal`` or ``overlap``) and build the profile.
+def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, folder: Path,
+                     settings: tuple[str, ...] = ("normal", "overlap"), command: str = "",
+                     report: Callable[[str], None] = print) -> dict:
+    """Run the calibration job under each of ``settings`` and build one profile.
+
+    The base curves hold the forward (the same model on the same thread under every loop: its
+    samples pooled over the runs) and the CPU phases measured under the first setting; each
+    further setting's CPU phases go into ``setting_curves`` (:mod:`sim.model.profile`). A
+    finished run's trace is reused (``folder``), so an interrupted calibration resumes.
 
     Raises:
         CalibrationInputError: a grid the server cannot run, or points without samples.
@@ -217,12 +227,23 @@ def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, setting:
 
     grid.check()
     d = design(grid)
-    trace = run_job(engine, d.job(str(model_dir), setting == "overlap", grid), folder, f"calibrate-{setting}", report)
-    meta, records, _ = sglang_trace.read_records(trace)
-    its = sglang_trace.iterations(records)
-    got = samples(its, d)
-    check_coverage(got, grid)
-    return build_profile(metadata(engine, grid, meta or {}, setting, command), got)
+    merged: dict[tuple, dict] = {}
+    meta: dict = {}
+    for n, setting in enumerate(settings):
+        trace = run_job(engine, d.job(str(model_dir), setting == "overlap", grid), folder, f"calibrate-{setting}",
+                        report)
+        meta, records, _ = sglang_trace.read_records(trace)
+        got = samples(sglang_trace.iterations(records), d)
+        check_coverage(got, grid)
+        for smp in got:
+            if smp["curve"].startswith("forward"):
+                key = (smp["curve"], tuple(sorted(smp["point"].items())))
+                merged.setdefault(key, {**smp, "times_s": []})["times_s"].extend(smp["times_s"])
+            else:
+                tag = {} if n == 0 else {"setting": setting}
+                merged[(smp["curve"], tuple(sorted(smp["point"].items())), setting)] = {**smp, **tag}
+    metadata_ = metadata(engine, grid, meta or {}, settings, command)
+    return build_profile(metadata_, list(merged.values()))
 
 
 def phase_table(profile: dict) -> list[tuple[str, str, float, float]]:

@@ -20,7 +20,8 @@ JOB (JSON)::
      "arrival": {"kind": "closed", "concurrency": int} | {"kind": "at_iter", "iters": [int per request]}
                 | {"kind": "waves", "waves": [[rid, ...], ...]} (the requests, listed wave by wave),
      "requests": [{"rid": str, "input_ids": [int], "max_new_tokens": int, "ignore_eos": bool,
-                   "stop_token_ids": [int] (optional), "stop": [str] (optional)}],
+                   "stop_token_ids": [int] (optional), "stop": [str] (optional),
+                   "temperature": float (default 0: greedy), "sampling_seed": int (optional)}],
      "wait_before_process_s": float (optional: a blocking sleep after each sampling, before the
                                      result is processed, as a GPU host blocks on its copy)}
 
@@ -64,8 +65,8 @@ def make_request(spec: dict, tokenizer):
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    params = SamplingParams(max_new_tokens=int(spec["max_new_tokens"]), temperature=0.0,
-                            ignore_eos=bool(spec.get("ignore_eos", True)),
+    params = SamplingParams(max_new_tokens=int(spec["max_new_tokens"]), temperature=float(spec.get("temperature", 0.0)),
+                            ignore_eos=bool(spec.get("ignore_eos", True)), sampling_seed=spec.get("sampling_seed"),
                             stop_token_ids=set(spec["stop_token_ids"]) if spec.get("stop_token_ids") else None,
                             stop=spec.get("stop") or None)
     params.normalize(tokenizer)
@@ -95,7 +96,9 @@ class Client:
         self.unseen: list[str] = []
         self.done: set[str] = set()
         self.k = 0
-        self.max_iters = int(job.get("max_iters", 1_000_000))  # a safety stop (the output says it was hit)
+        # a safety stop: a run that never drains (a request the engine never finishes) must not
+        # grow the trace without bound; the output's iteration count shows it was hit
+        self.max_iters = int(job.get("max_iters", 200_000))
         receiver = scheduler.request_receiver
         original = type(receiver)._pull_raw_reqs
         self.real_pull = lambda: original(receiver)
@@ -194,7 +197,7 @@ def run(job: dict, out_path: str) -> None:
             f.write(json.dumps(rec) + "\n")
         for rid, req in client.sent.items():
             f.write(json.dumps({"kind": "req", "rid": rid, "output_ids": list(req.output_ids) if req else [],
-                                "finish": str(getattr(req, "finished_reason", None))}) + "\n")
+                                "finish": type(getattr(req, "finished_reason", None)).__name__}) + "\n")
     os.replace(tmp, out_path)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 API = "sglang"
 READY_PATH = "/model_info"
+FLUSH_PATH = "/flush_cache"
 SETTINGS = ("overlap", "normal")
 SHIMS = Path(__file__).resolve().parent / "shims"
 REPO = Path(__file__).resolve().parents[2]

@@ -37,6 +37,10 @@ class Req:
     last_token_s: float = math.nan
     finish_s: float = math.nan
     retractions: int = 0
+    max_new_tokens: int = 0  # the output budget the scheduler knows (SamplingParams.max_new_tokens, clipped)
+    ignore_eos: bool = True  # reserved at ratio 1.0 by the admission from 0.5.22 on
+    kv_held: int = 0  # private KV tokens allocated to the current (re)prefill, cached prefix excluded
+    order: int = 0  # position in the running batch (retraction breaks ties by it)
     failure: str = ""  # why it failed: 'cut_off', 'could_not_connect', 'aborted', 'too_long'
 
     def ctx_at_join(self) -> int:

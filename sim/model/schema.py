@@ -78,7 +78,14 @@ Length = Union[Annotated[int, Field(ge=0)], LengthDist]
 
 
 class Workload(StrictModel):
-    """The requests that reach the server."""
+    """The requests that reach the server.
+
+    ``output_len`` is where a request stops; ``max_new_tokens`` is the cap the client sends (a
+    request whose output reaches it finishes by length, which the scheduler foresees) and
+    ``ignore_eos`` whether the client asked the server to ignore EOS (bench_serving does by
+    default; SGLang's admission reserves such requests' whole remaining output). With
+    ``arrival: closed_loop`` a ``trace`` file supplies the requests' lengths in order (its
+    ``arrival_s`` ignored) and ``num_requests`` is its length."""
 
     arrival: Literal["closed_loop", "poisson", "trace"] = "closed_loop"
     concurrency: int = Field(default=8, ge=1)
@@ -90,15 +97,21 @@ class Workload(StrictModel):
     cached_len: Length = 0
     output_len: Length = 256
     finish: Literal["length", "eos"] = "length"
+    # what the client sends: SamplingParams.max_new_tokens (None: output_len for finish: length,
+    # 4096 for eos, SGLang's estimate for an unknown output) and ignore_eos (None: finish == length)
+    max_new_tokens: Optional[Length] = None
+    ignore_eos: Optional[bool] = None
     # bench_serving: the warm-up requests run (concurrently) and finish before the benchmark starts
     warmup_before_benchmark: bool = False
 
     @model_validator(mode="after")
     def _consistent(self):
-        if self.warmup_requests >= self.num_requests and self.arrival != "trace":
+        if self.warmup_requests >= self.num_requests and not self.trace:
             raise ValueError("warmup_requests must be smaller than num_requests")
         if self.arrival == "trace" and not self.trace:
             raise ValueError("arrival: trace needs a trace file (workload.trace)")
+        if self.trace and self.arrival == "poisson":
+            raise ValueError("a trace gives arrival times (arrival: trace) or, closed-loop, lengths only; not poisson")
         return self
 
 

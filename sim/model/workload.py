@@ -9,7 +9,7 @@ request when the previous one finished (SGLang ``bench_serving --max-concurrency
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -19,15 +19,24 @@ from sim.errors import UserInputError
 from sim.model.schema import ChoiceLength, Length, LognormalLength, NormalLength, UniformLength
 
 
+# max_new_tokens of an EOS-finishing request when the workload gives none: SGLang's own estimate
+# for an unknown output length (CLIP_MAX_NEW_TOKENS); the server clips it to the KV pool
+EOS_MAX_NEW_TOKENS = 4096
+
+
 @dataclass(frozen=True)
 class RequestSpecs:
     """Per-request lengths (arrays of shape (num_requests,), int64) and, for open-loop arrival,
-    arrival times in seconds (float64) or None for closed loop."""
+    arrival times in seconds (float64) or None for closed loop. ``output_len`` is where a request
+    stops; ``max_new_tokens`` (the client's cap, known to the scheduler) and ``ignore_eos``
+    (bool) are optional per-request arrays."""
 
     input_len: np.ndarray
     cached_len: np.ndarray
     output_len: np.ndarray
     arrival_s: np.ndarray | None
+    max_new_tokens: np.ndarray | None = None  # per request; None: the scheduler's default (output_len for length)
+    ignore_eos: np.ndarray | None = None  # per request (bool); None: True for finish: length
 
     def __len__(self) -> int:
         return len(self.input_len)
@@ -66,8 +75,9 @@ def make_requests(scenario) -> RequestSpecs:
         UserInputError: a trace file that cannot be read or has a bad line.
     """
     w = scenario.workload
-    if w.arrival == "trace":
-        return _read_trace(scenario)
+    if w.trace:
+        specs = _read_trace(scenario)
+        return specs if w.arrival == "trace" else replace(specs, arrival_s=None)
     rng = np.random.default_rng([scenario.seed, 1])
     n = w.num_requests
     input_len = np.maximum(sample_lengths(w.input_len, n, rng), 1)
@@ -76,11 +86,17 @@ def make_requests(scenario) -> RequestSpecs:
     arrival = None
     if w.arrival == "poisson":
         arrival = np.cumsum(rng.exponential(1.0 / w.rate_per_s, size=n))
-    return RequestSpecs(input_len, cached, output_len, arrival)
+    if w.max_new_tokens is not None:  # drawn after the others: scenarios without it keep their lengths
+        max_new = np.maximum(sample_lengths(w.max_new_tokens, n, np.random.default_rng([scenario.seed, 4])), output_len)
+    else:
+        max_new = output_len if w.finish == "length" else np.maximum(output_len, EOS_MAX_NEW_TOKENS)
+    ignore = np.full(n, w.finish == "length" if w.ignore_eos is None else w.ignore_eos)
+    return RequestSpecs(input_len, cached, output_len, arrival, max_new, ignore)
 
 
 def _read_trace(scenario) -> RequestSpecs:
     path = scenario.resolve_path(scenario.workload.trace)
+    by_length = scenario.workload.finish == "length"
     rows = []
     try:
         lines = path.read_text().splitlines()
@@ -91,21 +107,29 @@ def _read_trace(scenario) -> RequestSpecs:
             continue
         try:
             rec = json.loads(line)
-            row = (float(rec["arrival_s"]), int(rec["input_len"]), int(rec.get("cached_len", 0)), int(rec["output_len"]))
+            out = int(rec["output_len"])
+            # defaults follow the scenario's finish: length (max_new = output, ignore_eos) or eos
+            max_new = int(rec.get("max_new_tokens", out if by_length else max(out, EOS_MAX_NEW_TOKENS)))
+            row = (float(rec.get("arrival_s", 0.0)), int(rec["input_len"]), int(rec.get("cached_len", 0)), out,
+                   max_new, float(bool(rec.get("ignore_eos", by_length))))
         except (ValueError, KeyError, TypeError) as err:
             raise UserInputError(
                 str(path), f"line {lineno}",
-                f"expected JSON with arrival_s, input_len, output_len[, cached_len] ({type(err).__name__}: {err})",
+                f"expected JSON with arrival_s, input_len, output_len[, cached_len, max_new_tokens, ignore_eos] "
+                f"({type(err).__name__}: {err})",
             ) from None
-        if row[0] < 0 or row[1] < 1 or row[3] < 1 or row[2] < 0:
-            raise UserInputError(str(path), f"line {lineno}", "expected arrival_s >= 0, input_len >= 1, output_len >= 1, cached_len >= 0")
+        if not np.isfinite(row[0]) or row[0] < 0 or row[1] < 1 or row[3] < 1 or row[2] < 0 or row[4] < row[3]:
+            raise UserInputError(str(path), f"line {lineno}", "expected a finite arrival_s >= 0, input_len >= 1, "
+                                 "output_len >= 1, cached_len >= 0, max_new_tokens >= output_len")
         rows.append(row)
     if not rows:
         raise UserInputError(str(path), "", "trace has no requests")
-    rows.sort(key=lambda r: r[0])
+    if scenario.workload.arrival == "trace":
+        rows.sort(key=lambda r: r[0])
     arr = np.asarray(rows, dtype=np.float64)
     input_len = arr[:, 1].astype(np.int64)
-    return RequestSpecs(input_len, np.minimum(arr[:, 2].astype(np.int64), input_len - 1), arr[:, 3].astype(np.int64), arr[:, 0])
+    return RequestSpecs(input_len, np.minimum(arr[:, 2].astype(np.int64), input_len - 1), arr[:, 3].astype(np.int64),
+                        arr[:, 0], arr[:, 4].astype(np.int64), arr[:, 5].astype(bool))
 
 
 def open_loop_arrivals(env: simpy.Environment, arrival_s: np.ndarray, submit: Callable[[int, float], None]):

@@ -11,7 +11,7 @@ import math
 
 import simpy
 
-from sim.engines.sglang.scheduler import Scheduler, ServerDied
+from sim.engines.sglang.policy.scheduler import Scheduler, ServerDied
 from sim.model.batch import Batch
 from sim.model.costs import CostModel, Jitter
 from sim.model.device import DeviceStream
@@ -31,7 +31,7 @@ class Phases:
 
     Args:
         env: the SimPy environment (its clock is the CPU thread's clock).
-        scheduler: policy and state (:class:`sim.engines.sglang.scheduler.Scheduler`).
+        scheduler: policy and state (:class:`sim.engines.sglang.policy.scheduler.Scheduler`).
         stream: the device stream forwards are enqueued on.
         costs: phase and forward durations.
         gpu_jitter, cpu_jitter: per-step multiplicative noise.

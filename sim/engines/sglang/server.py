@@ -29,7 +29,11 @@ class Server(StrictModel):
     SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP) fill it, and a field given both ways must agree.
     ``device`` is the platform ('mlx' = MPS with SGLANG_USE_MLX). ``version`` (default: the
     seed document's 0.5.22) also decides the release-specific faults the simulator predicts and,
-    when ``retraction`` is not given, the retraction policy of that release.
+    when ``retraction`` / ``admission`` are not given, the retraction policy and the prefill
+    admission rules of that release (``admission``: ``v0.5.22`` reserves ``ignore_eos``
+    requests' whole output and a page per admitted request; ``v0.5.4`` weights every running
+    request by the new-token ratio). ``max_prefill_tokens``: SGLang's second per-pass prefill
+    budget (``--max-prefill-tokens``, 16384).
 
     ``forward_on_scheduler_thread``: the forward runs inside ``run_batch`` on the scheduler's own
     thread, so nothing can overlap it and every loop pays it in full. None (default): True on
@@ -47,6 +51,8 @@ class Server(StrictModel):
     page_size: int = Field(default=1, ge=1)
     init_new_token_ratio: float = Field(default=0.7, ge=0, le=1)
     retraction: Literal["naive", "v0.5.10", "v0.5.22"] = "v0.5.22"
+    admission: Literal["v0.5.4", "v0.5.22"] = "v0.5.22"
+    max_prefill_tokens: int = Field(default=16384, ge=1)
     disable_consecutive_prefill_overlap: bool = False
     launch_args: Optional[list[str]] = None
     version: Optional[str] = None
@@ -61,14 +67,17 @@ class Server(StrictModel):
             # YAML reads `--pp-size, 2` as a number: launch arguments are strings
             data = {**data, "launch_args": [a if isinstance(a, str) else str(a) for a in data["launch_args"]]}
             data, derived = _resolve_launch_args(data)
-        if isinstance(data, dict) and data.get("version") is not None and "retraction" not in data:
-            from sim.engines.sglang.rules.loop_rules import retraction_policy
+        if isinstance(data, dict) and data.get("version") is not None:
+            from sim.engines.sglang.rules.loop_rules import admission_policy, retraction_policy
             from sim.errors import UserInputError
-            try:
-                data = {**data, "retraction": retraction_policy(str(data["version"]))}
-                derived = (*derived, "retraction")
-            except UserInputError:
-                pass  # the version check below reports it
+            for key, policy in (("retraction", retraction_policy), ("admission", admission_policy)):
+                if key in data:
+                    continue
+                try:
+                    data = {**data, key: policy(str(data["version"]))}
+                    derived = (*derived, key)
+                except UserInputError:
+                    pass  # the version check below reports it
         server = handler(data)
         server._from_launch_args = derived
         return server

@@ -184,6 +184,12 @@ def setting_faults(platform: str, setting: str, version: str | None = None) -> t
                  if r["kind"] == "hazard" and r.get("sim") and _applies(r, ctx, version_v))
 
 
+def admission_policy(version: str | None = None) -> str:
+    """The ``server.admission`` rules of an SGLang release ('v0.5.4' | 'v0.5.22')."""
+    v = Version(parse_launch_args([], "cuda", version).version)
+    return next(r["policy"] for r in rules_table()["rules"] if r["kind"] == "admission" and _applies(r, {}, v))
+
+
 def retraction_policy(version: str | None = None) -> str:
     """The ``server.retraction`` policy of an SGLang release ('naive' | 'v0.5.10' | 'v0.5.22')."""
     v = Version(parse_launch_args([], "cuda", version).version)

@@ -26,15 +26,17 @@ class AllocationFailed(Exception):
 
 def keep_order(running: list[Req], known: dict[int, int]) -> list[Req]:
     """Running requests from most to least preferred to keep (SGLang
-    ``_get_decode_retraction_order``): longest output first, then shortest input.
+    ``_get_decode_retraction_order``): longest output first, then shortest input; ties keep the
+    order of ``running`` (Python's sort is stable with ``reverse=True``, as SGLang's is).
     ``known`` maps ``id(req)`` to its committed output tokens."""
     return sorted(running, key=lambda r: (known[id(r)], -r.input_len), reverse=True)
 
 
 def ratio_after_retract(kept: list[Req], known: dict[int, int]) -> float:
-    """``new_token_ratio`` after a retraction, from the requests kept in the batch."""
+    """``new_token_ratio`` after a retraction, from the requests kept in the batch
+    (``estimate_new_token_ratio_after_retract``: over their ``max_new_tokens``)."""
     decoded = sum(known[id(r)] for r in kept)
-    max_new = sum(r.output_len for r in kept)
+    max_new = sum(r.max_new_tokens for r in kept)
     return min(1.0, (decoded + RETRACT_DECODE_STEPS * len(kept)) / (max_new + 1))
 
 
@@ -42,7 +44,7 @@ def retract_decode(sched, g: int, candidates: list[Req], locked: list[Req], free
     """Retract requests from decode batch ``g`` until its page demand fits ``free_pages``.
 
     Args:
-        sched: the :class:`sim.engines.sglang.scheduler.Scheduler` (provides ``committed_output``,
+        sched: the :class:`sim.engines.sglang.policy.scheduler.Scheduler` (provides ``committed_output``,
             ``needs_page``, ``release`` and ``abort``).
         g: the decode batch being built.
         candidates: the requests of batch ``g`` that may be retracted.
@@ -53,7 +55,8 @@ def retract_decode(sched, g: int, candidates: list[Req], locked: list[Req], free
             of failing the allocation.
 
     Returns:
-        (retracted requests in retraction order, the aborted request or None, new_token_ratio).
+        (retracted requests in retraction order, the aborted request or None, new_token_ratio,
+        the kept candidates in keep order).
 
     Raises:
         AllocationFailed: the last request does not fit and ``abort_last`` is False.
@@ -78,11 +81,11 @@ def retract_decode(sched, g: int, candidates: list[Req], locked: list[Req], free
         sched.release(aborted, g, known[id(aborted)])
         sched.abort(aborted)
     known.update((id(r), sched.committed_output(r)) for r in locked)
-    return retracted, aborted, ratio_after_retract(kept + locked, known)
+    return retracted, aborted, ratio_after_retract(kept + locked, known), kept
 
 
 class RetractionMixin:
-    """The scheduler's side of :func:`retract_decode` (mixed into :class:`sim.engines.sglang.scheduler.Scheduler`)."""
+    """The scheduler's side of :func:`retract_decode` (mixed into :class:`sim.engines.sglang.policy.scheduler.Scheduler`)."""
 
     def needs_page(self, req: Req, g: int) -> bool:
         """Whether running ``req`` takes a new KV page in decode batch ``g``."""
@@ -95,6 +98,7 @@ class RetractionMixin:
     def release(self, req: Req, g: int, committed: int) -> int:
         """Take ``req`` out of the running batch before decode batch ``g`` and free its KV (not
         cached); it returns to WAITING with ``committed`` output tokens. Returns pages freed."""
+        self.reserve.remove(req)
         self.n_running -= 1
         self.n_running_warmup -= req.warmup
         self.ctx_offset -= req.ctx_at_join() - req.join_seq
@@ -110,7 +114,7 @@ class RetractionMixin:
         self.kv.free(pages)
         req.status = WAITING
         req.output_done = req.delivered = committed
-        req.prefill_target = req.prefix_len = 0
+        req.prefill_target = req.prefix_len = req.kv_held = 0
         req.join_seq = req.finish_seq = -1
         req.retractions += 1
         return pages

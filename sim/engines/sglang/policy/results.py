@@ -1,15 +1,15 @@
 """Applying a batch's results: ``process_batch_result_{prefill,decode}`` (token delivery,
 finishes, KV free) and the failure paths (server died, could not connect), mixed into
-:class:`sim.engines.sglang.scheduler.Scheduler`. O(1) per decode step in the batch size except for finishes."""
+:class:`sim.engines.sglang.policy.scheduler.Scheduler`. O(1) per decode step in the batch size except for finishes."""
 
 from __future__ import annotations
 
-from sim.model.batch import FAILED, FINISHED, Batch, Req
+from sim.model.batch import FAILED, FINISHED, RUNNING, Batch, Req
 from sim.model.costs import DECODE
 
 
 class ResultsMixin:
-    """Result processing over the scheduler state of :class:`sim.engines.sglang.scheduler.Scheduler`."""
+    """Result processing over the scheduler state of :class:`sim.engines.sglang.policy.scheduler.Scheduler`."""
 
     def process_batch_result(self, batch: Batch, deliver_s: float) -> int:
         """Apply a batch's results as ``process_batch_result_{prefill,decode}`` does; tokens reach
@@ -29,10 +29,14 @@ class ResultsMixin:
             elif not req.warmup:
                 rec.itl(t - req.last_token_s, 1)
             req.last_token_s = t
+            if req.status == RUNNING:  # overlap: merged into the running batch before this result
+                self.reserve.delivered(req)
             req.delivered += 1
             if finishes:
                 req.output_done += 1
-                self.kv.free(self.kv.pages(req.prefill_target - req.shared_len))
+                self.kv.free(self.kv.pages(req.kv_held))
+                self.unmerged_finishers.remove(req)
+                self.batch_is_full = False  # it left the running batch SGLang merged it into
                 self._complete(req, t)
                 done += 1
         return done
@@ -41,7 +45,10 @@ class ResultsMixin:
         g = batch.decode_seq
         rec = self.recorder
         finished = self.finishing_at.pop(g, [])
+        if finished:
+            self.batch_is_full = False  # requests left the running batch
         for req in finished:
+            self.reserve.remove(req)
             self.n_running -= 1
             self.n_running_warmup -= req.warmup
             self.ctx_offset -= req.ctx_at_join() - req.join_seq
@@ -50,7 +57,12 @@ class ResultsMixin:
             self.demand.remove(req.kv_base, req.join_seq)
             req.output_done = req.output_len
             self._complete(req, t)
-        self.kv.free(batch.overshoot_pages)  # the extra slot of each overshoot member
+        self.kv.free(batch.overshoot_pages)  # the extra slot of each overshoot member, if not yet freed
+        nxt = self.inflight_decode
+        if nxt is not None and nxt.decode_seq == g + 1 and nxt.overshoot_pages:
+            # SGLang releases the slot the finished requests took in the next (in-flight) batch now
+            self.kv.free(nxt.overshoot_pages)
+            nxt.overshoot_pages = 0
         dropped = batch.dropped
         warm_fresh = 0
         for req in batch.fresh:

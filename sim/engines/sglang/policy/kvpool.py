@@ -56,6 +56,14 @@ class KVPool:
         """Pages that hold ``tokens`` private tokens."""
         return -(-tokens // self.page_size)
 
+    def ceil(self, tokens: int) -> int:
+        """``tokens`` rounded up to whole pages (tokens)."""
+        return -(-tokens // self.page_size) * self.page_size
+
+    def floor(self, tokens: int) -> int:
+        """``tokens`` rounded down to whole pages (tokens)."""
+        return tokens // self.page_size * self.page_size
+
     def grow(self, held_tokens: int, add_tokens: int) -> int:
         """Pages a request holding ``held_tokens`` needs to add ``add_tokens`` more."""
         return self.pages(held_tokens + add_tokens) - self.pages(held_tokens)

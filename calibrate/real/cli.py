@@ -1,0 +1,157 @@
+"""The real engines on the command line: ``calibrate --engine``, ``validate --engine`` and
+``conform``.
+
+    overlap-sim calibrate --engine sglang --out scenarios/profiles/cpu-sglang-tiny.json
+    overlap-sim conform --engine sglang
+    overlap-sim validate --engine sglang --profile scenarios/profiles/cpu-sglang-tiny.json
+
+Each runs code in the engine's own environment (:mod:`calibrate.real.environment`; build it with
+``realengines/<engine>/setup.sh``) and keeps what it ran in a work folder, so an interrupted
+command resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from calibrate.errors import CalibrationInputError
+from sim.commands import command
+
+CONFORM_HELP = "run the same requests through a real engine's scheduler and the simulator's policy; compare the batches"
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
+    return values
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags shared by the real-engine commands."""
+    p.add_argument("--engine-python", type=Path, default=None, metavar="PATH",
+                   help="the engine environment's python (default: $OVERLAP_SIM_<ENGINE>_PYTHON, else .venvs/<engine>/bin/python)")
+    p.add_argument("--work", type=Path, default=None, metavar="DIR",
+                   help="where runs of the real engine are kept (resume); default results/<command>-<engine>/")
+
+
+def _engine(args: argparse.Namespace):
+    from calibrate.real.environment import REPO, find_engine, test_model
+
+    engine = find_engine(args.engine, args.engine_python)
+    model = test_model(engine, REPO / ".venvs" / "models" / "tiny-llama")
+    return engine, model
+
+
+def _report(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    """``calibrate --engine sglang``: the profile from SGLang's own scheduler (in-process)."""
+    from dataclasses import replace
+
+    from calibrate.profile import save_profile
+    from calibrate.real.sglang_profile import SglangGrid, calibrate_sglang, phase_table
+
+    if args.engine != "sglang":
+        raise CalibrationInputError("--engine", "", f"calibration from {args.engine} is not implemented; "
+                                    "calibrate --engine sglang, or calibrate --backend torch/mlx")
+    if args.out.is_dir():
+        raise CalibrationInputError("--out", "", f"a file path, not the folder {args.out}")
+    grid = SglangGrid()
+    changes = {k: v for k, v in (("decode_batch_sizes", args.batch_sizes), ("decode_contexts", args.contexts),
+                                 ("extend_tokens", args.extend_tokens), ("extend_prefixes", args.prefixes)) if v}
+    grid = replace(grid, **changes)
+    grid.check()
+    engine, model = _engine(args)
+    work = args.work or Path("results") / f"calibrate-{args.engine}"
+    argv = ["overlap-sim", "calibrate", "--engine", args.engine, "--out", str(args.out)]
+    profile = calibrate_sglang(engine, model, grid, work, command=shlex.join(argv), report=_report)
+    save_profile(args.out, profile)
+    for curve, point, med, mean in phase_table(profile):
+        _report(f"  {curve:16s} {point:>8s}  median {med:7.3f} ms  mean {mean:7.3f} ms")
+    print(f"profile written to {args.out}")
+    return 0
+
+
+def add_conform_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", choices=["sglang"], default="sglang", help="the real engine (default sglang)")
+    p.add_argument("--only", action="append", default=[], metavar="NAME", help="run only these workloads (repeatable)")
+    p.add_argument("--out", type=Path, default=None, help="report file (default <work>/conformance.json)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    add_engine_arguments(p)
+
+
+@command("conform", CONFORM_HELP, add_conform_arguments)
+def run_conform(args: argparse.Namespace) -> int:
+    from calibrate.real import conformance
+
+    names = [w.name for w in conformance.WORKLOADS]
+    bad = [n for n in args.only if n not in names]
+    if bad:
+        raise CalibrationInputError("--only", "", f"one of {', '.join(names)} (got {', '.join(bad)})")
+    workloads = [w for w in conformance.WORKLOADS if not args.only or w.name in args.only]
+    engine, model = _engine(args)
+    work = args.work or Path("results") / f"conform-{args.engine}"
+    comps = conformance.conformance(engine, model, work, workloads, report=_report)
+    out = args.out or work / "conformance.json"
+    summary = conformance.write_report(comps, out, {"engine": {"name": engine.name, "version": engine.version}})
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        for r in summary["runs"]:
+            print(f"{r['workload']:15s} {r['setting']:8s} {r['identical']:5d}/{r['steps']:<5d} identical "
+                  f"({r['share'] * 100:5.1f}%)")
+            if r["first_difference"]:
+                d = r["first_difference"]
+                print(f"    first difference at iteration {d['iteration']}: real {d['real'][:100]}")
+                print(f"    {' ' * (27 + len(str(d['iteration'])))}sim  {d['sim'][:100]}")
+        print(f"all: {summary['identical']}/{summary['steps']} steps identical ({summary['share'] * 100:.1f}%); "
+              f"report {out}")
+    return 0
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    """``validate --engine sglang``: the simulator against the real server."""
+    from dataclasses import replace
+
+    from calibrate.real.validate import CONFIGS, Plan, validate
+
+    if args.engine != "sglang":
+        raise CalibrationInputError("--engine", "", f"validation against {args.engine} is not implemented yet")
+    if args.profile is None:
+        raise CalibrationInputError("--profile", "", "a calibration profile of this engine (calibrate --engine "
+                                    f"{args.engine} makes one)")
+    plan = Plan(repeats=args.repeats)
+    if args.only:
+        configs = tuple(c for c in CONFIGS if any(s in c.name for s in args.only))
+        if not configs:
+            raise CalibrationInputError("--only", "", f"a part of a configuration name ({', '.join(c.name for c in CONFIGS)})")
+        plan = replace(plan, configs=configs)
+    engine, model = _engine(args)
+    out = args.out or Path("results") / f"validate-{args.engine}"
+    result = validate(engine, model, args.profile, out, plan, report=_report)
+    if args.json:
+        print(json.dumps({k: result[k] for k in ("median_abs_error", "speedup_max_abs_error_pp")}))
+        return 0
+    for case in result["cases"]:
+        for setting, v in case["settings"].items():
+            cells = "  ".join(f"{m} {v['measured'][m]:.4g} -> {v['predicted'][m]:.4g} ({v['error'][m] * 100:+.1f}%)"
+                              for m in v["measured"])
+            print(f"{case['name']:10s} {setting:8s} {cells}")
+        if "speedup" in case:
+            s = case["speedup"]
+            print(f"{case['name']:10s} speedup {s['of']}: measured {s['measured_mean']:.3f} "
+                  f"[{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}], predicted {s['predicted']:.3f}")
+    errs = result["median_abs_error"]
+    print("median |error|: " + ", ".join(f"{k} {v * 100:.1f}%" for k, v in errs.items()))
+    print(f"results: {out / 'validation.json'}")
+    return 0

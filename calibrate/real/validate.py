@@ -1,0 +1,224 @@
+"""Validation against a real server: run it under each setting with a set of loads, repeats
+interleaved, and compare what the simulator predicts from the calibration profile alone.
+
+One *session* is one server start under one setting running every configuration's load in turn
+(the radix cache flushed between loads); sessions alternate between the settings, the order
+swapped every repeat, so a slow drift of the machine hits both. Each finished session is kept in
+``out/sessions/`` and a rerun resumes. Measured metrics come from the client's records and the
+tracer's steps through the simulator's own metrics code (:mod:`calibrate.real.server_runs`); the
+prediction simulates the same requests (prompt lengths, radix hits and output lengths as the
+real run had them), closed-loop at the same concurrency with the same warm-up, priced by the
+profile.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from calibrate.errors import CalibrationInputError
+from calibrate.real import server_runs, sglang_trace
+from calibrate.real.environment import Engine, run_module
+from calibrate.real.jobs import Workload
+
+SERVER_ARGS = ("--context-length", "2048", "--max-running-requests", "16", "--mem-fraction-static", "0.05")
+CONFIGS = (
+    Workload("c4-len", num_requests=36, warmup_requests=4, concurrency=4, input_len=(128, 128), output_len=(128, 128)),
+    Workload("c8-len", num_requests=48, warmup_requests=8, concurrency=8, input_len=(128, 128), output_len=(128, 128)),
+    Workload("c16-len", num_requests=64, warmup_requests=16, concurrency=16, input_len=(128, 128),
+             output_len=(96, 96)),
+    Workload("c8-mixed", num_requests=48, warmup_requests=8, concurrency=8, input_len=(32, 512), output_len=(16, 192),
+             seed=1),
+    Workload("c8-stop", num_requests=48, warmup_requests=8, concurrency=8, input_len=(64, 256), output_len=(32, 256),
+             stop=True, seed=2),
+    Workload("c8-prefix", num_requests=48, warmup_requests=8, concurrency=8, input_len=(16, 64), output_len=(64, 64),
+             shared_prefix=512, seed=3),
+)
+SESSION_TIMEOUT_S = 3600  # one server session: a few minutes here
+METRICS = ("output_throughput", "median_tpot_ms", "median_ttft_ms", "median_itl_ms")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to run: configurations, settings, repeats, the engine's extra launch flags."""
+
+    configs: tuple[Workload, ...] = CONFIGS
+    settings: tuple[str, ...] = ("overlap", "normal")
+    repeats: int = 5
+    server_args: tuple[str, ...] = SERVER_ARGS
+    port: int = 30123
+
+    def order(self) -> list[tuple[int, str]]:
+        """(repeat, setting) sessions in run order: settings alternate, swapped every repeat."""
+        out = []
+        for r in range(self.repeats):
+            names = self.settings if r % 2 == 0 else tuple(reversed(self.settings))
+            out += [(r, s) for s in names]
+        return out
+
+
+def session_spec(engine: Engine, model_dir: Path, plan: Plan, setting: str) -> dict:
+    loads = [{"name": c.name, "concurrency": c.concurrency, "warmup_requests": c.warmup_requests,
+              "requests": c.requests(prefix=f"{c.name}-")} for c in plan.configs]
+    return {"engine": engine.name, "model_dir": str(model_dir), "setting": setting, "port": plan.port,
+            "server_args": list(plan.server_args), "trace": True, "loads": loads}
+
+
+def run_sessions(engine: Engine, model_dir: Path, plan: Plan, out: Path, report: Callable[[str], None]) -> None:
+    """Run every (repeat, setting) session not yet finished in ``out/sessions``."""
+    for r, setting in plan.order():
+        folder = out / "sessions" / f"{setting}-{r}"
+        if (folder / "session.json").exists() and all((folder / f"{c.name}.json").exists() for c in plan.configs):
+            continue
+        spec = session_spec(engine, model_dir, plan, setting)
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.glob("*"):
+            old.unlink()
+        (folder.parent / f"{setting}-{r}.json").write_text(json.dumps(spec))
+        report(f"session {setting} repeat {r + 1}/{plan.repeats}: server start and {len(plan.configs)} loads")
+        run_module(engine, "realengines.server", [str(folder.parent / f"{setting}-{r}.json"), str(folder)],
+                   folder.parent / f"{setting}-{r}.log", timeout_s=SESSION_TIMEOUT_S)
+
+
+LIMIT_KEYS = ("max_total_num_tokens", "chunked_prefill_size", "max_running_requests", "page_size")
+
+
+def server_limits(folder: Path) -> dict:
+    """The limits the server resolved at start-up, read from its log line
+    ``max_total_num_tokens=..., chunked_prefill_size=..., max_running_requests=...``."""
+    import re
+
+    text = (folder / "server.log").read_text(errors="replace")
+    return {k: int(m.group(1)) for k in LIMIT_KEYS if (m := re.search(rf"\b{k}=(\d+)", text))}
+
+
+def _trace_records(folder: Path) -> list[dict]:
+    recs: list[dict] = []
+    for path in sorted(folder.glob("trace.*.jsonl")):
+        _, r, _ = sglang_trace.read_records(path)
+        if any(x["ph"] == "schedule" for x in r):  # the scheduler's process
+            recs += r
+    return sorted(recs, key=lambda x: x["t0"] + x["dur"])  # calls in the order they ended
+
+
+def measured_run(folder: Path, config: Workload) -> tuple[dict, list[dict]]:
+    """(summary, request rows for the simulator) of one configuration's load in one session."""
+    from sim.trace.metrics import summarize
+
+    load = server_runs.read_load(folder / f"{config.name}.json")
+    specs = {r["rid"]: r for r in config.requests(prefix=f"{config.name}-")}
+    records = _trace_records(folder)
+    warm = {r["rid"] for r in load["requests"] if r["warmup"]}
+    t0 = min(r["send_s"] for r in load["requests"] if not r["warmup"])
+    prefix = _first_prefixes(records)
+    for rid, spec in specs.items():
+        spec["cached_len"] = prefix.get(rid, 0)
+    requests, itl = server_runs.requests_frames(load, specs, t0)
+    steps = server_runs.sglang_steps_frame(records, t0, load["end_s"], {rid: i for i, rid in enumerate(specs)}, warm)
+    rows = [{"input_len": len(specs[r["rid"]]["input_ids"]), "cached_len": specs[r["rid"]]["cached_len"],
+             "output_len": max(int(r["output_len"]), 1), "max_new_tokens": specs[r["rid"]]["max_new_tokens"],
+             "finish": "length" if int(r["output_len"]) >= specs[r["rid"]]["max_new_tokens"] else "eos"}
+            for r in load["requests"]]
+    return summarize(steps, requests, itl), rows
+
+
+def _first_prefixes(records: list[dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for rec in records:
+        b = rec.get("batch") if rec["ph"] == "schedule" else None
+        if b and b.get("pre"):
+            for rid, pre in zip(b["rids"], b["pre"]):
+                out.setdefault(rid, int(pre))
+    return out
+
+
+def scenario(config: Workload, rows: list[dict], profile: Path, settings: tuple[str, ...], folder: Path,
+             limits: dict) -> dict:
+    """The simulator's scenario of one configuration: its requests replayed closed-loop."""
+    trace = folder / f"{config.name}.requests.jsonl"
+    trace.write_text("".join(json.dumps({"arrival_s": 0.0, **r}) + "\n" for r in rows))
+    return {"name": config.name, "seed": 0,
+            "workload": {"arrival": "closed_loop", "trace": str(trace.resolve()), "concurrency": config.concurrency,
+                         "num_requests": len(rows), "warmup_requests": config.warmup_requests,
+                         "warmup_before_benchmark": True},
+            "server": {"device": "cpu", "settings": list(settings), "version": "0.5.23",
+                       "max_running_requests": int(limits.get("max_running_requests") or 16),
+                       "chunked_prefill_size": int(limits.get("chunked_prefill_size") or 4096),
+                       "kv_pool_tokens": int(limits.get("max_total_num_tokens") or 400_000)},
+            "costs": {"profile": str(Path(profile).resolve()), "profile_statistic": "mean"}}
+
+
+def _ci95(values: list[float]) -> tuple[float, float, float]:
+    """(mean, low, high) of a t-interval at 95% (NaN bounds with fewer than 2 values)."""
+    from scipy import stats
+
+    m = statistics.fmean(values)
+    if len(values) < 2:
+        return m, math.nan, math.nan
+    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return m, m - half, m + half
+
+
+def compare(out: Path, plan: Plan, profile: Path) -> dict:
+    """Measured (per repeat and median) against predicted, per configuration and setting, and
+    the overlap/normal speedup with its 95% interval over the repeats (paired by repeat)."""
+    import sim
+
+    cases = []
+    for config in plan.configs:
+        runs = {s: [] for s in plan.settings}
+        rows = None
+        for r, setting in plan.order():
+            summary, rows_r = measured_run(out / "sessions" / f"{setting}-{r}", config)
+            runs[setting].append(summary)
+            rows = rows or rows_r
+        limits = server_limits(out / "sessions" / f"{plan.settings[0]}-0")
+        sc = scenario(config, rows, profile, plan.settings, out, limits)
+        case = {"name": config.name, "config": asdict(config), "settings": {}}
+        for setting in plan.settings:
+            pred = sim.simulate(sc, setting).summary()
+            meas = {m: statistics.median(run[m] for run in runs[setting]) for m in METRICS}
+            case["settings"][setting] = {
+                "measured": meas, "predicted": {m: pred[m] for m in METRICS},
+                "error": {m: pred[m] / meas[m] - 1 for m in METRICS},
+                "runs": [{m: run[m] for m in METRICS} for run in runs[setting]]}
+        if len(plan.settings) == 2:
+            a, b = plan.settings
+            ratios = [x["output_throughput"] / y["output_throughput"] for x, y in zip(runs[a], runs[b])]
+            mean, lo, hi = _ci95(ratios)
+            pred = case["settings"][a]["predicted"]["output_throughput"] / case["settings"][b]["predicted"]["output_throughput"]
+            case["speedup"] = {"of": f"{a}/{b}", "measured_mean": mean, "ci95": [lo, hi], "predicted": pred,
+                               "inside_ci": bool(lo <= pred <= hi) if lo == lo else None,
+                               "error_pp": (pred - mean) * 100}
+        cases.append(case)
+    errors = {m: statistics.median(abs(c["settings"][s]["error"][m]) for c in cases for s in plan.settings)
+              for m in METRICS}
+    return {"cases": cases, "median_abs_error": errors,
+            "speedup_max_abs_error_pp": max((abs(c["speedup"]["error_pp"]) for c in cases if "speedup" in c),
+                                            default=math.nan),
+            "plan": {"settings": list(plan.settings), "repeats": plan.repeats, "server_args": list(plan.server_args)}}
+
+
+def validate(engine: Engine, model_dir: Path, profile: Path, out: Path, plan: Plan,
+             report: Callable[[str], None] = print) -> dict:
+    """Run the sessions (resuming), compare, write ``out/validation.json``; returns it."""
+    from sim.atomic import atomic_path
+    from sim.model.profile import load_profile
+
+    load_profile(profile)  # fail now, not after the sessions
+    if plan.repeats < 1:
+        raise CalibrationInputError("--repeats", "", "an integer >= 1")
+    run_sessions(engine, model_dir, plan, out, report)
+    result = compare(out, plan, profile)
+    result["profile"] = str(profile)
+    result["engine"] = {"name": engine.name, "version": engine.version}
+    with atomic_path(out / "validation.json") as tmp:
+        tmp.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+__all__ = ["CONFIGS", "Plan", "validate", "compare", "run_sessions", "replace"]

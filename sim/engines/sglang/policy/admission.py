@@ -1,0 +1,149 @@
+"""Prefill admission: which waiting requests (and which chunk of the chunked one) go into the
+next prefill batch. SGLang 0.5.23 ``Scheduler._get_new_batch_prefill_raw``
+(``managers/scheduler.py``) with ``PrefillAdder`` (``managers/schedule_policy.py``) and its
+memory budget (``mem_cache/prefill_budget.py``), in the default configuration (FCFS, radix
+cache on, chunked prefill on, no mixed chunk):
+
+- ``batch_is_full`` latches admission shut after the running count reached
+  ``max_running_requests`` or a request did not fit; only a request leaving the running batch
+  (or an empty running batch) opens it again. Meanwhile only a continuing chunk runs.
+- The continuing chunk of a chunked request comes first: ``min(rest of its prompt, chunk budget,
+  free KV - running offset)``, or the chunk budget when that is <= 0; it is never refused.
+- Then the waiting queue, in order (FCFS: never sorted; head-of-line blocking): a request is
+  admitted iff ``rest of its prompt + min(max_new - output, 4096) + page < free KV - offsets``
+  (strict), where the offsets are the running batch's (:mod:`sim.engines.sglang.policy.reserve`)
+  plus, per request admitted in this pass, a page and its ``min(max_new, 4096)`` (nothing for a
+  request being chunked; the last chunk of a chunked request reserves it). A request whose
+  prompt exceeds the chunk budget is chunked, its chunk ending on a page boundary. The pass
+  stops at the first request that does not fit, when a budget (``chunked_prefill_size``,
+  ``max_prefill_tokens``) is spent, or when an admission leaves no room.
+- The radix-cache prefix a request reuses is ``floor_p(min(cached_len, prompt - 1))``.
+
+Releases before 0.5.22 (``server.admission: v0.5.4``, checked in the 0.5.4 and 0.5.10 wheels)
+weight every running request by the ratio (``ignore_eos`` gets no full reservation) and
+reserve no page per request.
+"""
+
+from __future__ import annotations
+
+from sim.model.batch import Batch, Req
+from sim.model.costs import EXTEND
+
+from sim.engines.sglang.policy.reserve import CLIP_MAX_NEW_TOKENS
+
+
+class AdmissionMixin:
+    """``get_new_batch_prefill`` over the state of :class:`sim.engines.sglang.policy.scheduler.Scheduler`."""
+
+    def _new_prefill_batch(self) -> Batch | None:
+        srv, kv = self.server, self.kv
+        page = kv.page_size
+        if self.n_running == 0:
+            self.batch_is_full = False  # an empty running batch has nobody left to leave
+        if (self.batch_is_full or not self.waiting) and self.chunked_req is None:
+            return None
+        running = self.n_running + len(self.unmerged_finishers)
+        if running >= srv.max_running_requests and self.chunked_req is None:
+            self.batch_is_full = True
+            return None
+        p = _Pass(self, kv.free_pages * page, self._running_offset(), srv.chunked_prefill_size, srv.max_prefill_tokens)
+        if self.chunked_req is not None:
+            req = self.chunked_req
+            room = int(p.kv_free - p.reserve)
+            take = min(req.prefill_target - req.prefix_len, p.budget, room if room > 0 else p.budget)
+            take = min(take, p.kv_free + kv.pages(req.kv_held) * page - req.kv_held)  # where SGLang would run out of memory
+            if take <= 0:
+                return None
+            p.add(req, take)
+        while self.waiting and p.budget > 0 and p.rem_input > 0:
+            if running + len(p.chunks) >= srv.max_running_requests:
+                self.batch_is_full = True
+            if self.batch_is_full:
+                break
+            req = self.waiting[0]
+            self._match_prefix(req)
+            extend = req.prefill_target - req.prefix_len
+            future = min(max(req.max_new_tokens - req.output_done, 0), CLIP_MAX_NEW_TOKENS)
+            if extend + future + p.per_req >= p.kv_free - p.reserve:
+                self.batch_is_full = bool(p.chunks) or self.n_running > 0
+                break
+            take = extend
+            if kv.ceil(extend) > p.budget:  # chunked: the chunk ends on a page boundary
+                take = kv.floor(req.prefix_len + kv.floor(p.budget)) - req.prefix_len
+                if take <= 0:
+                    break
+            self.waiting.popleft()
+            p.add(req, take)
+            if p.kv_free - p.reserve <= 0:  # this admission used up the room: the next one cannot fit
+                self.batch_is_full = True
+                break
+        return p.batch()
+
+    def _match_prefix(self, req: Req) -> None:
+        """``init_next_round_input``: the prompt to prefill (input, plus the output so far after a
+        retraction) and the prefix the radix cache supplies, whole pages of at most prompt - 1."""
+        if req.prefill_target == 0:
+            req.prefill_target = req.input_len + req.output_done
+            req.shared_len = self.kv.floor(min(req.cached_len, req.prefill_target - 1))
+            req.prefix_len = req.shared_len
+            req.kv_held = 0
+
+    def _running_offset(self) -> float:
+        """The running batch's reserve, plus under overlap the requests whose prefill finishes
+        them but whose result is not processed yet (SGLang merged them into the running batch)."""
+        out = self.reserve.total(self.new_token_ratio, self.last_processed_decode, self.next_decode_seq)
+        for r in self.unmerged_finishers:
+            w = 1.0 if r.ignore_eos and self.reserve.full_ratio_for_ignore_eos else self.new_token_ratio
+            out += w * min(r.max_new_tokens, CLIP_MAX_NEW_TOKENS)
+        return out
+
+
+class _Pass:
+    """One admission pass: its budgets and the chunks admitted so far."""
+
+    def __init__(self, sched, kv_free: int, reserve: float, budget: int, rem_input: int):
+        self.s = sched
+        self.kv_free, self.reserve, self.budget, self.rem_input = kv_free, reserve, budget, rem_input
+        self.per_req = sched.kv.page_size if sched.admission_rules == "v0.5.22" else 0
+        self.chunks: list = []
+        self.pages = self.num_tokens = self.sum_ctx = self.warm = 0
+
+    def add(self, req: Req, take: int) -> None:
+        """Admit ``take`` tokens of ``req``'s prompt: a page, and for the chunk that ends the
+        prompt ``min(max_new_tokens, 4096)`` of output (not less the output so far: SGLang's
+        ``_select_prefill_admission`` reserves the full budget even for a retracted request)."""
+        s, kv = self.s, self.s.kv
+        grow = kv.grow(req.kv_held, take)
+        req.prefix_len += take
+        req.kv_held += take
+        last = req.prefix_len == req.prefill_target
+        finishes = last and req.output_done + 1 >= req.output_len
+        self.chunks.append((req, take, last, finishes, req.retractions))
+        self.budget -= kv.ceil(take)
+        self.rem_input -= kv.ceil(take)
+        self.kv_free -= grow * kv.page_size
+        self.pages += grow
+        self.num_tokens += take
+        self.sum_ctx += req.prefix_len
+        self.warm += req.warmup
+        self.reserve += self.per_req + (min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS) if last else 0)
+        if req.retractions:
+            s.reprefill_tokens += take
+        if last:
+            s.chunked_req = None
+            if finishes:
+                s.unmerged_finishers.append(req)
+            else:
+                s.pending_merge.append(req)
+        else:
+            s.chunked_req = req
+
+    def batch(self) -> Batch | None:
+        if not self.chunks:
+            return None
+        s = self.s
+        s.kv.alloc(self.pages)
+        batch = Batch(s._take_seq(), EXTEND, len(self.chunks), self.num_tokens, self.sum_ctx, num_warmup=self.warm,
+                      chunks=self.chunks)
+        batch.kv_used_after_alloc = s.kv.used_tokens
+        return batch

@@ -1,0 +1,239 @@
+"""Scheduling policy: the scheduler's state and what goes into the next batch (no SimPy here).
+
+Modelled on SGLang 0.5.23's ``Scheduler`` (``python/sglang/srt/managers/scheduler.py``):
+``get_next_batch_to_run`` merges the last prefill into the running batch, then tries a new
+prefill batch first (:mod:`~sim.engines.sglang.policy.admission`: FCFS, chunked prefill,
+``max_running_requests``, the KV budget and its running offset), else runs a decode of the
+whole running batch (:mod:`~sim.engines.sglang.policy.decode`: ``update_running_batch``).
+``process_batch_result_*`` (:mod:`~sim.engines.sglang.policy.results`) delivers tokens,
+detects finishes and frees KV. Each request carries the ``max_new_tokens`` the scheduler knows
+and whether it is ``ignore_eos``; it finishes by length (foreseeably) when its output reaches
+``max_new_tokens``, else on a sampled stop token (EOS) the scheduler learns of from the result.
+
+Every step costs O(1) in the batch size: decode progress follows from decode sequence
+numbers (see :class:`sim.model.batch.Req`); finishes are bucketed by the decode batch they
+happen in; decode's page demand is counted by residue class (:mod:`~sim.engines.sglang.policy.kvpool`)
+and the admission's running offset by join group (:mod:`~sim.engines.sglang.policy.reserve`).
+Only the rare retraction path (:mod:`~sim.engines.sglang.policy.retraction`) walks the running batch.
+
+KV pressure (``check_decode_mem``): a decode batch needs one new page for each member whose
+private KV fills its last page. Under overlap the check for batch k runs before the KV of
+requests finishing in k-1 is freed. ``server.retraction`` picks what happens then:
+``naive`` (SGLang before 0.5.10, the incident of issue #14972): those requests stay in the
+batch (an overshoot slot each); retraction as ``retract_decode``, except that under overlap it
+cannot take back the members of the in-flight batch k-1 (a modelling assumption for the
+pre-fix overlap + retraction path, see docs/model.md), and when what is left cannot fit the
+allocation fails and the server dies. ``v0.5.10``: the same, but the last
+request is aborted instead (PR #19881). ``v0.5.22``: requests finishing by length in k-1 are
+left out of batch k (``_reqs_finishing_inflight``), and a step whose check fails while such
+requests are in flight is skipped rather than retracting (``update_running_batch``).
+
+Simplifications, stated: the radix cache is a per-request ``cached_len`` that is resident and
+free (a matched prefix does not occupy the KV pool, and a finished request's KV is freed, not
+kept as evictable cache: the same for admission, which counts evictable KV as free); a
+retracted request's prompt is prefilled again in full; a request whose first (prefill) token is
+a stop token is not given the overshoot decode slot SGLang's overlap loop gives it; the context
+length does not cap ``max_new_tokens`` (only the KV pool does).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable
+
+from sim.engines.sglang.policy.admission import AdmissionMixin
+from sim.engines.sglang.policy.decode import ServerDied, DecodeMixin
+from sim.engines.sglang.policy.kvpool import DecodePageDemand, KVPool
+from sim.engines.sglang.policy.reserve import CLIP_MAX_NEW_TOKENS, RunningReserve
+from sim.engines.sglang.policy.results import ResultsMixin
+from sim.engines.sglang.policy.retraction import RetractionMixin
+from sim.engines.sglang.server import Server
+from sim.model.batch import RUNNING, Batch, Req
+from sim.model.workload import RequestSpecs
+
+# NewTokenRatioTracker (0.5.22): min = init x SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR, reached after
+# SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS decode steps without retraction; reset when idle.
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+
+
+# Arrivals within this of ``now`` count as arrived: phase times are sums of floats computed in
+# different orders, and a request sent at the instant a token was delivered must not depend on
+# rounding to be seen by the next recv.
+TIME_EPS_S = 1e-9
+
+
+class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
+    """Scheduler state: inbox, waiting queue, running batch aggregates, KV pool (tokens).
+
+    Args:
+        specs: the requests' lengths.
+        server: the server section of the scenario.
+        warmup_requests: ids below this are warm-up (excluded from metrics).
+        finish_by_length: True for ``finish: length`` (requests stop at ``max_new_tokens``:
+            the scheduler knows when), False for ``eos`` (they stop on a sampled token before it);
+            requests whose ``specs.max_new_tokens`` is given follow their own.
+        recorder: receives finished requests and ITL samples (see :class:`sim.trace.recorder.TraceRecorder`).
+        on_finish: called as ``on_finish(rid, time_s)`` when a request completes or fails.
+        lookahead_policy: apply v0.5.22's handling of requests finishing in the in-flight batch
+            (exclusion, skip). SGLang has it in ``event_loop_overlap`` only, not in
+            ``event_loop_overlap_mlx``.
+        deferred_results: the loop processes each result after scheduling the next batch
+            (``event_loop_overlap``): the new-token ratio is reset only at the second idle
+            iteration (``on_idle`` runs once the last result is processed).
+    """
+
+    def __init__(self, specs: RequestSpecs, server: Server, warmup_requests: int,
+                 finish_by_length: bool, recorder, on_finish: Callable[[int, float], None],
+                 lookahead_policy: bool = True, deferred_results: bool = False):
+        self.specs = specs
+        self.server = server
+        self.warmup_requests = warmup_requests
+        self.finish_by_length = finish_by_length
+        self.recorder = recorder
+        self.on_finish = on_finish
+        self.exclude_length_finishes = lookahead_policy and server.retraction == "v0.5.22"
+        self.skip_when_finishing = lookahead_policy and server.retraction == "v0.5.22"
+        self.abort_last = server.retraction in ("v0.5.10", "v0.5.22")
+        self.lock_inflight = server.retraction == "naive"
+        self.admission_rules = server.admission
+        self.deferred_results = deferred_results
+        self.reserve = RunningReserve(ignore_eos_at_full_ratio=server.admission == "v0.5.22")
+        self.batch_is_full = False  # SGLang running_batch.batch_is_full: admission latched shut
+        self.unmerged_finishers: list[Req] = []  # finish at their prefill, result not processed yet
+        self._order = 0  # running-batch order (joins, and keep order after a retraction)
+        self._idle_calls = 0
+        self.last_logged_usage = float("nan")  # token usage of the last logged decode batch
+        self.kv = KVPool(server.kv_pool_tokens, server.page_size)
+        self.demand = DecodePageDemand(server.page_size)
+        self.init_ratio = server.init_new_token_ratio
+        self.new_token_ratio = self.init_ratio
+        self.min_ratio = self.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
+        self.ratio_decay = (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self.retraction_events = 0  # steps that retracted
+        self.retracted_reqs = 0  # requests retracted, summed over events
+        self.reprefill_tokens = 0  # prefill tokens computed again for retracted requests
+        self.skipped_decodes = 0  # v0.5.22 steps skipped instead of retracting
+        self.aborted = 0
+        self.usage_at_failure = float("nan")
+        self.now = 0.0  # the scheduler's clock, as of the last recv
+        self.inflight_decode: Batch | None = None
+        self.inbox: deque = deque()  # (arrival_s, rid), non-decreasing arrival_s
+        self.waiting: deque[Req] = deque()
+        self.chunked_req: Req | None = None
+        self.pending_merge: list[Req] = []  # last prefill chunk launched, not yet in the running batch
+        # running batch, as aggregates
+        self.n_running = 0
+        self.n_running_warmup = 0
+        self.ctx_offset = 0  # sum over running of ctx_at_join - join_seq
+        self.finish_sum = 0  # sum over running of finish_seq
+        self.finishing_at: dict[int, list[Req]] = {}
+        self.fresh: list[Req] = []
+        self.next_decode_seq = 0
+        self.last_processed_decode = -1
+        self.last_decode_delivery_s = 0.0
+        self.next_step_seq = 0
+        self.num_done = 0
+        self.num_requests = len(specs)
+
+    @property
+    def kv_used(self) -> int:
+        """Allocated KV tokens (page-rounded)."""
+        return self.kv.used_tokens
+
+    @property
+    def kv_peak(self) -> int:
+        return self.kv.peak_tokens
+
+    # --- input ---------------------------------------------------------------------------
+    def submit(self, rid: int, arrival_s: float) -> None:
+        """A request reaches the server's socket at ``arrival_s`` (seconds)."""
+        self.inbox.append((arrival_s, rid))
+
+    def next_arrival_s(self) -> float | None:
+        """Arrival time of the earliest request not yet received, if one is known."""
+        return self.inbox[0][0] if self.inbox else None
+
+    def recv(self, now: float) -> int:
+        """``recv_requests`` + ``process_input_requests``: move arrived requests to the waiting
+        queue. Returns how many arrived.
+
+        As ``init_req_max_new_tokens`` (0.5.23): ``max_new_tokens`` is clipped so that the prompt
+        and the output fit the KV pool (``pool - ceil_p(input) - page - 1``); a request whose
+        output would go beyond it stops there, by length. A prompt the pool cannot hold
+        (``input >= pool - 6``, SGLang's ``max_req_input_len``) fails as ``too_long``."""
+        n = 0
+        s = self.specs
+        self.now = now
+        horizon = now + TIME_EPS_S
+        kv = self.kv
+        cap = kv.size_tokens
+        while self.inbox and self.inbox[0][0] <= horizon:
+            arrival, rid = self.inbox.popleft()
+            req = Req(rid, arrival, int(s.input_len[rid]), int(s.cached_len[rid]), int(s.output_len[rid]),
+                      self.finish_by_length, rid < self.warmup_requests)
+            if s.max_new_tokens is not None:
+                max_new = int(s.max_new_tokens[rid])
+            else:  # a client without a cap on an EOS finish: SGLang's estimate
+                max_new = req.output_len if self.finish_by_length else max(req.output_len, CLIP_MAX_NEW_TOKENS)
+            req.ignore_eos = self.finish_by_length if s.ignore_eos is None else bool(s.ignore_eos[rid])
+            req.max_new_tokens = min(max_new, cap - kv.ceil(req.input_len) - kv.page_size - 1)
+            req.output_len = min(req.output_len, req.max_new_tokens)
+            req.finish_by_length = req.output_len >= req.max_new_tokens
+            if req.input_len >= cap - 6 or req.max_new_tokens < 1:
+                self._fail(req, now, "too_long")
+            else:
+                self.waiting.append(req)
+            n += 1
+        return n
+
+    @property
+    def all_done(self) -> bool:
+        return self.num_done >= self.num_requests
+
+    @property
+    def has_queued_work(self) -> bool:
+        """Requests are waiting for a prefill (new, chunked or retracted)."""
+        return bool(self.waiting) or self.chunked_req is not None
+
+    # --- get_next_batch_to_run --------------------------------------------------------------
+    def get_next_batch(self) -> Batch | None:
+        """The next batch to run, prefill first (SGLang ``get_next_batch_to_run``), or None."""
+        self._merge_prefilled()
+        batch = self._new_prefill_batch()
+        if batch is None:
+            batch = self._decode_batch()
+        if batch is None and self.n_running == 0 and not self.has_queued_work:
+            self._idle_calls += 1
+            if self._idle_calls > self.deferred_results:  # on_idle: NewTokenRatioTracker.reset
+                self.new_token_ratio = self.init_ratio
+        else:
+            self._idle_calls = 0
+        return batch
+
+    def _merge_prefilled(self) -> None:
+        g = self.next_decode_seq
+        for r in self.pending_merge:
+            r.output_done += 1  # the prefill sampled one token
+            r.status = RUNNING
+            r.join_seq = g
+            r.finish_seq = g + (r.output_len - r.output_done) - 1
+            r.kv_base = r.prefill_target - r.shared_len
+            self.demand.add(r.kv_base, g)
+            self.n_running += 1
+            self.n_running_warmup += r.warmup
+            self.ctx_offset += r.ctx_at_join() - g
+            self.finish_sum += r.finish_seq
+            self.finishing_at.setdefault(r.finish_seq, []).append(r)
+            self.fresh.append(r)
+            r.order = self._next_order()
+            self.reserve.add(r)
+        self.pending_merge.clear()
+
+    def _next_order(self) -> int:
+        self._order += 1
+        return self._order
+
+    def _take_seq(self) -> int:
+        self.next_step_seq += 1
+        return self.next_step_seq - 1

@@ -10,7 +10,7 @@ from packaging.specifiers import SpecifierSet
 
 from sim.cli import main
 from sim.engines.sglang.rules.launch_args import parse_launch_args, rules_table
-from sim.engines.sglang.rules.loop_rules import advise, retraction_policy, setting_faults
+from sim.engines.sglang.rules.loop_rules import admission_policy, advise, retraction_policy, setting_faults
 from sim.engines.sglang.server import SETTINGS
 from sim.errors import ScenarioError, UserInputError
 from sim.scenario import load_scenario
@@ -131,7 +131,7 @@ def test_rules_table_is_well_formed():
     rows = table["rules"]
     assert len({r["id"] for r in rows}) == len(rows)
     for r in rows:
-        assert r["kind"] in {"disable_overlap", "loop", "hazard", "retraction"}, r["id"]
+        assert r["kind"] in {"disable_overlap", "loop", "hazard", "retraction", "admission"}, r["id"]
         SpecifierSet(r["versions"])  # parses
         assert r.get("source"), r["id"]
         if r["kind"] == "loop":
@@ -144,6 +144,8 @@ def test_rules_table_is_well_formed():
 def test_retraction_policy_by_release_and_setting_faults():
     assert [retraction_policy(v) for v in ("0.5.4", "0.5.12", "0.5.22", None)] == \
         ["naive", "v0.5.10", "v0.5.22", "v0.5.22"]
+    assert [admission_policy(v) for v in ("0.5.4", "0.5.10", "0.5.22", "0.5.23", None)] == \
+        ["v0.5.4", "v0.5.4", "v0.5.22", "v0.5.22", "v0.5.22"]
     assert ids(setting_faults("mlx", "normal", "0.5.22")) == ["mlx_normal_futuremap_device_mismatch"]
     assert setting_faults("mlx", "normal", "0.5.10") == ()
     assert setting_faults("mlx", "overlap_mlx") == () and setting_faults("cuda", "normal") == ()

@@ -25,9 +25,16 @@ def _int_list(text: str) -> list[int]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=["torch", "mlx"], required=True, help="framework to time")
-    p.add_argument("--device", choices=["cpu", "cuda", "gpu"], required=True,
-                   help="torch: cpu or cuda; mlx: cpu or gpu (Metal)")
+    p.add_argument("--engine", choices=["sglang"], default=None,
+                   help="time a real engine's own scheduler instead (SGLang 0.5.23's CPU engine, in its own "
+                        "environment: realengines/sglang/setup.sh); --backend/--device are then not used")
+    p.add_argument("--engine-python", type=Path, default=None, metavar="PATH",
+                   help="with --engine: the engine environment's python (default .venvs/<engine>/bin/python)")
+    p.add_argument("--work", type=Path, default=None, metavar="DIR",
+                   help="with --engine: where the engine's runs are kept (resume); default results/calibrate-<engine>/")
+    p.add_argument("--backend", choices=["torch", "mlx"], default=None, help="framework to time (required without --engine)")
+    p.add_argument("--device", choices=["cpu", "cuda", "gpu"], default=None,
+                   help="torch: cpu or cuda; mlx: cpu or gpu (Metal) (required without --engine)")
     p.add_argument("--model", default="tiny", help="model shape: tiny, small, llama-3.2-1b, llama-3.2-3b, "
                    "llama-3.1-8b, qwen3-0.6b, qwen3-8b (default tiny)")
     for name in ("layers", "hidden", "heads", "kv-heads", "vocab", "intermediate", "head-dim"):
@@ -80,6 +87,14 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from calibrate.measure import calibrate
+
+    if args.engine:
+        from calibrate.real.cli import run_calibrate
+
+        return run_calibrate(args)
+    for flag in ("backend", "device"):
+        if getattr(args, flag) is None:
+            raise CalibrationInputError(f"--{flag}", "", "required (or --engine sglang to time SGLang's own scheduler)")
 
     cfg = config_from_args(args)
     if args.out.is_dir():

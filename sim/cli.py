@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "sim.engines.sglang.rules.advise",
     "calibrate.command",
     "calibrate.validate.cli",
+    "calibrate.real.cli",
 )
 
 

@@ -67,7 +67,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if args.out.is_dir():
         raise CalibrationInputError("--out", "", f"a file path, not the folder {args.out}")
     grid = SglangGrid()
-    changes = {k: v for k, v in (("decode_batch_sizes", args.batch_sizes), ("decode_contexts", args.contexts),
+    changes = {k: tuple(v) for k, v in (("decode_batch_sizes", args.batch_sizes), ("decode_contexts", args.contexts),
                                  ("extend_tokens", args.extend_tokens), ("extend_prefixes", args.prefixes)) if v}
     grid = replace(grid, **changes)
     grid.check()

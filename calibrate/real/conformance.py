@@ -41,6 +41,9 @@ WORKLOADS = (
     # new-token ratio, admission over-commits, decode retracts
     Workload("kv-pressure-stop", num_requests=48, concurrency=16, input_len=(64, 160), output_len=(128, 384),
              stop=True, server_args=("--max-total-tokens", "3000")),
+    # long answers that are not ignore_eos: admission discounts them by the ratio, the pool runs out
+    Workload("retract", num_requests=40, concurrency=16, input_len=(64, 160), output_len=(200, 400),
+             stop=True, stop_tokens=1, server_args=("--max-total-tokens", "3000", "--schedule-conservativeness", "0.3")),
     Workload("paged", num_requests=24, concurrency=6, input_len=(40, 700), output_len=(8, 64),
              server_args=("--page-size", "16", "--chunked-prefill-size", "256")),
 )
@@ -141,7 +144,8 @@ def replay(its: list[sglang_trace.Iteration], reqs: list[dict], outputs: dict[st
                     chunked_prefill_size=int(lim.get("chunked_prefill_size") or 8192),
                     max_prefill_tokens=int(lim.get("max_prefill_tokens") or 16384),
                     kv_pool_tokens=int(lim.get("max_total_num_tokens") or 400_000),
-                    page_size=int(lim.get("page_size") or 1))
+                    page_size=int(lim.get("page_size") or 1),
+                    init_new_token_ratio=float(lim.get("init_new_token_ratio") or 0.7))
     sched = Scheduler(specs, server, 0, True, TraceRecorder(), lambda rid, t: None, lookahead_policy=True,
                       deferred_results=overlap)
     views: list[StepView | None] = []

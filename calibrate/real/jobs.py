@@ -60,8 +60,8 @@ class Workload:
     """A workload for a real engine: ``num_requests`` requests (the first ``warmup_requests`` of
     them a warm-up), ``concurrency`` in flight, prompt and output lengths uniform on [lo, hi]
     (tokens), extra launch flags; ``shared_prefix``: tokens every prompt starts with (a system
-    prompt: radix-cache hits); ``stop``: requests may also stop at a sampled stop token
-    (EOS-like, seeded temperature sampling) before ``max_new_tokens``."""
+    prompt: radix-cache hits); ``stop``: requests may also stop at one of ``stop_tokens`` sampled
+    stop tokens (EOS-like, seeded temperature sampling) before ``max_new_tokens``."""
 
     name: str
     num_requests: int = 40
@@ -70,6 +70,7 @@ class Workload:
     output_len: tuple[int, int] = (16, 96)
     shared_prefix: int = 0
     stop: bool = False
+    stop_tokens: int = 8
     server_args: tuple[str, ...] = ()
     seed: int = 0
     warmup_requests: int = 0
@@ -84,8 +85,9 @@ class Workload:
             n_in = int(rng.integers(self.input_len[0], self.input_len[1] + 1))
             n_out = int(rng.integers(self.output_len[0], self.output_len[1] + 1))
             ids = shared + prompts.new(n_in)
-            if self.stop:  # 8 stop tokens: about 1 in 128 sampled tokens ends the request
-                out.append(request(f"{prefix}{i}", ids, n_out, stop_tokens=rng.integers(3, 1024, size=8).tolist(), seed=i))
+            if self.stop:  # s stop tokens: about s in 1021 sampled tokens end the request
+                stops = rng.integers(3, 1024, size=self.stop_tokens).tolist()
+                out.append(request(f"{prefix}{i}", ids, n_out, stop_tokens=stops, seed=i))
             else:
                 out.append(request(f"{prefix}{i}", ids, n_out))
         return out

@@ -20,15 +20,21 @@ HELP = "score the simulator against a real serving loop (the ground-truth harnes
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=["torch", "mlx"], required=True, help="framework of the harness")
-    p.add_argument("--device", choices=["cpu", "cuda", "gpu"], required=True,
-                   help="torch: cpu or cuda; mlx: cpu or gpu (Metal)")
+    p.add_argument("--engine", choices=["sglang"], default=None,
+                   help="score against a real engine's server instead of the harness (SGLang 0.5.23 on the CPU, in "
+                        "its own environment: realengines/sglang/setup.sh); needs --profile (calibrate --engine)")
+    p.add_argument("--engine-python", type=Path, default=None, metavar="PATH",
+                   help="with --engine: the engine environment's python (default .venvs/<engine>/bin/python)")
+    p.add_argument("--backend", choices=["torch", "mlx"], default=None, help="framework of the harness (without --engine)")
+    p.add_argument("--device", choices=["cpu", "cuda", "gpu"], default=None,
+                   help="torch: cpu or cuda; mlx: cpu or gpu (Metal) (without --engine)")
     p.add_argument("--grid", choices=["quick", "full", "smoke"], default="quick",
                    help="quick: minutes on 2 cores; full: more sizes and lengths; smoke: two tiny configurations")
     p.add_argument("--profile", type=Path, default=None,
                    help="use this calibration profile for every configuration and setting instead of calibrating")
     p.add_argument("--out", type=Path, default=None, help="results folder (default results/validate-<backend>-<device>/)")
-    p.add_argument("--repeats", type=int, default=1, help="harness runs per setting (median of each metric)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="runs per setting, interleaved (median of each metric); default 1, with --engine 5")
     p.add_argument("--only", action="append", default=[], metavar="NAME",
                    help="run only configurations whose name contains NAME (repeatable)")
     p.add_argument("--fresh", action="store_true", help="run again the configurations already saved in --out")
@@ -68,6 +74,15 @@ def run(args: argparse.Namespace) -> int:
     from calibrate.validate.grid import grid
     from calibrate.validate.runner import load_cases, machine, validate_case
 
+    if args.engine:
+        from calibrate.real.cli import run_validate
+
+        args.repeats = 5 if args.repeats is None else args.repeats
+        return run_validate(args)
+    for flag in ("backend", "device"):
+        if getattr(args, flag) is None:
+            raise CalibrationInputError(f"--{flag}", "", "required (or --engine sglang to score against the real server)")
+    args.repeats = 1 if args.repeats is None else args.repeats
     _check_device(args.backend, args.device)
     if args.repeats < 1:
         raise CalibrationInputError("--repeats", "", "an integer >= 1")

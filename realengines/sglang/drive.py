@@ -173,8 +173,9 @@ def _meta(s, job: dict, init_s: float) -> dict:
 
     return {"kind": "meta", "engine": "sglang", "sglang": sglang.__version__, "torch": torch.__version__,
             "python": sys.version.split()[0], "overlap": bool(s.enable_overlap), "init_s": init_s,
-            "limits": {n: attr(n) for n in ("max_running_requests", "max_total_num_tokens", "chunked_prefill_size",
-                                            "page_size", "max_prefill_tokens", "max_req_len", "max_req_input_len")},
+            "limits": {**{n: attr(n) for n in ("max_running_requests", "max_total_num_tokens", "chunked_prefill_size",
+                                               "page_size", "max_prefill_tokens", "max_req_len", "max_req_input_len")},
+                       "init_new_token_ratio": getattr(getattr(s, "new_token_ratio_tracker", None), "init", None)},
             "server_args": job.get("server_args", []), "torch_threads": torch.get_num_threads()}
 
 

@@ -137,6 +137,7 @@ class _Pass:
                 s.pending_merge.append(req)
         else:
             s.chunked_req = req
+            s._chunk_in_last_prefill = True
 
     def batch(self) -> Batch | None:
         if not self.chunks:

@@ -102,6 +102,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
         self.batch_is_full = False  # SGLang running_batch.batch_is_full: admission latched shut
         self.unmerged_finishers: list[Req] = []  # finish at their prefill, result not processed yet
         self._order = 0  # running-batch order (joins, and keep order after a retraction)
+        self._chunk_in_last_prefill = False
         self._idle_calls = 0
         self.last_logged_usage = float("nan")  # token usage of the last logged decode batch
         self.kv = KVPool(server.kv_pool_tokens, server.page_size)
@@ -212,6 +213,12 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
         return batch
 
     def _merge_prefilled(self) -> None:
+        """The last prefill batch joins the running batch (``get_next_batch_to_run``). SGLang's
+        latch is cleared when the prefill batch replaces an empty running batch (a new batch
+        object) or when it shrank on merging (a chunk that is not the last)."""
+        if (self.pending_merge and self.n_running == 0) or self._chunk_in_last_prefill:
+            self.batch_is_full = False
+        self._chunk_in_last_prefill = False
         g = self.next_decode_seq
         for r in self.pending_merge:
             r.output_done += 1  # the prefill sampled one token

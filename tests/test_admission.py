@@ -1,0 +1,152 @@
+"""SGLang 0.5.23's prefill admission in the policy: hand-computable cases first, then the running
+offset's O(1) aggregates against a brute-force sum, under hypothesis."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim.engines.sglang.policy.reserve import CLIP_MAX_NEW_TOKENS
+from sim.engines.sglang.policy.scheduler import Scheduler
+from sim.engines.sglang.server import Server
+from sim.model.costs import DECODE
+from sim.model.workload import RequestSpecs
+from sim.trace.recorder import TraceRecorder
+
+
+def _scheduler(lengths, pool=1000, page=1, ignore_eos=True, max_new=None, ratio=0.7, admission="v0.5.22",
+               max_running=64, chunk=8192, deferred=False):
+    """A scheduler over requests [(input_len, output_len), ...] (no cached prefix)."""
+    n = len(lengths)
+    inp = np.array([a for a, _ in lengths], dtype=np.int64)
+    out = np.array([b for _, b in lengths], dtype=np.int64)
+    specs = RequestSpecs(inp, np.zeros(n, dtype=np.int64), out, None,
+                         out if max_new is None else np.array(max_new, dtype=np.int64), np.full(n, ignore_eos))
+    server = Server(kv_pool_tokens=pool, page_size=page, init_new_token_ratio=ratio, admission=admission,
+                    max_running_requests=max_running, chunked_prefill_size=chunk)
+    return Scheduler(specs, server, 0, True, TraceRecorder(), lambda rid, t: None, deferred_results=deferred)
+
+
+def _admitted(batch):
+    return [(c[0].rid, c[1]) for c in batch.chunks] if batch is not None else []
+
+
+def test_new_request_reserves_its_whole_output_and_a_page():
+    # pool 100: A = 40 + 20 + 1 page = 61 < 100 -> admitted; A then holds 40 and reserves 1 + 20
+    # B = 30 + 20 + 1 = 51 < 100 - 40 - 21 = 39? no: B waits (and the latch shuts admission)
+    s = _scheduler([(40, 20), (30, 20)], pool=100)
+    for rid in (0, 1):
+        s.submit(rid, 0.0)
+    s.recv(0.0)
+    assert _admitted(s.get_next_batch()) == [(0, 40)]
+    assert s.batch_is_full and [r.rid for r in s.waiting] == [1]
+
+
+def test_the_check_is_strict_and_the_page_counts():
+    # pool 100: A = 10 + 5 + 1 = 16 admitted; left: 100 - 10 (A's prompt) - (1 + 5) = 84.
+    # B = 40 + 43 + 1 = 84 is not < 84: it waits; with 42 output tokens it fits.
+    for out, admitted in ((43, False), (42, True)):
+        s = _scheduler([(10, 5), (40, out)], pool=100)
+        for rid in (0, 1):
+            s.submit(rid, 0.0)
+        s.recv(0.0)
+        assert _admitted(s.get_next_batch()) == [(0, 10)] + ([(1, 40)] if admitted else [])
+    # the 0.5.4-era rules reserve no page: 40 + 43 = 83 < 100 - 10 - 5 = 85 admits B
+    s = _scheduler([(10, 5), (40, 43)], pool=100, admission="v0.5.4")
+    for rid in (0, 1):
+        s.submit(rid, 0.0)
+    s.recv(0.0)
+    assert _admitted(s.get_next_batch()) == [(0, 10), (1, 40)]
+
+
+def test_running_ignore_eos_requests_are_reserved_in_full_others_by_the_ratio():
+    # A (40 in, 20 out) has run one decode: it holds 41 tokens and has committed 2, so 18 remain.
+    # B (30 in, 20 out) needs 30 + 20 + 1 page = 51 < 110 - 41 - offset. ignore_eos: offset 18,
+    # 51 < 51 fails; otherwise the offset is 18 x ratio (0.7 less one decay step): B is admitted.
+    for ignore_eos in (True, False):
+        s = _scheduler([(40, 20), (30, 20)], pool=110, ignore_eos=ignore_eos)
+        s.submit(0, 0.0)
+        s.recv(0.0)
+        s.process_batch_result(s.get_next_batch(), 0.1)  # normal loop: the prefill's token is delivered
+        s.process_batch_result(s.get_next_batch(), 0.2)  # decode 0
+        offset = s.reserve.total(s.new_token_ratio, s.last_processed_decode, s.next_decode_seq)
+        assert offset == pytest.approx(18.0 if ignore_eos else 18.0 * s.new_token_ratio)
+        assert s.new_token_ratio == pytest.approx(0.7 - (0.7 - 0.098) / 600)
+        s.submit(1, 0.3)
+        s.recv(0.3)
+        batch = s.get_next_batch()
+        assert _admitted(batch) == ([] if ignore_eos else [(1, 30)])
+
+
+def test_a_long_output_is_clipped_in_the_offset():
+    s = _scheduler([(10, 6000)], pool=100_000, ignore_eos=True)
+    s.submit(0, 0.0)
+    s.recv(0.0)
+    s.process_batch_result(s.get_next_batch(), 0.1)
+    s.get_next_batch()  # merges it into the running batch (and schedules decode 0)
+    assert s.reserve.total(1.0, s.last_processed_decode, s.next_decode_seq) == CLIP_MAX_NEW_TOKENS
+
+
+def test_a_prompt_longer_than_the_chunk_budget_is_chunked_on_page_boundaries():
+    # page 16, budget 100: the first chunk ends at 96 (floor to a page), the next continues from there
+    s = _scheduler([(250, 4)], pool=4096, page=16, chunk=100)
+    s.submit(0, 0.0)
+    s.recv(0.0)
+    b1 = s.get_next_batch()
+    assert _admitted(b1) == [(0, 96)] and s.chunked_req is not None
+    s.process_batch_result(b1, 0.1)
+    b2 = s.get_next_batch()  # a continuing chunk is not page-aligned: min(rest, budget)
+    assert _admitted(b2) == [(0, 100)]
+
+
+def test_arrival_clips_max_new_tokens_to_the_pool():
+    # pool 64, page 1: max_new <= 64 - 40 - 1 - 1 = 22, so a 50-token answer stops at 22, by length
+    s = _scheduler([(40, 50)], pool=64)
+    s.submit(0, 0.0)
+    s.recv(0.0)
+    req = s.waiting[0]
+    assert (req.max_new_tokens, req.output_len, req.finish_by_length) == (22, 22, True)
+    # a prompt the pool cannot hold fails as too_long
+    s = _scheduler([(60, 5)], pool=64)
+    s.submit(0, 0.0)
+    s.recv(0.0)
+    assert not s.waiting and s.num_done == 1
+
+
+def _brute_offset(s: Scheduler) -> float:
+    total = 0.0
+    for bucket in s.finishing_at.values():
+        for r in bucket:
+            w = 1.0 if r.ignore_eos and s.reserve.full_ratio_for_ignore_eos else s.new_token_ratio
+            total += w * min(r.max_new_tokens - s.committed_output(r), CLIP_MAX_NEW_TOKENS)
+    return total
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lengths=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 80)), min_size=1, max_size=10),
+       ignore=st.lists(st.booleans(), min_size=10, max_size=10), overlap=st.booleans(),
+       pool=st.integers(200, 2000), admission=st.sampled_from(["v0.5.4", "v0.5.22"]))
+def test_the_running_offset_equals_the_sum_over_the_running_batch(lengths, ignore, overlap, pool, admission):
+    n = len(lengths)
+    s = _scheduler(lengths, pool=pool, admission=admission, deferred=overlap)
+    s.specs = RequestSpecs(s.specs.input_len, s.specs.cached_len, s.specs.output_len, None, s.specs.max_new_tokens,
+                           np.array(ignore[:n]))
+    for rid in range(n):
+        s.submit(rid, float(rid))
+    last = None
+    for k in range(400):
+        s.recv(float(k))
+        batch = s.get_next_batch()
+        assert s.reserve.total(s.new_token_ratio, s.last_processed_decode, s.next_decode_seq) == \
+            pytest.approx(_brute_offset(s), abs=1e-6)
+        if overlap:
+            if last is not None:
+                s.process_batch_result(last, k + 0.5)
+            last = batch
+        elif batch is not None:
+            s.process_batch_result(batch, k + 0.5)
+        if s.all_done and last is None:
+            break
+    assert s.all_done

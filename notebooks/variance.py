@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -14,8 +16,13 @@
 # %% [markdown]
 # # Two single runs disagree: how much is noise?
 #
-# The seed document ran its benchmark (8 users, 64 requests) once with the overlap scheduler
-# and once without, on two cards. On the L4 the server **without** overlap was 14% faster; on
+# **Running this notebook.** From the repository root: `pip install -e ".[notebooks]"`, then
+# `jupyter lab notebooks/variance.ipynb` and *Run > Run All Cells* (about a minute on 2 cores).
+# With `OVERLAP_SIM_NOTEBOOK_SMALL=1` in the environment it uses fewer repeats and a smaller
+# grid (the tests run it so). More in `docs/notebooks.md`.
+#
+# The write-up "The overlap scheduler", where this project started, ran its benchmark (8 users,
+# 64 requests) once with the overlap scheduler and once without, on two cards. On the L4 the server **without** overlap was 14% faster; on
 # the GB10 it was 7% slower. SGLang reports a 1.1x gain from overlap. We read the two results
 # as overlap/normal output-throughput ratios of **1/1.14 = 0.877** (L4) and **1.07** (GB10).
 #
@@ -23,8 +30,10 @@
 # 1. What spread of step times makes such single-run results likely by chance?
 # 2. How many runs of each setting separate a true 1.1x gain from that noise?
 #
-# Method: the simulator gives the noise-free ratio of this scenario and shows how per-step and
-# per-run noise in step times turn into run-to-run spread of throughput; the statistics are in
+# Method: the simulator gives the noise-free ratio of that benchmark (the quickstart scenario,
+# on the calibration profile measured on an NVIDIA H200: the numbers of
+# `overlap-sim run scenarios/quickstart.yaml`) and shows how per-step and per-run noise in step
+# times turn into run-to-run spread of throughput; the statistics are in
 # `sim.whatif.variance` (log ratios; t-intervals over paired repeats; power of a two-sample t-test).
 
 # %%
@@ -45,7 +54,7 @@ SMALL = os.environ.get("OVERLAP_SIM_NOTEBOOK_SMALL") == "1"
 ROOT = Path.cwd() if (Path.cwd() / "scenarios").is_dir() else Path.cwd().parent
 WORKERS = 1 if SMALL else None
 REPEATS = 4 if SMALL else 12
-base = sim.load_scenario(ROOT / "scenarios" / "quickstart.yaml")  # fast: about 40 ms a run
+base = sim.load_scenario(ROOT / "scenarios" / "quickstart.yaml")  # fast: about 0.1 s a run
 L4, GB10 = 1 / 1.14, 1.07
 noise_free = sim.compare(base)
 true_ratio = noise_free.loc["overlap", "output_throughput"] / noise_free.loc["normal", "output_throughput"]
@@ -189,15 +198,15 @@ print(f"CV {cv:.0%}: {n} runs per setting -> simulated power {power:.2f}")
 assert 0.7 < power < 0.9
 
 # %% [markdown]
-# The same with the simulator: a scenario whose noise-free gain is about 1.1x, run-level GPU
-# noise of 10%, and the 95% interval of the ratio as repeats accumulate.
+# The same with the simulator: the quickstart itself, whose noise-free gain (printed at the top)
+# is about SGLang's 1.1x, with run-level GPU noise of 10%, and the 95% interval of the ratio as
+# repeats accumulate.
 
 # %%
-tuned = base.with_overrides(["costs.cpu.scale=0.6", "costs.noise.run_gpu_cv=0.1"])
-clean = sim.compare(tuned.with_overrides(["costs.noise.run_gpu_cv=0"]))
-print(f"noise-free ratio of the tuned scenario: {clean.loc['overlap', 'output_throughput'] / clean.loc['normal', 'output_throughput']:.3f}")
+noisy = base.with_overrides(["costs.noise.run_gpu_cv=0.1"])
+print(f"noise-free ratio: {true_ratio:.3f}")
 n_max = 8 if SMALL else 30
-runs = paired_ratios(sweep(tuned, {}, repeats=n_max, workers=WORKERS))
+runs = paired_ratios(sweep(noisy, {}, repeats=n_max, workers=WORKERS))
 growth = pd.DataFrame([(k, *log_ratio_interval(runs["ratio"].iloc[:k])) for k in range(2, n_max + 1)],
                       columns=["runs", "ratio", "ci_low", "ci_high"])
 fig, ax = plt.subplots(figsize=(7, 3.6))
@@ -207,7 +216,7 @@ ax.axhline(1.0, color="black", lw=1, ls="--", label="no effect")
 ax.set_ylim(0.7, 1.5)
 ax.set_xlabel("runs of each setting")
 ax.set_ylabel("overlap/normal output throughput")
-ax.set_title(f"{tuned.name}: ratio interval as runs accumulate (run-to-run GPU CV 10%)")
+ax.set_title(f"{noisy.name}: ratio interval as runs accumulate (run-to-run GPU CV 10%)")
 ax.legend(fontsize=8)
 fig.tight_layout()
 plt.show()

@@ -37,3 +37,11 @@ def test_notebook_executes(name, monkeypatch):
     assert not [o for o in outputs if o.get("output_type") == "error"]
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(images) >= 2, "the notebook's plots should render"
+    if name == "what_if":  # its quickstart table is the CLI's (the measured profile, the full scenario)
+        from sim import compare, load_scenario
+
+        cli = compare(load_scenario(ROOT / "scenarios" / "quickstart.yaml"))
+        text = "".join("".join(o.get("data", {}).get("text/plain", "")) for o in outputs)
+        for setting in ("overlap", "normal"):
+            for metric in ("output_throughput", "median_ttft_ms", "median_tpot_ms"):
+                assert f"{cli.loc[setting, metric]:.3f}" in text, (setting, metric)

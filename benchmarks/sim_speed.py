@@ -1,4 +1,4 @@
-"""Simulator speed and memory on a reference workload (run by hand; see README "Speed").
+"""Simulator speed and memory on a reference workload (run by hand; see docs/speed.md).
 
 Reference workload: ShareGPT-like lengths (lognormal, input mean 200, output mean 180 tokens),
 EOS finishes, decode step of a few ms (4 ms base), closed loop at concurrency 64 and Poisson

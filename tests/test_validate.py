@@ -90,7 +90,7 @@ def test_cuda_without_a_gpu_is_exit_2(tmp_path, capsys):
 
 def test_quick_grid_configuration_end_to_end(tmp_path, capsys, no_wait):
     # one configuration of the published quick grid, calibrated and run as `--grid quick` does
-    # (the whole grid takes minutes: it is run by hand and reported in the README)
+    # (the whole grid takes minutes: it is run by hand and reported in docs/validation.md)
     out = tmp_path / "q"
     assert main(["validate", "--backend", "torch", "--device", "cpu", "--grid", "quick",
                  "--only", "gpu-tiny2-c8-length", "--out", str(out), "--no-plot"]) == 0

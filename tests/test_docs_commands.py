@@ -59,6 +59,8 @@ NOT_RUN = [
     (r"^jupyter (lab|execute)\b", "opens or runs a notebook: the notebook must exist"),
     (r"^jupytext --sync\b", "rewrites the notebook pair: the notebook must exist"),
     (r"^dask (scheduler|worker)\b", "starts a Dask cluster"),
+    (r"^(bash )?realengines/\S+\.sh\b", "builds a real engine's environment (minutes, GBs): the script must exist"),
+    (r"^python (-m realengines\.|realengines/)", "drives a real engine (SGLang, vLLM): the module must exist"),
 ]
 
 
@@ -259,6 +261,10 @@ def check_other(cmd: Command) -> None:
             assert (ROOT / nb).is_file(), f"{where}: no {nb}"
     elif argv[0] == "dask":
         assert argv[1] in ("scheduler", "worker"), where
+    elif "realengines" in " ".join(argv[:3]):
+        target = next(a for a in argv[:3] if "realengines" in a)
+        path = ROOT / (target.replace(".", "/") + ".py" if argv[:2] == ["python", "-m"] else target)
+        assert path.is_file() or (path.with_suffix("") / "__main__.py").is_file(), f"{where}: no {target}"
     else:  # pragma: no cover - classify() admits nothing else
         raise AssertionError(where)
 

@@ -20,6 +20,10 @@ profile a GPU calibration would write is the shipped H200 profile, the trace of 
 torch.profiler example a synthetic trace of the same shape. A ```yaml block whose first
 line is ``# NAME.yaml`` is written to NAME.yaml in the workspace, and every ```yaml block with a
 ``name`` must validate as a scenario.
+
+Also checked: every docs page is linked from the README (at most 300 lines); relative links,
+images and #anchors resolve; repository paths in backquotes exist; docs/scenarios.md names
+every scenario key.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ RUN_SUBCOMMANDS = {"run", "sweep", "trace", "gaps", "log", "plots", "advise"}
 EXPENSIVE = [
     (r"^overlap-sim calibrate\b", "times a real model: seconds to minutes, CUDA or Metal for some"),
     (r"^overlap-sim validate\b", "runs the ground-truth harness: minutes"),
+    (r"^overlap-sim conform\b", "runs a real engine's scheduler (its own environment, minutes)"),
     (r"--executor dask", "needs a Dask cluster (tests/test_sweep.py runs the executor on a LocalCluster)"),
 ]
 
@@ -461,3 +466,44 @@ def test_relative_links_images_and_anchors_resolve():
             assert linked.exists(), f"{page.relative_to(ROOT)}: broken link {target}"
             if anchor:
                 assert anchor in _anchors(linked), f"{page.relative_to(ROOT)}: no heading for {target}"
+
+
+def _scenario_keys():
+    """Every key a scenario file takes, as dotted paths (cost terms and the GIL block as one key)."""
+    from pydantic import BaseModel
+
+    from sim.model.schema import CostTerm, GilCosts
+    from sim.scenario import Scenario
+
+    def walk(model, prefix):
+        for name, f in model.model_fields.items():
+            if f.exclude:
+                continue
+            ann = f.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel) and ann not in (CostTerm, GilCosts):
+                yield from walk(ann, f"{prefix}{name}.")
+            else:
+                yield f"{prefix}{name}"
+    return list(walk(Scenario, ""))
+
+
+def test_every_scenario_key_is_in_the_reference():
+    """docs/scenarios.md's table names every key: `a.b` itself, or `b` in a row that starts with `a.`."""
+    rows = [l for l in (ROOT / "docs/scenarios.md").read_text().splitlines() if l.startswith("| `")]
+    missing = []
+    for key in _scenario_keys():
+        section, _, leaf = key.rpartition(".")
+        if not any(f"`{key}`" in r or (section and r.split("|")[1].strip().startswith(f"`{section}.")
+                                       and f"`{leaf}`" in r.split("|")[1]) for r in rows):
+            missing.append(key)
+    assert not missing, f"scenario keys not in docs/scenarios.md: {missing}"
+
+
+REPO_FOLDERS = ("sim/", "calibrate/", "tests/", "benchmarks/", "scenarios/", "notebooks/", "docs/", "realengines/")
+
+
+def test_repository_paths_named_in_the_docs_exist():
+    for page in PAGES:
+        for name in re.findall(r"`([\w./-]+)`", page.read_text()):
+            if name.startswith(REPO_FOLDERS) and "*" not in name and "<" not in name:
+                assert (ROOT / name).exists(), f"{page.relative_to(ROOT)}: no {name}"

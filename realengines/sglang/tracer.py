@@ -20,8 +20,8 @@ record ``ph``       wrapped function                            what the simulat
 
 A record is ``{"ph", "t0", "dur", "cpu", ...}``: ``t0`` from ``time.perf_counter`` (the
 machine's monotonic clock, comparable across processes), ``dur`` wall seconds, ``cpu`` the
-calling thread's CPU seconds (``time.thread_time``). ``schedule``, ``run_batch`` and ``process``
-records carry the batch (``batch``: ``iter`` (SGLang's ``forward_iter``, set by run_batch),
+calling thread's CPU seconds (``time.thread_time``). ``recv`` records carry the request ids
+received (``rids``); ``schedule``, ``run_batch`` and ``process`` records carry the batch (``batch``: ``iter`` (SGLang's ``forward_iter``, set by run_batch),
 ``mode``, ``rids``, ``ctx`` (prompt plus output tokens, summed over the requests), ``ext`` (new
 tokens per request), ``pre`` (cached prefix per request)), and
 ``schedule`` the queue state after it (``running``, ``waiting``, ``kv_free`` tokens available in
@@ -128,6 +128,8 @@ def _kv_free(scheduler) -> int | None:
 
 def _recv_info(rec, self, args, kwargs, out):
     rec["n"] = len(out) if out else 0
+    if out:
+        rec["rids"] = [getattr(r, "rid", None) for r in out]
 
 
 def _input_info(rec, self, args, kwargs, out):

@@ -274,7 +274,7 @@ def cmd_plots(args: argparse.Namespace) -> int:
         paths = save_sweep_plots(args.results, table, manifest.get("scenario", args.results.name))
     elif is_run_folder(args.results):
         run = load_run_tables(args.results)
-        paths = save_run_plots(args.results, run.scenario_name, run.steps, run.summaries)
+        paths = save_run_plots(args.results, run.scenario_name, run.steps, run.summaries, run.requests)
     else:
         raise UserInputError(str(args.results), "", "not a run or sweep folder (expected summary.json + steps_<setting>.csv "
                                                     "or .parquet, or sweep.json + sweep.parquet)")

@@ -1,0 +1,116 @@
+"""The plots answer their question: checked on the Figure objects (Agg), not on pixels.
+
+metrics.png labels values with units and the ratio to normal; gaps.png draws the gaps the summary
+counts (warm-up excluded), both settings, no impossible tick; `gaps --against --plot` draws the
+prediction; sweep plots never average over another grid key and draw spread only with repeats;
+log.png labels its axes; validation.png numbers its points, rings disturbed runs, draws the target
+band and keeps one outlier from squashing the rest; legends and labels cover no data."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.collections import PolyCollection  # noqa: E402
+from matplotlib.container import ErrorbarContainer  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
+
+from sim.cli import main  # noqa: E402
+from sim.output.plots import fmt_value, gap_histogram, measured_gaps, metric_bars  # noqa: E402
+from sim.scenario import load_scenario  # noqa: E402
+from sim.simulate import simulate  # noqa: E402
+from sim.whatif.plots import (log_timeline, measured_gap_histogram, ratio_ci_plot, ratio_heatmap,  # noqa: E402
+                              sweep_lines)
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+@pytest.fixture(scope="module")
+def quick_runs():
+    """The quickstart, 32 requests (8 of them warm-up), under both settings."""
+    scenario = load_scenario(QUICKSTART, ["workload.num_requests=32"])
+    return {s: simulate(scenario, s) for s in scenario.server.settings}
+
+
+def _texts(fig) -> list[str]:
+    out = [t.get_text() for t in fig.texts]
+    for ax in fig.axes:
+        out += [t.get_text() for t in ax.texts] + [ax.get_title(), ax.get_xlabel(), ax.get_ylabel()]
+    for leg in fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]:
+        out += [t.get_text() for t in leg.get_texts()] + [leg.get_title().get_text()]
+    if fig._suptitle is not None:
+        out.append(fig._suptitle.get_text())
+    return out
+
+
+def _tick_labels(ax) -> list[str]:
+    ax.figure.canvas.draw()
+    return [t.get_text() for t in ax.get_yticklabels() + ax.get_xticklabels() if t.get_text()]
+
+
+def test_fmt_value_is_never_e_notation():
+    assert fmt_value(2532.4) == "2,532" and fmt_value(15.27) == "15.3" and fmt_value(3.114) == "3.11"
+    assert fmt_value(0.0467) == "0.047" and fmt_value(0.0) == "0" and fmt_value(math.nan) == "n/a"
+    for v in (1e-7, 3e-4, 0.02, 7.0, 123.0, 4.5e6):
+        assert "e" not in fmt_value(v)
+
+
+def test_metric_bars_label_values_with_units_and_the_ratio_to_normal():
+    summaries = {"overlap": {"output_throughput": 2532.4, "median_ttft_ms": 15.3, "median_tpot_ms": 3.11,
+                             "p99_itl_ms": 3.21, "mean_gap_ms": 0.0467},
+                 "normal": {"output_throughput": 2305.1, "median_ttft_ms": 15.2, "median_tpot_ms": 3.42,
+                            "p99_itl_ms": 3.52, "mean_gap_ms": 0.379}}
+    fig = metric_bars(summaries, "t")
+    texts = _texts(fig)
+    assert "2,532 tok/s\n1.10× normal" in texts and "2,305 tok/s" in texts
+    assert "0.047 ms\n0.12× normal" in texts and "0.379 ms" in texts
+    assert not any("e+" in t or "e-0" in t for t in texts)
+    for ax in fig.axes:
+        assert not any("e+" in t for t in _tick_labels(ax))
+
+
+def test_gap_data_is_the_summarys_measured_window(quick_runs):
+    for setting, res in quick_runs.items():
+        s = res.summary()
+        d = measured_gaps(res.steps, res.requests)
+        assert d["forwards"] == s["num_steps"] < len(res.steps)  # warm-up forwards are left out
+        assert len(d["gaps_ms"]) == d["forwards"] - d["after_idle"]
+        assert float(d["gaps_ms"].mean()) == pytest.approx(s["mean_gap_ms"], rel=1e-9)
+        assert float(np.percentile(d["gaps_ms"], 99)) == pytest.approx(s["p99_gap_ms"], rel=1e-9)
+        assert len(measured_gaps(res.steps)["gaps_ms"]) > len(d["gaps_ms"])  # the whole run has more
+
+
+def test_gap_histogram_shows_both_settings_explains_the_count_and_has_no_zero_tick(quick_runs):
+    steps = {s: r.steps for s, r in quick_runs.items()}
+    fig = gap_histogram(steps, "t", {s: r.requests for s, r in quick_runs.items()})
+    zero_ax, hist_ax = fig.axes
+    texts = _texts(fig)
+    assert any("warm-up excluded" in t for t in texts)
+    for setting, res in quick_runs.items():
+        label = next(t for t in texts if t.startswith(f"{setting}: "))
+        assert f"{res.summary()['num_steps']:,}" in label and "num_steps" in label and "zero" in label
+    # every setting draws something: overlap's gaps are nearly all zero, normal's none are
+    colors = {matplotlib.colors.to_hex(p.get_facecolor()) for ax in fig.axes for p in ax.patches
+              if isinstance(p, Rectangle) and p.get_height() > 0}
+    assert {matplotlib.colors.to_hex(f"C{i}") for i in (0, 1)} <= colors
+    assert zero_ax.get_yscale() == "log" and hist_ax.get_xscale() == "log"
+    for ax in fig.axes:
+        assert "0" not in _tick_labels(ax)
+    assert zero_ax.get_ylim()[0] > 0
+
+

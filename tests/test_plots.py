@@ -114,3 +114,50 @@ def test_gap_histogram_shows_both_settings_explains_the_count_and_has_no_zero_ti
     assert zero_ax.get_ylim()[0] > 0
 
 
+def test_measured_gap_histogram_draws_the_prediction_beside_the_measurement():
+    measured = [1.1, 1.2, 1.05, 1.3, 2.0]
+    predicted = {"overlap": np.array([0.0, 0.0, 0.0, 12.0]), "normal": np.array([0.33, 0.33, 0.75, 12.0])}
+    fig = measured_gap_histogram(measured, "t", predicted)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert [lb.split(":")[0] for lb in labels] == ["measured", "predicted", "predicted"]
+    assert any(lb.startswith("predicted: overlap") for lb in labels)
+    assert "share of gaps" in fig.axes[0].get_ylabel()  # series of different lengths: shares
+    alone = measured_gap_histogram(measured, "t")
+    assert len(alone.legends[0].get_texts()) == 1
+
+
+def _trace(path: Path, gaps_us=(1000, 1100, 900, 1200, 1000)) -> Path:
+    events, t = [], 0.0
+    for g in (0,) + tuple(gaps_us):
+        t += g
+        events.append({"ph": "X", "name": "decode_forward", "cat": "user_annotation", "pid": 1, "tid": 1,
+                       "ts": t, "dur": 300.0})
+        t += 300.0
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def test_cli_gaps_against_plot_draws_the_prediction(tmp_path, monkeypatch, capsys):
+    import sim.whatif.plots as wp
+
+    run = tmp_path / "run"
+    assert main(["run", str(QUICKSTART), "--set", "workload.num_requests=16", "--no-plots", "--out", str(run)]) == 0
+    seen = {}
+    real = wp.measured_gap_histogram
+
+    def spy(gaps, title, predicted=None):
+        seen["predicted"] = predicted
+        return real(gaps, title, predicted)
+
+    monkeypatch.setattr(wp, "measured_gap_histogram", spy)
+    png = tmp_path / "g.png"
+    assert main(["gaps", str(_trace(tmp_path / "t.json")), "--step-name", "decode_forward", "--against", str(run),
+                 "--plot", str(png)]) == 0
+    capsys.readouterr()
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert set(seen["predicted"]) == {"overlap", "normal"}
+    summary = json.loads((run / "summary.json").read_text())["settings"]
+    for s, g in seen["predicted"].items():
+        assert float(np.mean(g)) == pytest.approx(summary[s]["mean_gap_ms"], rel=1e-9)
+
+

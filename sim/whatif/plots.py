@@ -3,7 +3,7 @@
 - sweep_<key>.png: metrics against one grid key, a line per setting (error bars: std across repeats);
 - ratio_heatmap.png: overlap/normal ratio over two grid keys with the break-even (ratio 1) line;
 - ratio_ci.png: the ratio per grid point with its confidence interval (sweeps with repeats);
-- the server log over time; a histogram of measured gaps; a preview of a Chrome trace.
+- the server log over time; measured gaps beside the predicted ones; a preview of a Chrome trace.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from sim.output.plots import KIND_COLORS, PHASE_COLORS, _save, plt
+from sim.output.plots import (KIND_COLORS, MEASURED_COLOR, PHASE_COLORS, ZERO_GAP_MS, _save, draw_gap_panels,
+                              fmt_value, plt, setting_color)
 from sim.whatif.variance import grid_keys, paired_ratios, ratio_ci
 
 LINE_METRICS = (("output_throughput", "output throughput (tok/s)"), ("median_ttft_ms", "median TTFT (ms)"),
@@ -158,15 +159,26 @@ def log_timeline(df: pd.DataFrame, title: str):
     return fig
 
 
-def measured_gap_histogram(gaps_ms: list[float], title: str):
-    """Histogram of measured gaps between consecutive forward steps (ms)."""
-    fig, ax = plt.subplots(figsize=(7, 3.8))
-    g = np.asarray(gaps_ms, dtype=float)
-    bins = np.linspace(0, max(float(g.max()) if len(g) else 1.0, 1e-3) * 1.05, 40)
-    ax.hist(g, bins=bins, color="#d62728")
-    ax.set_xlabel("measured gap between consecutive forward steps (ms)")
-    ax.set_ylabel("gaps")
-    ax.set_title(title, fontsize=10)
+def measured_gap_histogram(gaps_ms: list[float], title: str, predicted: Optional[dict[str, np.ndarray]] = None):
+    """Measured gaps between consecutive forward steps (ms) and, with ``predicted`` (setting ->
+    the simulated gaps of an ``overlap-sim run``, :func:`sim.output.plots.measured_gaps`), the
+    prediction beside them, as shares of each series' gaps (their counts differ). Zero gaps
+    (back to back) have a panel of their own; the others are on a log ms axis."""
+    fig = plt.figure(figsize=(8, 4.2))
+    series = {"measured": np.asarray(gaps_ms, dtype=float)}
+    colors = {"measured": MEASURED_COLOR}
+    for i, (s, g) in enumerate((predicted or {}).items()):
+        series[f"predicted: {s}"] = np.asarray(g, dtype=float)
+        colors[f"predicted: {s}"] = setting_color(s, i)
+    labels = {}
+    for n, g in series.items():
+        stats = (f"mean / median / p99 {fmt_value(float(g.mean()))} / {fmt_value(float(np.median(g)))} / "
+                 f"{fmt_value(float(np.percentile(g, 99)))} ms") if len(g) else "no gaps"
+        labels[n] = f"{n}: {len(g):,} gaps, {int((g <= ZERO_GAP_MS).sum()):,} zero; {stats}"
+    draw_gap_panels(fig, series, colors, labels, share=bool(predicted))
+    what = ("measured beside the prediction (its measured window, as its summary)" if predicted
+            else "measured gaps between consecutive forward steps")
+    fig.suptitle(f"{title}\n{what}", fontsize=9)
     return fig
 
 

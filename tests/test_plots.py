@@ -161,3 +161,49 @@ def test_cli_gaps_against_plot_draws_the_prediction(tmp_path, monkeypatch, capsy
         assert float(np.mean(g)) == pytest.approx(summary[s]["mean_gap_ms"], rel=1e-9)
 
 
+def _sweep_table(repeats: int) -> pd.DataFrame:
+    rows, point = [], 0
+    rng = np.random.default_rng(0)
+    for a in (1, 2, 4, 8):
+        for b in (0.5, 1.0, 2.0):
+            for setting in ("overlap", "normal"):
+                for r in range(repeats):
+                    base = 1000 * a / b * (1.1 if setting == "overlap" else 1.0)
+                    rows.append({"point": point, "workload.concurrency": a, "costs.gpu.scale": b, "setting": setting,
+                                 "repeat": r, "seed": r, "output_throughput": base * (1 + 0.05 * rng.standard_normal()),
+                                 "median_ttft_ms": 2 * b * (1 + 0.3 * rng.random()),
+                                 "median_itl_ms": b + 0.1 * a, "mean_gap_ms": 0.01 * rng.random()})
+            point += 1
+    return pd.DataFrame(rows)
+
+
+def test_sweep_lines_one_line_per_other_key_value_no_spread_with_one_repeat():
+    fig = sweep_lines(_sweep_table(1), "workload.concurrency", "t")
+    panels = fig.axes
+    for ax in panels:
+        lines = [ln for ln in ax.get_lines() if len(ln.get_xdata())]
+        assert len(lines) == 2 * 3  # settings x values of costs.gpu.scale, none averaged
+        assert {matplotlib.colors.to_hex(ln.get_color()) for ln in lines} == \
+            {matplotlib.colors.to_hex("C0"), matplotlib.colors.to_hex("C1")}  # colour = setting
+        assert not any(isinstance(c, ErrorbarContainer) for c in ax.containers)
+        assert not any(isinstance(c, PolyCollection) for c in ax.collections)
+    title = fig._suptitle.get_text()
+    assert "one run per point" in title and "std" not in title and "averaged" not in title
+    legends = {lg.get_title().get_text(): [t.get_text() for t in lg.get_texts()] for lg in fig.legends}
+    assert legends["setting (colour)"] == ["overlap", "normal"]
+    assert legends["gpu.scale (line style)"] == ["0.5", "1", "2"]
+    fig.canvas.draw()  # the legends sit below the panels
+    bottom = min(ax.get_window_extent().y0 for ax in panels)
+    assert all(lg.get_window_extent().y1 <= bottom for lg in fig.legends)
+
+
+def test_sweep_lines_with_repeats_draw_a_band_that_never_goes_below_the_data():
+    table = _sweep_table(3)
+    fig = sweep_lines(table, "costs.gpu.scale", "t")
+    assert "mean of 3 repeats" in fig._suptitle.get_text()
+    for ax, metric in zip(fig.axes, ("output_throughput", "median_ttft_ms", "median_itl_ms", "mean_gap_ms")):
+        bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+        assert len(bands) == 2 * 4  # settings x values of workload.concurrency
+        low = min(p.vertices[:, 1].min() for c in bands for p in c.get_paths())
+        assert low >= table[metric].min() - 1e-12 >= 0
+

@@ -1,6 +1,7 @@
 """Plots of sweeps, server logs, measured gaps and Chrome traces, drawn from saved tables/files.
 
-- sweep_<key>.png: metrics against one grid key, a line per setting (error bars: std across repeats);
+- sweep_<key>.png: metrics against one grid key, a line per setting and per value of the other keys
+  (with repeats: their mean, and a band from their min to max);
 - ratio_heatmap.png: overlap/normal ratio over two grid keys with the break-even (ratio 1) line;
 - ratio_ci.png: the ratio per grid point with its confidence interval (sweeps with repeats);
 - the server log over time; measured gaps beside the predicted ones; a preview of a Chrome trace.
@@ -14,6 +15,7 @@ from typing import Optional
 
 import numpy as np
 import pandas as pd
+from matplotlib.lines import Line2D
 
 from sim.output.plots import (KIND_COLORS, MEASURED_COLOR, PHASE_COLORS, ZERO_GAP_MS, _save, draw_gap_panels,
                               fmt_value, plt, setting_color)
@@ -21,6 +23,8 @@ from sim.whatif.variance import grid_keys, paired_ratios, ratio_ci
 
 LINE_METRICS = (("output_throughput", "output throughput (tok/s)"), ("median_ttft_ms", "median TTFT (ms)"),
                 ("median_itl_ms", "median ITL (ms)"), ("mean_gap_ms", "mean GPU gap (ms)"))
+STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
 def _numeric(values: pd.Series) -> bool:
@@ -31,38 +35,74 @@ def _label(v) -> str:
     return f"{v:g}" if isinstance(v, (float, np.floating)) else str(v)
 
 
+def _short(key: str) -> str:
+    return ".".join(key.split(".")[-2:])
+
+
+def num_repeats(table: pd.DataFrame) -> int:
+    """Runs per grid point and setting (the most of any point)."""
+    by = grid_keys(table) + ["setting"]
+    return int(table.groupby(by, dropna=False).size().max()) if len(table) else 0
+
+
 def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
-    """Metrics (rows of :data:`LINE_METRICS`) against grid ``key``: a line per setting (and per
-    value of the other grid keys, up to 4 combinations; more are averaged)."""
+    """Metrics (:data:`LINE_METRICS`) against grid ``key``: a line per setting (its colour) and per
+    value of the other grid keys (line style and marker; never averaged over them). With repeats,
+    the line is their mean and a band spans their min to max (no band with one run per point)."""
     others = [k for k in grid_keys(table) if k != key]
-    combos = table[others].drop_duplicates() if others else pd.DataFrame(index=[0])
-    split = bool(others) and len(combos) <= 4
-    fig, axes = plt.subplots(1, len(LINE_METRICS), figsize=(3.6 * len(LINE_METRICS), 3.6))
-    styles = ["-", "--", ":", "-."]
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    combos = list(table[others].drop_duplicates().sort_values(others).itertuples(index=False, name=None)) \
+        if others else [()]
+    reps = num_repeats(table)
+    numeric = _numeric(table[key])
+    xs_all = sorted(table[key].unique()) if numeric else list(dict.fromkeys(table[key]))
     settings = list(dict.fromkeys(table["setting"]))
+    fig, axes = plt.subplots(1, len(LINE_METRICS), figsize=(3.7 * len(LINE_METRICS), 3.6))
     for ax, (metric, label) in zip(axes, LINE_METRICS):
         for si, setting in enumerate(settings):
+            color = setting_color(setting, si)
             sub = table[table["setting"] == setting]
-            groups = sub.groupby(others, sort=False, dropna=False) if split else [((), sub)]
-            for ci, (values, g) in enumerate(groups):
-                stats = g.groupby(key, sort=True)[metric].agg(["mean", "std"])
-                values = values if isinstance(values, tuple) else (values,)
-                extra = ", ".join(f"{'.'.join(k.split('.')[-2:])}={_label(v)}" for k, v in zip(others, values)) if split else ""
-                x = stats.index.to_numpy() if _numeric(table[key]) else np.arange(len(stats))
-                ax.errorbar(x, stats["mean"], yerr=stats["std"].fillna(0), color=colors[si % len(colors)],
-                            linestyle=styles[ci % 4], marker="o", ms=3, capsize=2,
-                            label=setting + (f" ({extra})" if extra else ""))
-                if not _numeric(table[key]):
-                    ax.set_xticks(x, [_label(v) for v in stats.index], rotation=30, fontsize=7)
+            for ci, combo in enumerate(combos):
+                g = sub
+                for k, v in zip(others, combo):
+                    g = g[g[k].isna()] if pd.isna(v) else g[g[k] == v]
+                if g.empty:
+                    continue
+                stats = g.groupby(key, sort=numeric)[metric].agg(["mean", "min", "max"])
+                if not numeric:
+                    stats = stats.reindex([v for v in xs_all if v in stats.index])
+                x = stats.index.to_numpy() if numeric else np.array([xs_all.index(v) for v in stats.index])
+                ax.plot(x, stats["mean"], color=color, linestyle=STYLES[ci % len(STYLES)],
+                        marker=MARKERS[ci % len(MARKERS)], ms=3.5, linewidth=1.3)
+                if reps > 1:
+                    ax.fill_between(x, stats["min"], stats["max"], color=color, alpha=0.12, linewidth=0)
+        if not numeric:
+            ax.set_xticks(range(len(xs_all)), [_label(v) for v in xs_all], rotation=30, fontsize=7)
         ax.set_xlabel(key)
         ax.set_title(label, fontsize=9)
-        if _numeric(table[key]) and table[key].min() > 0 and table[key].max() / table[key].min() >= 16:
+        ax.grid(alpha=0.3)
+        if numeric and table[key].min() > 0 and table[key].max() / table[key].min() >= 16:
             ax.set_xscale("log", base=2)
-    axes[0].legend(fontsize=7)
-    note = "" if split or not others else f" (averaged over {', '.join(others)})"
-    fig.suptitle(f"{scenario}: sweep over {key}{note}; error bars: std across repeats", fontsize=10)
-    fig.tight_layout()
+        if numeric and len(xs_all) <= 12:  # ticks at the grid's own values
+            ax.set_xticks(xs_all, [_label(v) for v in xs_all], fontsize=8, rotation=30 if len(xs_all) > 6 else 0)
+            ax.minorticks_off()
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    # legends below the panels, covering no data: colour = setting, style = the other keys' values
+    handles = [Line2D([], [], color=setting_color(s, i), linewidth=2.5) for i, s in enumerate(settings)]
+    band = ", band: min to max" if reps > 1 else ""
+    leg = fig.legend(handles, settings, title=f"setting (colour{band})", loc="upper right",
+                     bbox_to_anchor=(0.45 if others else 0.5, 0.0), ncol=len(settings), fontsize=8, title_fontsize=8,
+                     frameon=False)
+    if others:
+        style_handles = [Line2D([], [], color="#555555", linestyle=STYLES[i % len(STYLES)],
+                                marker=MARKERS[i % len(MARKERS)], ms=4) for i in range(len(combos))]
+        style_labels = [", ".join(_label(v) for v in combo) for combo in combos]
+        fig.legend(style_handles, style_labels, title=f"{', '.join(_short(k) for k in others)} (line style)",
+                   loc="upper left", bbox_to_anchor=(0.55, 0.0), ncol=min(len(combos), 4), fontsize=8,
+                   title_fontsize=8, frameon=False)
+        fig.add_artist(leg)
+    runs = f"mean of {reps} repeats, band: min to max across them" if reps > 1 else "one run per point"
+    per = f"; a line per setting and per {', '.join(_short(k) for k in others)}" if others else ""
+    fig.suptitle(f"{scenario}: sweep over {key}{per} ({runs})", fontsize=10)
     return fig
 
 

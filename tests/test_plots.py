@@ -207,3 +207,37 @@ def test_sweep_lines_with_repeats_draw_a_band_that_never_goes_below_the_data():
         low = min(p.vertices[:, 1].min() for c in bands for p in c.get_paths())
         assert low >= table[metric].min() - 1e-12 >= 0
 
+
+def test_heatmap_break_even_in_the_title_not_over_a_value():
+    table = _sweep_table(1)
+    table.loc[(table["setting"] == "overlap") & (table["costs.gpu.scale"] == 2.0), "output_throughput"] *= 0.8
+    fig = ratio_heatmap(table, "workload.concurrency", "costs.gpu.scale", "t")
+    ax = fig.axes[0]
+    assert ax.collections  # the contour is drawn
+    assert "break-even" in ax.get_title()
+    assert not any("break-even" in t.get_text() for t in ax.texts)
+    assert all(t.get_zorder() > max(c.get_zorder() for c in ax.collections) for t in ax.texts)
+
+
+def test_ratio_ci_names_break_even_in_the_margin():
+    fig = ratio_ci_plot(_sweep_table(3), "t")
+    ax = fig.axes[0]
+    assert ax.get_legend() is None
+    label = next(t for t in ax.texts if t.get_text() == "break-even")
+    fig.canvas.draw()
+    assert label.get_window_extent().x0 >= ax.get_window_extent().x1
+
+
+def test_log_timeline_labels_every_axis_and_keeps_legends_off_the_data():
+    df = pd.DataFrame({"t_s": [0.0, 1.0, 2.0, 3.0], "kind": ["prefill", "decode", "decode", "prefill"],
+                       "running_req": [1, 2, 2, 3], "queue_req": [0, 1, 0, 0], "token_usage": [0.01, 0.02, 0.02, 0.03],
+                       "gen_throughput_tok_s": [np.nan, 100.0, 120.0, np.nan],
+                       "new_token": [64, np.nan, np.nan, 32], "cached_token": [0, np.nan, np.nan, 16]})
+    fig = log_timeline(df, "t")
+    fig.canvas.draw()
+    for ax in fig.axes:
+        assert ax.get_ylabel()
+        leg = ax.get_legend()
+        assert leg is not None and leg.get_window_extent().x0 >= ax.get_window_extent().x1
+
+

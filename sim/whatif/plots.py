@@ -15,6 +15,7 @@ from typing import Optional
 
 import numpy as np
 import pandas as pd
+from matplotlib import patheffects
 from matplotlib.lines import Line2D
 
 from sim.output.plots import (KIND_COLORS, MEASURED_COLOR, PHASE_COLORS, ZERO_GAP_MS, _save, draw_gap_panels,
@@ -106,22 +107,31 @@ def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
     return fig
 
 
+def _pretty(metric: str) -> str:
+    return metric.replace("_ms", " (ms)").replace("_", " ")
+
+
 def ratio_heatmap(table: pd.DataFrame, x_key: str, y_key: str, scenario: str, metric: str = "output_throughput",
                   num: str = "overlap", den: str = "normal"):
     """Heatmap of the ``num``/``den`` ratio of ``metric`` (geometric mean over repeats and other
-    grid keys) over two grid keys, with the break-even contour (ratio = 1)."""
+    grid keys) over two grid keys, with the break-even contour (ratio = 1) explained in the title
+    (no label on the map, which would cover a value)."""
     pr = paired_ratios(table, metric, num, den)
     pr["log_ratio"] = np.log(pr["ratio"])
     grid = pr.groupby([y_key, x_key])["log_ratio"].mean().unstack(x_key).sort_index().sort_index(axis=1)
     z = np.exp(grid.to_numpy(dtype=float))
-    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * z.shape[1], 1.4 + 0.6 * z.shape[0]))
+    fig, ax = plt.subplots(figsize=(1.6 + 0.9 * z.shape[1], 1.6 + 0.6 * z.shape[0]))
     span = max(abs(np.log(np.nanmax(z))), abs(np.log(np.nanmin(z))), 1e-3)
     im = ax.imshow(np.log(z), origin="lower", cmap="RdBu", vmin=-span, vmax=span, aspect="auto")
+    contour = z.shape[0] > 1 and z.shape[1] > 1 and np.nanmin(z) < 1 < np.nanmax(z)
+    if contour:
+        ax.contour(np.log(z), levels=[0.0], colors="black", linewidths=1.5, zorder=2)
     for (i, j), v in np.ndenumerate(z):
-        ax.text(j, i, f"{v:.3f}" if abs(v - 1) < 0.01 else f"{v:.2f}", ha="center", va="center", fontsize=8)
-    if z.shape[0] > 1 and z.shape[1] > 1 and np.nanmin(z) < 1 < np.nanmax(z):
-        cs = ax.contour(np.log(z), levels=[0.0], colors="black", linewidths=1.5)
-        ax.clabel(cs, fmt={0.0: "break-even"}, fontsize=8)
+        dark = v > 0 and abs(math.log(v)) > 0.6 * span
+        # a white halo keeps a value readable where the break-even line passes under it
+        effects = [] if dark else [patheffects.withStroke(linewidth=2.5, foreground="white")]
+        ax.text(j, i, f"{v:.3f}" if abs(v - 1) < 0.01 else f"{v:.2f}", ha="center", va="center", fontsize=8,
+                color="white" if dark else "black", zorder=3, path_effects=effects)
     ax.set_xticks(range(z.shape[1]), [_label(v) for v in grid.columns])
     ax.set_yticks(range(z.shape[0]), [_label(v) for v in grid.index])
     ax.set_xlabel(x_key)
@@ -129,8 +139,10 @@ def ratio_heatmap(table: pd.DataFrame, x_key: str, y_key: str, scenario: str, me
     cbar = fig.colorbar(im, ax=ax)
     ticks = np.linspace(-span, span, 5)
     cbar.set_ticks(ticks, labels=[f"{math.exp(t):.2f}" for t in ticks])
-    cbar.set_label(f"{num}/{den} {metric}")
-    ax.set_title(f"{scenario}: {num}/{den} {metric}\n(>1: {num} better for throughput)", fontsize=9)
+    cbar.set_label(f"{num}/{den} {_pretty(metric)}")
+    better = ">1" if "throughput" in metric else "<1"
+    line = "; black line: break-even (ratio 1)" if contour else ""
+    ax.set_title(f"{scenario}: {num}/{den} {_pretty(metric)}\n({better}: {num} better{line})", fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -144,13 +156,16 @@ def ratio_ci_plot(table: pd.DataFrame, scenario: str, metric: str = "output_thro
     x = np.arange(len(ci))
     lo = (ci["ratio"] - ci["ci_low"]).fillna(0)
     hi = (ci["ci_high"] - ci["ratio"]).fillna(0)
-    ax.errorbar(x, ci["ratio"], yerr=[lo, hi], fmt="o", capsize=3)
-    ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="break-even")
+    ax.errorbar(x, ci["ratio"], yerr=[lo, hi], fmt="o", capsize=3, color=setting_color("overlap"))
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="--")
+    # the line's name in the right margin, where it covers no point
+    ax.annotate("break-even", xy=(1.0, 1.0), xycoords=("axes fraction", "data"), xytext=(4, 0),
+                textcoords="offset points", va="center", fontsize=8)
     ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel(f"overlap/normal {metric}")
+    ax.set_ylabel(f"overlap/normal {_pretty(metric)}")
+    ax.grid(axis="y", alpha=0.3)
     n = int(ci["n"].max()) if len(ci) else 0
-    ax.set_title(f"{scenario}: paired ratio, {level:.0%} t-interval over {n} repeats", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.set_title(f"{scenario}: paired ratio (point) and its {level:.0%} t-interval over {n} repeats", fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -171,15 +186,16 @@ def save_sweep_plots(out_dir: Path, table: pd.DataFrame, scenario: str) -> list[
 
 def log_timeline(df: pd.DataFrame, title: str):
     """A server log over time: running requests and queue, KV token usage, generation throughput,
-    prefill tokens; one series per rank if several ranks log."""
-    panels = [(("running_req", "running requests"), ("queue_req", "waiting queue")),
-              (("token_usage", "KV token usage"),),
-              (("gen_throughput_tok_s", "gen throughput (tok/s)"),),
-              (("new_token", "prefill new tokens"), ("cached_token", "prefill cached tokens"))]
+    prefill tokens; one series per rank if several ranks log. Each panel names its unit on the
+    y axis; legends sit to the right of the panels, off the data."""
+    panels = [((("running_req", "running requests"), ("queue_req", "waiting queue")), "requests"),
+              ((("token_usage", "KV token usage"),), "KV token usage\n(fraction of the pool)"),
+              ((("gen_throughput_tok_s", "gen throughput"),), "generation\nthroughput (tok/s)"),
+              ((("new_token", "prefill new tokens"), ("cached_token", "prefill cached tokens")), "prefill tokens\nper batch")]
     rank_cols = [c for c in df.columns if c.endswith("_rank")]
     groups = list(df.groupby(rank_cols, sort=True)) if rank_cols else [((), df)]
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 7.5), sharex=True)
-    for ax, series in zip(axes, panels):
+    for ax, (series, ylabel) in zip(axes, panels):
         for col, label in series:
             if col not in df:
                 continue
@@ -191,7 +207,9 @@ def log_timeline(df: pd.DataFrame, title: str):
                     ax.plot(g["t_s"], g[col], ".", ms=4, label=label + suffix)
                 else:
                     ax.step(g["t_s"], g[col], where="post", linewidth=1.2, label=label + suffix)
-        ax.legend(fontsize=7, loc="upper right")
+        ax.set_ylabel(ylabel, fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("time since first batch line (s)")
     fig.suptitle(title, fontsize=10)
@@ -255,14 +273,16 @@ def trace_preview(trace: dict, title: str, max_span_ms: Optional[float] = 40.0):
         ax.set_yticks([4, 14], ["device", "CPU"])
         ax.set_title(names[pid], fontsize=9, loc="left")
     cax = axes[-1]
-    for pid in pids:
-        for cname in ("running requests", "waiting queue"):
+    for i, pid in enumerate(pids):
+        setting = names[pid].split(": ")[-1]
+        for cname, style in (("running requests", "-"), ("waiting queue", "--")):
             pts = [(ms(e["ts"]), next(iter(e["args"].values()))) for e in events
                    if e.get("ph") == "C" and e["pid"] == pid and e["name"] == cname and e["ts"] <= t1]
             if pts:
-                cax.step(*zip(*pts), where="post", label=f"{names[pid].split(': ')[-1]}: {cname}")
+                cax.step(*zip(*pts), where="post", color=setting_color(setting, i), linestyle=style,
+                         linewidth=max(2.8 - 1.2 * i, 1.0), label=f"{setting}: {cname}")  # wider first: coinciding lines show both
     cax.set_ylabel("requests")
-    cax.legend(fontsize=7, ncol=2)
+    cax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     cax.set_xlabel("time (ms) from the first forward shown")
     cax.set_xlim(-0.01 * (t1 - t0) / 1e3, (t1 - t0) / 1e3)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in list(PHASE_COLORS.values()) + list(KIND_COLORS.values())]

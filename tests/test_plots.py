@@ -241,3 +241,54 @@ def test_log_timeline_labels_every_axis_and_keeps_legends_off_the_data():
         assert leg is not None and leg.get_window_extent().x0 >= ax.get_window_extent().x1
 
 
+def _validation_rows(disturbed_config: str = "b-eos") -> list[dict]:
+    from calibrate.validate import report
+
+    rows = []
+    for name, (tm, to) in {"a-length": (7000, 7800), "b-eos": (29000, 46000), "c-length": (21000, 29000),
+                           "d-eos": (7100, 7600), "e-length": (30000, 50000)}.items():
+        case = {"name": name, "regime": "balanced", "config": {"finish": "eos", "concurrency": 8, "stop_strings": 0},
+                "measured": {"normal": {"output_throughput": tm, "median_tpot_ms": 1.0, "median_ttft_ms": 5.0,
+                                        "mean_gap_ms": 0.1, "p99_gap_ms": 0.3},
+                             "overlap": {"output_throughput": to, "median_tpot_ms": 0.8, "median_ttft_ms": 5.5,
+                                         "mean_gap_ms": 0.001, "p99_gap_ms": 0.01}},
+                "predicted": {"normal": {"output_throughput": tm * 1.05, "median_tpot_ms": 1.1,
+                                         "median_ttft_ms": 5.1, "mean_gap_ms": 0.12, "p99_gap_ms": 0.25},
+                              "overlap": {"output_throughput": to * 0.9, "median_tpot_ms": 0.85,
+                                          "median_ttft_ms": 5.2, "mean_gap_ms": 0.0, "p99_gap_ms": 0.02}},
+                "runs": {s: [{"other_cores": 0.6 if name == disturbed_config and s == "overlap" else 0.01,
+                              "slow_after": 1.0}] for s in ("normal", "overlap")}}
+        rows += report.case_rows(case)
+    return rows
+
+
+def test_case_rows_say_which_runs_were_disturbed():
+    rows = _validation_rows()
+    assert [r["disturbed"] for r in rows if r["config"] == "b-eos"] == [False, True]
+    assert not any(r["disturbed"] for r in rows if r["config"] != "b-eos")
+
+
+def test_validation_plot_numbers_points_rings_disturbed_runs_and_draws_the_target_band():
+    from calibrate.validate import report
+
+    rows = _validation_rows()
+    rows[-1]["measured_speedup"] = 9.0  # one far outlier
+    fig = report.plot_figure(rows, "t")
+    panels = fig.axes
+    key = "\n".join(t.get_text() for t in fig.texts)
+    for i, name in enumerate(["a-length", "b-eos", "c-length", "d-eos", "e-length"], start=1):
+        assert f"{i}  {name}" in key
+    red = matplotlib.colors.to_rgba("red")
+    for ax, k in zip(panels, report.PLOT_KEYS):
+        assert any(isinstance(c, PolyCollection) for c in ax.collections), k  # the target band
+        numbers = {t.get_text().split(" ")[0] for t in ax.texts}
+        assert {"1", "2", "3", "4", "5"} <= numbers, k
+        rings = [c for c in ax.collections if len(c.get_edgecolor()) and tuple(c.get_edgecolor()[0]) == red]
+        assert len(rings) == 1, k  # b-eos overlap (its speedup too)
+    gap_ax = panels[report.PLOT_KEYS.index("mean_gap_ms")]
+    assert gap_ax.get_xscale() == "log"  # 0.001 to 0.12 ms: log-log, the zero on the floor
+    sp_ax = panels[report.PLOT_KEYS.index("speedup")]
+    assert sp_ax.get_xlim()[1] < 3  # the 9.0 sits on the edge instead of squashing the rest
+    assert any("9.00" in t.get_text() for t in sp_ax.texts)
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any("target band" in t for t in legend) and any("disturbed" in t for t in legend)

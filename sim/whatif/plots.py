@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import patheffects
 from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter
 
 from sim.output.plots import (KIND_COLORS, MEASURED_COLOR, PHASE_COLORS, ZERO_GAP_MS, _save, draw_gap_panels,
                               fmt_value, plt, setting_color)
@@ -207,6 +208,11 @@ def log_timeline(df: pd.DataFrame, title: str):
                     ax.plot(g["t_s"], g[col], ".", ms=4, label=label + suffix)
                 else:
                     ax.step(g["t_s"], g[col], where="post", linewidth=1.2, label=label + suffix)
+        vals = pd.concat([df[c] for c, _ in series if c in df]).dropna() if any(c in df for c, _ in series) else []
+        if ylabel.startswith("prefill") and len(vals) and vals.min() > 0 and vals.max() / vals.min() > 50:
+            ax.set_yscale("log")  # new tokens (a few) and cached ones (thousands) both readable
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.10g}"))
+            ylabel += " (log)"
         ax.set_ylabel(ylabel, fontsize=8)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)

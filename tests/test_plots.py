@@ -197,6 +197,12 @@ def test_sweep_lines_one_line_per_other_key_value_no_spread_with_one_repeat():
     assert all(lg.get_window_extent().y1 <= bottom for lg in fig.legends)
 
 
+def test_sweep_line_styles_stay_distinct_for_many_combinations():
+    from sim.whatif.plots import MARKERS, _style
+
+    assert len({(_style(i), MARKERS[i % len(MARKERS)]) for i in range(32)}) == 32
+
+
 def test_sweep_lines_with_repeats_draw_a_band_that_never_goes_below_the_data():
     table = _sweep_table(3)
     fig = sweep_lines(table, "costs.gpu.scale", "t")

@@ -29,6 +29,12 @@ STYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
+def _style(i: int) -> str:
+    """Line style of the i-th combination of other grid keys: with its marker (``MARKERS[i % 8]``)
+    unique for 32 combinations."""
+    return STYLES[(i + i // len(MARKERS)) % len(STYLES)]
+
+
 def _numeric(values: pd.Series) -> bool:
     return pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
 
@@ -73,7 +79,7 @@ def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
                 if not numeric:
                     stats = stats.reindex([v for v in xs_all if v in stats.index])
                 x = stats.index.to_numpy() if numeric else np.array([xs_all.index(v) for v in stats.index])
-                ax.plot(x, stats["mean"], color=color, linestyle=STYLES[ci % len(STYLES)],
+                ax.plot(x, stats["mean"], color=color, linestyle=_style(ci),
                         marker=MARKERS[ci % len(MARKERS)], ms=3.5, linewidth=1.3)
                 if reps > 1:
                     ax.fill_between(x, stats["min"], stats["max"], color=color, alpha=0.12, linewidth=0)
@@ -95,7 +101,7 @@ def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
                      bbox_to_anchor=(0.45 if others else 0.5, 0.0), ncol=len(settings), fontsize=8, title_fontsize=8,
                      frameon=False)
     if others:
-        style_handles = [Line2D([], [], color="#555555", linestyle=STYLES[i % len(STYLES)],
+        style_handles = [Line2D([], [], color="#555555", linestyle=_style(i),
                                 marker=MARKERS[i % len(MARKERS)], ms=4) for i in range(len(combos))]
         style_labels = [", ".join(_label(v) for v in combo) for combo in combos]
         fig.legend(style_handles, style_labels, title=f"{', '.join(_short(k) for k in others)} (line style)",

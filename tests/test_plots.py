@@ -284,15 +284,18 @@ def test_validation_plot_numbers_points_rings_disturbed_runs_and_draws_the_targe
     key = "\n".join(t.get_text() for t in fig.texts)
     for i, name in enumerate(["a-length", "b-eos", "c-length", "d-eos", "e-length"], start=1):
         assert f"{i}  {name}" in key
-    red = matplotlib.colors.to_rgba("red")
+    ring = matplotlib.colors.to_rgba(report.RING_COLOR)
     for ax, k in zip(panels, report.PLOT_KEYS):
         assert any(isinstance(c, PolyCollection) for c in ax.collections), k  # the target band
         numbers = {t.get_text().split(" ")[0] for t in ax.texts}
         assert {"1", "2", "3", "4", "5"} <= numbers, k
-        rings = [c for c in ax.collections if len(c.get_edgecolor()) and tuple(c.get_edgecolor()[0]) == red]
+        rings = [c for c in ax.collections if len(c.get_edgecolor()) and tuple(c.get_edgecolor()[0]) == ring]
         assert len(rings) == 1, k  # b-eos overlap (its speedup too)
     gap_ax = panels[report.PLOT_KEYS.index("mean_gap_ms")]
     assert gap_ax.get_xscale() == "log"  # 0.001 to 0.12 ms: log-log, the zero on the floor
+    for ax in panels:  # plain numbers, no 2x10^0 on minor ticks
+        labels = _tick_labels(ax) + [t.get_text() for t in ax.get_xticklabels(minor=True) + ax.get_yticklabels(minor=True)]
+        assert not any("$" in t or "times" in t for t in labels)
     sp_ax = panels[report.PLOT_KEYS.index("speedup")]
     assert sp_ax.get_xlim()[1] < 3  # the 9.0 sits on the edge instead of squashing the rest
     assert any("9.00" in t.get_text() for t in sp_ax.texts)

@@ -166,6 +166,7 @@ REL_TOLERANCE = 0.05  # the targets: median |error| of throughput and TPOT withi
 SPEEDUP_TOLERANCE_PP = 3.0  # the speedup within 3 points
 PLOT_KEYS = ("output_throughput", "median_tpot_ms", "median_ttft_ms", "mean_gap_ms", "p99_gap_ms", "speedup")
 MARKERS = {"normal": "o", "overlap": "s", "thread_overlap": "^", "overlap_mlx": "D"}
+RING_COLOR = "black"  # around a disturbed run's point (red is overlap_mlx's colour)
 
 
 def _robust_limits(t: list[float]) -> tuple[float, float, float]:
@@ -184,7 +185,7 @@ def _robust_limits(t: list[float]) -> tuple[float, float, float]:
 
 def plot_figure(rows: list[dict], title: str):
     """Predicted against measured, one panel per metric: points numbered by configuration (key
-    below), runs kept though disturbed ringed in red, the y = x line dashed in a band of the targets
+    below), runs kept though disturbed ringed in black, the y = x line dashed in a band of the targets
     (±5%; ±3 points for the speedup). Panels whose values span more than 20x are log-log (values
     at or under the floor drawn on it, hollow); far outliers sit on the axis edge, hollow, with
     their values written beside them. Returns the Figure."""
@@ -197,7 +198,7 @@ def plot_figure(rows: list[dict], title: str):
     from matplotlib.patches import Patch
     from matplotlib.ticker import FuncFormatter
 
-    from sim.output.plots import fmt_value, setting_color
+    from sim.output.plots import fmt_value, plain_log_ticks, setting_color
 
     configs = list(dict.fromkeys(r["config"] for r in rows))
     number = {c: i + 1 for i, c in enumerate(configs)}
@@ -249,10 +250,11 @@ def plot_figure(rows: list[dict], title: str):
             ax.scatter([x], [y], marker=MARKERS.get(setting, "x"), s=36, zorder=3, alpha=0.85,
                        facecolors="none" if out else color, edgecolors=color, linewidths=1.2)
             if dist:
-                ax.scatter([x], [y], marker="o", s=190, facecolors="none", edgecolors="red", linewidths=1.3, zorder=4)
+                ax.scatter([x], [y], marker="o", s=190, facecolors="none", edgecolors=RING_COLOR, linewidths=1.3,
+                           zorder=4)
             if not out:
-                ax.annotate(str(n), (x, y), xytext=(4, 3), textcoords="offset points", fontsize=7, color="0.25",
-                            zorder=5)
+                ax.annotate(str(n), (x, y), xytext=(7, 5) if dist else (4, 3), textcoords="offset points",
+                            fontsize=7.5, color="0.15", zorder=5)  # clear of the ring
             else:  # its number and its values, inside the axes
                 clipped_any = True
                 right, top = cx >= hi, cy >= hi
@@ -263,7 +265,10 @@ def plot_figure(rows: list[dict], title: str):
             ax.set_xscale("log")
             ax.set_yscale("log")
         for axis in (ax.xaxis, ax.yaxis):
-            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.10g}"))
+            if log:
+                plain_log_ticks(axis, hi_v / lo_v)
+            else:
+                axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.10g}"))
         ax.set_xlim(lo_v, hi_v)
         ax.set_ylim(lo_v, hi_v)
         ax.set_aspect("equal", adjustable="box")
@@ -272,7 +277,7 @@ def plot_figure(rows: list[dict], title: str):
                for i, s in enumerate(settings)]
     handles += [Line2D([], [], color="k", linestyle="--", lw=0.8, label="predicted = measured"),
                 Patch(facecolor="0.85", label=f"target band: ±{REL_TOLERANCE:.0%} (speedup ±{SPEEDUP_TOLERANCE_PP:g} points)"),
-                Line2D([], [], linestyle="none", marker="o", ms=11, markerfacecolor="none", markeredgecolor="red",
+                Line2D([], [], linestyle="none", marker="o", ms=11, markerfacecolor="none", markeredgecolor=RING_COLOR,
                        label="disturbed run kept (busy host or slow core, after retries)")]
     if clipped_any:
         handles.append(Line2D([], [], linestyle="none", marker="o", markerfacecolor="none", markeredgecolor="0.3",

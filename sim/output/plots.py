@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from sim.atomic import atomic_path  # noqa: E402
 from sim.trace.metrics import measured_window, step_gaps  # noqa: E402
@@ -60,12 +60,14 @@ def fmt_value(v: Optional[float]) -> str:
     return "<0.001" if v > 0 else ">-0.001"
 
 
-def _plain_log_ticks(axis, span: float = 1e9) -> None:
-    """Log-axis tick labels as plain numbers (1, 10, 100, 0.01), not powers of ten; ticks at 1, 2
-    and 5 times the powers of ten when the axis spans less than ``span``'s three decades."""
+def plain_log_ticks(axis, span: float = 1e9) -> None:
+    """Log-axis tick labels as plain numbers (1, 10, 100, 0.01), not powers of ten, and none on
+    the minor ticks; ticks at 1, 2 and 5 times the powers of ten when the axis spans (``span``:
+    its high over its low end) less than three decades."""
     if span < 1e3:
         axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.10g}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _save(fig, path: Path) -> Path:
@@ -132,14 +134,14 @@ def draw_gap_panels(fig, series: dict[str, np.ndarray], colors: dict[str, str], 
                     edgecolor=colors[n], linewidth=0.6)
         ax1.set_xscale("log")
         ax1.set_xlim(edges[0], edges[-1])
-        _plain_log_ticks(ax1.xaxis, edges[-1] / edges[0])
+        plain_log_ticks(ax1.xaxis, edges[-1] / edges[0])
     else:
         ax1.text(0.5, 0.5, "every gap is zero", transform=ax1.transAxes, ha="center", va="center")
     ax1.set_xlabel("GPU gap between consecutive forwards (ms, log scale)")
     ax1.grid(axis="y", alpha=0.3)
     ax0.set_yscale("log")
     ax0.set_ylim(bottom=floor, top=top * 3)
-    _plain_log_ticks(ax0.yaxis)
+    plain_log_ticks(ax0.yaxis)
     ax0.set_ylabel("share of gaps (log scale)" if share else "gaps (log scale)")
     handles = [plt.Rectangle((0, 0), 1, 1, facecolor=colors[n]) for n in names]
     fig.subplots_adjust(bottom=0.22 + 0.045 * len(names))

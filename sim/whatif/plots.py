@@ -17,10 +17,9 @@ import numpy as np
 import pandas as pd
 from matplotlib import patheffects
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FuncFormatter
 
 from sim.output.plots import (KIND_COLORS, MEASURED_COLOR, PHASE_COLORS, ZERO_GAP_MS, _save, draw_gap_panels,
-                              fmt_value, plt, setting_color)
+                              fmt_value, plain_log_ticks, plt, setting_color)
 from sim.whatif.variance import grid_keys, paired_ratios, ratio_ci
 
 LINE_METRICS = (("output_throughput", "output throughput (tok/s)"), ("median_ttft_ms", "median TTFT (ms)"),
@@ -217,7 +216,7 @@ def log_timeline(df: pd.DataFrame, title: str):
         vals = pd.concat([df[c] for c, _ in series if c in df]).dropna() if any(c in df for c, _ in series) else []
         if ylabel.startswith("prefill") and len(vals) and vals.min() > 0 and vals.max() / vals.min() > 50:
             ax.set_yscale("log")  # new tokens (a few) and cached ones (thousands) both readable
-            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.10g}"))
+            plain_log_ticks(ax.yaxis, vals.max() / vals.min())
             ylabel += " (log)"
         ax.set_ylabel(ylabel, fontsize=8)
         if ax.get_legend_handles_labels()[0]:

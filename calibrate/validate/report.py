@@ -276,7 +276,8 @@ def plot_figure(rows: list[dict], title: str):
     handles = [Line2D([], [], linestyle="none", marker=MARKERS.get(s, "x"), color=setting_color(s, i), label=s)
                for i, s in enumerate(settings)]
     handles += [Line2D([], [], color="k", linestyle="--", lw=0.8, label="predicted = measured"),
-                Patch(facecolor="0.85", label=f"target band: ±{REL_TOLERANCE:.0%} (speedup ±{SPEEDUP_TOLERANCE_PP:g} points)"),
+                Patch(facecolor="0.85",
+                      label=f"target band: ±{REL_TOLERANCE:.0%} (speedup ±{SPEEDUP_TOLERANCE_PP:g} points)"),
                 Line2D([], [], linestyle="none", marker="o", ms=11, markerfacecolor="none", markeredgecolor=RING_COLOR,
                        label="disturbed run kept (busy host or slow core, after retries)")]
     if clipped_any:

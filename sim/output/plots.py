@@ -115,7 +115,8 @@ def draw_gap_panels(fig, series: dict[str, np.ndarray], colors: dict[str, str], 
     x = np.arange(len(names))
     ax0.bar(x, zeros, color=[colors[n] for n in names], width=0.8)
     for xi, z in zip(x, zeros):
-        ax0.text(xi, max(z, floor), (f"{100 * z:.3g}%" if z else "0%") if share else f"{int(z):,}", ha="center", va="bottom", fontsize=7)
+        label = (f"{100 * z:.3g}%" if z else "0%") if share else f"{int(z):,}"
+        ax0.text(xi, max(z, floor), label, ha="center", va="bottom", fontsize=7)
     ax0.set_xticks(x, [n.split(": ")[-1] for n in names], rotation=60, ha="right", fontsize=7)
     ax0.set_xlim(-0.6, len(names) - 0.4)
     ax0.set_xlabel("zero gaps\n(back to back)", fontsize=8)
@@ -136,7 +137,8 @@ def draw_gap_panels(fig, series: dict[str, np.ndarray], colors: dict[str, str], 
         ax1.set_xlim(edges[0], edges[-1])
         plain_log_ticks(ax1.xaxis, edges[-1] / edges[0])
     else:
-        ax1.text(0.5, 0.5, "every gap is zero", transform=ax1.transAxes, ha="center", va="center")
+        ax1.text(0.5, 0.5, "every gap is zero" if any(len(g) for g in series.values()) else "no gaps",
+                 transform=ax1.transAxes, ha="center", va="center")
     ax1.set_xlabel("GPU gap between consecutive forwards (ms, log scale)")
     ax1.grid(axis="y", alpha=0.3)
     ax0.set_yscale("log")
@@ -161,8 +163,9 @@ def gap_histogram(steps: dict[str, pd.DataFrame], title: str,
         g = d["gaps_ms"]
         zero = int((g <= ZERO_GAP_MS).sum())
         idle = f" less {d['after_idle']} after an idle scheduler" if d["after_idle"] else ""
+        mean = fmt_value(float(g.mean())) if len(g) else "n/a"
         labels[n] = (f"{n}: {len(g):,} gaps, one before each forward in the window ({d['forwards']:,}, the "
-                     f"summary's num_steps){idle}; {zero:,} zero; mean {fmt_value(float(g.mean())) if len(g) else 'n/a'} ms")
+                     f"summary's num_steps){idle}; {zero:,} zero; mean {mean} ms")
     draw_gap_panels(fig, {n: d["gaps_ms"] for n, d in data.items()}, colors, labels)
     windowed = all(d["windowed"] for d in data.values())
     what = ("measured window only (warm-up excluded), gaps after an idle scheduler left out: the gaps of the "

@@ -162,7 +162,8 @@ def _gaps_args(p: argparse.ArgumentParser) -> None:
                    help="without annotations: a device idle gap longer than this starts a new step (default 50)")
     p.add_argument("--pid", default=None, help="the trace pid (device) to measure; default: the one with most steps")
     p.add_argument("--against", type=Path, default=None, metavar="RESULTS",
-                   help="a results folder of 'overlap-sim run': print (and --plot) the predicted values beside the measured")
+                   help="a results folder of 'overlap-sim run': print (and --plot) the predicted values beside the "
+                        "measured")
     p.add_argument("--plot", type=Path, default=None, metavar="PNG",
                    help="write a histogram of the measured gaps (and of the predicted ones, with --against)")
     p.add_argument("--json", action="store_true", help="print the summary keys as one JSON object")

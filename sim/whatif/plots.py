@@ -197,7 +197,8 @@ def log_timeline(df: pd.DataFrame, title: str):
     panels = [((("running_req", "running requests"), ("queue_req", "waiting queue")), "requests"),
               ((("token_usage", "KV token usage"),), "KV token usage\n(fraction of the pool)"),
               ((("gen_throughput_tok_s", "gen throughput"),), "generation\nthroughput (tok/s)"),
-              ((("new_token", "prefill new tokens"), ("cached_token", "prefill cached tokens")), "prefill tokens\nper batch")]
+              ((("new_token", "prefill new tokens"), ("cached_token", "prefill cached tokens")),
+               "prefill tokens\nper batch")]
     rank_cols = [c for c in df.columns if c.endswith("_rank")]
     groups = list(df.groupby(rank_cols, sort=True)) if rank_cols else [((), df)]
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 7.5), sharex=True)
@@ -290,8 +291,9 @@ def trace_preview(trace: dict, title: str, max_span_ms: Optional[float] = 40.0):
             pts = [(ms(e["ts"]), next(iter(e["args"].values()))) for e in events
                    if e.get("ph") == "C" and e["pid"] == pid and e["name"] == cname and e["ts"] <= t1]
             if pts:
+                # the first setting's lines wider: where they coincide, both show
                 cax.step(*zip(*pts), where="post", color=setting_color(setting, i), linestyle=style,
-                         linewidth=max(2.8 - 1.2 * i, 1.0), label=f"{setting}: {cname}")  # wider first: coinciding lines show both
+                         linewidth=max(2.8 - 1.2 * i, 1.0), label=f"{setting}: {cname}")
     cax.set_ylabel("requests")
     cax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     cax.set_xlabel("time (ms) from the first forward shown")

@@ -206,7 +206,7 @@ def plot_figure(rows: list[dict], title: str):
     base_disturbed = {r["config"]: bool(r.get("disturbed")) for r in rows if r["setting"] == "normal"}
     settings = list(dict.fromkeys(r["setting"] for r in rows))
     fig, axes = plt.subplots(2, 3, figsize=(13, 8.6))
-    clipped_any = False
+    clipped_any = floored_any = False
     for ax, key in zip(axes.flat, PLOT_KEYS):
         pts = []
         for r in rows:
@@ -219,7 +219,9 @@ def plot_figure(rows: list[dict], title: str):
         ax.set_xlabel("measured")
         ax.set_ylabel("predicted")
         if not pts:
-            ax.text(0.5, 0.5, "no values", transform=ax.transAxes, ha="center", va="center")
+            ax.axis("off")
+            ax.text(0.5, 0.5, "no values in these rows", transform=ax.transAxes, ha="center", va="center",
+                    color="0.4")
             continue
         vals = [v for q in pts for v in q[:2]]
         positive = [v for v in vals if v > 0]
@@ -244,7 +246,9 @@ def plot_figure(rows: list[dict], title: str):
         for m, p, setting, n, dist in pts:
             tx, ty = fwd(m), fwd(p)
             cx, cy = min(max(tx, lo), hi), min(max(ty, lo), hi)
-            out = (cx, cy) != (tx, ty) or (log and (m < floor or p < floor))
+            outlier = (cx, cy) != (tx, ty)  # beyond the robust limits: on the edge
+            on_floor = log and (m < floor or p < floor)  # 0 (or tiny) on a log axis: on the floor
+            out = outlier or on_floor
             x, y = inv(cx), inv(cy)
             color = setting_color(setting, settings.index(setting))
             ax.scatter([x], [y], marker=MARKERS.get(setting, "x"), s=36, zorder=3, alpha=0.85,
@@ -252,7 +256,8 @@ def plot_figure(rows: list[dict], title: str):
             if dist:
                 ax.scatter([x], [y], marker="o", s=190, facecolors="none", edgecolors=RING_COLOR, linewidths=1.3,
                            zorder=4)
-            if not out:
+            floored_any |= on_floor
+            if not outlier:
                 ax.annotate(str(n), (x, y), xytext=(7, 5) if dist else (4, 3), textcoords="offset points",
                             fontsize=7.5, color="0.15", zorder=5)  # clear of the ring
             else:  # its number and its values, inside the axes
@@ -277,16 +282,21 @@ def plot_figure(rows: list[dict], title: str):
                for i, s in enumerate(settings)]
     handles += [Line2D([], [], color="k", linestyle="--", lw=0.8, label="predicted = measured"),
                 Patch(facecolor="0.85",
-                      label=f"target band: ±{REL_TOLERANCE:.0%} (speedup ±{SPEEDUP_TOLERANCE_PP:g} points)"),
-                Line2D([], [], linestyle="none", marker="o", ms=11, markerfacecolor="none", markeredgecolor=RING_COLOR,
-                       label="disturbed run kept (busy host or slow core, after retries)")]
+                      label=f"target band: ±{REL_TOLERANCE:.0%} (speedup ±{SPEEDUP_TOLERANCE_PP:g} points)")]
+    if any(r.get("disturbed") for r in rows):
+        handles.append(Line2D([], [], linestyle="none", marker="o", ms=11, markerfacecolor="none",
+                              markeredgecolor=RING_COLOR,
+                              label="disturbed run kept (busy host or slow core, after retries)"))
     if clipped_any:
         handles.append(Line2D([], [], linestyle="none", marker="o", markerfacecolor="none", markeredgecolor="0.3",
-                              label="hollow: off the axis range, drawn at its edge; (measured, predicted) beside it"))
+                              label="hollow on an edge: a far outlier; (measured, predicted) beside it"))
+    if floored_any:
+        handles.append(Line2D([], [], linestyle="none", marker="o", markerfacecolor="none", markeredgecolor="0.3",
+                              label="hollow on a log panel's low end: 0, or under 1/1000 of the largest value"))
     key_lines = [f"{number[c]}  {c} ({regime[c]})" for c in configs]
     per_col = math.ceil(len(key_lines) / 3)
     key_top = 0.015 + 0.02 * per_col  # the configuration key at the bottom, the legend above it
-    fig.tight_layout(rect=(0, key_top + 0.085, 1, 0.96))
+    fig.tight_layout(rect=(0, key_top + 0.085, 1, 0.975 - 0.025 * (title.count("\n") + 1)))
     fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, key_top + 0.08), ncol=3, fontsize=8,
                frameon=False)
     for j in range(3):

@@ -63,8 +63,8 @@ def fmt_value(v: Optional[float]) -> str:
 def plain_log_ticks(axis, span: float = 1e9) -> None:
     """Log-axis tick labels as plain numbers (1, 10, 100, 0.01), not powers of ten, and none on
     the minor ticks; ticks at 1, 2 and 5 times the powers of ten when the axis spans (``span``:
-    its high over its low end) less than three decades."""
-    if span < 1e3:
+    its high over its low end) less than two decades."""
+    if span < 100:
         axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.10g}"))
     axis.set_minor_formatter(NullFormatter())

@@ -244,7 +244,8 @@ def measured_gap_histogram(gaps_ms: list[float], title: str, predicted: Optional
     for n, g in series.items():
         stats = (f"mean / median / p99 {fmt_value(float(g.mean()))} / {fmt_value(float(np.median(g)))} / "
                  f"{fmt_value(float(np.percentile(g, 99)))} ms") if len(g) else "no gaps"
-        labels[n] = f"{n}: {len(g):,} gaps, {int((g <= ZERO_GAP_MS).sum()):,} zero; {stats}"
+        count = f"{len(g):,} gaps" + (f" (between {len(g) + 1:,} steps)" if n == "measured" and len(g) else "")
+        labels[n] = f"{n}: {count}, {int((g <= ZERO_GAP_MS).sum()):,} zero; {stats}"
     draw_gap_panels(fig, series, colors, labels, share=bool(predicted))
     what = ("measured beside the prediction (its measured window, as its summary)" if predicted
             else "measured gaps between consecutive forward steps")

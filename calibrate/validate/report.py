@@ -272,6 +272,8 @@ def plot_figure(rows: list[dict], title: str):
         for axis in (ax.xaxis, ax.yaxis):
             if log:
                 plain_log_ticks(axis, hi_v / lo_v)
+            elif hi_v >= 1e4:  # 10k, 20k: wide labels ran together on the throughput panel
+                axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:,.10g}k" if v else "0"))
             else:
                 axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.10g}"))
         ax.set_xlim(lo_v, hi_v)

@@ -54,7 +54,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     out_dir = args.out or Path("results") / scenario.name
     write_results(out_dir, payload, results, args.format, args.tables)
     if not args.no_plots and args.tables == "steps":
-        save_run_plots(out_dir, scenario.name, {r.setting: r.steps for r in results}, summaries)
+        save_run_plots(out_dir, scenario.name, {r.setting: r.steps for r in results}, summaries,
+                       {r.setting: r.requests for r in results})
     if args.json:
         print(json.dumps({k: payload[k] for k in ("scenario", "seed", "settings", "ratios")}))
     else:

@@ -38,6 +38,15 @@ def cpu_per_forward(case: dict) -> float | None:
     return statistics.median(ratios) if ratios else None
 
 
+def run_disturbed(run: dict) -> bool:
+    """Whether a kept harness run was disturbed (other processes busy, or a core slow right after
+    it): the run validate takes again, kept when every attempt was (see
+    :func:`calibrate.validate.runner._quiet_run`)."""
+    from calibrate.validate.runner import BUSY_CORES, SLOW_FACTOR
+
+    return (run.get("other_cores") or 0) > BUSY_CORES or (run.get("slow_after") or 0) > SLOW_FACTOR
+
+
 def case_rows(case: dict) -> list[dict]:
     """One row per setting of a case record (:func:`calibrate.validate.runner.validate_case`)."""
     rows = []
@@ -61,8 +70,10 @@ def case_rows(case: dict) -> list[dict]:
             row["speedup_error_pp"] = 100.0 * (row["predicted_speedup"] - row["measured_speedup"])
         else:
             row["predicted_speedup"] = row["measured_speedup"] = row["speedup_error_pp"] = None
-        loads = [r.get("other_cores") for r in case.get("runs", {}).get(setting, []) if r.get("other_cores") is not None]
+        kept = case.get("runs", {}).get(setting, [])
+        loads = [r.get("other_cores") for r in kept if r.get("other_cores") is not None]
         row["other_cores"] = max(loads) if loads else None
+        row["disturbed"] = any(run_disturbed(r) for r in kept) if kept else None
         rows.append(row)
     return rows
 
@@ -151,40 +162,164 @@ def write_csv(rows: list[dict], path: Path) -> None:
         pd.DataFrame(rows).to_csv(tmp, index=False)
 
 
-def plot(rows: list[dict], path: Path, title: str) -> None:
-    """Predicted against measured, one panel per metric, the y = x line dashed."""
+REL_TOLERANCE = 0.05  # the targets: median |error| of throughput and TPOT within 5%,
+SPEEDUP_TOLERANCE_PP = 3.0  # the speedup within 3 points
+PLOT_KEYS = ("output_throughput", "median_tpot_ms", "median_ttft_ms", "mean_gap_ms", "p99_gap_ms", "speedup")
+MARKERS = {"normal": "o", "overlap": "s", "thread_overlap": "^", "overlap_mlx": "D"}
+RING_COLOR = "black"  # around a disturbed run's point (red is overlap_mlx's colour)
+
+
+def _robust_limits(t: list[float]) -> tuple[float, float, float]:
+    """(low, high, pad) in the plotted scale: the range of the values less far outliers, those that
+    alone would take more than half of the axis (at most two at each end), and the padding."""
+    a = sorted(t)
+    lo, hi = 0, len(a) - 1
+    for _ in range(2):
+        if hi - lo >= 3 and a[hi] - a[hi - 1] > a[hi - 1] - a[lo]:
+            hi -= 1
+        if hi - lo >= 3 and a[lo + 1] - a[lo] > a[hi] - a[lo + 1]:
+            lo += 1
+    pad = (a[hi] - a[lo]) * 0.08 or 0.05 * max(abs(a[hi]), 1e-12)
+    return a[lo], a[hi], pad
+
+
+def plot_figure(rows: list[dict], title: str):
+    """Predicted against measured, one panel per metric: points numbered by configuration (key
+    below), runs kept though disturbed ringed in black, the y = x line dashed in a band of the targets
+    (±5%; ±3 points for the speedup). Panels whose values span more than 20x are log-log (values
+    at or under the floor drawn on it, hollow); far outliers sit on the axis edge, hollow, with
+    their values written beside them. Returns the Figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
 
-    from sim.atomic import atomic_path
+    from sim.output.plots import fmt_value, plain_log_ticks, setting_color
 
-    keys = ("output_throughput", "median_tpot_ms", "median_ttft_ms", "mean_gap_ms", "p99_gap_ms", "speedup")
-    fig, axes = plt.subplots(2, 3, figsize=(13, 8))
-    markers = {"normal": "o", "overlap": "s", "thread_overlap": "^", "overlap_mlx": "D"}
-    colors = {"normal": "C0", "overlap": "C1", "thread_overlap": "C2", "overlap_mlx": "C3"}  # the same in every panel
-    for ax, key in zip(axes.flat, keys):
-        pts = [(r[f"measured_{key}"], r[f"predicted_{key}"], r["setting"]) for r in rows
-               if r.get(f"measured_{key}") is not None and r.get(f"predicted_{key}") is not None]
-        for setting in sorted({p[2] for p in pts}):
-            xs = [p[0] for p in pts if p[2] == setting]
-            ys = [p[1] for p in pts if p[2] == setting]
-            ax.scatter(xs, ys, marker=markers.get(setting, "x"), color=colors.get(setting), label=setting, alpha=0.8)
-        if pts:
-            vals = [v for p in pts for v in p[:2]]
-            lo, hi = min(vals), max(vals)
-            pad = (hi - lo) * 0.05 or 0.05
-            ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], "k--", lw=0.8)
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    number = {c: i + 1 for i, c in enumerate(configs)}
+    regime = {r["config"]: r["regime"] for r in rows}
+    base_disturbed = {r["config"]: bool(r.get("disturbed")) for r in rows if r["setting"] == "normal"}
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    fig, axes = plt.subplots(2, 3, figsize=(13, 8.6))
+    clipped_any = floored_any = False
+    for ax, key in zip(axes.flat, PLOT_KEYS):
+        pts = []
+        for r in rows:
+            m, p = r.get(f"measured_{key}"), r.get(f"predicted_{key}")
+            if m is None or p is None or not (math.isfinite(m) and math.isfinite(p)):
+                continue
+            dist = bool(r.get("disturbed")) or (key == "speedup" and base_disturbed.get(r["config"], False))
+            pts.append((m, p, r["setting"], number[r["config"]], dist))
         ax.set_title(LABELS[key])
         ax.set_xlabel("measured")
         ax.set_ylabel("predicted")
-    axes.flat[0].legend(fontsize=8)
+        if not pts:
+            ax.axis("off")
+            ax.text(0.5, 0.5, "no values in these rows", transform=ax.transAxes, ha="center", va="center",
+                    color="0.4")
+            continue
+        vals = [v for q in pts for v in q[:2]]
+        positive = [v for v in vals if v > 0]
+        log = key != "speedup" and len(positive) > 1 and max(positive) / min(positive) > 20
+        if log:
+            floor = max(min(positive), max(positive) * 1e-3) / 1.5
+            fwd, inv = (lambda v: math.log10(max(v, floor))), (lambda t: 10 ** t)
+        else:
+            fwd, inv = (lambda v: v), (lambda t: t)
+        keep_lo, keep_hi, pad = _robust_limits([fwd(v) for v in vals])
+        lo, hi = keep_lo - 0.5 * pad, keep_hi + 0.5 * pad  # outliers are drawn on these lines
+        lo_v, hi_v = inv(keep_lo - pad), inv(keep_hi + pad)
+        # the target band around y = x, and the line
+        xs = np.geomspace(lo_v, hi_v, 50) if log else np.linspace(lo_v, hi_v, 50)
+        if key == "speedup":
+            tol = SPEEDUP_TOLERANCE_PP / 100
+            ax.fill_between(xs, xs - tol, xs + tol, color="0.85", linewidth=0, zorder=0)
+        else:
+            ax.fill_between(xs, xs * (1 - REL_TOLERANCE), xs * (1 + REL_TOLERANCE), color="0.85", linewidth=0,
+                            zorder=0)
+        ax.plot(xs, xs, "k--", lw=0.8, zorder=1)
+        for m, p, setting, n, dist in pts:
+            tx, ty = fwd(m), fwd(p)
+            cx, cy = min(max(tx, lo), hi), min(max(ty, lo), hi)
+            outlier = (cx, cy) != (tx, ty)  # beyond the robust limits: on the edge
+            on_floor = log and (m < floor or p < floor)  # 0 (or tiny) on a log axis: on the floor
+            out = outlier or on_floor
+            x, y = inv(cx), inv(cy)
+            color = setting_color(setting, settings.index(setting))
+            ax.scatter([x], [y], marker=MARKERS.get(setting, "x"), s=36, zorder=3, alpha=0.85,
+                       facecolors="none" if out else color, edgecolors=color, linewidths=1.2)
+            if dist:
+                ax.scatter([x], [y], marker="o", s=190, facecolors="none", edgecolors=RING_COLOR, linewidths=1.3,
+                           zorder=4)
+            floored_any |= on_floor
+            if not outlier:
+                ax.annotate(str(n), (x, y), xytext=(7, 5) if dist else (4, 3), textcoords="offset points",
+                            fontsize=7.5, color="0.15", zorder=5)  # clear of the ring
+            else:  # its number and its values, inside the axes
+                clipped_any = True
+                right, top = cx >= hi, cy >= hi
+                ax.annotate(f"{n} ({fmt_value(m)}, {fmt_value(p)})", (x, y),
+                            xytext=(-5 if right else 5, -5 if top else 5), textcoords="offset points", fontsize=7,
+                            color="0.25", zorder=5, ha="right" if right else "left", va="top" if top else "bottom")
+        if log:
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):
+            if log:
+                plain_log_ticks(axis, hi_v / lo_v)
+            elif hi_v >= 1e4:  # 10k, 20k: wide labels ran together on the throughput panel
+                axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:,.10g}k" if v else "0"))
+            else:
+                axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.10g}"))
+        ax.set_xlim(lo_v, hi_v)
+        ax.set_ylim(lo_v, hi_v)
+        ax.set_aspect("equal", adjustable="box")
+        ax.grid(alpha=0.25)
+    handles = [Line2D([], [], linestyle="none", marker=MARKERS.get(s, "x"), color=setting_color(s, i), label=s)
+               for i, s in enumerate(settings)]
+    handles += [Line2D([], [], color="k", linestyle="--", lw=0.8, label="predicted = measured"),
+                Patch(facecolor="0.85",
+                      label=f"target band: ±{REL_TOLERANCE:.0%} (speedup ±{SPEEDUP_TOLERANCE_PP:g} points)")]
+    if any(r.get("disturbed") for r in rows):
+        handles.append(Line2D([], [], linestyle="none", marker="o", ms=11, markerfacecolor="none",
+                              markeredgecolor=RING_COLOR,
+                              label="disturbed run kept (busy host or slow core, after retries)"))
+    if clipped_any:
+        handles.append(Line2D([], [], linestyle="none", marker="o", markerfacecolor="none", markeredgecolor="0.3",
+                              label="hollow on an edge: a far outlier; (measured, predicted) beside it"))
+    if floored_any:
+        handles.append(Line2D([], [], linestyle="none", marker="o", markerfacecolor="none", markeredgecolor="0.3",
+                              label="hollow on a log panel's low end: 0, or under 1/1000 of the largest value"))
+    key_lines = [f"{number[c]}  {c} ({regime[c]})" for c in configs]
+    per_col = math.ceil(len(key_lines) / 3)
+    key_top = 0.015 + 0.02 * per_col  # the configuration key at the bottom, the legend above it
+    fig.tight_layout(rect=(0, key_top + 0.085, 1, 0.975 - 0.025 * (title.count("\n") + 1)))
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, key_top + 0.08), ncol=3, fontsize=8,
+               frameon=False)
+    for j in range(3):
+        fig.text(0.06 + 0.32 * j, key_top, "\n".join(key_lines[j * per_col:(j + 1) * per_col]),
+                 fontsize=8, va="top", family="monospace")
     fig.suptitle(title)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
+    return fig
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    """Write :func:`plot_figure` to ``path`` (PNG)."""
+    import matplotlib.pyplot as plt
+
+    from sim.atomic import atomic_path
+
+    fig = plot_figure(rows, title)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110, format="png", bbox_inches="tight")
+    finally:
+        plt.close(fig)
 
 
 def json_object(rows: list[dict]) -> dict:

@@ -1,13 +1,17 @@
 """Plots of a run, drawn from its saved tables (so they can be regenerated without simulating).
 
-- gaps.png: GPU gap histogram per setting (ms);
-- metrics.png: throughput and latency side by side per setting;
+- gaps.png: the GPU gaps the summary's gap metrics are computed from (measured window, warm-up
+  excluded), zero gaps (back-to-back forwards) apart from the others, one series per setting;
+- metrics.png: throughput and latency per setting, each bar labelled with its value, unit and
+  its ratio to ``normal``;
 - timeline.png: a strip of a few hundred ms per setting: CPU phases and device forwards.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Optional
 
 import matplotlib
 
@@ -15,13 +19,55 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from sim.atomic import atomic_path  # noqa: E402
-from sim.trace.metrics import step_gaps  # noqa: E402
+from sim.trace.metrics import measured_window, step_gaps  # noqa: E402
 
 PHASE_COLORS = {"recv": "#9e9e9e", "schedule": "#1f77b4", "launch": "#ff7f0e", "sync wait": "#d62728",
                 "process": "#2ca02c"}
 KIND_COLORS = {"extend": "#9467bd", "decode": "#17becf"}
+# one colour per setting in every plot (sweeps, runs, validation)
+SETTING_COLORS = {"overlap": "C0", "normal": "C1", "thread_overlap": "C2", "overlap_mlx": "C3"}
+MEASURED_COLOR = "#222222"
+ZERO_GAP_MS = 1e-6  # a gap under 1 ns is a forward queued behind the previous one: zero
+
+
+def setting_color(name: str, index: int = 0) -> str:
+    """The colour of a setting (the same in every plot); unknown names take the next free colour."""
+    if name in SETTING_COLORS:
+        return SETTING_COLORS[name]
+    return f"C{(len(SETTING_COLORS) + index) % 10}"
+
+
+def fmt_value(v: Optional[float]) -> str:
+    """A number for a label: thousands separated, 3-4 significant digits, never e-notation."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    a = abs(v)
+    if a == 0:
+        return "0"
+    if a >= 1000:
+        return f"{v:,.0f}"
+    if a >= 100:
+        return f"{v:.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    if a >= 0.001:
+        return f"{v:.3f}"
+    return "<0.001" if v > 0 else ">-0.001"
+
+
+def plain_log_ticks(axis, span: float = 1e9) -> None:
+    """Log-axis tick labels as plain numbers (1, 10, 100, 0.01), not powers of ten, and none on
+    the minor ticks; ticks at 1, 2 and 5 times the powers of ten when the axis spans (``span``:
+    its high over its low end) less than two decades."""
+    if span < 100:
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.10g}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _save(fig, path: Path) -> Path:
@@ -33,39 +79,135 @@ def _save(fig, path: Path) -> Path:
     return Path(path)
 
 
-def gap_histogram(steps: dict[str, pd.DataFrame], title: str):
-    """Histogram of device idle gaps between consecutive forwards (ms), one series per setting."""
-    fig, ax = plt.subplots(figsize=(7, 4))
-    all_gaps = {}
-    for name, df in steps.items():
-        g = step_gaps(df)[~df["after_idle"].astype(bool)].dropna().to_numpy() * 1e3
-        all_gaps[name] = g
-    hi = max((g.max() for g in all_gaps.values() if len(g)), default=1.0)
-    bins = np.linspace(0, max(hi, 1e-3) * 1.05, 50)
-    for name, g in all_gaps.items():
-        ax.hist(g, bins=bins, histtype="step", linewidth=1.8, label=f"{name} (n={len(g)})")
-    ax.set_xlabel("GPU gap between consecutive forwards (ms)")
-    ax.set_ylabel("steps")
-    ax.set_yscale("symlog")
-    ax.set_title(title)
-    ax.legend()
+def measured_gaps(steps: pd.DataFrame, requests: Optional[pd.DataFrame] = None) -> dict:
+    """The GPU gaps (ms) that the summary's gap metrics are computed from
+    (:func:`sim.trace.metrics.summarize`): the gap before each forward that starts in the measured
+    window (warm-up excluded), less those after an idle scheduler. Without ``requests`` the whole
+    run is used. Returns ``{"gaps_ms", "forwards" (in the window: the summary's num_steps),
+    "after_idle" (left out), "windowed" (bool)}``."""
+    gaps = step_gaps(steps).to_numpy() * 1e3
+    fs = steps["forward_start"].to_numpy(dtype=float)
+    in_window = np.ones(len(steps), dtype=bool)
+    windowed = requests is not None and len(requests) > 0
+    if windowed:
+        start, end = measured_window(requests)
+        in_window = (fs >= start) & (fs < end)
+    idle = steps["after_idle"].to_numpy(dtype=bool)
+    keep = in_window & ~idle & ~np.isnan(gaps)
+    return {"gaps_ms": gaps[keep], "forwards": int(in_window.sum()), "after_idle": int((in_window & idle).sum()),
+            "windowed": windowed}
+
+
+def draw_gap_panels(fig, series: dict[str, np.ndarray], colors: dict[str, str], labels: dict[str, str],
+                    share: bool = False):
+    """Two panels side by side, sharing a log count axis: the zero gaps (forwards back to back) as
+    one bar per series, and a histogram of the non-zero gaps on a log ms axis, the series' bars
+    side by side within each bin (none hides another). ``share``: fractions of each series' gaps
+    instead of counts (series of different lengths). Returns the two axes."""
+    ax0, ax1 = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [1, 5], "wspace": 0.05})
+    names = list(series)
+    nonzero = {n: g[g > ZERO_GAP_MS] for n, g in series.items()}
+    weight = {n: (1.0 / len(g) if share and len(g) else 1.0) for n, g in series.items()}
+    zeros = [float((g <= ZERO_GAP_MS).sum()) * weight[n] for n, g in series.items()]
+    floor = 0.5 / max([len(g) for g in series.values()] + [1]) if share else 0.7
+    top = max([z for z in zeros if z] + [float(np.histogram(g, bins=1)[0].max()) * weight[n]
+                                         for n, g in nonzero.items() if len(g)] + [floor * 2])
+    x = np.arange(len(names))
+    ax0.bar(x, zeros, color=[colors[n] for n in names], width=0.8)
+    for xi, z in zip(x, zeros):
+        label = (f"{100 * z:.3g}%" if z else "0%") if share else f"{int(z):,}"
+        ax0.text(xi, max(z, floor), label, ha="center", va="bottom", fontsize=7)
+    ax0.set_xticks(x, [n.split(": ")[-1] for n in names], rotation=60, ha="right", fontsize=7)
+    ax0.set_xlim(-0.6, len(names) - 0.4)
+    ax0.set_xlabel("zero gaps\n(back to back)", fontsize=8)
+    positive = np.concatenate([g for g in nonzero.values() if len(g)] or [np.array([])])
+    if len(positive):
+        lo, hi = float(positive.min()), float(positive.max())
+        edges = np.geomspace(lo / 1.15, hi * 1.15, 31)
+        k = len(names)
+        for j, n in enumerate(names):
+            counts = np.histogram(nonzero[n], bins=edges)[0] * weight[n]
+            # bin i split into k slices (equal on the log axis); series j draws in slice j
+            left = edges[:-1] * (edges[1:] / edges[:-1]) ** (j / k)
+            right = edges[:-1] * (edges[1:] / edges[:-1]) ** ((j + 1) / k)
+            m = counts > 0
+            ax1.bar(left[m], counts[m], width=(right - left)[m], align="edge", color=colors[n],
+                    edgecolor=colors[n], linewidth=0.6)
+        ax1.set_xscale("log")
+        ax1.set_xlim(edges[0], edges[-1])
+        plain_log_ticks(ax1.xaxis, edges[-1] / edges[0])
+    else:
+        ax1.text(0.5, 0.5, "every gap is zero" if any(len(g) for g in series.values()) else "no gaps",
+                 transform=ax1.transAxes, ha="center", va="center")
+    ax1.set_xlabel("GPU gap between consecutive forwards (ms, log scale)")
+    ax1.grid(axis="y", alpha=0.3)
+    ax0.set_yscale("log")
+    ax0.set_ylim(bottom=floor, top=top * 3)
+    plain_log_ticks(ax0.yaxis)
+    ax0.set_ylabel("share of gaps (log scale)" if share else "gaps (log scale)")
+    handles = [plt.Rectangle((0, 0), 1, 1, facecolor=colors[n]) for n in names]
+    fig.subplots_adjust(bottom=0.22 + 0.045 * len(names))
+    fig.legend(handles, [labels[n] for n in names], loc="lower center", bbox_to_anchor=(0.5, 0.0), fontsize=8,
+               ncol=1, frameon=False)
+    return ax0, ax1
+
+
+def gap_histogram(steps: dict[str, pd.DataFrame], title: str,
+                  requests: Optional[dict[str, pd.DataFrame]] = None):
+    """The GPU gaps of each setting, as the summary counts them (see :func:`measured_gaps`)."""
+    fig = plt.figure(figsize=(8, 4.2))
+    data = {n: measured_gaps(df, (requests or {}).get(n)) for n, df in steps.items()}
+    colors = {n: setting_color(n, i) for i, n in enumerate(data)}
+    labels = {}
+    for n, d in data.items():
+        g = d["gaps_ms"]
+        zero = int((g <= ZERO_GAP_MS).sum())
+        idle = f" less {d['after_idle']} after an idle scheduler" if d["after_idle"] else ""
+        mean = fmt_value(float(g.mean())) if len(g) else "n/a"
+        labels[n] = (f"{n}: {len(g):,} gaps, one before each forward in the window ({d['forwards']:,}, the "
+                     f"summary's num_steps){idle}; {zero:,} zero; mean {mean} ms")
+    draw_gap_panels(fig, {n: d["gaps_ms"] for n, d in data.items()}, colors, labels)
+    windowed = all(d["windowed"] for d in data.values())
+    what = ("measured window only (warm-up excluded), gaps after an idle scheduler left out: the gaps of the "
+            "summary's gap metrics" if windowed else "the whole run (no requests table: warm-up included)")
+    fig.suptitle(f"{title}\n{what}", fontsize=9)
     return fig
 
 
-def metric_bars(summaries: dict[str, dict], title: str):
-    """Bars per setting: output throughput (tok/s), median TTFT, TPOT, ITL and mean gap (ms)."""
-    panels = [("output_throughput", "output throughput (tok/s)"), ("median_ttft_ms", "median TTFT (ms)"),
-              ("median_tpot_ms", "median TPOT (ms)"), ("p99_itl_ms", "p99 ITL (ms)"), ("mean_gap_ms", "mean GPU gap (ms)")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.1 * len(panels), 3.6))
+SUMMARY_PANELS = (("output_throughput", "output throughput", "tok/s", "higher is better"),
+                  ("median_ttft_ms", "median TTFT", "ms", "lower is better"),
+                  ("median_tpot_ms", "median TPOT", "ms", "lower is better"),
+                  ("p99_itl_ms", "p99 ITL", "ms", "lower is better"),
+                  ("mean_gap_ms", "mean GPU gap", "ms", "lower is better"))
+
+
+def metric_bars(summaries: dict[str, dict], title: str, baseline: str = "normal"):
+    """Bars per setting: output throughput, median TTFT, TPOT, p99 ITL and mean GPU gap, each
+    labelled with its value and unit and, for settings other than ``baseline``, its ratio to it."""
+    fig, axes = plt.subplots(1, len(SUMMARY_PANELS), figsize=(3.2 * len(SUMMARY_PANELS), 3.8))
     names = list(summaries)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, (key, label) in zip(axes, panels):
-        vals = [summaries[n].get(key) or 0.0 for n in names]
-        bars = ax.bar(names, vals, color=colors[: len(names)])
-        ax.bar_label(bars, fmt="%.3g", fontsize=8)
-        ax.set_title(label, fontsize=9)
+    colors = [setting_color(n, i) for i, n in enumerate(names)]
+    for ax, (key, label, unit, better) in zip(axes, SUMMARY_PANELS):
+        raw = [summaries[n].get(key) for n in names]
+        vals = [float(v) if v is not None and not (isinstance(v, float) and math.isnan(v)) else math.nan
+                for v in raw]
+        bars = ax.bar(names, [0.0 if math.isnan(v) else v for v in vals], color=colors)
+        base = vals[names.index(baseline)] if baseline in names else math.nan
+        texts = []
+        for n, v in zip(names, vals):
+            t = f"{fmt_value(v)} {unit}" if not math.isnan(v) else "n/a"
+            if n != baseline and not math.isnan(v) and not math.isnan(base) and base != 0:
+                t += f"\n{v / base:.2f}× {baseline}"
+            texts.append(t)
+        ax.bar_label(bars, texts, fontsize=8, padding=2)
+        finite = [v for v in vals if not math.isnan(v)]
+        ax.set_ylim(0, (max(finite) if finite and max(finite) > 0 else 1.0) * 1.3)
+        ax.set_title(f"{label} ({unit})\n{better}", fontsize=9)
+        ax.set_ylabel(unit, fontsize=8)
         ax.tick_params(axis="x", labelsize=8)
-    fig.suptitle(title)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.10g}"))
+    ratio_note = f"; labels: value and ratio to {baseline}" if baseline in names and len(names) > 1 else ""
+    fig.suptitle(f"{title}{ratio_note}", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -108,15 +250,16 @@ def timeline(steps: dict[str, pd.DataFrame], title: str, window_s: float = 0.03,
 
 
 def save_run_plots(out_dir: Path, scenario_name: str, steps: dict[str, pd.DataFrame],
-                   summaries: dict[str, dict]) -> list[Path]:
-    """Write gaps.png, metrics.png and timeline.png into ``out_dir``. Returns the paths."""
+                   summaries: dict[str, dict], requests: Optional[dict[str, pd.DataFrame]] = None) -> list[Path]:
+    """Write gaps.png, metrics.png and timeline.png into ``out_dir``. Returns the paths.
+    ``requests`` (per setting) gives the measured window of gaps.png; without it the whole run."""
     out_dir = Path(out_dir)
     # a strip of about 6 decode steps of the slowest setting, capped at a few hundred ms
     step_s = max((float((df["forward_end"] - df["forward_start"]).median()) for df in steps.values() if len(df)),
                  default=0.01)
     window = float(min(0.3, max(0.005, 6 * step_s * 1.5)))
     return [
-        _save(gap_histogram(steps, f"{scenario_name}: GPU gaps"), out_dir / "gaps.png"),
+        _save(gap_histogram(steps, f"{scenario_name}: GPU gaps", requests), out_dir / "gaps.png"),
         _save(metric_bars(summaries, f"{scenario_name}: throughput and latency"), out_dir / "metrics.png"),
         _save(timeline(steps, f"{scenario_name}: timeline (CPU phases above, device forwards below)", window),
               out_dir / "timeline.png"),

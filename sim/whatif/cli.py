@@ -162,8 +162,10 @@ def _gaps_args(p: argparse.ArgumentParser) -> None:
                    help="without annotations: a device idle gap longer than this starts a new step (default 50)")
     p.add_argument("--pid", default=None, help="the trace pid (device) to measure; default: the one with most steps")
     p.add_argument("--against", type=Path, default=None, metavar="RESULTS",
-                   help="a results folder of 'overlap-sim run': print the predicted values beside the measured")
-    p.add_argument("--plot", type=Path, default=None, metavar="PNG", help="write a histogram of the measured gaps")
+                   help="a results folder of 'overlap-sim run': print (and --plot) the predicted values beside the "
+                        "measured")
+    p.add_argument("--plot", type=Path, default=None, metavar="PNG",
+                   help="write a histogram of the measured gaps (and of the predicted ones, with --against)")
     p.add_argument("--json", action="store_true", help="print the summary keys as one JSON object")
 
 
@@ -188,16 +190,19 @@ def _gap_table(title: str, columns: dict[str, dict]) -> Table:
 
 @command("gaps", "measure GPU gaps and idle fraction in a real torch.profiler / Chrome trace", _gaps_args)
 def cmd_gaps(args: argparse.Namespace) -> int:
-    from sim.output.plots import _save
     from sim.output.real_trace import GAP_KEYS, measure_gaps
     from sim.output.run_tables import load_run_tables
     from sim.trace.metrics import SUMMARY_KEYS
-    from sim.whatif.plots import measured_gap_histogram
 
     res = measure_gaps(args.trace, args.step_name, args.split_gap_us, args.pid)
-    predicted = load_run_tables(args.against).summaries if args.against else {}
+    run = load_run_tables(args.against) if args.against else None
+    predicted = run.summaries if run else {}
     if args.plot:
-        _save(measured_gap_histogram(res["gaps_ms"], f"{args.trace.name}: {res['mode']}"), args.plot)
+        from sim.output.plots import _save, measured_gaps
+        from sim.whatif.plots import measured_gap_histogram
+
+        sim_gaps = {s: measured_gaps(run.steps[s], run.requests.get(s))["gaps_ms"] for s in run.steps} if run else None
+        _save(measured_gap_histogram(res["gaps_ms"], f"{args.trace.name}: {res['mode']}", sim_gaps), args.plot)
     if args.json:
         out = {k: res[k] for k in GAP_KEYS + ["mode", "source"]}
         if predicted:
@@ -274,7 +279,7 @@ def cmd_plots(args: argparse.Namespace) -> int:
         paths = save_sweep_plots(args.results, table, manifest.get("scenario", args.results.name))
     elif is_run_folder(args.results):
         run = load_run_tables(args.results)
-        paths = save_run_plots(args.results, run.scenario_name, run.steps, run.summaries)
+        paths = save_run_plots(args.results, run.scenario_name, run.steps, run.summaries, run.requests)
     else:
         raise UserInputError(str(args.results), "", "not a run or sweep folder (expected summary.json + steps_<setting>.csv "
                                                     "or .parquet, or sweep.json + sweep.parquet)")

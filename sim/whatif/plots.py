@@ -1,9 +1,10 @@
 """Plots of sweeps, server logs, measured gaps and Chrome traces, drawn from saved tables/files.
 
-- sweep_<key>.png: metrics against one grid key, a line per setting (error bars: std across repeats);
+- sweep_<key>.png: metrics against one grid key, a line per setting and per value of the other keys
+  (with repeats: their mean, and a band from their min to max);
 - ratio_heatmap.png: overlap/normal ratio over two grid keys with the break-even (ratio 1) line;
 - ratio_ci.png: the ratio per grid point with its confidence interval (sweeps with repeats);
-- the server log over time; a histogram of measured gaps; a preview of a Chrome trace.
+- the server log over time; measured gaps beside the predicted ones; a preview of a Chrome trace.
 """
 
 from __future__ import annotations
@@ -14,12 +15,23 @@ from typing import Optional
 
 import numpy as np
 import pandas as pd
+from matplotlib import patheffects
+from matplotlib.lines import Line2D
 
-from sim.output.plots import KIND_COLORS, PHASE_COLORS, _save, plt
+from sim.output.plots import (KIND_COLORS, MEASURED_COLOR, PHASE_COLORS, ZERO_GAP_MS, _save, draw_gap_panels,
+                              fmt_value, plain_log_ticks, plt, setting_color)
 from sim.whatif.variance import grid_keys, paired_ratios, ratio_ci
 
 LINE_METRICS = (("output_throughput", "output throughput (tok/s)"), ("median_ttft_ms", "median TTFT (ms)"),
                 ("median_itl_ms", "median ITL (ms)"), ("mean_gap_ms", "mean GPU gap (ms)"))
+STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def _style(i: int) -> str:
+    """Line style of the i-th combination of other grid keys: with its marker (``MARKERS[i % 8]``)
+    unique for 32 combinations."""
+    return STYLES[(i + i // len(MARKERS)) % len(STYLES)]
 
 
 def _numeric(values: pd.Series) -> bool:
@@ -30,57 +42,102 @@ def _label(v) -> str:
     return f"{v:g}" if isinstance(v, (float, np.floating)) else str(v)
 
 
+def _short(key: str) -> str:
+    return ".".join(key.split(".")[-2:])
+
+
+def num_repeats(table: pd.DataFrame) -> int:
+    """Runs per grid point and setting (the most of any point)."""
+    by = grid_keys(table) + ["setting"]
+    return int(table.groupby(by, dropna=False).size().max()) if len(table) else 0
+
+
 def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
-    """Metrics (rows of :data:`LINE_METRICS`) against grid ``key``: a line per setting (and per
-    value of the other grid keys, up to 4 combinations; more are averaged)."""
+    """Metrics (:data:`LINE_METRICS`) against grid ``key``: a line per setting (its colour) and per
+    value of the other grid keys (line style and marker; never averaged over them). With repeats,
+    the line is their mean and a band spans their min to max (no band with one run per point)."""
     others = [k for k in grid_keys(table) if k != key]
-    combos = table[others].drop_duplicates() if others else pd.DataFrame(index=[0])
-    split = bool(others) and len(combos) <= 4
-    fig, axes = plt.subplots(1, len(LINE_METRICS), figsize=(3.6 * len(LINE_METRICS), 3.6))
-    styles = ["-", "--", ":", "-."]
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    combos = list(table[others].drop_duplicates().sort_values(others).itertuples(index=False, name=None)) \
+        if others else [()]
+    reps = num_repeats(table)
+    numeric = _numeric(table[key])
+    xs_all = sorted(table[key].unique()) if numeric else list(dict.fromkeys(table[key]))
     settings = list(dict.fromkeys(table["setting"]))
+    fig, axes = plt.subplots(1, len(LINE_METRICS), figsize=(3.7 * len(LINE_METRICS), 3.6))
     for ax, (metric, label) in zip(axes, LINE_METRICS):
         for si, setting in enumerate(settings):
+            color = setting_color(setting, si)
             sub = table[table["setting"] == setting]
-            groups = sub.groupby(others, sort=False, dropna=False) if split else [((), sub)]
-            for ci, (values, g) in enumerate(groups):
-                stats = g.groupby(key, sort=True)[metric].agg(["mean", "std"])
-                values = values if isinstance(values, tuple) else (values,)
-                extra = ", ".join(f"{'.'.join(k.split('.')[-2:])}={_label(v)}" for k, v in zip(others, values)) if split else ""
-                x = stats.index.to_numpy() if _numeric(table[key]) else np.arange(len(stats))
-                ax.errorbar(x, stats["mean"], yerr=stats["std"].fillna(0), color=colors[si % len(colors)],
-                            linestyle=styles[ci % 4], marker="o", ms=3, capsize=2,
-                            label=setting + (f" ({extra})" if extra else ""))
-                if not _numeric(table[key]):
-                    ax.set_xticks(x, [_label(v) for v in stats.index], rotation=30, fontsize=7)
+            for ci, combo in enumerate(combos):
+                g = sub
+                for k, v in zip(others, combo):
+                    g = g[g[k].isna()] if pd.isna(v) else g[g[k] == v]
+                if g.empty:
+                    continue
+                stats = g.groupby(key, sort=numeric)[metric].agg(["mean", "min", "max"])
+                if not numeric:
+                    stats = stats.reindex([v for v in xs_all if v in stats.index])
+                x = stats.index.to_numpy() if numeric else np.array([xs_all.index(v) for v in stats.index])
+                ax.plot(x, stats["mean"], color=color, linestyle=_style(ci),
+                        marker=MARKERS[ci % len(MARKERS)], ms=3.5, linewidth=1.3)
+                if reps > 1:
+                    ax.fill_between(x, stats["min"], stats["max"], color=color, alpha=0.12, linewidth=0)
+        if not numeric:
+            ax.set_xticks(range(len(xs_all)), [_label(v) for v in xs_all], rotation=30, fontsize=7)
         ax.set_xlabel(key)
         ax.set_title(label, fontsize=9)
-        if _numeric(table[key]) and table[key].min() > 0 and table[key].max() / table[key].min() >= 16:
+        ax.grid(alpha=0.3)
+        if numeric and table[key].min() > 0 and table[key].max() / table[key].min() >= 16:
             ax.set_xscale("log", base=2)
-    axes[0].legend(fontsize=7)
-    note = "" if split or not others else f" (averaged over {', '.join(others)})"
-    fig.suptitle(f"{scenario}: sweep over {key}{note}; error bars: std across repeats", fontsize=10)
-    fig.tight_layout()
+        if numeric and len(xs_all) <= 12:  # ticks at the grid's own values
+            ax.set_xticks(xs_all, [_label(v) for v in xs_all], fontsize=8, rotation=30 if len(xs_all) > 6 else 0)
+            ax.minorticks_off()
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    # legends below the panels, covering no data: colour = setting, style = the other keys' values
+    handles = [Line2D([], [], color=setting_color(s, i), linewidth=2.5) for i, s in enumerate(settings)]
+    band = ", band: min to max" if reps > 1 else ""
+    leg = fig.legend(handles, settings, title=f"setting (colour{band})", loc="upper right",
+                     bbox_to_anchor=(0.45 if others else 0.5, 0.0), ncol=len(settings), fontsize=8, title_fontsize=8,
+                     frameon=False)
+    if others:
+        style_handles = [Line2D([], [], color="#555555", linestyle=_style(i),
+                                marker=MARKERS[i % len(MARKERS)], ms=4) for i in range(len(combos))]
+        style_labels = [", ".join(_label(v) for v in combo) for combo in combos]
+        fig.legend(style_handles, style_labels, title=f"{', '.join(_short(k) for k in others)} (line style)",
+                   loc="upper left", bbox_to_anchor=(0.55, 0.0), ncol=min(len(combos), 4), fontsize=8,
+                   title_fontsize=8, frameon=False)
+        fig.add_artist(leg)
+    runs = f"mean of {reps} repeats, band: min to max across them" if reps > 1 else "one run per point"
+    per = f"; a line per setting and per {', '.join(_short(k) for k in others)}" if others else ""
+    fig.suptitle(f"{scenario}: sweep over {key}{per} ({runs})", fontsize=10)
     return fig
+
+
+def _pretty(metric: str) -> str:
+    return metric.replace("_ms", " (ms)").replace("_", " ")
 
 
 def ratio_heatmap(table: pd.DataFrame, x_key: str, y_key: str, scenario: str, metric: str = "output_throughput",
                   num: str = "overlap", den: str = "normal"):
     """Heatmap of the ``num``/``den`` ratio of ``metric`` (geometric mean over repeats and other
-    grid keys) over two grid keys, with the break-even contour (ratio = 1)."""
+    grid keys) over two grid keys, with the break-even contour (ratio = 1) explained in the title
+    (no label on the map, which would cover a value)."""
     pr = paired_ratios(table, metric, num, den)
     pr["log_ratio"] = np.log(pr["ratio"])
     grid = pr.groupby([y_key, x_key])["log_ratio"].mean().unstack(x_key).sort_index().sort_index(axis=1)
     z = np.exp(grid.to_numpy(dtype=float))
-    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * z.shape[1], 1.4 + 0.6 * z.shape[0]))
+    fig, ax = plt.subplots(figsize=(1.6 + 0.9 * z.shape[1], 1.6 + 0.6 * z.shape[0]))
     span = max(abs(np.log(np.nanmax(z))), abs(np.log(np.nanmin(z))), 1e-3)
     im = ax.imshow(np.log(z), origin="lower", cmap="RdBu", vmin=-span, vmax=span, aspect="auto")
+    contour = z.shape[0] > 1 and z.shape[1] > 1 and np.nanmin(z) < 1 < np.nanmax(z)
+    if contour:
+        ax.contour(np.log(z), levels=[0.0], colors="black", linewidths=1.5, zorder=2)
     for (i, j), v in np.ndenumerate(z):
-        ax.text(j, i, f"{v:.3f}" if abs(v - 1) < 0.01 else f"{v:.2f}", ha="center", va="center", fontsize=8)
-    if z.shape[0] > 1 and z.shape[1] > 1 and np.nanmin(z) < 1 < np.nanmax(z):
-        cs = ax.contour(np.log(z), levels=[0.0], colors="black", linewidths=1.5)
-        ax.clabel(cs, fmt={0.0: "break-even"}, fontsize=8)
+        dark = v > 0 and abs(math.log(v)) > 0.6 * span
+        # a white halo keeps a value readable where the break-even line passes under it
+        effects = [] if dark else [patheffects.withStroke(linewidth=2.5, foreground="white")]
+        ax.text(j, i, f"{v:.3f}" if abs(v - 1) < 0.01 else f"{v:.2f}", ha="center", va="center", fontsize=8,
+                color="white" if dark else "black", zorder=3, path_effects=effects)
     ax.set_xticks(range(z.shape[1]), [_label(v) for v in grid.columns])
     ax.set_yticks(range(z.shape[0]), [_label(v) for v in grid.index])
     ax.set_xlabel(x_key)
@@ -88,8 +145,10 @@ def ratio_heatmap(table: pd.DataFrame, x_key: str, y_key: str, scenario: str, me
     cbar = fig.colorbar(im, ax=ax)
     ticks = np.linspace(-span, span, 5)
     cbar.set_ticks(ticks, labels=[f"{math.exp(t):.2f}" for t in ticks])
-    cbar.set_label(f"{num}/{den} {metric}")
-    ax.set_title(f"{scenario}: {num}/{den} {metric}\n(>1: {num} better for throughput)", fontsize=9)
+    cbar.set_label(f"{num}/{den} {_pretty(metric)}")
+    better = ">1" if "throughput" in metric else "<1"
+    line = "; black line: break-even (ratio 1)" if contour else ""
+    ax.set_title(f"{scenario}: {num}/{den} {_pretty(metric)}\n({better}: {num} better{line})", fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -103,13 +162,16 @@ def ratio_ci_plot(table: pd.DataFrame, scenario: str, metric: str = "output_thro
     x = np.arange(len(ci))
     lo = (ci["ratio"] - ci["ci_low"]).fillna(0)
     hi = (ci["ci_high"] - ci["ratio"]).fillna(0)
-    ax.errorbar(x, ci["ratio"], yerr=[lo, hi], fmt="o", capsize=3)
-    ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="break-even")
+    ax.errorbar(x, ci["ratio"], yerr=[lo, hi], fmt="o", capsize=3, color=setting_color("overlap"))
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="--")
+    # the line's name in the right margin, where it covers no point
+    ax.annotate("break-even", xy=(1.0, 1.0), xycoords=("axes fraction", "data"), xytext=(4, 0),
+                textcoords="offset points", va="center", fontsize=8)
     ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel(f"overlap/normal {metric}")
+    ax.set_ylabel(f"overlap/normal {_pretty(metric)}")
+    ax.grid(axis="y", alpha=0.3)
     n = int(ci["n"].max()) if len(ci) else 0
-    ax.set_title(f"{scenario}: paired ratio, {level:.0%} t-interval over {n} repeats", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.set_title(f"{scenario}: paired ratio (point) and its {level:.0%} t-interval over {n} repeats", fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -130,15 +192,17 @@ def save_sweep_plots(out_dir: Path, table: pd.DataFrame, scenario: str) -> list[
 
 def log_timeline(df: pd.DataFrame, title: str):
     """A server log over time: running requests and queue, KV token usage, generation throughput,
-    prefill tokens; one series per rank if several ranks log."""
-    panels = [(("running_req", "running requests"), ("queue_req", "waiting queue")),
-              (("token_usage", "KV token usage"),),
-              (("gen_throughput_tok_s", "gen throughput (tok/s)"),),
-              (("new_token", "prefill new tokens"), ("cached_token", "prefill cached tokens"))]
+    prefill tokens; one series per rank if several ranks log. Each panel names its unit on the
+    y axis; legends sit to the right of the panels, off the data."""
+    panels = [((("running_req", "running requests"), ("queue_req", "waiting queue")), "requests"),
+              ((("token_usage", "KV token usage"),), "KV token usage\n(fraction of the pool)"),
+              ((("gen_throughput_tok_s", "gen throughput"),), "generation\nthroughput (tok/s)"),
+              ((("new_token", "prefill new tokens"), ("cached_token", "prefill cached tokens")),
+               "prefill tokens\nper batch")]
     rank_cols = [c for c in df.columns if c.endswith("_rank")]
     groups = list(df.groupby(rank_cols, sort=True)) if rank_cols else [((), df)]
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 7.5), sharex=True)
-    for ax, series in zip(axes, panels):
+    for ax, (series, ylabel) in zip(axes, panels):
         for col, label in series:
             if col not in df:
                 continue
@@ -150,7 +214,14 @@ def log_timeline(df: pd.DataFrame, title: str):
                     ax.plot(g["t_s"], g[col], ".", ms=4, label=label + suffix)
                 else:
                     ax.step(g["t_s"], g[col], where="post", linewidth=1.2, label=label + suffix)
-        ax.legend(fontsize=7, loc="upper right")
+        vals = pd.concat([df[c] for c, _ in series if c in df]).dropna() if any(c in df for c, _ in series) else []
+        if ylabel.startswith("prefill") and len(vals) and vals.min() > 0 and vals.max() / vals.min() > 50:
+            ax.set_yscale("log")  # new tokens (a few) and cached ones (thousands) both readable
+            plain_log_ticks(ax.yaxis, vals.max() / vals.min())
+            ylabel += " (log)"
+        ax.set_ylabel(ylabel, fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("time since first batch line (s)")
     fig.suptitle(title, fontsize=10)
@@ -158,15 +229,27 @@ def log_timeline(df: pd.DataFrame, title: str):
     return fig
 
 
-def measured_gap_histogram(gaps_ms: list[float], title: str):
-    """Histogram of measured gaps between consecutive forward steps (ms)."""
-    fig, ax = plt.subplots(figsize=(7, 3.8))
-    g = np.asarray(gaps_ms, dtype=float)
-    bins = np.linspace(0, max(float(g.max()) if len(g) else 1.0, 1e-3) * 1.05, 40)
-    ax.hist(g, bins=bins, color="#d62728")
-    ax.set_xlabel("measured gap between consecutive forward steps (ms)")
-    ax.set_ylabel("gaps")
-    ax.set_title(title, fontsize=10)
+def measured_gap_histogram(gaps_ms: list[float], title: str, predicted: Optional[dict[str, np.ndarray]] = None):
+    """Measured gaps between consecutive forward steps (ms) and, with ``predicted`` (setting ->
+    the simulated gaps of an ``overlap-sim run``, :func:`sim.output.plots.measured_gaps`), the
+    prediction beside them, as shares of each series' gaps (their counts differ). Zero gaps
+    (back to back) have a panel of their own; the others are on a log ms axis."""
+    fig = plt.figure(figsize=(8, 4.2))
+    series = {"measured": np.asarray(gaps_ms, dtype=float)}
+    colors = {"measured": MEASURED_COLOR}
+    for i, (s, g) in enumerate((predicted or {}).items()):
+        series[f"predicted: {s}"] = np.asarray(g, dtype=float)
+        colors[f"predicted: {s}"] = setting_color(s, i)
+    labels = {}
+    for n, g in series.items():
+        stats = (f"mean / median / p99 {fmt_value(float(g.mean()))} / {fmt_value(float(np.median(g)))} / "
+                 f"{fmt_value(float(np.percentile(g, 99)))} ms") if len(g) else "no gaps"
+        count = f"{len(g):,} gaps" + (f" (between {len(g) + 1:,} steps)" if n == "measured" and len(g) else "")
+        labels[n] = f"{n}: {count}, {int((g <= ZERO_GAP_MS).sum()):,} zero; {stats}"
+    draw_gap_panels(fig, series, colors, labels, share=bool(predicted))
+    what = ("measured beside the prediction (its measured window, as its summary)" if predicted
+            else "measured gaps between consecutive forward steps")
+    fig.suptitle(f"{title}\n{what}", fontsize=9)
     return fig
 
 
@@ -203,14 +286,17 @@ def trace_preview(trace: dict, title: str, max_span_ms: Optional[float] = 40.0):
         ax.set_yticks([4, 14], ["device", "CPU"])
         ax.set_title(names[pid], fontsize=9, loc="left")
     cax = axes[-1]
-    for pid in pids:
-        for cname in ("running requests", "waiting queue"):
+    for i, pid in enumerate(pids):
+        setting = names[pid].split(": ")[-1]
+        for cname, style in (("running requests", "-"), ("waiting queue", "--")):
             pts = [(ms(e["ts"]), next(iter(e["args"].values()))) for e in events
                    if e.get("ph") == "C" and e["pid"] == pid and e["name"] == cname and e["ts"] <= t1]
             if pts:
-                cax.step(*zip(*pts), where="post", label=f"{names[pid].split(': ')[-1]}: {cname}")
+                # the first setting's lines wider: where they coincide, both show
+                cax.step(*zip(*pts), where="post", color=setting_color(setting, i), linestyle=style,
+                         linewidth=max(2.8 - 1.2 * i, 1.0), label=f"{setting}: {cname}")
     cax.set_ylabel("requests")
-    cax.legend(fontsize=7, ncol=2)
+    cax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     cax.set_xlabel("time (ms) from the first forward shown")
     cax.set_xlim(-0.01 * (t1 - t0) / 1e3, (t1 - t0) / 1e3)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in list(PHASE_COLORS.values()) + list(KIND_COLORS.values())]

@@ -9,14 +9,18 @@ request when the previous one finished (SGLang ``bench_serving --max-concurrency
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import simpy
 
 from sim.errors import UserInputError
-from sim.model.schema import ChoiceLength, Length, LognormalLength, NormalLength, UniformLength
+from sim.model.schema import MAX_TOKENS, ChoiceLength, Length, LognormalLength, NormalLength, UniformLength
+
+MAX_ARRIVAL_S = 1.0e9  # about 32 years of arrivals: a later one is a corrupt value
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,7 @@ def sample_lengths(spec: Length, n: int, rng: np.random.Generator) -> np.ndarray
         raw = rng.lognormal(mu, spec.sigma, size=n)
     else:  # pragma: no cover - the schema admits nothing else
         raise TypeError(f"unknown length spec {spec!r}")
-    hi = spec.max if spec.max is not None else np.iinfo(np.int64).max
+    hi = spec.max if spec.max is not None else MAX_TOKENS
     return np.clip(np.rint(raw), spec.min, hi).astype(np.int64)
 
 
@@ -67,7 +71,7 @@ def make_requests(scenario) -> RequestSpecs:
     """
     w = scenario.workload
     if w.arrival == "trace":
-        return _read_trace(scenario)
+        return read_trace(scenario.resolve_path(w.trace))
     rng = np.random.default_rng([scenario.seed, 1])
     n = w.num_requests
     input_len = np.maximum(sample_lengths(w.input_len, n, rng), 1)
@@ -79,33 +83,86 @@ def make_requests(scenario) -> RequestSpecs:
     return RequestSpecs(input_len, cached, output_len, arrival)
 
 
-def _read_trace(scenario) -> RequestSpecs:
-    path = scenario.resolve_path(scenario.workload.trace)
-    rows = []
+TRACE_KEYS = ("arrival_s", "input_len", "output_len", "cached_len")
+_trace_cache: dict = {}  # (path, mtime, size) -> RequestSpecs: a trace is read once per process
+
+
+def read_trace(path: Path) -> RequestSpecs:
+    """A JSON-lines trace (one request per line: ``arrival_s``, ``input_len``, ``output_len``,
+    optional ``cached_len``) as request specs sorted by arrival; ``cached_len`` is at most
+    ``input_len - 1`` per request (the last prompt token is always computed).
+
+    Raises:
+        UserInputError: the file cannot be read, a line is not such an object, a value is not
+            a finite number in range (arrival_s 0 to 1e9 s; lengths integers, input_len and
+            output_len >= 1, 0 <= cached_len <= input_len), or the trace has no request. The
+            message names the file, the line and the key.
+    """
+    path = Path(path)
+    try:
+        stat = path.stat()
+        key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    except OSError as err:
+        raise UserInputError(str(path), "", f"cannot read trace ({err.strerror or err})") from None
+    if key not in _trace_cache:
+        _trace_cache.clear()
+        _trace_cache[key] = _parse_trace(path)
+    s = _trace_cache[key]
+    return RequestSpecs(s.input_len.copy(), s.cached_len.copy(), s.output_len.copy(), s.arrival_s.copy())
+
+
+def _trace_value(rec: dict, key: str, where: str, source: str):
+    v = rec.get(key, 0 if key == "cached_len" else None)
+    if v is None:
+        raise UserInputError(source, where, f"missing key {key!r} (a request is a JSON object with arrival_s, "
+                             "input_len, output_len[, cached_len])")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise UserInputError(source, f"{where}: {key}", f"expected a finite number (got {v!r})")
+    if key == "arrival_s":
+        if not 0 <= v <= MAX_ARRIVAL_S:
+            raise UserInputError(source, f"{where}: {key}", f"expected seconds from 0 to {MAX_ARRIVAL_S:g} (got {v!r})")
+        return float(v)
+    low = 0 if key == "cached_len" else 1
+    if v != int(v) or not low <= v <= MAX_TOKENS:
+        raise UserInputError(source, f"{where}: {key}", f"expected an integer from {low} to {MAX_TOKENS} (got {v!r})")
+    return int(v)
+
+
+def _parse_trace(path: Path) -> RequestSpecs:
+    source = str(path)
     try:
         lines = path.read_text().splitlines()
     except OSError as err:
-        raise UserInputError(str(path), "", f"cannot read trace ({err})") from None
+        raise UserInputError(source, "", f"cannot read trace ({err.strerror or err})") from None
+    except UnicodeDecodeError as err:
+        raise UserInputError(source, "", f"not a text file ({err.reason} at byte {err.start}): expected JSON "
+                             "lines") from None
+    rows = []
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        where = f"line {lineno}"
         try:
             rec = json.loads(line)
-            row = (float(rec["arrival_s"]), int(rec["input_len"]), int(rec.get("cached_len", 0)), int(rec["output_len"]))
-        except (ValueError, KeyError, TypeError) as err:
-            raise UserInputError(
-                str(path), f"line {lineno}",
-                f"expected JSON with arrival_s, input_len, output_len[, cached_len] ({type(err).__name__}: {err})",
-            ) from None
-        if row[0] < 0 or row[1] < 1 or row[3] < 1 or row[2] < 0:
-            raise UserInputError(str(path), f"line {lineno}", "expected arrival_s >= 0, input_len >= 1, output_len >= 1, cached_len >= 0")
+        except ValueError as err:
+            raise UserInputError(source, where, f"not valid JSON ({err}); expected one request per line: "
+                                 "{\"arrival_s\": ..., \"input_len\": ..., \"output_len\": ...}") from None
+        if not isinstance(rec, dict):
+            raise UserInputError(source, where, f"expected a JSON object with arrival_s, input_len, output_len"
+                                 f"[, cached_len] (got {type(rec).__name__})")
+        row = tuple(_trace_value(rec, k, where, source) for k in TRACE_KEYS)
+        if row[3] > row[1]:
+            raise UserInputError(source, f"{where}: cached_len", f"must be <= input_len (got cached_len {row[3]} > "
+                                 f"input_len {row[1]})")
         rows.append(row)
     if not rows:
-        raise UserInputError(str(path), "", "trace has no requests")
+        raise UserInputError(source, "", "trace has no requests")
     rows.sort(key=lambda r: r[0])
-    arr = np.asarray(rows, dtype=np.float64)
-    input_len = arr[:, 1].astype(np.int64)
-    return RequestSpecs(input_len, np.minimum(arr[:, 2].astype(np.int64), input_len - 1), arr[:, 3].astype(np.int64), arr[:, 0])
+    arrival = np.asarray([r[0] for r in rows], dtype=np.float64)
+    input_len = np.asarray([r[1] for r in rows], dtype=np.int64)
+    output_len = np.asarray([r[2] for r in rows], dtype=np.int64)
+    cached = np.minimum(np.asarray([r[3] for r in rows], dtype=np.int64), input_len - 1)
+    return RequestSpecs(input_len, cached, output_len, arrival)
 
 
 def open_loop_arrivals(env: simpy.Environment, arrival_s: np.ndarray, submit: Callable[[int, float], None]):

@@ -19,9 +19,19 @@ HELP = "time a real model and the scheduler's bookkeeping on this device; write 
 
 def _int_list(text: str) -> list[int]:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected at least one integer, got {text!r}")
+    return values
+
+
+# calibration fields and the flags that set them (errors name the flag)
+GRID_FLAGS = {"decode_batch_sizes": "--batch-sizes", "decode_contexts": "--contexts", "extend_tokens": "--extend-tokens",
+              "extend_prefixes": "--prefixes", "bookkeeping_batch_sizes": "--bookkeeping-batch-sizes"}
+MAX_GRID_VALUE = 10**7
+MAX_SEED = 2**32 - 1  # torch's and numpy's seeds
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,7 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "llama-3.1-8b, qwen3-0.6b, qwen3-8b (default tiny)")
     for name in ("layers", "hidden", "heads", "kv-heads", "vocab", "intermediate", "head-dim"):
         p.add_argument(f"--{name}", type=int, default=None, metavar="N", help=f"override the shape's {name}")
-    p.add_argument("--out", type=Path, required=True, help="profile file to write (JSON)")
+    p.add_argument("--out", type=Path, required=True,
+                   help="profile file to write (JSON); the raw samples go to <out>.samples.jsonl while measuring "
+                        "(a rerun resumes from it; removed once the profile is written)")
     p.add_argument("--quick", action="store_true", help="a 3x3 grid with few repeats (seconds on a CPU)")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
                    help="default: bfloat16 on cuda, float16 on Metal, float32 on CPUs")
@@ -66,20 +78,48 @@ def config_from_args(args: argparse.Namespace):
     from calibrate.config import CalibrationConfig, default_grid
     from calibrate.shapes import resolve_shape
 
-    shape = resolve_shape(args.model, layers=args.layers, hidden=args.hidden, heads=args.heads,
-                          kv_heads=args.kv_heads, vocab=args.vocab, intermediate=args.intermediate,
-                          head_dim=args.head_dim)
+    _check_flags(args)
+    try:
+        shape = resolve_shape(args.model, layers=args.layers, hidden=args.hidden, heads=args.heads,
+                              kv_heads=args.kv_heads, vocab=args.vocab, intermediate=args.intermediate,
+                              head_dim=args.head_dim)
+    except CalibrationInputError as err:
+        if err.source != "model shape":
+            raise
+        raise CalibrationInputError("--" + err.field.replace("_", "-"), "", err.expected) from None
     grid = default_grid(args.device, args.quick)
-    changes = {k: tuple(v) for k, v in (("decode_batch_sizes", args.batch_sizes), ("decode_contexts", args.contexts),
-                                         ("extend_tokens", args.extend_tokens), ("extend_prefixes", args.prefixes),
-                                         ("bookkeeping_batch_sizes", args.bookkeeping_batch_sizes)) if v}
+    changes = {k: tuple(getattr(args, a)) for k, a in (("decode_batch_sizes", "batch_sizes"), ("decode_contexts", "contexts"),
+                                                       ("extend_tokens", "extend_tokens"), ("extend_prefixes", "prefixes"),
+                                                       ("bookkeeping_batch_sizes", "bookkeeping_batch_sizes"))
+               if getattr(args, a)}
     if args.repeats is not None:
         changes["repeats"] = args.repeats
     if args.warmup is not None:
         changes["warmup"] = args.warmup
-    grid = replace(grid, **changes) if changes else grid
+    try:
+        grid = replace(grid, **changes) if changes else grid
+    except CalibrationInputError as err:
+        raise CalibrationInputError(GRID_FLAGS.get(err.field, "--" + err.field), "", err.expected) from None
     return CalibrationConfig(args.backend, args.device, shape, grid, dtype=args.dtype, seed=args.seed,
                              threads=args.threads, cuda_graph=not args.no_cuda_graph, quick=args.quick, note=args.note)
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Counts and sizes in range, before anything is imported or measured."""
+    checks = [("--repeats", args.repeats, 1, 100_000), ("--warmup", args.warmup, 0, 100_000),
+              ("--threads", args.threads, 1, 4096), ("--seed", args.seed, 0, MAX_SEED)]
+    checks += [(f"--{name.replace('_', '-')}", getattr(args, name), 1, MAX_GRID_VALUE)
+               for name in ("layers", "hidden", "heads", "kv_heads", "vocab", "intermediate", "head_dim")]
+    for flag, value, low, high in checks:
+        if value is not None and not low <= value <= high:
+            raise CalibrationInputError(flag, "", f"expected an integer from {low} to {high} (got {value})")
+    for name, flag in GRID_FLAGS.items():
+        values = getattr(args, {"decode_batch_sizes": "batch_sizes", "decode_contexts": "contexts",
+                                "extend_prefixes": "prefixes"}.get(name, name)) or []
+        low = 0 if name == "extend_prefixes" else 1
+        bad = [v for v in values if not low <= v <= MAX_GRID_VALUE]
+        if bad:
+            raise CalibrationInputError(flag, "", f"expected integers from {low} to {MAX_GRID_VALUE} (got {bad[0]})")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from calibrate.measure import calibrate
+    from sim.atomic import check_output_file
 
     if args.engine:
         from calibrate.real.cli import run_calibrate
@@ -99,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if args.out.is_dir():
         raise CalibrationInputError("--out", "", f"a file path, not the folder {args.out}")
+    check_output_file(args.out, "--out")
     console = Console(stderr=True)
     if not console.is_terminal:
         console = Console(stderr=True, width=120)
@@ -189,9 +231,15 @@ def main(argv: list[str] | None = None) -> int:
     """Stand-alone entry point (``python -m calibrate.cli``); bad input: one line, exit 2."""
     from sim.errors import UserInputError
 
-    parser = argparse.ArgumentParser(prog="calibrate", description=HELP)
+    from sim.commands import OneLineParser, UsageError
+
+    parser = OneLineParser(prog="calibrate", description=HELP)
     add_arguments(parser)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as err:
+        print(err, file=sys.stderr)
+        return 2
     try:
         return run(args)
     except UserInputError as err:

@@ -94,6 +94,47 @@ def make_backend(cfg: CalibrationConfig):
     return cls(cfg)
 
 
+def _out_of_memory(err: BaseException) -> bool:
+    """A failed allocation: MemoryError, torch's OutOfMemoryError (CUDA), or MLX's / torch's
+    RuntimeError saying so."""
+    text = str(err).lower()
+    return (isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError"
+            or "out of memory" in text or "failed to allocate" in text)
+
+
+MEMORY_SHARE = 0.8  # of the host's physical memory the model and its KV cache may take
+
+
+def host_memory_bytes() -> int | None:
+    """Physical memory of this machine (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_host_memory(cfg: CalibrationConfig) -> None:
+    """On a CPU, the model's weights and the largest KV cache of the grid must fit in memory (an
+    impossible shape or grid would otherwise be killed by the OS after minutes).
+
+    Raises:
+        CalibrationInputError: naming the flags that size them."""
+    if cfg.device != "cpu":
+        return  # device memory is checked against what the device reports, when the KV is allocated
+    total = host_memory_bytes()
+    if total is None:
+        return
+    g, shape = cfg.grid, cfg.shape
+    dtype_bytes = 4 if cfg.resolved_dtype == "float32" else 2
+    kv_tokens = max(max(g.decode_batch_sizes) * (max(g.decode_contexts) + DECODE_ROW_PAD), g.max_extend_ctx)
+    need = shape.num_params * dtype_bytes + kv_tokens * shape.kv_bytes_per_token(dtype_bytes)
+    if need > MEMORY_SHARE * total:
+        raise CalibrationInputError("--model", "", f"{shape.name} with a KV cache of {kv_tokens} tokens needs "
+                                    f"{need / 2**30:.1f} GiB but this machine has {total / 2**30:.1f} GiB; pass a "
+                                    "smaller shape (--layers/--hidden/--vocab/...) or grid (--batch-sizes/--contexts/"
+                                    "--extend-tokens/--prefixes)")
+
+
 class Sidecar:
     """The append-only file of raw samples of one calibration run."""
 
@@ -298,26 +339,42 @@ def calibrate(cfg: CalibrationConfig, out: Path, *, fresh: bool = False,
         The profile written.
 
     Raises:
-        CalibrationInputError: missing framework or device, a grid too large for the device, a
-            sidecar of another calibration.
+        CalibrationInputError: missing framework or device, a model or grid too large for the
+            device or the host's memory (checked first, or found out of memory at a point), a
+            sidecar of another calibration. A run that fails before its first point leaves no
+            sidecar behind (a corrected rerun starts clean).
     """
     out = Path(out)
+    backend = backend or make_backend(cfg)  # a missing framework or device fails before any file is written
+    check_host_memory(cfg)
     sidecar = Sidecar(out.with_name(out.name + ".samples.jsonl"), cfg.identity(), fresh)
     tasks = plan(cfg)
-    backend = backend or make_backend(cfg)
     measurer = Measurer(cfg, backend)
     done = sum(t.key in sidecar.done for t in tasks)
-    for task in tasks:
-        if task.key in sidecar.done:
-            continue
-        if report is not None:
-            report(done, len(tasks), task.label())
-        for _ in range(POINT_ATTEMPTS):
-            samples = measurer.run(task)
-            if steady is None or steady():
-                break
-        sidecar.append(task, samples)
-        done += 1
+    try:
+        for task in tasks:
+            if task.key in sidecar.done:
+                continue
+            if report is not None:
+                report(done, len(tasks), task.label())
+            for _ in range(POINT_ATTEMPTS):
+                try:
+                    samples = measurer.run(task)
+                except (MemoryError, RuntimeError) as err:
+                    if not _out_of_memory(err):
+                        raise
+                    raise CalibrationInputError("calibration grid", "", f"out of {cfg.device} memory at "
+                                                f"{task.label()} ({' '.join(str(err).split())[:120]}); pass a "
+                                                "smaller --model shape or --batch-sizes / --contexts / "
+                                                "--extend-tokens") from None
+                if steady is None or steady():
+                    break
+            sidecar.append(task, samples)
+            done += 1
+    except BaseException:
+        if not sidecar.done:  # nothing measured: leave no file that would block a corrected retry
+            sidecar.path.unlink(missing_ok=True)
+        raise
     if report is not None:
         report(done, len(tasks), "")
     records = [s for t in tasks for s in sidecar.done[t.key]]

@@ -6,7 +6,9 @@ import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
+
+from sim.errors import UserInputError
 
 
 def _umask() -> int:
@@ -29,3 +31,53 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def _check_parents(path: Path, flag: str) -> None:
+    """The nearest existing folder above ``path`` is a writable folder (the rest is created)."""
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UserInputError(flag, "", f"{path}: {parent} is a file, not a folder")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise UserInputError(flag, "", f"{path}: the folder {parent} is not writable")
+            return
+
+
+def check_output_dir(path: Path | str, flag: str) -> Path:
+    """Check, before any work, that ``path`` can be the folder a command writes into: an
+    existing folder or one that can be created.
+
+    Raises:
+        UserInputError: naming ``flag``: the path is a file, lies under a file, or in a folder
+            that is not writable.
+    """
+    path = Path(path).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise UserInputError(flag, "", f"{path} is a file; expected a folder (it would be overwritten)")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise UserInputError(flag, "", f"the folder {path} is not writable")
+        return path
+    _check_parents(path, flag)
+    return path
+
+
+def check_output_file(path: Path | str, flag: str, suffixes: Iterable[str] | None = None) -> Path:
+    """Check, before any work, that a command can write the file ``path`` (a new or an existing
+    file, in a folder that exists or can be created); ``suffixes``: the endings it may have.
+
+    Raises:
+        UserInputError: naming ``flag``: a folder, under a file, not writable, or another suffix.
+    """
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise UserInputError(flag, "", f"{path} is a folder; expected a file name")
+    if suffixes is not None:
+        allowed = tuple(suffixes)
+        if not path.name.lower().endswith(allowed):
+            raise UserInputError(flag, "", f"{path}: expected a file name ending in {', '.join(allowed)}")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UserInputError(flag, "", f"{path} is not writable")
+    _check_parents(path, flag)
+    return path

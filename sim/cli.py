@@ -1,18 +1,22 @@
 """The ``overlap-sim`` command line. Subcommands register themselves in :data:`sim.commands.COMMANDS`.
 
-User mistakes (bad scenario, missing file, bad override) print one line to stderr and exit 2.
+User mistakes (bad scenario, missing file, bad override, bad flag) print one line to stderr and
+exit 2, before anything is written. ``run`` exits 3 when a setting's server died or none of its
+measured requests completed (see :data:`sim.errors.EXIT_RUN_FAILED`).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import json
+import re
 import sys
 from pathlib import Path
 
-from sim.commands import COMMANDS, command
-from sim.errors import UserInputError
+from sim.commands import COMMANDS, OneLineParser, UsageError, command
+from sim.errors import EXIT_BAD_INPUT, EXIT_RUN_FAILED, UserInputError
 
 # modules whose import registers more subcommands with @command (sim.commands); named, not
 # imported, here: calibration's commands load only when the parser is built, and importing sim
@@ -26,11 +30,22 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+RUN_EPILOG = ("Writes into the results folder: summary.json, steps_/requests_/itl_<setting>.<format> (the tables "
+              "--tables keeps) and gaps.png, metrics.png, timeline.png (with --tables steps); tables and plots of "
+              "an earlier run in that folder are removed first. Exit status: 0 done; 2 bad input (one line on "
+              "stderr, nothing written); 3 a setting's server died or none of its measured requests completed "
+              "(results written; the table and one line on stderr say which).")
+
+
 def _add_run_args(p: argparse.ArgumentParser) -> None:
+    p.epilog = RUN_EPILOG
     p.add_argument("scenario", help="scenario YAML file")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a scenario field, e.g. workload.concurrency=16 (repeatable)")
-    p.add_argument("--out", type=Path, default=None, help="results folder (default results/<scenario-name>/)")
+                   help="override a scenario field, e.g. workload.concurrency=16 (repeatable; a relative "
+                        "costs.profile or workload.trace path is taken from the working directory)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results folder (default results/<scenario name>/, or results/<scenario name>-<the --set "
+                        "overrides>/ with --set, so variants do not overwrite each other)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
     p.add_argument("--format", choices=["csv", "parquet"], default="csv", help="file format of the tables")
     p.add_argument("--tables", choices=["steps", "summary", "none"], default="steps",
@@ -39,19 +54,47 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
 
+def default_run_folder(name: str, overrides: list[str]) -> Path:
+    """``results/<name>/``; with overrides ``results/<name>-<overrides>/`` (their text when short
+    and plain, else a hash of it), so a variant never overwrites the plain run's results."""
+    if not overrides:
+        return Path("results") / name
+    text = ",".join(o.strip() for o in overrides)
+    if len(text) <= 80 and re.fullmatch(r"[A-Za-z0-9_.,=+-]+", text):
+        return Path("results") / f"{name}-{text}"
+    return Path("results") / f"{name}-set-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
+
+
+def run_failures(summaries: dict[str, dict]) -> list[str]:
+    """What went wrong in each failed setting: its server died, or none of its measured
+    requests completed (empty when every setting served)."""
+    out = []
+    for name, s in summaries.items():
+        if s.get("outcome", "ok") != "ok":
+            t = s.get("outcome_time_s")
+            at = f" at t={t:.3f}s" if isinstance(t, float) and t == t else ""
+            out.append(f"{name}: the server died{at} ({s.get('outcome_reason', '')})")
+        elif not s.get("completed"):
+            kinds = ", ".join(f"{k} {s[k]}" for k in ("cut_off", "could_not_connect", "aborted", "too_long") if s.get(k))
+            out.append(f"{name}: all {s.get('failed', 0)} measured requests failed" + (f" ({kinds})" if kinds else ""))
+    return out
+
+
 @command("run", "simulate a scenario under each scheduling setting and compare them", _add_run_args)
 def cmd_run(args: argparse.Namespace) -> int:
+    from sim.atomic import check_output_dir
     from sim.output.plots import save_run_plots
-    from sim.output.report import print_table, run_payload, write_results
+    from sim.output.report import clean_run_folder, print_table, run_payload, write_results
     from sim.scenario import load_scenario
     from sim.simulate import simulate
 
     scenario = load_scenario(args.scenario, args.overrides)
+    out_dir = check_output_dir(args.out or default_run_folder(scenario.name, args.overrides), "--out")
     results = [simulate(scenario, s, tables=args.tables) for s in scenario.server.settings]
     summaries = {r.setting: r.summary() for r in results}
     payload = run_payload(scenario.name, scenario.seed, summaries)
     payload["scenario_config"] = scenario.model_dump(mode="json")
-    out_dir = args.out or Path("results") / scenario.name
+    clean_run_folder(out_dir)
     write_results(out_dir, payload, results, args.format, args.tables)
     if not args.no_plots and args.tables == "steps":
         save_run_plots(out_dir, scenario.name, {r.setting: r.steps for r in results}, summaries,
@@ -64,13 +107,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.tables != "steps" and not args.no_plots:
             print("no plots: they are drawn from the steps tables (--tables steps)")
         print(f"results written to {out_dir}/")
+    failures = run_failures(summaries)
+    if failures:
+        print(f"overlap-sim: run failed: {'; '.join(failures)} (exit status {EXIT_RUN_FAILED})", file=sys.stderr)
+        return EXIT_RUN_FAILED
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="overlap-sim",
-        description="Predict what SGLang's overlap scheduler does on your device, against the synchronous loop.")
+        description="Predict what SGLang's overlap scheduler does on your device, against the synchronous loop.",
+        epilog="Exit status: 0 done; 2 bad input (one line on stderr naming the file or flag and the field, "
+               "nothing written); 3 'run' finished but a setting's server died or all its requests failed.")
     for module in COMMAND_MODULES:
         importlib.import_module(module)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -80,14 +129,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point. Returns the exit status (0 ok, 2 bad input)."""
+    """Entry point. Returns the exit status (0 ok, 2 bad input, 3 a run whose server died or
+    whose requests all failed)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as err:
+        print(err, file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         return COMMANDS[args.command][2](args)
     except UserInputError as err:
-        print(f"overlap-sim: error: {err}", file=sys.stderr)
-        return 2
+        print(f"overlap-sim: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":  # pragma: no cover

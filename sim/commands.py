@@ -9,7 +9,7 @@ It lives apart from :mod:`sim.cli` so that a command module anywhere in the tree
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from typing import Callable, NoReturn
 
 # name -> (help, add_arguments(parser), run(args) -> exit status)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
@@ -21,3 +21,16 @@ def command(name: str, help_text: str, arguments: Callable[[argparse.ArgumentPar
         COMMANDS[name] = (help_text, arguments, run)
         return run
     return wrap
+
+
+class UsageError(Exception):
+    """A command line that argparse rejects (unknown flag, bad choice, missing argument), as one line."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (no usage block) raised as :class:`UsageError`,
+    so the command line prints them like every other bad input and returns exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        text = " ".join(message.split())
+        raise UsageError(f"{self.prog}: error: {text} (see {self.prog} --help)")

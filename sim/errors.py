@@ -1,6 +1,13 @@
-"""User-facing errors: bad input that the CLI reports in one line with exit status 2."""
+"""User-facing errors: bad input that the CLI reports in one line with exit status 2.
+
+Exit statuses of ``overlap-sim``: 0 done; 2 bad input (one line on stderr, nothing written);
+3 ``run`` finished but a setting failed: its server died or none of its measured requests
+completed (the results are written and the table says which).
+"""
 
 from __future__ import annotations
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_RUN_FAILED = 0, 2, 3
 
 
 class UserInputError(Exception):
@@ -18,6 +25,10 @@ class UserInputError(Exception):
         self.expected = expected
         where = f"{source}: {field}: " if field else f"{source}: "
         super().__init__(where + expected)
+
+    def __reduce__(self):
+        # picklable with its three parts (raised in a sweep's worker process, re-raised here)
+        return (self.__class__, (self.source, self.field, self.expected))
 
 
 class ScenarioError(UserInputError):

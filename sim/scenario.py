@@ -10,15 +10,21 @@ are seconds.
 from __future__ import annotations
 
 import copy
+import difflib
+import re
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from sim.engines.sglang.server import Server
-from sim.errors import ScenarioError
-from sim.model.schema import Costs, StrictModel, Workload
+from sim.errors import ScenarioError, UserInputError
+from sim.model.schema import MAX_SEED, Costs, StrictModel, Workload, length_bounds
+
+# scenario fields that hold a file path: relative to the scenario file's folder when written in
+# the file, to the working directory when given on the command line (--set, --grid)
+PATH_KEYS = ("costs.profile", "workload.trace")
 
 
 class Scenario(StrictModel):
@@ -26,7 +32,7 @@ class Scenario(StrictModel):
     the folder that relative paths in it (trace, profile) are resolved against."""
 
     name: str = Field(min_length=1)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
     workload: Workload = Workload()
     server: Server = Server()
     costs: Costs = Costs()
@@ -38,29 +44,53 @@ class Scenario(StrictModel):
         p = Path(relative).expanduser()
         return p if p.is_absolute() else Path(self.base_dir) / p
 
-    def with_overrides(self, overrides: list[str]) -> "Scenario":
-        """A new scenario with ``key.path=value`` overrides applied (value parsed as YAML)."""
+    @model_validator(mode="after")
+    def _fits_the_pool(self):
+        w, srv = self.workload, self.server
+        if w.arrival != "trace":
+            shortest = max(1, length_bounds(w.input_len)[0]) + max(1, length_bounds(w.output_len)[0])
+            _check_fits(shortest, srv.kv_pool_tokens, srv.page_size, "the shortest request (input_len + output_len)")
+        return self
+
+    def with_overrides(self, overrides: list[str], flag: str = "--set") -> "Scenario":
+        """A new scenario with ``key.path=value`` overrides applied (value parsed as YAML; a
+        relative path in ``costs.profile`` or ``workload.trace`` is taken from the working
+        directory). ``flag`` names the overrides in error messages (``--set``, ``--grid``)."""
         raw = self.model_dump(mode="json")
         for key in self.server._from_launch_args:  # re-derived from launch_args on validation
             raw["server"].pop(key, None)
-        apply_overrides(raw, overrides, self.source)
-        return _validate(raw, self.source, self.base_dir)
+        base = copy.deepcopy(raw)
+        apply_overrides(raw, overrides, flag)
+        return _validate_overridden(raw, base, overrides, flag, self.source, self.base_dir)
 
 
-def apply_overrides(raw: dict, overrides: list[str], source: str) -> None:
+def _check_fits(tokens: int, pool_tokens: int, page_size: int, what: str) -> None:
+    """The scheduler aborts a request whose prompt and output cannot fit the KV pool: a pool
+    smaller than every request would fail them all."""
+    if -(-tokens // page_size) > pool_tokens // page_size:
+        raise ValueError(f"server.kv_pool_tokens: the KV pool ({pool_tokens} tokens) is smaller than {what}: "
+                         f"{tokens} tokens; every request would fail")
+
+
+def apply_overrides(raw: dict, overrides: list[str], flag: str = "--set") -> None:
     """Set ``a.b.c=value`` entries into ``raw`` in place; values are parsed as YAML scalars/lists.
+    A relative path given to one of :data:`PATH_KEYS` is made absolute from the working directory.
 
     Raises:
-        ScenarioError: an override without ``=``, or a path through a non-mapping.
+        ScenarioError: an override without ``=``, or a path through a non-mapping (blamed on
+            ``flag``, e.g. ``--set``).
     """
     for item in overrides:
         key, sep, text = item.partition("=")
+        key = key.strip()
         if not sep or not key:
-            raise ScenarioError(f"--set {item}", "", "expected KEY.PATH=VALUE")
+            raise ScenarioError(f"{flag} {item}", "", "expected KEY.PATH=VALUE")
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError:
             value = text
+        if key in PATH_KEYS and isinstance(value, str) and value:
+            value = str(Path.cwd() / Path(value).expanduser())
         node = raw
         parts = key.split(".")
         for depth, part in enumerate(parts[:-1]):
@@ -69,7 +99,7 @@ def apply_overrides(raw: dict, overrides: list[str], source: str) -> None:
                 child = node[part] = {}
             if not isinstance(child, dict):
                 field = ".".join(parts[: depth + 1])
-                raise ScenarioError(f"{source} (--set {item})", field, "is not a mapping; cannot set a key inside it")
+                raise ScenarioError(f"{flag} {item}", field, "is not a mapping; cannot set a key inside it")
             node = child
         node[parts[-1]] = value
 
@@ -92,6 +122,27 @@ def _format_loc(loc: tuple) -> str:
     return ".".join(names)
 
 
+def _known_keys(loc: tuple) -> list[str]:
+    """The keys of the section at ``loc`` (field names of the model there), for suggestions."""
+    model: Any = Scenario
+    for part in loc:
+        field = model.model_fields.get(str(part)) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return []
+        model = field.annotation
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return [name for name, f in model.model_fields.items() if not f.exclude]
+    return []
+
+
+def _unknown_key_message(loc: tuple) -> str:
+    names = _known_keys(tuple(p for p in loc[:-1]))
+    close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
+    if close:
+        return f"unknown key (did you mean {close[0]!r}?)"
+    return f"unknown key (expected one of: {', '.join(names)})" if names else "unknown key"
+
+
 def _relevant(errors: list[dict]) -> list[dict]:
     """Drop the errors of union branches that do not match the input's shape (an int branch
     for a mapping, a mapping branch for a scalar)."""
@@ -101,26 +152,66 @@ def _relevant(errors: list[dict]) -> list[dict]:
     return kept or errors
 
 
+_FIELD_PREFIX = re.compile(r"Value error, ([A-Za-z_][A-Za-z0-9_.]*): (.*)$", re.S)
+
+
 def _validate(raw: Any, source: str, base_dir: str) -> Scenario:
+    """Validate a raw scenario and check the files it names.
+
+    Raises:
+        ScenarioError: the first problem (its field path, what was expected, what was given).
+        UserInputError: a trace or calibration profile it names is unusable (names that file).
+    """
     if not isinstance(raw, dict):
         raise ScenarioError(source, "", "expected a mapping at the top level of the scenario")
     data = dict(raw)
     data["source"] = source
     data["base_dir"] = base_dir
     try:
-        return Scenario.model_validate(data)
+        scenario = Scenario.model_validate(data)
     except ValidationError as err:
         errors = _relevant(err.errors(include_url=False))
         first = errors[0]
-        field = _format_loc(first["loc"])
+        loc = tuple(p for p in first["loc"])
+        field = _format_loc(loc)
         got = first.get("input")
         msg = first["msg"]
+        prefixed = _FIELD_PREFIX.match(msg) if first["type"] == "value_error" else None
         if first["type"] == "extra_forbidden":
-            msg = "unknown key"
+            msg = _unknown_key_message(tuple(field.split(".")))
+        elif prefixed:  # a check across fields names the one it blames: "Value error, field: text"
+            field = f"{field}.{prefixed[1]}" if field else prefixed[1]
+            msg = prefixed[2]
+        elif first["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
         elif not isinstance(got, (dict, list)):
             msg = f"{msg} (got {got!r})"
         more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
         raise ScenarioError(source, field, msg + more) from None
+    _check_files(scenario)
+    return scenario
+
+
+def _validate_overridden(raw: dict, base: dict, overrides: list[str], flag: str, source: str,
+                         base_dir: str) -> Scenario:
+    """:func:`_validate` of a scenario with overrides applied; a problem is blamed on the override
+    that set the field, or on the overrides when the scenario without them is valid."""
+    try:
+        return _validate(raw, source, base_dir)
+    except ScenarioError as err:
+        if err.source != source or not overrides:
+            raise
+        keys = [item.partition("=")[0].strip() for item in overrides]
+        field = err.field
+        for item, key in zip(overrides, keys):
+            if field and (field == key or field.startswith(key + ".") or key.startswith(field + ".")):
+                raise ScenarioError(f"{flag} {item}", field, err.expected) from None
+        try:
+            _validate(base, source, base_dir)
+        except UserInputError:
+            raise err from None  # the scenario itself is bad
+        blamed = " ".join(f"{flag} {item}" for item in overrides)
+        raise ScenarioError(f"{source} with {blamed}", field, err.expected) from None
 
 
 def load_scenario(path_or_dict: Union[str, Path, dict, Scenario], overrides: Optional[list[str]] = None) -> Scenario:
@@ -156,17 +247,35 @@ def load_scenario(path_or_dict: Union[str, Path, dict, Scenario], overrides: Opt
         except (OSError, UnicodeDecodeError) as err:
             raise ScenarioError(source, "", f"cannot read the file ({err})") from None
     if isinstance(raw, dict) and overrides:
-        apply_overrides(raw, overrides, source)
-    scenario = _validate(raw, source, base_dir)
-    _check_files(scenario)
-    return scenario
+        base = copy.deepcopy(raw)
+        apply_overrides(raw, overrides)
+        return _validate_overridden(raw, base, overrides, "--set", source, base_dir)
+    return _validate(raw, source, base_dir)
 
 
 def _check_files(scenario: Scenario) -> None:
-    w = scenario.workload
-    if w.arrival == "trace" and not scenario.resolve_path(w.trace).is_file():
-        raise ScenarioError(scenario.source, "workload.trace", f"no such file: {w.trace}")
+    """The trace and the calibration profile the scenario names exist and are usable (read and
+    checked now, before anything runs), and a trace's requests agree with the rest."""
+    from sim.model.profile import load_profile
+    from sim.model.workload import read_trace
+
+    w, srv = scenario.workload, scenario.server
+    if w.arrival == "trace":
+        path = scenario.resolve_path(w.trace)
+        if not path.is_file():
+            raise ScenarioError(scenario.source, "workload.trace", f"no such file: {path}")
+        specs = read_trace(path)
+        if w.warmup_requests >= len(specs):
+            raise ScenarioError(scenario.source, "workload.warmup_requests",
+                                f"must be smaller than the trace's {len(specs)} requests (got {w.warmup_requests})")
+        try:
+            shortest = int((specs.input_len + specs.output_len).min())
+            _check_fits(shortest, srv.kv_pool_tokens, srv.page_size, f"the shortest request of {path}")
+        except ValueError as err:
+            raise ScenarioError(scenario.source, *str(err).split(": ", 1)) from None
     profile = scenario.costs.profile
-    if profile and not scenario.resolve_path(profile).is_file():
-        raise ScenarioError(scenario.source, "costs.profile",
-                            f"no such calibration profile: {scenario.resolve_path(profile)}")
+    if profile:
+        path = scenario.resolve_path(profile)
+        if not path.is_file():
+            raise ScenarioError(scenario.source, "costs.profile", f"no such calibration profile: {path}")
+        load_profile(path)

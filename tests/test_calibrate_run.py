@@ -102,7 +102,7 @@ def test_sidecar_of_another_calibration_is_refused(tmp_path, capsys):
     (["--backend", "torch", "--device", "cpu", "--model", "gpt-9"], "--model"),
     (["--backend", "torch", "--device", "gpu"], "--device"),
     (["--backend", "mlx", "--device", "cuda"], "--device"),
-    (["--backend", "torch", "--device", "cpu", "--model", "tiny", "--heads", "3"], "kv_heads"),
+    (["--backend", "torch", "--device", "cpu", "--model", "tiny", "--heads", "3"], "--kv-heads"),
 ])
 def test_bad_requests_exit_2_in_one_line(tmp_path, capsys, argv, words):
     assert main(["calibrate", *argv, "--out", str(tmp_path / "x.json")]) == 2
@@ -137,3 +137,39 @@ def test_metal_requested_without_metal(tmp_path, capsys):
         pytest.skip("this machine has Metal")
     assert main(["calibrate", "--backend", "mlx", "--device", "gpu", "--out", str(tmp_path / "x.json")]) == 2
     assert "no Metal device" in capsys.readouterr().err
+
+
+def test_a_failed_first_point_leaves_nothing_that_blocks_the_corrected_retry(tmp_path, capsys, monkeypatch):
+    # a GPU calibration that fails at once (here: a backend whose first forward runs out of device
+    # memory, as `--device cuda` with a too large grid does) must not leave a samples file behind:
+    # the corrected command (another device or grid) then runs without --fresh
+    out = tmp_path / "p.json"
+    sidecar = out.with_name(out.name + ".samples.jsonl")
+
+    class OutOfMemoryError(RuntimeError):  # torch.cuda.OutOfMemoryError's name
+        pass
+
+    def oom(self, task):
+        raise OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(measure.Measurer, "run", oom)
+    assert main(["calibrate", "--backend", "torch", "--device", "cpu", "--out", str(out), "--quiet",
+                 "--batch-sizes", "64", *TINY_GRID[2:]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "out of cpu memory" in err[0] and "--batch-sizes" in err[0]
+    assert not sidecar.exists() and not out.exists()
+    monkeypatch.undo()
+    assert main(["calibrate", "--backend", "torch", "--device", "cpu", "--out", str(out), "--quiet", *TINY_GRID]) == 0
+    assert out.is_file() and not sidecar.exists()
+
+
+def test_a_missing_device_writes_nothing(tmp_path, capsys, monkeypatch):
+    # the backend (framework, device) is checked before the samples file is created
+    out = tmp_path / "p.json"
+
+    def no_device(cfg):
+        raise measure.CalibrationInputError("--device", "", "cuda, but there is no GPU here")
+
+    monkeypatch.setattr(measure, "make_backend", no_device)
+    assert main(["calibrate", "--backend", "torch", "--device", "cpu", "--out", str(out), "--quiet", *TINY_GRID]) == 2
+    assert list(tmp_path.iterdir()) == []

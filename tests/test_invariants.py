@@ -27,7 +27,7 @@ def scenarios(draw):
             "num_requests": n,
             "warmup_requests": draw(st.integers(0, n - 1)),
             "input_len": {"dist": "uniform", "low": 2, "high": input_len},
-            "cached_len": draw(st.integers(0, 200)),
+            "cached_len": draw(st.integers(0, min(200, input_len))),  # a cached prefix is part of the prompt
             "output_len": {"dist": "uniform", "low": 1, "high": draw(st.integers(1, 60))},
             "finish": draw(st.sampled_from(["length", "eos"])),
         },

@@ -205,8 +205,12 @@ def test_cli_run_reports_the_failure_as_an_outcome(tmp_path, capsys):
 
     from sim.cli import main
 
-    assert main(["run", str(SCENARIOS / "kv-pressure.yaml"), "--out", str(tmp_path), "--no-plots", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    # exit status 3: a setting's server died (the results are written, stderr says which in one line)
+    assert main(["run", str(SCENARIOS / "kv-pressure.yaml"), "--out", str(tmp_path), "--no-plots", "--json"]) == 3
+    text = capsys.readouterr()
+    out = json.loads(text.out)
+    err = text.err.strip().splitlines()
+    assert len(err) == 1 and "overlap: the server died" in err[0] and "normal" not in err[0]
     assert out["settings"]["overlap"]["outcome"] == "server_died"
     assert out["settings"]["normal"]["outcome"] == "ok"
     summary = json.loads((tmp_path / "summary.json").read_text())

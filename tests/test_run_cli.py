@@ -44,3 +44,31 @@ def test_run_table_and_parquet(tmp_path, capsys):
     assert "overlap/normal" in text and "output throughput" in text
     assert pd.read_parquet(out / "steps_normal.parquet").shape[0] > 0
     assert not (out / "gaps.png").exists()
+
+
+def test_variants_get_their_own_folder_and_a_rerun_leaves_nothing_stale(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    small = ["--set", "workload.num_requests=10", "--set", "workload.warmup_requests=2"]
+    assert main(["run", str(QUICKSTART), *small]) == 0
+    variant = tmp_path / "results" / "quickstart-workload.num_requests=10,workload.warmup_requests=2"
+    assert (variant / "summary.json").is_file() and (variant / "gaps.png").is_file()
+    assert main(["run", str(QUICKSTART), *small, "--set", "server.settings=overlap", "--no-plots"]) == 0
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == [
+        "quickstart-workload.num_requests=10,workload.warmup_requests=2",
+        "quickstart-workload.num_requests=10,workload.warmup_requests=2,server.settings=overlap"]
+    # the same folder again with --tables none: the earlier tables and plots are gone
+    assert main(["run", str(QUICKSTART), *small, "--tables", "none", "--out", str(variant)]) == 0
+    assert sorted(p.name for p in variant.iterdir()) == ["summary.json"]
+    capsys.readouterr()
+
+
+def test_a_profile_given_with_set_is_taken_from_the_working_directory(tmp_path, capsys, monkeypatch):
+    import shutil
+
+    shutil.copy(QUICKSTART.parent / "profiles" / "cpu-torch-small.json", tmp_path / "mine.json")
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(QUICKSTART), "--set", "costs.profile=mine.json", "--set", "workload.num_requests=10",
+                 "--set", "workload.warmup_requests=2", "--json", "--no-plots", "--out", "res"]) == 0
+    saved = json.loads((tmp_path / "res" / "summary.json").read_text())
+    assert saved["scenario_config"]["costs"]["profile"] == str(tmp_path / "mine.json")
+    capsys.readouterr()

@@ -206,3 +206,18 @@ def test_killed_sweep_loses_nothing_and_resumes(tmp_path):
     fresh = sweep(QUICKSTART, {"workload.concurrency": list(range(1, 9)), "costs.cpu.scale": [1, 2]},
                   overrides=["workload.num_requests=48"], workers=1)
     pd.testing.assert_frame_equal(load_sweep(out)[0], fresh)
+
+
+def test_a_grid_over_seed_keeps_the_point_seed_and_each_runs_seed(tmp_path, capsys):
+    # the documented use `--grid seed=0,1`: the grid's column is point_seed, seed is each run's
+    table = sweep(NOISY, {"seed": [0, 10]}, repeats=2, workers=1)
+    assert list(table.columns[:5]) == ["point", "point_seed", "setting", "repeat", "seed"]
+    assert sorted(set(zip(table["point_seed"], table["seed"]))) == [(0, 0), (0, 1), (10, 10), (10, 11)]
+    from sim.whatif.variance import ratio_ci, spread
+    assert len(ratio_ci(table)) == 2 and set(spread(table)["n"]) == {2}
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(NOISY))
+    assert main(["sweep", str(path), "--grid", "seed=0,1", "--repeats", "2", "--workers", "1", "--no-plots",
+                 "--out", str(tmp_path / "sw")]) == 0
+    assert "point_seed" in capsys.readouterr().out
+    assert main(["plots", str(tmp_path / "sw")]) == 0

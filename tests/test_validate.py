@@ -19,7 +19,16 @@ def no_wait(monkeypatch):
     monkeypatch.setattr(runner, "_steady", lambda: True)
 
 
-def test_validate_smoke_grid_prints_the_table_and_resumes(tmp_path, capsys, no_wait):
+@pytest.fixture
+def never_waits(monkeypatch):
+    # the smoke grid does not depend on how busy the machine is: it never waits, probes or retakes
+    def fail(*a, **k):
+        raise AssertionError("the smoke grid waited for a quiet machine")
+    monkeypatch.setattr(runner, "wait_quiet", fail)
+    monkeypatch.setattr(runner, "_probe_cores", fail)
+
+
+def test_validate_smoke_grid_prints_the_table_and_resumes(tmp_path, capsys, never_waits):
     out = tmp_path / "v"
     assert main(["validate", "--backend", "torch", "--device", "cpu", "--grid", "smoke", "--out", str(out)]) == 0
     text = capsys.readouterr()
@@ -44,6 +53,8 @@ def test_validate_smoke_grid_prints_the_table_and_resumes(tmp_path, capsys, no_w
     case = json.loads((out / "cases" / "smoke-torch-eos.json").read_text())
     assert case["gil"]["ops_per_forward"] >= 1 and case["gil"]["measured"]["torch_calls"] > 0
     assert "sync_latency_s" in json.loads(next((out / "profiles").glob("*.process.json")).read_text())["metadata"]
+    # the length and eos configurations have the same ranges: one calibration serves both
+    assert len(list((out / "profiles").glob("*.process.json"))) == 1
 
 
 def test_error_summary_by_hand():
@@ -73,11 +84,25 @@ def test_error_summary_by_hand():
     (["--backend", "mlx", "--device", "cuda"], "--device"),
     (["--backend", "torch", "--device", "cpu", "--only", "no-such-config"], "--only"),
     (["--backend", "torch", "--device", "cpu", "--profile", "/nonexistent/p.json"], "--profile"),
+    (["--backend", "torch", "--device", "cpu", "--max-wait", "-5"], "--max-wait"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, field):
     assert main(["validate", *args, "--out", str(tmp_path / "v")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and field in err[0]
+
+
+def test_a_corrupt_profile_fails_before_any_harness_run(tmp_path, capsys, monkeypatch):
+    def no_harness(*a, **k):
+        raise AssertionError("a harness run started")
+    monkeypatch.setattr(runner, "_quiet_run", no_harness)
+    bad = tmp_path / "p.json"
+    bad.write_text('{"format": "overlap-sim calibration profile", "sche')
+    assert main(["validate", "--backend", "torch", "--device", "cpu", "--grid", "smoke", "--profile", str(bad),
+                 "--out", str(tmp_path / "v")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(bad) in err[0] and "not valid JSON" in err[0]
+    assert not (tmp_path / "v").exists()
 
 
 def test_cuda_without_a_gpu_is_exit_2(tmp_path, capsys):

@@ -121,7 +121,7 @@ def measured_run(folder: Path, config: Workload) -> tuple[dict, list[dict]]:
     steps = server_runs.sglang_steps_frame(records, t0, load["end_s"], {rid: i for i, rid in enumerate(specs)}, warm)
     rows = [{"input_len": len(specs[r["rid"]]["input_ids"]), "cached_len": specs[r["rid"]]["cached_len"],
              "output_len": max(int(r["output_len"]), 1), "max_new_tokens": specs[r["rid"]]["max_new_tokens"],
-             "finish": "length" if int(r["output_len"]) >= specs[r["rid"]]["max_new_tokens"] else "eos"}
+             "ignore_eos": bool(specs[r["rid"]].get("ignore_eos", True))}
             for r in load["requests"]]
     return summarize(steps, requests, itl), rows
 

@@ -29,10 +29,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["cpu", "cuda", "gpu"], default=None,
                    help="torch: cpu or cuda; mlx: cpu or gpu (Metal) (without --engine)")
     p.add_argument("--grid", choices=["quick", "full", "smoke"], default="quick",
-                   help="quick: minutes on 2 cores; full: more sizes and lengths; smoke: two tiny configurations")
+                   help="quick: minutes on 2 cores; full: more sizes and lengths; smoke: two tiny configurations "
+                        "(under a minute, no waiting for a quiet machine)")
     p.add_argument("--profile", type=Path, default=None,
                    help="use this calibration profile for every configuration and setting instead of calibrating")
-    p.add_argument("--out", type=Path, default=None, help="results folder (default results/validate-<backend>-<device>/)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results folder (default results/validate-<backend>-<device>/): cases/<name>.json (one per "
+                        "finished configuration, reused on a rerun), profiles/, validation.csv, validation.json, "
+                        "validation.png; with --engine: results/validate-<engine>/ (sessions/, validation.json)")
     p.add_argument("--repeats", type=int, default=None,
                    help="runs per setting, interleaved (median of each metric); default 1, with --engine 5")
     p.add_argument("--only", action="append", default=[], metavar="NAME",
@@ -40,6 +44,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fresh", action="store_true", help="run again the configurations already saved in --out")
     p.add_argument("--json", action="store_true", help="print one JSON object (rows and error summary) on stdout")
     p.add_argument("--no-plot", action="store_true", help="skip the predicted-vs-measured plot")
+    p.add_argument("--max-wait", type=float, default=None, metavar="SECONDS",
+                   help="wait at most this long for a quiet machine before each calibration and harness run, and "
+                        "take a disturbed run again (default 60; 0 with --grid smoke)")
+    p.add_argument("--no-wait", action="store_true",
+                   help="never wait for a quiet machine nor retake a disturbed run (= --max-wait 0): the results "
+                        "then show how busy the machine was")
+
+
+MAX_WAIT_S = 3600.0
+SMOKE_CALIBRATION_REPEATS = 5
 
 
 def _check_device(backend: str, device: str) -> None:
@@ -72,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
 
     from calibrate.validate import report
     from calibrate.validate.grid import grid
-    from calibrate.validate.runner import load_cases, machine, validate_case
+    from calibrate.validate.runner import CALIBRATION_REPEATS, QUIET_TIMEOUT_S, Quiet, load_cases, machine, validate_case
+    from sim.atomic import check_output_dir
+    from sim.model.profile import load_profile
 
     if args.engine:
         from calibrate.real.cli import run_validate
@@ -83,12 +99,21 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, flag) is None:
             raise CalibrationInputError(f"--{flag}", "", "required (or --engine sglang to score against the real server)")
     args.repeats = 1 if args.repeats is None else args.repeats
+    if args.max_wait is not None and not (0 <= args.max_wait <= MAX_WAIT_S):  # NaN fails too
+        raise CalibrationInputError("--max-wait", "", f"expected seconds from 0 to {MAX_WAIT_S:g} (got {args.max_wait})")
+    if args.no_wait and args.max_wait:
+        raise CalibrationInputError("--no-wait", "", "contradicts --max-wait (give one of them)")
+    if not 1 <= args.repeats <= 1000:
+        raise CalibrationInputError("--repeats", "", f"an integer from 1 to 1000 (got {args.repeats})")
+    if args.profile is not None:
+        if not args.profile.is_file():
+            raise CalibrationInputError("--profile", "", f"no such calibration profile: {args.profile}")
+        load_profile(args.profile)  # a corrupt profile fails now, not after the harness runs
+    out = check_output_dir(args.out or Path("results") / f"validate-{args.backend}-{args.device}", "--out")
     _check_device(args.backend, args.device)
-    if args.repeats < 1:
-        raise CalibrationInputError("--repeats", "", "an integer >= 1")
-    if args.profile is not None and not args.profile.is_file():
-        raise CalibrationInputError(str(args.profile), "--profile", "no such calibration profile")
-    out = args.out or Path("results") / f"validate-{args.backend}-{args.device}"
+    smoke = args.grid == "smoke"
+    max_wait = 0.0 if args.no_wait else args.max_wait if args.max_wait is not None else 0.0 if smoke else QUIET_TIMEOUT_S
+    quiet = Quiet(max_wait)
     err = Console(stderr=True, width=120)
     cases = [(regime, dataclasses.replace(cfg, device=args.device)) for regime, cfg in grid(args.backend, args.grid)]
     if args.only:
@@ -104,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
     for i, (regime, cfg) in enumerate(todo):
         err.print(f"[{i + 1}/{len(todo)}] {cfg.name} ({regime})", highlight=False)
         done[cfg.name] = validate_case(regime, cfg, out, args.profile, args.repeats,
-                                       report=lambda msg: err.print(f"    {msg}", highlight=False))
+                                       report=lambda msg: err.print(f"    {msg}", highlight=False), quiet=quiet,
+                                       calibration_repeats=SMOKE_CALIBRATION_REPEATS if smoke else CALIBRATION_REPEATS)
     rows = [row for _, cfg in cases for row in report.case_rows(done[cfg.name])]
     report.write_csv(rows, out / "validation.csv")
     m = machine()

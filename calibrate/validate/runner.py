@@ -3,7 +3,9 @@ setting, simulate the same configuration from the isolated timings only, and kee
 
 A finished configuration is written atomically to ``<out>/cases/<name>.json`` as soon as it
 completes; a rerun skips the configurations already there (full grids are long). Profiles go
-to ``<out>/profiles/`` (a calibration interrupted midway resumes from its sidecar).
+to ``<out>/profiles/``, named by a hash of what they measure: configurations with the same
+ranges (a grid's ``length`` and ``eos`` variants) share one calibration, and a calibration
+interrupted midway resumes from its sidecar.
 
 What the simulation is given, per setting (nothing measured by the harness run itself):
 ``normal``/``overlap`` on torch CPU: the device-process profile
@@ -16,6 +18,7 @@ Profiles are priced at each point's mean (``costs.profile_statistic: mean``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -171,12 +174,36 @@ def wait_quiet(report, timeout_s: float = QUIET_TIMEOUT_S, window_s: float = 0.5
             said = True
 
 
-def _quiet_points(report):
-    """A calibration progress callback that waits for a quiet machine before each point."""
-    def gate(done: int, total: int, label: str) -> None:
-        if label:
-            wait_quiet(report, window_s=0.2)
-    return gate
+class Quiet:
+    """How a validation treats a busy machine: wait up to ``max_wait_s`` for it to be quiet before
+    each calibration, calibration point and harness run, and take a disturbed run or point again
+    (:data:`ATTEMPTS`). ``max_wait_s`` 0: never wait, never retake (the results then depend on
+    how busy the machine is; the smoke grid's default)."""
+
+    def __init__(self, max_wait_s: float = QUIET_TIMEOUT_S):
+        self.max_wait_s = max_wait_s
+
+    @property
+    def waits(self) -> bool:
+        return self.max_wait_s > 0
+
+    def wait(self, report, window_s: float = 0.5) -> float | None:
+        return wait_quiet(report, self.max_wait_s, window_s) if self.waits else None
+
+    @property
+    def attempts(self) -> int:
+        return ATTEMPTS if self.waits else 1
+
+    def steady(self):
+        """The calibration's ``steady`` check (None: keep every point as measured)."""
+        return _steady if self.waits else None
+
+    def points(self, report):
+        """A calibration progress callback that waits for a quiet machine before each point."""
+        def gate(done: int, total: int, label: str) -> None:
+            if label:
+                self.wait(report, window_s=0.2)
+        return gate
 
 
 def _steady() -> bool:
@@ -185,21 +212,26 @@ def _steady() -> bool:
     return _probe_cores() <= SLOW_FACTOR
 
 
-def _profiles(cfg: HarnessConfig, out: Path, report) -> dict[str, Path]:
-    """Calibrate ``cfg`` (each kind of profile its settings need); returns setting -> profile."""
+def _profiles(cfg: HarnessConfig, out: Path, report, quiet: Quiet, repeats: int) -> dict[str, Path]:
+    """Calibrate ``cfg`` (each kind of profile its settings need, ``repeats`` samples a point);
+    returns setting -> profile."""
     from calibrate.measure import calibrate
 
-    ccfg = calibration_config(cfg)
+    ccfg = calibration_config(cfg, repeats=repeats)
     folder = out / "profiles"
+    key = hashlib.sha256(json.dumps(ccfg.identity(), sort_keys=True).encode()).hexdigest()[:12]
 
     def calibrated(path: Path, what: str, make_backend=None) -> Path:
-        # each profile is calibrated once (a rerun finds it), on a quiet machine
-        if not path.exists():
-            wait_quiet(report)
-            report(f"{cfg.name}: calibrating{what}")
+        # each profile is calibrated once (a rerun, or a configuration of the same ranges, finds it),
+        # on a quiet machine
+        if path.exists():
+            report(f"{cfg.name}: using the calibration{what} in {path}")
+        else:
+            quiet.wait(report)
+            report(f"{cfg.name}: calibrating{what.replace(' of ', ' ', 1)}")
             backend = make_backend() if make_backend else None
             try:
-                calibrate(ccfg, path, backend=backend, report=_quiet_points(report), steady=_steady)
+                calibrate(ccfg, path, backend=backend, report=quiet.points(report), steady=quiet.steady())
             finally:
                 if backend is not None:
                     backend.close()
@@ -212,19 +244,24 @@ def _profiles(cfg: HarnessConfig, out: Path, report) -> dict[str, Path]:
         from calibrate.harness.thread_backend import ThreadTorchBackend
 
         eos_id = build_tokenizer(cfg.tokenizer_vocab).token_to_id(EOS)
-        proc = calibrated(folder / f"{cfg.name}.process.json", " the device process",
+        proc = calibrated(folder / f"{key}.process.json", " of the device process",
                           lambda: ProcessTorchBackend(ccfg, _cores(), eos_id))
-        thread = calibrated(folder / f"{cfg.name}.thread.json", " the forward thread",
+        thread = calibrated(folder / f"{key}.thread.json", " of the forward thread",
                             lambda: ThreadTorchBackend(ccfg, _cores(), eos_id))
         return {"normal": proc, "overlap": proc, "thread_overlap": thread}
-    path = calibrated(folder / f"{cfg.name}.json", "")
+    path = calibrated(folder / f"{key}.{cfg.backend}.json", "")
     return {s: path for s in cfg.settings}
 
 
+CALIBRATION_REPEATS = 30  # samples per calibration point (the smoke grid takes fewer)
+
+
 def validate_case(regime: str, cfg: HarnessConfig, out: Path, profile: Path | None = None,
-                  repeats: int = 1, report: Callable[[str], None] = print) -> dict:
+                  repeats: int = 1, report: Callable[[str], None] = print, quiet: Quiet | None = None,
+                  calibration_repeats: int = CALIBRATION_REPEATS) -> dict:
     """Calibrate (or use ``profile`` for every setting), run the harness ``repeats`` times per
     setting, simulate; returns the case record (also written to ``<out>/cases/<name>.json``).
+    ``quiet``: how to treat a busy machine (default: wait up to a minute, retake disturbed runs).
 
     Raises:
         CalibrationInputError / ProfileError / ScenarioError: bad input (one line, exit 2).
@@ -235,12 +272,14 @@ def validate_case(regime: str, cfg: HarnessConfig, out: Path, profile: Path | No
     from sim.output.report import jsonable
 
     out = Path(out)
-    profiles = {s: Path(profile) for s in cfg.settings} if profile else _profiles(cfg, out, report)
+    quiet = quiet or Quiet()
+    profiles = ({s: Path(profile) for s in cfg.settings} if profile
+                else _profiles(cfg, out, report, quiet, calibration_repeats))
     gil = None
     if "thread_overlap" in cfg.settings:
         from calibrate.validate.gil_params import measure_gil_params
 
-        wait_quiet(report)
+        quiet.wait(report)
         gil = measure_gil_params(cfg)
     tokenizer = build_tokenizer(cfg.tokenizer_vocab)
     measured, predicted = {}, {}
@@ -248,7 +287,7 @@ def validate_case(regime: str, cfg: HarnessConfig, out: Path, profile: Path | No
     for r in range(repeats):  # settings interleaved: a slow drift of the machine hits all of them
         for setting in cfg.settings:
             report(f"{cfg.name}: harness {setting} (run {r + 1}/{repeats})")
-            runs[setting].append(_quiet_run(cfg, setting, tokenizer, report))
+            runs[setting].append(_quiet_run(cfg, setting, tokenizer, report, quiet))
     for setting in cfg.settings:
         reps = runs[setting]
         measured[setting] = _median_summary([r["summary"] for r in reps])
@@ -265,24 +304,27 @@ def validate_case(regime: str, cfg: HarnessConfig, out: Path, profile: Path | No
     return record
 
 
-def _quiet_run(cfg: HarnessConfig, setting: str, tokenizer, report) -> dict:
+def _quiet_run(cfg: HarnessConfig, setting: str, tokenizer, report, quiet: Quiet | None = None) -> dict:
     """One harness run on a quiet machine: waits for quiet, and takes the run again (up to
     :data:`ATTEMPTS` times) when it was disturbed (other processes busy, or a core slow right
-    after it); keeps the first undisturbed run, or the first run if none was."""
+    after it); keeps the first undisturbed run, or the first run if none was. With a ``quiet``
+    that does not wait: one run, as the machine is."""
     from calibrate.harness.run import run_harness
 
+    quiet = quiet or Quiet()
     best = None
-    for attempt in range(ATTEMPTS):
-        wait_quiet(report)
+    attempts = quiet.attempts
+    for attempt in range(attempts):
+        quiet.wait(report)
         with LoadMeter() as load:
             res = run_harness(cfg, setting, tokenizer)
-        slow = _probe_cores()  # a core still slow right after the run: it probably was during it
+        slow = _probe_cores() if quiet.waits else 1.0  # a core still slow right after the run: it probably was during it
         rec = {"summary": res.summary(), "phases_ms": res.phase_means_ms(), "other_cores": load.other_cores,
                "slow_after": slow, "wall_s": load.wall_s, "info": res.info, "attempts": attempt + 1}
         disturbed = (load.other_cores or 0) > BUSY_CORES or slow > SLOW_FACTOR
         if best is None or not disturbed:
             best = rec
-        if not disturbed:
+        if not disturbed or attempt + 1 == attempts:
             break
         report(f"the run was disturbed ({_why(load.other_cores, BUSY_CORES, slow)}): running it again")
     return best

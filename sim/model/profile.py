@@ -60,6 +60,10 @@ OPTIONAL_CURVE_AXES: dict[str, tuple[str, ...]] = {
 ALL_CURVE_AXES = {**CURVE_AXES, **OPTIONAL_CURVE_AXES}
 REQUIRED_METADATA = ("backend", "device", "device_name", "host_cpu", "libraries", "model", "date",
                      "grid", "repeats")
+# optional metadata times the simulator reads (seconds)
+TIME_METADATA = ("sync_latency_s", "device_gap_s")
+MAX_STEP_S = 3600.0  # no phase or forward of one step takes an hour: a larger time is a corrupt value
+MIN_FORWARD_S = 1.0e-9  # a forward takes at least this long (else simulated time would not advance)
 
 
 def load_profile(path: str | Path) -> dict:
@@ -103,6 +107,9 @@ def validate_profile(data, source: str) -> None:
     for key in REQUIRED_METADATA:
         if key not in meta:
             raise ProfileError(source, f"metadata.{key}", "missing")
+    for key in TIME_METADATA:
+        if key in meta:
+            _check_time(meta[key], source, f"metadata.{key}")
     curves = data.get("curves")
     if not isinstance(curves, dict):
         raise ProfileError(source, "curves", "an object with one curve per forward kind and phase")
@@ -111,6 +118,11 @@ def validate_profile(data, source: str) -> None:
             raise ProfileError(source, f"curves.{name}", "missing: a profile needs a curve for every forward "
                                f"kind and phase ({', '.join(CURVE_AXES)})")
         _check_curve(curves[name], axes, source, f"curves.{name}")
+        if name.startswith("forward."):
+            flat = curves[name]["values_s"] if len(axes) == 1 else [t for row in curves[name]["values_s"] for t in row]
+            if min(flat) < MIN_FORWARD_S:
+                raise ProfileError(source, f"curves.{name}.values_s", f"times >= {MIN_FORWARD_S:g} s: a forward "
+                                   f"takes time (got {min(flat)!r})")
     for name, axes in OPTIONAL_CURVE_AXES.items():
         if name in curves:
             _check_curve(curves[name], axes, source, f"curves.{name}")
@@ -134,13 +146,21 @@ def validate_profile(data, source: str) -> None:
             raise ProfileError(source, where, "an object with curve (a known curve), point and times_s")
         if not isinstance(s.get("setting", ""), str):
             raise ProfileError(source, f"{where}.setting", "a setting name")
+        for axis in ALL_CURVE_AXES[s["curve"]]:
+            if not _is_coordinate(s["point"].get(axis)):
+                raise ProfileError(source, f"{where}.point.{axis}",
+                                   f"a finite number >= 0 (got {s['point'].get(axis)!r})")
         for i, t in enumerate(s["times_s"]):
             _check_time(t, source, f"{where}.times_s[{i}]")
 
 
+def _is_coordinate(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
 def _check_time(t, source: str, field: str) -> None:
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-        raise ProfileError(source, field, f"a finite time in seconds >= 0 (got {t!r})")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 0 <= t <= MAX_STEP_S:
+        raise ProfileError(source, field, f"a finite time in seconds >= 0 and <= {MAX_STEP_S:g} (got {t!r})")
 
 
 def _check_curve(c, axes: tuple[str, ...], source: str, where: str) -> None:
@@ -152,8 +172,7 @@ def _check_curve(c, axes: tuple[str, ...], source: str, where: str) -> None:
     if not isinstance(grid, list) or len(grid) != len(axes):
         raise ProfileError(source, f"{where}.grid", f"{len(axes)} list(s) of node coordinates")
     for d, nodes in enumerate(grid):
-        ok = isinstance(nodes, list) and nodes and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in nodes)
+        ok = isinstance(nodes, list) and nodes and all(_is_coordinate(v) for v in nodes)
         if not ok or any(b <= a for a, b in zip(nodes, nodes[1:])):
             raise ProfileError(source, f"{where}.grid[{d}]", "a non-empty, strictly increasing list of numbers >= 0")
     values = c.get("values_s")

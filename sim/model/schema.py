@@ -13,11 +13,25 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-NonNegFloat = Annotated[float, Field(ge=0.0)]
+from sim.model.profile import MAX_STEP_S, MIN_FORWARD_S
+
+# Upper bounds: far above any real server, low enough that every time and count the simulator
+# derives from them stays finite and exact (int64 lengths, float seconds).
+MAX_TOKENS = 10**9  # a request's length, a chunk, a page
+MAX_POOL_TOKENS = 10**12  # the KV pool
+MAX_REQUESTS = 10**8  # requests of a run, clients, running requests
+MAX_SEED = 2**63 - 1
+MAX_SCALE, MIN_SCALE = 1.0e6, 1.0e-6  # costs.{gpu,cpu}.scale
+MAX_CV = 100.0  # coefficients of variation of the jitter
+
+Seconds = Annotated[float, Field(ge=0.0, le=MAX_STEP_S)]  # a cost in seconds
+Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS)]
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Unknown keys are errors; values are frozen; floats must be finite (no NaN, no infinity)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # --- lengths ---------------------------------------------------------------------------
@@ -27,54 +41,92 @@ class UniformLength(StrictModel):
     """Integer lengths uniform on [low, high]."""
 
     dist: Literal["uniform"]
-    low: int = Field(ge=0)
-    high: int = Field(ge=0)
+    low: Tokens
+    high: Tokens
 
     @model_validator(mode="after")
     def _ordered(self):
         if self.high < self.low:
-            raise ValueError("high must be >= low")
+            raise ValueError(f"high: must be >= low (got low {self.low}, high {self.high})")
         return self
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        return self.low, self.high
+
+
+def _min_max(spec) -> None:
+    if spec.max is not None and spec.max < spec.min:
+        raise ValueError(f"max: must be >= min (got min {spec.min}, max {spec.max})")
 
 
 class NormalLength(StrictModel):
     """Normal lengths, rounded and clipped to [min, max]."""
 
     dist: Literal["normal"]
-    mean: float = Field(gt=0)
-    std: float = Field(ge=0)
-    min: int = Field(default=1, ge=0)
-    max: Optional[int] = Field(default=None, ge=1)
+    mean: float = Field(gt=0, le=MAX_TOKENS)
+    std: float = Field(ge=0, le=MAX_TOKENS)
+    min: Tokens = 1
+    max: Optional[int] = Field(default=None, ge=1, le=MAX_TOKENS)
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        _min_max(self)
+        return self
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        return self.min, MAX_TOKENS if self.max is None else self.max
 
 
 class LognormalLength(StrictModel):
     """Lognormal lengths with arithmetic mean ``mean`` and log-space std ``sigma`` (ShareGPT-like)."""
 
     dist: Literal["lognormal"]
-    mean: float = Field(gt=0)
-    sigma: float = Field(ge=0)
-    min: int = Field(default=1, ge=0)
-    max: Optional[int] = Field(default=None, ge=1)
+    mean: float = Field(gt=0, le=MAX_TOKENS)
+    sigma: float = Field(ge=0, le=10)
+    min: Tokens = 1
+    max: Optional[int] = Field(default=None, ge=1, le=MAX_TOKENS)
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        _min_max(self)
+        return self
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        return self.min, MAX_TOKENS if self.max is None else self.max
 
 
 class ChoiceLength(StrictModel):
     """Lengths drawn from ``values`` with optional ``weights``."""
 
     dist: Literal["choice"]
-    values: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
-    weights: Optional[list[Annotated[float, Field(ge=0)]]] = None
+    values: list[Tokens] = Field(min_length=1)
+    weights: Optional[list[Annotated[float, Field(ge=0, le=1e12)]]] = None
 
     @model_validator(mode="after")
     def _same_length(self):
         if self.weights is not None and (len(self.weights) != len(self.values) or sum(self.weights) <= 0):
-            raise ValueError("weights must have one non-negative entry per value and a positive sum")
+            raise ValueError("weights: must have one non-negative entry per value and a positive sum")
         return self
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        chosen = self.values if self.weights is None else [v for v, w in zip(self.values, self.weights) if w > 0]
+        return min(chosen), max(chosen)
 
 
 LengthDist = Annotated[
     Union[UniformLength, NormalLength, LognormalLength, ChoiceLength], Field(discriminator="dist")
 ]
-Length = Union[Annotated[int, Field(ge=0)], LengthDist]
+Length = Union[Tokens, LengthDist]
+
+
+def length_bounds(spec: Length) -> tuple[int, int]:
+    """(smallest, largest) length a spec can draw (before the simulator's own floor of 1 for
+    input and output lengths; distributions without ``max`` are capped at :data:`MAX_TOKENS`)."""
+    return (spec, spec) if isinstance(spec, int) else spec.bounds
 
 
 class Workload(StrictModel):
@@ -88,11 +140,11 @@ class Workload(StrictModel):
     ``arrival_s`` ignored) and ``num_requests`` is its length."""
 
     arrival: Literal["closed_loop", "poisson", "trace"] = "closed_loop"
-    concurrency: int = Field(default=8, ge=1)
-    rate_per_s: float = Field(default=4.0, gt=0)
-    trace: Optional[str] = None
-    num_requests: int = Field(default=64, ge=1)
-    warmup_requests: int = Field(default=0, ge=0)
+    concurrency: int = Field(default=8, ge=1, le=MAX_REQUESTS)
+    rate_per_s: float = Field(default=4.0, ge=1e-6, le=1e9)
+    trace: Optional[str] = Field(default=None, min_length=1)
+    num_requests: int = Field(default=64, ge=1, le=MAX_REQUESTS)
+    warmup_requests: int = Field(default=0, ge=0, le=MAX_REQUESTS)
     input_len: Length = 512
     cached_len: Length = 0
     output_len: Length = 256
@@ -107,21 +159,31 @@ class Workload(StrictModel):
     @model_validator(mode="after")
     def _consistent(self):
         if self.warmup_requests >= self.num_requests and not self.trace:
-            raise ValueError("warmup_requests must be smaller than num_requests")
+            raise ValueError(f"warmup_requests: must be smaller than num_requests (got {self.warmup_requests} "
+                             f"warm-up of {self.num_requests} requests)")
         if self.arrival == "trace" and not self.trace:
-            raise ValueError("arrival: trace needs a trace file (workload.trace)")
+            raise ValueError("trace: arrival: trace needs a trace file (workload.trace)")
         if self.trace and self.arrival == "poisson":
-            raise ValueError("a trace gives arrival times (arrival: trace) or, closed-loop, lengths only; not poisson")
+            raise ValueError("trace: a trace gives arrival times (arrival: trace) or, closed-loop, lengths only; "
+                             "not poisson")
+        cached_lo, input_hi = length_bounds(self.cached_len)[0], length_bounds(self.input_len)[1]
+        if cached_lo > input_hi:
+            raise ValueError(f"cached_len: must be <= input_len (a cached prefix is part of the prompt; got "
+                             f"cached_len {cached_lo} > input_len {input_hi})")
         return self
 
 
 class CostTerm(StrictModel):
     """A linear cost in seconds: base + per_req*reqs + per_token*tokens + per_ctx_token*sum(context)."""
 
-    base: NonNegFloat = 0.0
-    per_req: NonNegFloat = 0.0
-    per_token: NonNegFloat = 0.0
-    per_ctx_token: NonNegFloat = 0.0
+    base: Seconds = 0.0
+    per_req: Seconds = 0.0
+    per_token: Seconds = 0.0
+    per_ctx_token: Seconds = 0.0
+
+    def one_request_s(self) -> float:
+        """The term for one request of one token in a context of one token."""
+        return self.base + self.per_req + self.per_token + self.per_ctx_token
 
 
 class GpuCosts(StrictModel):
@@ -131,9 +193,9 @@ class GpuCosts(StrictModel):
 
     decode: CostTerm = CostTerm(base=0.004, per_req=2.0e-5, per_ctx_token=1.0e-9)
     prefill: CostTerm = CostTerm(base=0.002, per_token=1.0e-6)
-    overlap_residue: NonNegFloat = 2.0e-5
-    sync_latency: Optional[NonNegFloat] = None
-    scale: float = Field(default=1.0, gt=0)
+    overlap_residue: Seconds = 2.0e-5
+    sync_latency: Optional[Seconds] = None
+    scale: float = Field(default=1.0, ge=MIN_SCALE, le=MAX_SCALE)
 
 
 class CpuCosts(StrictModel):
@@ -141,7 +203,7 @@ class CpuCosts(StrictModel):
     schedule: CostTerm = CostTerm(base=1.5e-4, per_req=4.0e-6)
     launch: CostTerm = CostTerm(base=3.0e-4)
     process: CostTerm = CostTerm(base=8.0e-5, per_req=1.2e-5)
-    scale: float = Field(default=1.0, gt=0)
+    scale: float = Field(default=1.0, ge=MIN_SCALE, le=MAX_SCALE)
 
 
 class Noise(StrictModel):
@@ -153,10 +215,10 @@ class Noise(StrictModel):
     between two separately started servers; not shared between the settings of a comparison).
     """
 
-    gpu_cv: NonNegFloat = 0.0
-    cpu_cv: NonNegFloat = 0.0
-    run_gpu_cv: NonNegFloat = 0.0
-    run_cpu_cv: NonNegFloat = 0.0
+    gpu_cv: float = Field(default=0.0, ge=0, le=MAX_CV)
+    cpu_cv: float = Field(default=0.0, ge=0, le=MAX_CV)
+    run_gpu_cv: float = Field(default=0.0, ge=0, le=MAX_CV)
+    run_cpu_cv: float = Field(default=0.0, ge=0, le=MAX_CV)
 
 
 class GilCosts(StrictModel):
@@ -178,11 +240,11 @@ class GilCosts(StrictModel):
     a loop that processes k-1 while the forward thread runs k (threads contend for the GIL).
     """
 
-    switch_interval: float = Field(default=0.005, gt=0)
-    ops_per_forward: int = Field(default=7, ge=1)
-    sample_launch: NonNegFloat = 5.0e-5
-    sample_compute: NonNegFloat = 0.0
-    wake_latency: NonNegFloat = 0.0
+    switch_interval: float = Field(default=0.005, ge=1e-6, le=MAX_STEP_S)  # CPython counts it in microseconds
+    ops_per_forward: int = Field(default=7, ge=1, le=10_000)
+    sample_launch: Seconds = 5.0e-5
+    sample_compute: Seconds = 0.0
+    wake_latency: Seconds = 0.0
     wait_launch_done: bool = True
 
 
@@ -194,9 +256,19 @@ class Costs(StrictModel):
     each step priced at the ``median`` of the profile's samples at a point (its curves) or at
     their ``mean`` (the expected cost: what time averages such as throughput follow)."""
 
-    profile: Optional[str] = None
+    profile: Optional[str] = Field(default=None, min_length=1)
     profile_statistic: Literal["median", "mean"] = "median"
     gpu: GpuCosts = GpuCosts()
     cpu: CpuCosts = CpuCosts()
     noise: Noise = Noise()
     gil: GilCosts = GilCosts()
+
+    @model_validator(mode="after")
+    def _forward_takes_time(self):
+        if self.profile is None:
+            for kind in ("decode", "prefill"):
+                one = getattr(self.gpu, kind).one_request_s() * self.gpu.scale
+                if one < MIN_FORWARD_S:
+                    raise ValueError(f"gpu.{kind}: a forward must take time: one request costs {one:g} s "
+                                     f"(x scale); expected at least {MIN_FORWARD_S:g} s")
+        return self

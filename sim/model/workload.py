@@ -9,14 +9,18 @@ request when the previous one finished (SGLang ``bench_serving --max-concurrency
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import simpy
 
 from sim.errors import UserInputError
-from sim.model.schema import ChoiceLength, Length, LognormalLength, NormalLength, UniformLength
+from sim.model.schema import MAX_TOKENS, ChoiceLength, Length, LognormalLength, NormalLength, UniformLength
+
+MAX_ARRIVAL_S = 1.0e9  # about 32 years of arrivals: a later one is a corrupt value
 
 
 # max_new_tokens of an EOS-finishing request when the workload gives none: SGLang's own estimate
@@ -58,7 +62,7 @@ def sample_lengths(spec: Length, n: int, rng: np.random.Generator) -> np.ndarray
         raw = rng.lognormal(mu, spec.sigma, size=n)
     else:  # pragma: no cover - the schema admits nothing else
         raise TypeError(f"unknown length spec {spec!r}")
-    hi = spec.max if spec.max is not None else np.iinfo(np.int64).max
+    hi = spec.max if spec.max is not None else MAX_TOKENS
     return np.clip(np.rint(raw), spec.min, hi).astype(np.int64)
 
 
@@ -76,7 +80,7 @@ def make_requests(scenario) -> RequestSpecs:
     """
     w = scenario.workload
     if w.trace:
-        specs = _read_trace(scenario)
+        specs = read_trace(scenario.resolve_path(w.trace), sort=w.arrival == "trace", by_length=w.finish == "length")
         return specs if w.arrival == "trace" else replace(specs, arrival_s=None)
     rng = np.random.default_rng([scenario.seed, 1])
     n = w.num_requests
@@ -94,42 +98,101 @@ def make_requests(scenario) -> RequestSpecs:
     return RequestSpecs(input_len, cached, output_len, arrival, max_new, ignore)
 
 
-def _read_trace(scenario) -> RequestSpecs:
-    path = scenario.resolve_path(scenario.workload.trace)
-    by_length = scenario.workload.finish == "length"
-    rows = []
+TRACE_KEYS = ("arrival_s", "input_len", "output_len", "cached_len")
+_trace_cache: dict = {}  # (path, mtime, size) -> parsed rows: a trace is read once per process
+
+
+def read_trace(path: Path, sort: bool = True, by_length: bool = True) -> RequestSpecs:
+    """A JSON-lines trace (one request per line: ``arrival_s``, ``input_len``, ``output_len``,
+    optional ``cached_len``, ``max_new_tokens`` and ``ignore_eos``) as request specs, sorted by
+    arrival when ``sort`` (open loop) or in file order (a closed-loop replay); ``cached_len`` is at
+    most ``input_len - 1`` per request (the last prompt token is always computed). A line without
+    ``max_new_tokens`` / ``ignore_eos`` takes them from the workload's finish: ``by_length`` (the
+    output is the cap, ignore_eos) or eos (cap :data:`EOS_MAX_NEW_TOKENS`, EOS honoured).
+
+    Raises:
+        UserInputError: the file cannot be read, a line is not such an object, a value is not
+            a finite number in range (arrival_s 0 to 1e9 s; lengths integers, input_len and
+            output_len >= 1, 0 <= cached_len <= input_len, max_new_tokens >= output_len,
+            ignore_eos a boolean), or the trace has no request. The message names the file, the
+            line and the key.
+    """
+    path = Path(path)
+    try:
+        stat = path.stat()
+        key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    except OSError as err:
+        raise UserInputError(str(path), "", f"cannot read trace ({err.strerror or err})") from None
+    if key not in _trace_cache:
+        _trace_cache.clear()
+        _trace_cache[key] = _parse_trace(path)
+    rows = sorted(_trace_cache[key], key=lambda r: r[0]) if sort else _trace_cache[key]
+    arrival = np.asarray([r[0] for r in rows], dtype=np.float64)
+    input_len = np.asarray([r[1] for r in rows], dtype=np.int64)
+    output_len = np.asarray([r[2] for r in rows], dtype=np.int64)
+    cached = np.minimum(np.asarray([r[3] for r in rows], dtype=np.int64), input_len - 1)
+    default_cap = output_len if by_length else np.maximum(output_len, EOS_MAX_NEW_TOKENS)
+    max_new = np.where(np.asarray([r[4] for r in rows]) < 0, default_cap, [r[4] for r in rows]).astype(np.int64)
+    ignore = np.asarray([by_length if r[5] is None else r[5] for r in rows], dtype=bool)
+    return RequestSpecs(input_len, cached, output_len, arrival, max_new, ignore)
+
+
+def _trace_value(rec: dict, key: str, where: str, source: str):
+    v = rec.get(key, 0 if key == "cached_len" else None)
+    if v is None:
+        raise UserInputError(source, where, f"missing key {key!r} (a request is a JSON object with arrival_s, "
+                             "input_len, output_len[, cached_len, max_new_tokens, ignore_eos])")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise UserInputError(source, f"{where}: {key}", f"expected a finite number (got {v!r})")
+    if key == "arrival_s":
+        if not 0 <= v <= MAX_ARRIVAL_S:
+            raise UserInputError(source, f"{where}: {key}", f"expected seconds from 0 to {MAX_ARRIVAL_S:g} (got {v!r})")
+        return float(v)
+    low = 0 if key == "cached_len" else 1
+    if v != int(v) or not low <= v <= MAX_TOKENS:
+        raise UserInputError(source, f"{where}: {key}", f"expected an integer from {low} to {MAX_TOKENS} (got {v!r})")
+    return int(v)
+
+
+def _parse_trace(path: Path) -> list[tuple]:
+    """Rows (arrival_s, input_len, output_len, cached_len, max_new_tokens or -1, ignore_eos or None)
+    in file order."""
+    source = str(path)
     try:
         lines = path.read_text().splitlines()
     except OSError as err:
-        raise UserInputError(str(path), "", f"cannot read trace ({err})") from None
+        raise UserInputError(source, "", f"cannot read trace ({err.strerror or err})") from None
+    except UnicodeDecodeError as err:
+        raise UserInputError(source, "", f"not a text file ({err.reason} at byte {err.start}): expected JSON "
+                             "lines") from None
+    rows = []
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        where = f"line {lineno}"
         try:
             rec = json.loads(line)
-            out = int(rec["output_len"])
-            # defaults follow the scenario's finish: length (max_new = output, ignore_eos) or eos
-            max_new = int(rec.get("max_new_tokens", out if by_length else max(out, EOS_MAX_NEW_TOKENS)))
-            row = (float(rec.get("arrival_s", 0.0)), int(rec["input_len"]), int(rec.get("cached_len", 0)), out,
-                   max_new, float(bool(rec.get("ignore_eos", by_length))))
-        except (ValueError, KeyError, TypeError) as err:
-            raise UserInputError(
-                str(path), f"line {lineno}",
-                f"expected JSON with arrival_s, input_len, output_len[, cached_len, max_new_tokens, ignore_eos] "
-                f"({type(err).__name__}: {err})",
-            ) from None
-        if not np.isfinite(row[0]) or row[0] < 0 or row[1] < 1 or row[3] < 1 or row[2] < 0 or row[4] < row[3]:
-            raise UserInputError(str(path), f"line {lineno}", "expected a finite arrival_s >= 0, input_len >= 1, "
-                                 "output_len >= 1, cached_len >= 0, max_new_tokens >= output_len")
-        rows.append(row)
+        except ValueError as err:
+            raise UserInputError(source, where, f"not valid JSON ({err}); expected one request per line: "
+                                 "{\"arrival_s\": ..., \"input_len\": ..., \"output_len\": ...}") from None
+        if not isinstance(rec, dict):
+            raise UserInputError(source, where, f"expected a JSON object with arrival_s, input_len, output_len"
+                                 f"[, cached_len] (got {type(rec).__name__})")
+        row = tuple(_trace_value(rec, k, where, source) for k in TRACE_KEYS)
+        if row[3] > row[1]:
+            raise UserInputError(source, f"{where}: cached_len", f"must be <= input_len (got cached_len {row[3]} > "
+                                 f"input_len {row[1]})")
+        max_new = _trace_value(rec, "max_new_tokens", where, source) if "max_new_tokens" in rec else -1
+        if "max_new_tokens" in rec and max_new < row[2]:
+            raise UserInputError(source, f"{where}: max_new_tokens", f"must be >= output_len (got {max_new} < "
+                                 f"{row[2]}): a request stops at its cap")
+        ignore = rec.get("ignore_eos")
+        if ignore is not None and not isinstance(ignore, bool):
+            raise UserInputError(source, f"{where}: ignore_eos", f"expected true or false (got {ignore!r})")
+        rows.append((*row, max_new, ignore))
     if not rows:
-        raise UserInputError(str(path), "", "trace has no requests")
-    if scenario.workload.arrival == "trace":
-        rows.sort(key=lambda r: r[0])
-    arr = np.asarray(rows, dtype=np.float64)
-    input_len = arr[:, 1].astype(np.int64)
-    return RequestSpecs(input_len, np.minimum(arr[:, 2].astype(np.int64), input_len - 1), arr[:, 3].astype(np.int64),
-                        arr[:, 0], arr[:, 4].astype(np.int64), arr[:, 5].astype(bool))
+        raise UserInputError(source, "", "trace has no requests")
+    return rows
 
 
 def open_loop_arrivals(env: simpy.Environment, arrival_s: np.ndarray, submit: Callable[[int, float], None]):

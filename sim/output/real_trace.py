@@ -206,8 +206,8 @@ def measure_gaps(path: Path, step_name: Optional[str] = None, split_gap_us: floa
     events = read_trace_events(path)
     try:
         steps, mode = find_steps(events, step_name, split_gap_us, pid)
-    except UserInputError as err:
-        raise UserInputError(str(path), err.field, err.expected) from None
+    except UserInputError as err:  # name the file, and the flag the problem came from
+        raise UserInputError(str(path), f"{err.source} {err.field}".strip(), err.expected) from None
     out = gap_summary(steps)
     out["gaps_ms"] = (_gaps_us(np.array([s[0] for s in steps]), np.array([s[1] for s in steps])) / 1e3).tolist()
     out.update(mode=mode, source=str(path))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Iterable
@@ -85,7 +86,8 @@ def _cell(summ: dict, key: str | None, fmt: str | None, label: str) -> str:
     if label.startswith("completed"):
         return f"{summ['completed']} / {summ['failed']}"
     if label.startswith("failed:"):
-        return " / ".join(str(summ.get(k, 0)) for k in ("cut_off", "could_not_connect", "aborted"))
+        cell = " / ".join(str(summ.get(k, 0)) for k in ("cut_off", "could_not_connect", "aborted"))
+        return cell + (f" (+{summ['too_long']} too long for the KV pool)" if summ.get("too_long") else "")
     if label.startswith("retracted"):
         return f"{summ.get('retractions', 0)} / {summ.get('reprefill_tokens', 0)} / {summ.get('skipped_decodes', 0)}"
     if label.startswith("steps"):
@@ -155,6 +157,30 @@ def atomic_write_frame(df: pd.DataFrame, path: Path) -> None:
             df.to_parquet(tmp, index=False)
         else:
             df.to_csv(tmp, index=False)
+
+
+RUN_FILES = re.compile(r"^(?:(?:steps|requests|itl)_[a-z0-9_]+\.(?:csv|parquet)|gaps\.png|metrics\.png|timeline\.png"
+                       r"|trace\.json(?:\.gz)?)$")
+
+
+def clean_run_folder(out_dir: Path) -> list[Path]:
+    """Remove what an earlier ``run`` wrote into ``out_dir`` (its tables, plots and default
+    Chrome trace, all derived from that run), so no stale file sits beside the new summary.
+    Only a folder holding a run's ``summary.json`` is cleaned, and only the file names a run
+    writes (:data:`RUN_FILES`). Returns the paths removed."""
+    out_dir = Path(out_dir)
+    try:
+        payload = json.loads((out_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(payload, dict) or "settings" not in payload:
+        return []
+    removed = []
+    for p in out_dir.iterdir():
+        if p.is_file() and RUN_FILES.match(p.name):
+            p.unlink()
+            removed.append(p)
+    return removed
 
 
 def write_results(out_dir: Path, payload: dict, results: Iterable, table_format: str = "csv",

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import pandas as pd
 
 from sim.errors import UserInputError
@@ -55,11 +56,19 @@ def load_run_tables(folder: Path, settings: Optional[list[str]] = None) -> RunTa
             this needs, or a requested setting the folder does not have.
     """
     folder = Path(folder)
+    if not folder.is_dir():
+        raise UserInputError(str(folder), "", "no such folder; expected a results folder written by 'overlap-sim run'")
     try:
         payload = json.loads((folder / "summary.json").read_text())
     except (OSError, ValueError) as err:
         raise UserInputError(str(folder / "summary.json"), "",
                              f"cannot read a run's summary ({err}); expected a folder written by 'overlap-sim run'") from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("settings", {}), dict):
+        raise UserInputError(str(folder / "summary.json"), "settings",
+                             "expected a run's summary: a JSON object with a settings object (written by 'overlap-sim run')")
+    for name, summ in payload.get("settings", {}).items():
+        if not isinstance(summ, dict):
+            raise UserInputError(str(folder / "summary.json"), f"settings.{name}", "expected an object of metrics")
     out = RunTables(folder, payload)
     found = {p.stem.split("_", 1)[1] for p in folder.glob("steps_*.*") if p.suffix in (".csv", ".parquet")}
     order = [s for s in payload.get("settings", {}) if s in found]
@@ -80,5 +89,23 @@ def load_run_tables(folder: Path, settings: Optional[list[str]] = None) -> RunTa
         lacking = needed - set(out.steps[s].columns)
         if lacking:
             raise UserInputError(str(folder / f"steps_{s}"), ",".join(sorted(lacking)), "missing column(s) in the steps table")
+        _check_times(out.steps[s], str(folder / f"steps_{s}"))
         out.steps[s] = out.steps[s].sort_values("seq", kind="stable").reset_index(drop=True)
     return out
+
+
+STEP_TIME_COLUMNS = ("seq", "num_reqs", "num_tokens", "sum_ctx", "recv_start", "forward_start", "forward_end",
+                     "process_end")
+
+
+def _check_times(df: pd.DataFrame, source: str) -> None:
+    """A steps table's times (and counts) are finite numbers: a table edited or cut by hand would
+    otherwise give NaN slices and invalid JSON."""
+    for col in STEP_TIME_COLUMNS:
+        if col not in df:
+            continue
+        values = pd.to_numeric(df[col], errors="coerce")
+        bad = ~np.isfinite(values.to_numpy(dtype=np.float64))
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise UserInputError(source, col, f"expected finite numbers (row {row} holds {str(df[col].iloc[row])!r})")

@@ -24,7 +24,7 @@ import pandas as pd
 from sim.model.batch import FINISHED, Batch, Req
 from sim.model.costs import KIND_NAMES
 
-FAILURE_KINDS = ("cut_off", "could_not_connect", "aborted")  # summary counts these
+FAILURE_KINDS = ("cut_off", "could_not_connect", "aborted", "too_long")  # summary counts these
 
 STEP_COLUMNS = [
     "seq", "kind", "num_reqs", "num_tokens", "sum_ctx", "num_warmup", "overshoot", "finished",

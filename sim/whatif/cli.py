@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -25,7 +26,10 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=1, help="runs per grid point; repeat r uses seed + r (default 1)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario field for every point (repeatable)")
-    p.add_argument("--out", type=Path, default=None, help="sweep folder (default results/<scenario>-sweep/)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="sweep folder (default results/<scenario>-sweep/): points/<id>.json (one per finished run, "
+                        "reused on a rerun), sweep.json, sweep.parquet, sweep.csv, the plots, and with --repeats > 1 "
+                        "spread.csv and ratio_ci.csv")
     p.add_argument("--executor", choices=["local", "dask"], default="local",
                    help="local processes (default) or a Dask distributed cluster")
     p.add_argument("--scheduler", default=None, metavar="tcp://HOST:8786",
@@ -74,14 +78,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from sim.whatif.plots import save_sweep_plots
     from sim.whatif.sweeps import parse_grid, plan_sweep, sweep
 
+    from sim.atomic import check_output_dir
+
     scenario = load_scenario(args.scenario, args.overrides)
     grid = parse_grid(args.grid)
     if args.scheduler and args.executor != "dask":
         raise UserInputError("--scheduler", "", "needs --executor dask")
-    if args.workers is not None and args.workers < 1:
-        raise UserInputError("--workers", "", f"expected a positive number (got {args.workers})")
+    max_workers = 4 * (os.cpu_count() or 1)
+    if args.workers is not None and not 1 <= args.workers <= max_workers:
+        raise UserInputError("--workers", "", f"expected 1 to {max_workers} (4 x this machine's cores; got {args.workers})")
     plan_sweep(scenario, grid, args.repeats)  # bad keys and values fail here, before the progress bar
-    out = args.out or Path("results") / f"{scenario.name}-sweep"
+    out = check_output_dir(args.out or Path("results") / f"{scenario.name}-sweep", "--out")
     columns = (TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("points x repeats"),
                TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=_err) as progress:
@@ -102,7 +109,27 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.repeats > 1:
         _write_variance(out, table)
         print(f"spread of every metric across repeats: {out}/spread.csv; ratio intervals: {out}/ratio_ci.csv")
+    else:
+        for stale in ("spread.csv", "ratio_ci.csv"):  # of an earlier sweep with repeats, not of this table
+            (out / stale).unlink(missing_ok=True)
+    failed = _failed_runs(table)
+    if failed:
+        print(f"note: {failed}", file=sys.stderr)
     return 0
+
+
+def _failed_runs(table) -> str:
+    """A line about the runs of a sweep whose server died or whose requests all failed (they are
+    rows of the table like the others: a sweep may look for where a server breaks)."""
+    died = table["outcome"].astype(str) != "ok" if "outcome" in table else None
+    none = table["completed"] == 0 if "completed" in table else None
+    parts = []
+    if died is not None and died.any():
+        parts.append(f"{int(died.sum())} of {len(table)} runs: the server died")
+    if none is not None and (none & ~died if died is not None else none).any():
+        parts.append(f"{int((none & ~died if died is not None else none).sum())} of {len(table)} runs: every measured "
+                     "request failed")
+    return "; ".join(parts) + (" (column outcome and completed in the table)" if parts else "")
 
 
 VARIANCE_RATIO_METRICS = ("output_throughput", "request_throughput", "median_ttft_ms", "median_tpot_ms",
@@ -140,10 +167,15 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from sim.output.run_tables import load_run_tables
     from sim.whatif.plots import trace_preview
 
+    from sim.atomic import check_output_file
+
     window = parse_window(args.window)
+    out = check_output_file(args.out or args.results / "trace.json", "--out", (".json", ".json.gz", ".gz"))
+    if args.preview:
+        check_output_file(args.preview, "--preview", image_suffixes())
     run = load_run_tables(args.results, args.setting)
     trace = chrome_trace(run, window)
-    out = write_chrome_trace(trace, args.out or args.results / "trace.json")
+    out = write_chrome_trace(trace, out)
     if args.preview:
         _save(trace_preview(trace, f"{run.scenario_name}: Chrome trace preview"), args.preview)
     counts = {}
@@ -194,9 +226,15 @@ def cmd_gaps(args: argparse.Namespace) -> int:
     from sim.output.run_tables import load_run_tables
     from sim.trace.metrics import SUMMARY_KEYS
 
-    res = measure_gaps(args.trace, args.step_name, args.split_gap_us, args.pid)
+    from sim.atomic import check_output_file
+
+    if not (math.isfinite(args.split_gap_us) and args.split_gap_us >= 0):
+        raise UserInputError("--split-gap-us", "", f"expected a finite number of microseconds >= 0 (got {args.split_gap_us})")
+    if args.plot:
+        check_output_file(args.plot, "--plot", image_suffixes())
     run = load_run_tables(args.against) if args.against else None
     predicted = run.summaries if run else {}
+    res = measure_gaps(args.trace, args.step_name, args.split_gap_us, args.pid)
     if args.plot:
         from sim.output.plots import _save, measured_gaps
         from sim.whatif.plots import measured_gap_histogram
@@ -227,9 +265,11 @@ def cmd_log(args: argparse.Namespace) -> int:
     from sim.output.report import atomic_write_frame
     from sim.whatif.plots import log_timeline
 
+    from sim.atomic import check_output_dir
+
+    out = check_output_dir(args.out or Path("results") / f"{args.log.stem}-log", "--out")
     parsed = parse_log(args.log)
     df = parsed.frame()
-    out = args.out or Path("results") / f"{args.log.stem}-log"
     atomic_write_frame(df, out / "log.csv")
     _save(log_timeline(df, f"{args.log.name}: SGLang scheduler log ({len(df)} batch lines)"), out / "log.png")
     if parsed.skipped_lines:
@@ -263,6 +303,13 @@ def cmd_log(args: argparse.Namespace) -> int:
     return 0
 
 
+def image_suffixes() -> tuple[str, ...]:
+    """File endings matplotlib can save a figure as (``.png``, ``.pdf``, ``.svg``, ...)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return tuple(f".{ext}" for ext in FigureCanvasBase.get_supported_filetypes())
+
+
 def _plots_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("results", type=Path, help="a folder written by 'overlap-sim run' or 'overlap-sim sweep'")
 
@@ -274,6 +321,12 @@ def cmd_plots(args: argparse.Namespace) -> int:
     from sim.whatif.plots import save_sweep_plots
     from sim.whatif.sweeps import MANIFEST, load_sweep
 
+    from sim.atomic import check_output_dir
+
+    if not args.results.is_dir():
+        raise UserInputError(str(args.results), "", "no such folder (expected a folder written by 'overlap-sim run' "
+                                                    "or 'overlap-sim sweep')")
+    check_output_dir(args.results, "results")
     if (args.results / MANIFEST).is_file():
         table, manifest = load_sweep(args.results)
         paths = save_sweep_plots(args.results, table, manifest.get("scenario", args.results.name))

@@ -29,12 +29,23 @@ import yaml
 
 from sim.errors import ScenarioError, UserInputError
 from sim.output.report import atomic_write_frame, atomic_write_text, jsonable
+from sim.model.schema import MAX_SEED
 from sim.scenario import Scenario, load_scenario
 
 SEED_RULE = "seed of repeat r = point seed + r (point seed: scenario.seed, or the grid's seed value)"
 POINTS_DIR = "points"
 TABLE_NAME = "sweep"
 MANIFEST = "sweep.json"
+MAX_POINT_TASKS = 1_000_000  # grid points x repeats of one sweep
+MAX_REPEATS = 100_000
+# a grid key whose name is taken by a column of the table: its column's name ("seed" is the
+# run's seed, point seed + repeat)
+GRID_COLUMNS = {"seed": "point_seed"}
+
+
+def grid_column(key: str) -> str:
+    """The sweep table's column for grid key ``key``."""
+    return GRID_COLUMNS.get(key, key)
 
 
 @dataclass(frozen=True)
@@ -58,8 +69,8 @@ def parse_grid(items: Iterable[str]) -> dict[str, list]:
     """Parse ``--grid KEY=v1,v2,...`` strings into ``{key: [values]}`` (insertion order kept).
 
     Values are read as a YAML flow sequence, so ``1,2,4`` gives ints, ``0.5,1`` floats,
-    ``[overlap],[normal]`` lists. Raises UserInputError on a missing ``=``, no values, or a key
-    given twice."""
+    ``[overlap],[normal]`` lists. Raises UserInputError on a missing ``=``, no values, a value
+    given twice, or a key given twice."""
     grid: dict[str, list] = {}
     for item in items:
         key, sep, text = item.partition("=")
@@ -75,6 +86,11 @@ def parse_grid(items: Iterable[str]) -> dict[str, list]:
             raise UserInputError(f"--grid {item}", key, "expected at least one value after '='")
         if key in grid:
             raise UserInputError(f"--grid {item}", key, "key given twice; put all its values in one --grid")
+        seen = []
+        for v in values:
+            if v in seen:
+                raise UserInputError(f"--grid {item}", key, f"value {v!r} given twice")
+            seen.append(v)
         grid[key] = values
     return grid
 
@@ -93,19 +109,26 @@ def plan_sweep(scenario: Scenario, grid: dict[str, list], repeats: int = 1) -> l
         ScenarioError: an unknown grid key, or a value the schema rejects (message names the key).
         UserInputError: ``repeats < 1``.
     """
-    if repeats < 1:
-        raise UserInputError("--repeats", "", f"expected a positive number of repeats (got {repeats})")
+    if not 1 <= repeats <= MAX_REPEATS:
+        raise UserInputError("--repeats", "", f"expected 1 to {MAX_REPEATS} repeats (got {repeats})")
     keys = list(grid)
+    points = math.prod(len(v) for v in grid.values())
+    if points * repeats > MAX_POINT_TASKS:
+        raise UserInputError("--grid", "", f"{points} grid points x {repeats} repeats = {points * repeats} runs; "
+                             f"expected at most {MAX_POINT_TASKS} (split the sweep)")
     tasks: list[PointTask] = []
     for index, combo in enumerate(itertools.product(*(grid[k] for k in keys))):
         values = dict(zip(keys, combo))
         overrides = [f"{k}={json.dumps(v)}" for k, v in values.items()]
         try:
-            point = scenario.with_overrides(overrides)
+            point = scenario.with_overrides(overrides, flag="--grid")
         except ScenarioError as err:
             key = next((k for k in keys if err.field == k or err.field.startswith(k + ".")
-                        or k.startswith(err.field + ".")), err.field)
-            raise ScenarioError(f"{scenario.source} (--grid {key})", err.field, err.expected) from None
+                        or k.startswith(err.field + ".")), None)
+            source = f"--grid {key}={values[key]}" if key is not None else err.source
+            raise ScenarioError(source, err.field, err.expected) from None
+        if point.seed + repeats - 1 > MAX_SEED:
+            raise UserInputError("--repeats", "", f"seed {point.seed} + {repeats - 1} repeats exceeds {MAX_SEED}")
         for r in range(repeats):
             run = point.model_copy(update={"seed": point.seed + r})
             tasks.append(PointTask(_point_id(run), index, values, r, run))
@@ -154,13 +177,14 @@ def _cell(value: Any) -> Any:
 def sweep_table(tasks: list[PointTask], results: dict[str, dict], grid_keys: list[str]) -> pd.DataFrame:
     """The tidy table: one row per point x setting x repeat, in plan order.
 
-    Columns: ``point`` (grid point index), the grid keys, ``setting``, ``repeat``, ``seed``, then
+    Columns: ``point`` (grid point index), the grid keys (a grid over ``seed`` is the column
+    ``point_seed``: ``seed`` is each run's), ``setting``, ``repeat``, ``seed``, then
     every summary key (:data:`sim.trace.metrics.SUMMARY_KEYS`, ``peak_token_usage``, ``outcome``...)."""
     rows = []
     for t in tasks:
         for setting, summ in results[t.point_id].items():
             row = {"point": t.index}
-            row.update({k: _cell(t.values[k]) for k in grid_keys})
+            row.update({grid_column(k): _cell(t.values[k]) for k in grid_keys})
             row.update(setting=setting, repeat=t.repeat, seed=t.scenario.seed)
             row.update({k: (math.nan if v is None else v) for k, v in summ.items()})
             rows.append(row)
@@ -290,14 +314,27 @@ def load_sweep(out_dir: Union[str, Path]) -> tuple[pd.DataFrame, dict]:
     """(table, manifest) of a finished sweep folder (Parquet preferred, CSV otherwise).
 
     Raises:
-        UserInputError: no sweep table or manifest in the folder."""
+        UserInputError: no sweep table or manifest in the folder, an unreadable one, or a table
+            without the columns of a sweep."""
     out_dir = Path(out_dir)
     try:
         manifest = json.loads((out_dir / MANIFEST).read_text())
     except (OSError, ValueError) as err:
         raise UserInputError(str(out_dir / MANIFEST), "", f"cannot read the sweep manifest ({err})") from None
+    if not isinstance(manifest, dict):
+        raise UserInputError(str(out_dir / MANIFEST), "", "expected a JSON object (the manifest 'overlap-sim sweep' "
+                                                          "writes)")
     for suffix, reader in ((".parquet", pd.read_parquet), (".csv", pd.read_csv)):
         path = out_dir / f"{TABLE_NAME}{suffix}"
         if path.is_file():
-            return reader(path), manifest
+            try:
+                table = reader(path)
+            except Exception as err:  # pyarrow and the CSV parser raise many kinds
+                raise UserInputError(str(path), "", f"cannot read the table ({type(err).__name__}: {err})") from None
+            lacking = [c for c in ("point", "setting", "repeat", "seed", "output_throughput") if c not in table]
+            if lacking:
+                raise UserInputError(str(path), ",".join(lacking), "missing column(s) of a sweep table")
+            if not pd.api.types.is_numeric_dtype(table["output_throughput"]):
+                raise UserInputError(str(path), "output_throughput", "expected numbers")
+            return table, manifest
     raise UserInputError(str(out_dir), "", "no sweep.parquet or sweep.csv (did the sweep finish? rerun it to resume)")

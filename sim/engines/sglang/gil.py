@@ -55,7 +55,11 @@ class GIL:
                 continue
             self._drop = self.env.event()
             start = self.env.now
-            yield self.env.timeout(work_s) | self._drop
+            ran = self.env.timeout(work_s)
+            yield ran | self._drop
+            if ran.processed and self.env.now == start:
+                self._drop = None
+                break  # what is left is below the clock's resolution at this time: done (else no progress)
             work_s -= self.env.now - start
             self._drop = None
             if self.drop_requested and work_s > _EPS:

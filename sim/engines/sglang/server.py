@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from sim.model.schema import StrictModel
+from sim.model.schema import MAX_POOL_TOKENS, MAX_REQUESTS, MAX_TOKENS, StrictModel
 
 SETTINGS = ("normal", "overlap", "overlap_mlx", "thread_overlap")
 Setting = Literal["normal", "overlap", "overlap_mlx", "thread_overlap"]
@@ -45,10 +45,10 @@ class Server(StrictModel):
 
     device: Literal["cuda", "mlx", "mps", "cpu"] = "cuda"
     settings: list[Setting] = Field(default_factory=lambda: ["overlap", "normal"], min_length=1)
-    max_running_requests: int = Field(default=64, ge=1)
-    chunked_prefill_size: int = Field(default=8192, ge=1)
-    kv_pool_tokens: int = Field(default=400_000, ge=1)
-    page_size: int = Field(default=1, ge=1)
+    max_running_requests: int = Field(default=64, ge=1, le=MAX_REQUESTS)
+    chunked_prefill_size: int = Field(default=8192, ge=1, le=MAX_TOKENS)
+    kv_pool_tokens: int = Field(default=400_000, ge=1, le=MAX_POOL_TOKENS)
+    page_size: int = Field(default=1, ge=1, le=MAX_TOKENS)
     init_new_token_ratio: float = Field(default=0.7, ge=0, le=1)
     retraction: Literal["naive", "v0.5.10", "v0.5.22"] = "v0.5.22"
     admission: Literal["v0.5.4", "v0.5.22"] = "v0.5.22"
@@ -58,6 +58,11 @@ class Server(StrictModel):
     version: Optional[str] = None
     forward_on_scheduler_thread: Optional[bool] = None
     _from_launch_args: tuple = PrivateAttr(default=())
+
+    @field_validator("settings", mode="before")
+    @classmethod
+    def _one_setting(cls, value):
+        return [value] if isinstance(value, str) else value  # `--set server.settings=overlap`: a one-item list
 
     @model_validator(mode="wrap")
     @classmethod
@@ -92,7 +97,7 @@ class Server(StrictModel):
     @model_validator(mode="after")
     def _unique(self):
         if len(set(self.settings)) != len(self.settings):
-            raise ValueError("settings must not repeat a loop")
+            raise ValueError(f"settings: must not repeat a loop (got {self.settings})")
         if self.version is not None:
             from sim.engines.sglang.rules.launch_args import parse_version
             from sim.errors import UserInputError
@@ -101,7 +106,8 @@ class Server(StrictModel):
             except UserInputError as err:
                 raise ValueError(err.expected) from None
         if self.page_size > 1 and self.kv_pool_tokens % self.page_size:
-            raise ValueError("kv_pool_tokens must be a multiple of page_size")
+            raise ValueError(f"kv_pool_tokens: must be a multiple of page_size {self.page_size} "
+                             f"(got {self.kv_pool_tokens})")
         return self
 
 

@@ -20,11 +20,13 @@ Field names become snake_case columns (``#running-req`` -> ``running_req``, ``ge
 (token/s)`` -> ``gen_throughput_tok_s``, ``cuda graph`` -> ``cuda_graph``); ``x%`` becomes the
 fraction x/100; ``True``/``False`` booleans. Unknown fields are kept the same way, so new
 releases' fields appear without a code change. A line that is not a batch line, or a batch
-line with no ``key: value`` field, is skipped and counted, never fatal.
+line with no ``key: value`` field or with a number that is not finite (``nan``, ``inf``: a
+garbled line), is skipped and counted, never fatal.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -78,8 +80,8 @@ def parse_line(line: str) -> Optional[dict]:
     fields = {}
     for fm in _FIELD.finditer(m.group("rest")):
         fields[_column(fm.group(1))] = _value(fm.group(2))
-    if not fields:
-        return None
+    if not fields or any(isinstance(v, float) and not math.isfinite(v) for v in fields.values()):
+        return None  # no field, or a garbled number (nan, inf): the line is skipped and counted
     rec: dict = {"time": None, "kind": m.group("kind").lower()}
     if m.group("ts"):
         try:

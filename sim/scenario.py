@@ -47,9 +47,9 @@ class Scenario(StrictModel):
     @model_validator(mode="after")
     def _fits_the_pool(self):
         w, srv = self.workload, self.server
-        if w.arrival != "trace":
-            shortest = max(1, length_bounds(w.input_len)[0]) + max(1, length_bounds(w.output_len)[0])
-            _check_fits(shortest, srv.kv_pool_tokens, srv.page_size, "the shortest request (input_len + output_len)")
+        if not w.trace:
+            shortest = max(1, length_bounds(w.input_len)[0])
+            _check_fits(shortest, srv.kv_pool_tokens, srv.page_size, "the shortest prompt (input_len)")
         return self
 
     def with_overrides(self, overrides: list[str], flag: str = "--set") -> "Scenario":
@@ -64,12 +64,15 @@ class Scenario(StrictModel):
         return _validate_overridden(raw, base, overrides, flag, self.source, self.base_dir)
 
 
-def _check_fits(tokens: int, pool_tokens: int, page_size: int, what: str) -> None:
-    """The scheduler aborts a request whose prompt and output cannot fit the KV pool: a pool
-    smaller than every request would fail them all."""
-    if -(-tokens // page_size) > pool_tokens // page_size:
-        raise ValueError(f"server.kv_pool_tokens: the KV pool ({pool_tokens} tokens) is smaller than {what}: "
-                         f"{tokens} tokens; every request would fail")
+def _check_fits(prompt: int, pool_tokens: int, page_size: int, what: str) -> None:
+    """The scheduler aborts a request whose prompt the KV pool cannot hold (SGLang's
+    ``max_req_input_len``: pool - 6) or that leaves no room for one output token (its
+    ``max_new_tokens`` is clipped to ``pool - ceil_p(prompt) - page - 1``; a longer output only
+    stops early): a pool too small for every prompt would fail them all."""
+    cap = pool_tokens // page_size * page_size
+    if prompt >= cap - 6 or cap - (-(-prompt // page_size) * page_size) - page_size - 1 < 1:
+        raise ValueError(f"server.kv_pool_tokens: the KV pool ({pool_tokens} tokens) is too small for {what}: "
+                         f"{prompt} tokens; every request would fail")
 
 
 def apply_overrides(raw: dict, overrides: list[str], flag: str = "--set") -> None:
@@ -260,17 +263,17 @@ def _check_files(scenario: Scenario) -> None:
     from sim.model.workload import read_trace
 
     w, srv = scenario.workload, scenario.server
-    if w.arrival == "trace":
+    if w.trace:
         path = scenario.resolve_path(w.trace)
         if not path.is_file():
             raise ScenarioError(scenario.source, "workload.trace", f"no such file: {path}")
-        specs = read_trace(path)
+        specs = read_trace(path, by_length=w.finish == "length")
         if w.warmup_requests >= len(specs):
             raise ScenarioError(scenario.source, "workload.warmup_requests",
                                 f"must be smaller than the trace's {len(specs)} requests (got {w.warmup_requests})")
         try:
-            shortest = int((specs.input_len + specs.output_len).min())
-            _check_fits(shortest, srv.kv_pool_tokens, srv.page_size, f"the shortest request of {path}")
+            shortest = int(specs.input_len.min())
+            _check_fits(shortest, srv.kv_pool_tokens, srv.page_size, f"the shortest prompt of {path}")
         except ValueError as err:
             raise ScenarioError(scenario.source, *str(err).split(": ", 1)) from None
     profile = scenario.costs.profile

@@ -85,7 +85,7 @@ def measured_gaps(steps: pd.DataFrame, requests: Optional[pd.DataFrame] = None) 
     window (warm-up excluded), less those after an idle scheduler. Without ``requests`` the whole
     run is used. Returns ``{"gaps_ms", "forwards" (in the window: the summary's num_steps),
     "after_idle" (left out), "windowed" (bool)}``."""
-    gaps = step_gaps(steps).to_numpy() * 1e3
+    gaps = step_gaps(steps).to_numpy(dtype=float) * 1e3
     fs = steps["forward_start"].to_numpy(dtype=float)
     in_window = np.ones(len(steps), dtype=bool)
     windowed = requests is not None and len(requests) > 0

@@ -42,13 +42,15 @@ def _sglang_body(req: dict) -> tuple[str, dict]:
         params["stop_token_ids"] = list(req["stop_token_ids"])
     if req.get("sampling_seed") is not None:
         params["sampling_seed"] = int(req["sampling_seed"])
-    return "/generate", {"input_ids": req["input_ids"], "sampling_params": params, "stream": True}
+    # rid: the scheduler's request id is ours, so its trace names the client's requests
+    return "/generate", {"rid": req["rid"], "input_ids": req["input_ids"], "sampling_params": params, "stream": True}
 
 
 def _openai_body(req: dict) -> tuple[str, dict]:
     body = {"model": req.get("model", "default"), "prompt": req["input_ids"], "max_tokens": int(req["max_new_tokens"]),
             "ignore_eos": bool(req.get("ignore_eos", True)), "temperature": float(req.get("temperature", 0.0)),
-            "stream": True, "stream_options": {"include_usage": True}}
+            "stream": True, "stream_options": {"include_usage": True},
+            "request_id": req["rid"]}  # vLLM's engine id becomes cmpl-<rid>-<n> (its trace names our requests)
     if req.get("stop_token_ids"):
         body["stop_token_ids"] = list(req["stop_token_ids"])
     if req.get("sampling_seed") is not None:

@@ -114,7 +114,7 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
         Jitter(scenario.costs.noise.cpu_cv, np.random.default_rng([scenario.seed, 3])),
         recorder, forward_extra_s=costs.overlap_residue_s if setting == "overlap" and not srv.blocking_forward else 0.0,
         faults=faults, external_arrival_s=None if clients is not None else specs.arrival_s,
-        blocking_forward=srv.blocking_forward,
+        blocking_forward=srv.blocking_forward, after_wait_scale=scenario.costs.cpu.after_wait_scale,
     )
     outcome = {"status": "ok", "reason": "", "time_s": math.nan}
     if clients is not None:

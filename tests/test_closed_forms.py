@@ -140,3 +140,26 @@ def test_overlap_mlx_has_no_v0522_lookahead():
                        "overlap_mlx")
     assert int(res.steps["overshoot"].sum()) == 4
     assert int(sim.simulate(constant_scenario(c=4, finish="length"), "overlap").steps["overshoot"].sum()) == 0
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_phases_after_a_wait_cost_after_wait_scale_more(case):
+    """``costs.cpu.after_wait_scale`` = s: every phase from a blocking wait to the next launch
+    costs s times more. normal waits every step: step = s*cpu + gpu. overlap waits only when the
+    device is behind: GPU-bound, step = gpu + residue still (the cold CPU work hides while it
+    fits: s*cpu <= gpu + residue); CPU-bound it never waits, so step = cpu, unchanged (a wait
+    under a microsecond, as in the balanced case's float ties, does not count)."""
+    gpu, residue, recv, schedule, launch, process = CASES[case]
+    cpu = recv + schedule + launch + process
+    s = 1.5
+    scen = constant_scenario(gpu=gpu, residue=residue, recv=recv, schedule=schedule, launch=launch, process=process)
+    scen["costs"]["cpu"]["after_wait_scale"] = s
+    step, gap = steady_decode(sim.simulate(scen, "normal"))
+    np.testing.assert_allclose(step, s * cpu + gpu, rtol=1e-9)
+    np.testing.assert_allclose(gap, s * cpu, rtol=1e-9)
+    step, _ = steady_decode(sim.simulate(scen, "overlap"))
+    if s * cpu <= gpu + residue:
+        np.testing.assert_allclose(step, gpu + residue, rtol=1e-9)
+    else:
+        assert cpu >= gpu + residue  # the cases have no step between the two regimes
+        np.testing.assert_allclose(step, cpu, rtol=1e-9)

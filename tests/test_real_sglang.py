@@ -147,8 +147,30 @@ def test_a_recorded_server_session_reads_through_the_simulators_metrics(tmp_path
     assert summary["num_steps"] > 0 and 1 <= summary["mean_decode_batch_size"] <= 2
     assert [r["input_len"] for r in rows] == [len(r["input_ids"]) for r in config.requests(prefix="tiny-")]
     assert server_limits(folder)["max_running_requests"] == 4
+    # the client's request ids are the scheduler's, so the trace's batches name the load's requests
+    from calibrate.real.validate import _first_prefixes, _trace_records
+
+    assert set(_first_prefixes(_trace_records(folder))) == {r["rid"] for r in config.requests(prefix="tiny-")}
     # the same requests, replayed closed-loop by the simulator on a shipped profile
     sc = scenario(config, rows, REPO / "scenarios" / "profiles" / "cpu-torch-small.json", ("overlap", "normal"),
                   tmp_path, server_limits(folder))
     res = sim.simulate(sc, "normal").summary()
     assert res["completed"] == 4 and res["total_output_tokens"] == sum(r["output_len"] for r in rows[2:])
+
+
+def test_a_session_whose_trace_names_other_requests_is_refused(tmp_path):
+    """A trace recorded before the client sent its request ids (the server made up its own) cannot
+    be joined with the load: one line naming the folder, not a silently wrong prefix table."""
+    import shutil
+
+    from calibrate.real.jobs import Workload
+    from calibrate.real.validate import measured_run
+
+    folder = tmp_path / "session"
+    shutil.copytree(DATA / "session", folder)
+    for trace in folder.glob("trace.*.jsonl"):
+        trace.write_text(trace.read_text().replace('"tiny-', '"server-made-'))
+    config = Workload("tiny", num_requests=6, warmup_requests=2, concurrency=2, input_len=(24, 40),
+                      output_len=(6, 10), seed=9)
+    with pytest.raises(CalibrationInputError, match="names none of the load's requests"):
+        measured_run(folder, config)

@@ -138,7 +138,8 @@ def run_validate(args: argparse.Namespace) -> int:
         plan = replace(plan, configs=configs)
     engine, model = _engine(args)
     out = args.out or Path("results") / f"validate-{args.engine}"
-    result = validate(engine, model, args.profile, out, plan, report=_report)
+    result = validate(engine, model, args.profile, out, plan, report=_report,
+                      command=shlex.join(["overlap-sim", *sys.argv[1:]]))
     if args.json:
         print(json.dumps({k: result[k] for k in ("median_abs_error", "speedup_max_abs_error_pp")}))
         return 0

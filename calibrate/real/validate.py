@@ -115,6 +115,9 @@ def measured_run(folder: Path, config: Workload) -> tuple[dict, list[dict]]:
     warm = {r["rid"] for r in load["requests"] if r["warmup"]}
     t0 = min(r["send_s"] for r in load["requests"] if not r["warmup"])
     prefix = _first_prefixes(records)
+    if not set(prefix) & set(specs):
+        raise CalibrationInputError(str(folder), config.name, "the server's trace names none of the load's requests "
+                                    "(recorded before the client sent request ids?): delete the session and rerun")
     for rid, spec in specs.items():
         spec["cached_len"] = prefix.get(rid, 0)
     requests, itl = server_runs.requests_frames(load, specs, t0)
@@ -204,7 +207,7 @@ def compare(out: Path, plan: Plan, profile: Path) -> dict:
 
 
 def validate(engine: Engine, model_dir: Path, profile: Path, out: Path, plan: Plan,
-             report: Callable[[str], None] = print) -> dict:
+             report: Callable[[str], None] = print, command: str = "") -> dict:
     """Run the sessions (resuming), compare, write ``out/validation.json``; returns it."""
     from sim.atomic import atomic_path
     from sim.model.profile import load_profile
@@ -216,6 +219,7 @@ def validate(engine: Engine, model_dir: Path, profile: Path, out: Path, plan: Pl
     result = compare(out, plan, profile)
     result["profile"] = str(profile)
     result["engine"] = {"name": engine.name, "version": engine.version}
+    result["command"] = command
     with atomic_path(out / "validation.json") as tmp:
         tmp.write_text(json.dumps(result, indent=1) + "\n")
     return result

@@ -3,9 +3,14 @@
 Each simulated step is priced by the profile's curves (see :mod:`sim.model.profile`):
 
 - forward, decode: ``forward.decode(num_reqs, sum_ctx / num_reqs)``;
-- forward, extend: ``forward.extend(num_tokens, (sum_ctx - num_tokens) / num_reqs)``: the
-  batch's new tokens and its mean cached prefix per request (the profile times one request per
-  extend, so a multi-request prefill is priced like one request of all its tokens);
+- forward, extend: ``forward.extend(num_tokens, P0) + n * (forward.extend(num_tokens / n, P) -
+  forward.extend(num_tokens / n, P0))`` for ``n`` requests with mean cached prefix ``P`` per
+  request (``P0``: the curve's smallest prefix, 0 in a calibration): the batch's new tokens
+  priced as one request, plus what each request's cached prefix adds to its own share (the
+  profile times one request per extend). One request, or no prefix, is ``forward.extend(num_tokens, P)``.
+  Measured on SGLang's CPU engine, a prefill of 5 requests of about 40 new tokens each after a
+  512-token cached prefix took 175 ms, where one request of all 189 tokens after that prefix
+  would be priced about 60 ms: attention over a prefix is paid per request;
 - recv: ``recv(new requests)``; schedule / process: ``schedule.<kind>(num_reqs)``,
   ``process.<kind>(num_reqs)``; launch: ``launch.decode(num_reqs)``,
   ``launch.extend(num_tokens)``;
@@ -83,7 +88,11 @@ class ProfileCostModel:
         if not (forward.inside(*x) and self._launch[kind].inside(launch_x)
                 and self._schedule[kind].inside(num_reqs) and self._process[kind].inside(num_reqs)):
             self.extrapolated_steps += 1
-        return forward(*x) * self.gpu_scale
+        if kind == DECODE or num_reqs == 1 or x[1] <= forward.lo[1]:
+            return forward(*x) * self.gpu_scale
+        p0, share = forward.lo[1], num_tokens / num_reqs
+        t = forward(num_tokens, p0) + num_reqs * (forward(share, x[1]) - forward(share, p0))
+        return max(t, forward(*x)) * self.gpu_scale  # never cheaper than one request of all the tokens
 
     def recv_s(self, num_new_reqs: int) -> float:
         return self._recv(num_new_reqs) * self.cpu_scale

@@ -199,11 +199,18 @@ class GpuCosts(StrictModel):
 
 
 class CpuCosts(StrictModel):
+    """Scheduler CPU costs. ``after_wait_scale``: how much more the CPU phases cost right after
+    the scheduler blocked on a result (from that wait to the end of the next launch: the
+    process, then the next recv, schedule and launch); 1 (default) prices every phase the same.
+    Measured on SGLang 0.5.23's real scheduler after a 5 ms blocking sleep: 1.12 to 1.78 by phase
+    on this project's VM (``benchmarks/sglang_after_wait.py``, docs/real-engines.md)."""
+
     recv: CostTerm = CostTerm(base=2.0e-5, per_req=1.0e-5)
     schedule: CostTerm = CostTerm(base=1.5e-4, per_req=4.0e-6)
     launch: CostTerm = CostTerm(base=3.0e-4)
     process: CostTerm = CostTerm(base=8.0e-5, per_req=1.2e-5)
     scale: float = Field(default=1.0, ge=MIN_SCALE, le=MAX_SCALE)
+    after_wait_scale: float = Field(default=1.0, ge=MIN_SCALE, le=MAX_SCALE)
 
 
 class Noise(StrictModel):

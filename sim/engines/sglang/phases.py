@@ -18,6 +18,9 @@ from sim.model.device import DeviceStream
 from sim.trace.recorder import TraceRecorder
 
 
+AFTER_WAIT_MIN_S = 1.0e-6  # a shorter wait (float ties included) leaves the CPU's state as it was
+
+
 class Phases:
     """The scheduler thread's phases (recv, schedule, launch, sync, process) over shared state.
 
@@ -42,11 +45,15 @@ class Phases:
             N or more requests is relayed, at the end of its forward.
         blocking_forward: the forward runs on the scheduler's thread (SGLang's CPU engine): the
             launch returns only when it has ended (:attr:`sim.engines.sglang.server.Server.blocking_forward`).
+        after_wait_scale: multiplies the CPU phases from a blocking result wait (a :meth:`sync`
+            that waited) to the end of the next :meth:`launch` (``costs.cpu.after_wait_scale``:
+            a phase right after a wait costs more, measured on SGLang's real scheduler).
     """
 
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, stream: DeviceStream, costs: CostModel,
                  gpu_jitter: Jitter, cpu_jitter: Jitter, recorder: TraceRecorder, forward_extra_s: float = 0.0,
-                 faults: tuple = (), external_arrival_s=None, blocking_forward: bool = False):
+                 faults: tuple = (), external_arrival_s=None, blocking_forward: bool = False,
+                 after_wait_scale: float = 1.0):
         self.env = env
         self.scheduler = scheduler
         self.stream = stream
@@ -56,6 +63,8 @@ class Phases:
         self.recorder = recorder
         self.forward_extra_s = forward_extra_s
         self.blocking_forward = blocking_forward
+        self.after_wait_scale = after_wait_scale
+        self._cold = 1.0  # after_wait_scale from a blocking wait to the end of the next launch, else 1
         self._die_fault = next((f for f in faults if "die_on_batch_min_reqs" in f.sim), None)
         self._wakeup: simpy.Event | None = None
         self._was_idle = False
@@ -84,7 +93,7 @@ class Phases:
         at = self.env.now if at is None else at
         n_new = self.scheduler.recv(at)
         self._recv_start = at
-        self._recv_s = self.costs.recv_s(n_new) * self.cpu_jitter()
+        self._recv_s = self.costs.recv_s(n_new) * self.cpu_jitter() * self._cold
         return self._recv_s
 
     def schedule(self, at: float) -> tuple[Batch | None, float]:
@@ -98,7 +107,7 @@ class Phases:
         if batch is None:
             return None, 0.0
         c = self.costs
-        dur = c.schedule_s(batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx) * self.cpu_jitter()
+        dur = c.schedule_s(batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx) * self.cpu_jitter() * self._cold
         batch.recv_start = self._recv_start
         batch.schedule_start = at
         batch.schedule_end = batch.launch_start = at + dur
@@ -126,7 +135,8 @@ class Phases:
         scheduler's thread (:attr:`blocking_forward`), the launch returns when it has ended."""
         c = self.costs
         k, n, tok, ctx = batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx
-        dur = c.launch_s(k, n, tok, ctx) * self.cpu_jitter()
+        dur = c.launch_s(k, n, tok, ctx) * self.cpu_jitter() * self._cold
+        self._cold = 1.0
         batch.launch_start = at
         batch.launch_end = at + dur
         forward = c.forward_s(k, n, tok, ctx) * self.gpu_jitter() + self.forward_extra_s
@@ -143,7 +153,10 @@ class Phases:
         Returns the wait."""
         at = self.env.now if at is None else at
         batch.sync_start = at
-        return self.result_wait_s(batch, at)
+        wait = self.result_wait_s(batch, at)
+        if wait >= AFTER_WAIT_MIN_S:
+            self._cold = self.after_wait_scale
+        return wait
 
     def result_wait_s(self, batch: Batch, at: float) -> float:
         """How long a host that waits for ``batch``'s results at ``at`` blocks: until its forward
@@ -156,7 +169,7 @@ class Phases:
         free KV. Tokens reach the clients when the phase ends. Returns the CPU time."""
         now = self.env.now if at is None else at
         self.check_faults(batch, now)
-        dur = self.costs.process_s(batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx) * self.cpu_jitter()
+        dur = self.costs.process_s(batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx) * self.cpu_jitter() * self._cold
         batch.process_start = now
         batch.process_end = now + dur
         self.scheduler.process_batch_result(batch, now + dur)

@@ -1,0 +1,137 @@
+"""Read what the vLLM tracer (:mod:`realengines.vllm.tracer`) wrote in a server's processes and
+join it into engine steps.
+
+A vLLM 0.32 server writes one file per process (``trace.<pid>.jsonl``): the engine core's
+(``schedule``, ``update``, ``add``, ``step``/``step_bq`` records) and the worker's
+(``execute``, ``forward``, ``sample``). Steps are joined by order, which vLLM keeps: the engine
+core hands every ``SchedulerOutput`` to the worker's ``execute_model`` in the order it scheduled
+them (``EngineCore.step`` and ``step_with_batch_queue``, ``v1/engine/core.py``; the ``mp``
+executor's broadcast queue is FIFO), the worker calls ``sample_tokens`` once after each
+``execute_model`` that scheduled tokens, and ``update_from_output`` runs once per step in the
+same order (the batch queue is a FIFO of at most two). Each join is checked (token counts, request
+counts); a mismatch raises rather than pairing the wrong calls.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from calibrate.errors import CalibrationInputError
+
+ENGINE_PHASES = {"schedule", "update", "add", "step", "step_bq"}
+WORKER_PHASES = {"execute", "forward", "sample"}
+
+
+@dataclass
+class VllmStep:
+    """One engine step. ``reqs``/``tok``/``done``: request ids, tokens scheduled and tokens
+    computed before the step, per request; wall clock (``perf_counter``) starts and ends in
+    seconds, CPU seconds of the calling thread. Worker fields are NaN for a step with no tokens."""
+
+    k: int
+    reqs: list
+    tok: list
+    done: list
+    new: int
+    preempted: list
+    running: int
+    waiting: int
+    free_blocks: int | None
+    schedule: dict
+    execute: dict | None = None
+    forward: float = float("nan")  # summed forward seconds inside execute (wall)
+    sample: dict | None = None
+    update: dict | None = None
+    finished: list = field(default_factory=list)
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.reqs)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(sum(self.tok))
+
+    @property
+    def ctx(self) -> float:
+        """Mean over the step's requests of computed + scheduled tokens (the forward's context)."""
+        return sum(d + t for d, t in zip(self.done, self.tok)) / len(self.reqs) if self.reqs else 0.0
+
+    @property
+    def is_decode(self) -> bool:
+        return bool(self.reqs) and all(t == 1 for t in self.tok)
+
+
+def read_files(paths: list[Path]) -> tuple[list[dict], list[dict]]:
+    """(engine-core records, worker records), each in call-end order, from a server's trace files.
+
+    Raises:
+        CalibrationInputError: an unreadable file, a line that is not JSON, or no engine core /
+            no worker among the files.
+    """
+    engine, worker = [], []
+    for path in paths:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            raise CalibrationInputError(str(path), "", f"cannot read the trace ({err})") from None
+        recs = []
+        for n, line in enumerate(lines, 1):
+            if line.strip():
+                try:
+                    recs.append(json.loads(line))
+                except json.JSONDecodeError:
+                    raise CalibrationInputError(str(path), f"line {n}", "not JSON: the trace is corrupt") from None
+        phases = {r.get("ph") for r in recs}
+        if phases & ENGINE_PHASES:
+            engine += [r for r in recs if r.get("ph") in ENGINE_PHASES]
+        if phases & WORKER_PHASES:
+            worker += [r for r in recs if r.get("ph") in WORKER_PHASES]
+    if not engine or not worker:
+        raise CalibrationInputError(str(paths[0].parent if paths else "trace"), "",
+                                    "needs the engine core's and the worker's trace files (a traced vLLM server)")
+    end = lambda r: r["t0"] + r["dur"]  # noqa: E731
+    return sorted(engine, key=end), sorted(worker, key=end)
+
+
+def steps(engine: list[dict], worker: list[dict]) -> list[VllmStep]:
+    """The engine steps, schedule, worker calls and update joined (see the module docstring).
+
+    Raises:
+        CalibrationInputError: the worker's calls do not match the scheduled steps.
+    """
+    out = [VllmStep(k=k, reqs=r["reqs"], tok=r["tok"], done=r["done"], new=r.get("new", 0),
+                    preempted=r.get("preempted", []), running=r.get("running", 0), waiting=r.get("waiting", 0),
+                    free_blocks=r.get("free_blocks"), schedule=r)
+           for k, r in enumerate(x for x in engine if x["ph"] == "schedule")]
+    executes = [r for r in worker if r["ph"] == "execute"]
+    forwards = [r for r in worker if r["ph"] == "forward"]
+    samples = [r for r in worker if r["ph"] == "sample"]
+    updates = [r for r in engine if r["ph"] == "update"]
+    n = min(len(out), len(executes))
+    fi, si = 0, 0
+    for step, ex in zip(out[:n], executes[:n]):
+        if ex.get("n_tok", step.num_tokens) != step.num_tokens:
+            raise CalibrationInputError("trace", f"step {step.k}", f"the worker executed {ex.get('n_tok')} tokens, "
+                                        f"the scheduler scheduled {step.num_tokens}: the files do not belong together")
+        step.execute = ex
+        fwd = 0.0
+        while fi < len(forwards) and forwards[fi]["t0"] < ex["t0"] + ex["dur"]:
+            if forwards[fi]["t0"] >= ex["t0"]:
+                fwd += forwards[fi]["dur"]
+            fi += 1
+        step.forward = fwd if step.num_tokens else float("nan")
+        if step.num_tokens and si < len(samples):
+            step.sample = samples[si]
+            si += 1
+    for step, up in zip([s for s in out if s.num_reqs], [u for u in updates if u.get("n", 1)]):
+        step.update = up
+        step.finished = up.get("finished", [])
+    return out
+
+
+def steps_of_session(folder: Path) -> list[VllmStep]:
+    """The steps of one traced server session (``folder/trace.*.jsonl``)."""
+    return steps(*read_files(sorted(Path(folder).glob("trace.*.jsonl"))))

@@ -183,7 +183,7 @@ def metadata(engine: Engine, grid: SglangGrid, meta: dict, settings: tuple[str, 
         "libraries": {"sglang": meta.get("sglang"), "torch": meta.get("torch"), "python": meta.get("python")},
         "model": {"name": "tiny-llama", **dims}, "dtype": "float32",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "grid": asdict(grid), "repeats": grid.decode_waves * (grid.decode_steps - 1), "warmup": 0,
+        "grid": asdict(grid), "repeats": grid.decode_waves * (grid.decode_steps - 1), "warmup": 0, "quick": False,
         "settings": list(settings), "base_setting": settings[0], "scheduler_limits": meta.get("limits", {}), "command": command,
         "timing": "the scheduler thread's CPU time (time.thread_time) of SGLang's own functions, in-process: "
                   "recv = ingest_requests (+ loop overhead), schedule = get_next_batch_to_run, forward = "
@@ -243,6 +243,9 @@ def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, folder: 
                 tag = {} if n == 0 else {"setting": setting}
                 merged[(smp["curve"], tuple(sorted(smp["point"].items())), setting)] = {**smp, **tag}
     metadata_ = metadata(engine, grid, meta or {}, settings, command)
+    # the fewest samples any point has (a prefill point is measured extend_repeats times, a
+    # decode point once per decode step of its waves)
+    metadata_["repeats"] = min(len(s["times_s"]) for s in merged.values())
     return build_profile(metadata_, list(merged.values()))
 
 

@@ -1,5 +1,5 @@
 """overlap-sim: a discrete-event model of LLM serving event loops (SGLang's overlap scheduler
-against the synchronous loop), fed by measured costs.
+and vLLM's async scheduling against their synchronous loops), fed by measured costs.
 
 Python API: :func:`load_scenario`, :func:`simulate`, :func:`compare`, :class:`Result`,
 :func:`sweep` (a grid of scenario variants, every setting, repeats: one tidy DataFrame).
@@ -14,8 +14,8 @@ and never between two engines (``tests/test_layout.py`` checks it)::
                     and batches, cost models, calibration profiles (read),
                     the device stream
     sim.trace       the event trace, its recorders, its metrics           <- model, base
-    sim.engines.X   one package per engine (sim.engines.sglang): server    <- trace, model, base
-                    section, scheduling policy, phases, loops, rules
+    sim.engines.X   one package per engine (sim.engines.sglang, .vllm):    <- trace, model, base
+                    server section, scheduling policy, phases, loops, rules
     sim.output      reports, results folders, plots, Chrome traces         <- trace, model, base
     sim.scenario    the composition root: a scenario (workload + an        <- engines, trace, model, base
     sim.simulate    engine's server + costs) and a run of it

@@ -23,6 +23,7 @@ from sim.errors import EXIT_BAD_INPUT, EXIT_RUN_FAILED, UserInputError
 # never imports calibrate
 COMMAND_MODULES: tuple[str, ...] = (
     "sim.whatif.cli",
+    "sim.engines.vllm.rules.advise",  # registers `advise --engine vllm` (sim.commands.ADVISORS)
     "sim.engines.sglang.rules.advise",
     "calibrate.command",
     "calibrate.validate.cli",

@@ -15,6 +15,19 @@ from typing import Callable, NoReturn
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 
 
+# engine -> run(args) of ``overlap-sim advise --engine ENGINE`` for an engine other than SGLang
+# (whose rules module registers it with :func:`advisor`; SGLang's ``advise`` dispatches to it)
+ADVISORS: dict[str, Callable[[argparse.Namespace], int]] = {}
+
+
+def advisor(engine: str):
+    """Decorator: register ``run(args) -> exit status`` as ``overlap-sim advise --engine engine``."""
+    def wrap(run):
+        ADVISORS[engine] = run
+        return run
+    return wrap
+
+
 def command(name: str, help_text: str, arguments: Callable[[argparse.ArgumentParser], None]):
     """Decorator: register ``run(args) -> exit status`` as subcommand ``name``."""
     def wrap(run):

@@ -2,9 +2,9 @@
 dicts and ``--set`` overrides.
 
 A scenario says what load arrives (``workload``, :mod:`sim.model.schema`), how the server is
-configured (``server``: SGLang's, :mod:`sim.engines.sglang.server`) and what each step costs
-(``costs``, :mod:`sim.model.schema`). Every field is validated; unknown keys are errors. Times
-are seconds.
+configured (``server``: SGLang's, :mod:`sim.engines.sglang.server`, or with ``engine: vllm``
+vLLM's, :mod:`sim.engines.vllm.server`) and what each step costs (``costs``,
+:mod:`sim.model.schema`). Every field is validated; unknown keys are errors. Times are seconds.
 """
 
 from __future__ import annotations
@@ -13,18 +13,34 @@ import copy
 import difflib
 import re
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Annotated, Any, Optional, Union
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, model_validator
 
 from sim.engines.sglang.server import Server
+from sim.engines.vllm.server import VllmServer
 from sim.errors import ScenarioError, UserInputError
 from sim.model.schema import MAX_SEED, Costs, StrictModel, Workload, length_bounds
 
 # scenario fields that hold a file path: relative to the scenario file's folder when written in
 # the file, to the working directory when given on the command line (--set, --grid)
 PATH_KEYS = ("costs.profile", "workload.trace")
+ENGINES = {"sglang": Server, "vllm": VllmServer}  # server.engine -> its server section
+
+
+def _engine_of(value) -> str | None:
+    """The engine a ``server`` section is for (``engine``, default sglang); None: an unknown one."""
+    engine = value.get("engine", "sglang") if isinstance(value, dict) else getattr(value, "engine", "sglang")
+    return engine if engine in ENGINES else None
+
+
+_SERVER_UNION = Union[Annotated[Server, Tag("sglang")], Annotated[VllmServer, Tag("vllm")]]
+ServerSection = Annotated[
+    _SERVER_UNION,
+    Discriminator(_engine_of, custom_error_type="unknown_engine",
+                  custom_error_message=f"expected one of {', '.join(ENGINES)}"),
+]
 
 
 class Scenario(StrictModel):
@@ -34,7 +50,7 @@ class Scenario(StrictModel):
     name: str = Field(min_length=1)
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
     workload: Workload = Workload()
-    server: Server = Server()
+    server: ServerSection = Server()
     costs: Costs = Costs()
     source: str = Field(default="<dict>", exclude=True)
     base_dir: str = Field(default=".", exclude=True)
@@ -49,7 +65,7 @@ class Scenario(StrictModel):
         w, srv = self.workload, self.server
         if not w.trace:
             shortest = max(1, length_bounds(w.input_len)[0])
-            _check_fits(shortest, srv.kv_pool_tokens, srv.page_size, "the shortest prompt (input_len)")
+            _check_prompt_fits(srv, shortest, "the shortest prompt (input_len)")
         return self
 
     def with_overrides(self, overrides: list[str], flag: str = "--set") -> "Scenario":
@@ -62,6 +78,18 @@ class Scenario(StrictModel):
         base = copy.deepcopy(raw)
         apply_overrides(raw, overrides, flag)
         return _validate_overridden(raw, base, overrides, flag, self.source, self.base_dir)
+
+
+def _check_prompt_fits(srv, prompt: int, what: str) -> None:
+    """A prompt of ``prompt`` tokens can be served by the scenario's server (see
+    :func:`_check_fits`; vLLM: the API server rejects a prompt of ``max_model_len`` tokens or
+    more, ``get_max_tokens`` in vLLM 0.32.0's ``entrypoints/serve/utils/api_utils.py``)."""
+    if isinstance(srv, VllmServer):
+        if prompt >= srv.max_model_len:
+            raise ValueError(f"server.max_model_len: {srv.max_model_len} tokens leaves no room for {what}: "
+                             f"{prompt} tokens and one output token; every request would fail")
+        return
+    _check_fits(prompt, srv.kv_pool_tokens, srv.page_size, what)
 
 
 def _check_fits(prompt: int, pool_tokens: int, page_size: int, what: str) -> None:
@@ -111,10 +139,12 @@ def _format_loc(loc: tuple) -> str:
     # pydantic puts union branch names into loc ('constrained-int', 'tagged-union[...]' followed
     # by the tag value); keep the user's field names only.
     names, skip_tag = [], False
-    for part in loc:
+    for i, part in enumerate(loc):
         text = str(part)
         if skip_tag:
             skip_tag = False
+            continue
+        if i == 1 and loc[0] == "server" and text in ENGINES:  # the server section's engine tag
             continue
         if text.startswith("tagged-union["):
             skip_tag = True
@@ -125,21 +155,24 @@ def _format_loc(loc: tuple) -> str:
     return ".".join(names)
 
 
-def _known_keys(loc: tuple) -> list[str]:
-    """The keys of the section at ``loc`` (field names of the model there), for suggestions."""
+def _known_keys(loc: tuple, engine: str = "sglang") -> list[str]:
+    """The keys of the section at ``loc`` (field names of the model there; the ``server`` section
+    of ``engine``), for suggestions."""
     model: Any = Scenario
     for part in loc:
         field = model.model_fields.get(str(part)) if isinstance(model, type) and issubclass(model, BaseModel) else None
         if field is None:
             return []
         model = field.annotation
+        if model == _SERVER_UNION:  # the server section of the scenario's engine
+            model = ENGINES.get(engine, Server)
     if isinstance(model, type) and issubclass(model, BaseModel):
         return [name for name, f in model.model_fields.items() if not f.exclude]
     return []
 
 
-def _unknown_key_message(loc: tuple) -> str:
-    names = _known_keys(tuple(p for p in loc[:-1]))
+def _unknown_key_message(loc: tuple, engine: str = "sglang") -> str:
+    names = _known_keys(tuple(p for p in loc[:-1]), engine)
     close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
     if close:
         return f"unknown key (did you mean {close[0]!r}?)"
@@ -180,8 +213,10 @@ def _validate(raw: Any, source: str, base_dir: str) -> Scenario:
         got = first.get("input")
         msg = first["msg"]
         prefixed = _FIELD_PREFIX.match(msg) if first["type"] == "value_error" else None
-        if first["type"] == "extra_forbidden":
-            msg = _unknown_key_message(tuple(field.split(".")))
+        if first["type"] == "unknown_engine":
+            field, msg = "server.engine", f"{msg} (got {got.get('engine')!r})"
+        elif first["type"] == "extra_forbidden":
+            msg = _unknown_key_message(tuple(field.split(".")), _engine_of(data.get("server") or {}) or "sglang")
         elif prefixed:  # a check across fields names the one it blames: "Value error, field: text"
             field = f"{field}.{prefixed[1]}" if field else prefixed[1]
             msg = prefixed[2]
@@ -273,7 +308,7 @@ def _check_files(scenario: Scenario) -> None:
                                 f"must be smaller than the trace's {len(specs)} requests (got {w.warmup_requests})")
         try:
             shortest = int(specs.input_len.min())
-            _check_fits(shortest, srv.kv_pool_tokens, srv.page_size, f"the shortest prompt of {path}")
+            _check_prompt_fits(srv, shortest, f"the shortest prompt of {path}")
         except ValueError as err:
             raise ScenarioError(scenario.source, *str(err).split(": ", 1)) from None
     profile = scenario.costs.profile
@@ -281,4 +316,9 @@ def _check_files(scenario: Scenario) -> None:
         path = scenario.resolve_path(profile)
         if not path.is_file():
             raise ScenarioError(scenario.source, "costs.profile", f"no such calibration profile: {path}")
-        load_profile(path)
+        if isinstance(srv, VllmServer):
+            from sim.engines.vllm.costs import load_vllm_profile
+
+            load_vllm_profile(path)
+        else:
+            load_profile(path)

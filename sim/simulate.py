@@ -15,6 +15,8 @@ from sim.engines.sglang.loops import LOOPS
 from sim.engines.sglang.phases import Phases
 from sim.engines.sglang.rules.loop_rules import setting_faults
 from sim.engines.sglang.policy.scheduler import Scheduler, ServerDied
+from sim.engines.vllm.run import run_vllm
+from sim.engines.vllm.server import SETTINGS as VLLM_SETTINGS, VllmServer
 from sim.model.costs import Jitter, make_cost_model
 from sim.model.device import DeviceStream
 from sim.model.workload import ClosedLoopClients, make_requests, open_loop_arrivals
@@ -86,6 +88,8 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
         ScenarioError: bad scenario; ValueError: unknown setting or tables mode.
     """
     scenario = load_scenario(scenario)
+    if isinstance(scenario.server, VllmServer):
+        return _simulate_vllm(scenario, setting, tables)
     if setting not in LOOPS:
         raise ValueError(f"unknown setting {setting!r}; expected one of {sorted(LOOPS)}")
     if tables not in TABLES:
@@ -135,6 +139,27 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
                    faults=[f.id for f in faults], extrapolated_steps=costs.extrapolated_steps)
     stats = {"sim_time_s": env.now, "steps": scheduler.next_step_seq, "decode_steps": scheduler.next_decode_seq,
              "wall_s": time.perf_counter() - wall0}
+    if tables == "steps":
+        return Result(scenario, setting, recorder.steps_frame(), recorder.requests_frame(), recorder.itl_frame(),
+                      outcome, stats=stats)
+    recorder.finish()
+    return Result(scenario, setting, pd.DataFrame(columns=STEP_COLUMNS), recorder.requests_frame(),
+                  pd.DataFrame(columns=["itl_s", "weight"]), outcome, metrics=recorder.summary(), stats=stats)
+
+
+def _simulate_vllm(scenario: Scenario, setting: str, tables: str) -> Result:
+    """:func:`simulate` for ``server.engine: vllm`` (the engine core and worker of
+    :mod:`sim.engines.vllm`)."""
+    if setting not in VLLM_SETTINGS:
+        raise ValueError(f"unknown setting {setting!r} for a vLLM scenario; expected one of {sorted(VLLM_SETTINGS)}")
+    if tables not in TABLES:
+        raise ValueError(f"unknown tables mode {tables!r}; expected one of {TABLES}")
+    wall0 = time.perf_counter()
+    specs = make_requests(scenario)
+    warmup = min(scenario.workload.warmup_requests, len(specs) - 1)
+    recorder = TraceRecorder() if tables == "steps" else StreamingRecorder(warmup, keep_requests=tables == "summary")
+    outcome, stats = run_vllm(_run_noise_applied(scenario, setting), setting, specs, warmup, recorder)
+    stats["wall_s"] = time.perf_counter() - wall0
     if tables == "steps":
         return Result(scenario, setting, recorder.steps_frame(), recorder.requests_frame(), recorder.itl_frame(),
                       outcome, stats=stats)

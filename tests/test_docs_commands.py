@@ -475,21 +475,30 @@ def test_relative_links_images_and_anchors_resolve():
 
 def _scenario_keys():
     """Every key a scenario file takes, as dotted paths (cost terms and the GIL block as one key)."""
+    from typing import Annotated, Union, get_args, get_origin
+
     from pydantic import BaseModel
 
     from sim.model.schema import CostTerm, GilCosts
     from sim.scenario import Scenario
 
+    def sections(ann) -> list:
+        """The models a field holds: itself, or each engine's section of a union (server)."""
+        if isinstance(ann, type) and issubclass(ann, BaseModel) and ann not in (CostTerm, GilCosts):
+            return [ann]
+        members = [get_args(a)[0] if get_origin(a) is Annotated else a for a in get_args(ann)]
+        return [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)] if get_origin(ann) is Union else []
+
     def walk(model, prefix):
         for name, f in model.model_fields.items():
             if f.exclude:
                 continue
-            ann = f.annotation
-            if isinstance(ann, type) and issubclass(ann, BaseModel) and ann not in (CostTerm, GilCosts):
-                yield from walk(ann, f"{prefix}{name}.")
-            else:
+            found = sections(f.annotation)
+            for section in found:
+                yield from walk(section, f"{prefix}{name}.")
+            if not found:
                 yield f"{prefix}{name}"
-    return list(walk(Scenario, ""))
+    return list(dict.fromkeys(walk(Scenario, "")))
 
 
 def test_every_scenario_key_is_in_the_reference():

@@ -23,12 +23,19 @@ and the CPU time of each scheduler phase the simulator charges (``recv``, ``sche
 ``launch.*``, ``process.*``), and optionally (:data:`OPTIONAL_CURVE_AXES`) how long the host
 is blocked in the submission of a step (``submit.*``, MLX). Calibration builds and saves
 profiles (:mod:`calibrate.profile`); this module, which imports no torch or MLX, reads them.
+
+Those are SGLang's curves (:data:`SGLANG_CURVES`, the default). Another engine's profile holds
+that engine's curves, named by ``metadata.engine`` (``"vllm"``: :data:`sim.engines.vllm.costs.VLLM_CURVES`,
+defined and documented by that engine); the same file format, samples and ``setting_curves``
+apply, and the readers take the engine's :class:`CurveTable`. A profile without
+``metadata.engine`` is an SGLang profile.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from sim.errors import ProfileError
@@ -58,6 +65,25 @@ OPTIONAL_CURVE_AXES: dict[str, tuple[str, ...]] = {
     "submit.extend": ("num_tokens", "prefix"),
 }
 ALL_CURVE_AXES = {**CURVE_AXES, **OPTIONAL_CURVE_AXES}
+
+
+@dataclass(frozen=True)
+class CurveTable:
+    """The curves of one engine's profiles: ``required`` and ``optional`` (curve name -> axis
+    names), and which of them are ``forward`` (device) times, which must be at least
+    :data:`MIN_FORWARD_S`. ``engine`` is the profile's ``metadata.engine``."""
+
+    engine: str
+    required: dict
+    optional: dict
+    forward: tuple
+
+    @property
+    def all(self) -> dict:
+        return {**self.required, **self.optional}
+
+
+SGLANG_CURVES = CurveTable("sglang", CURVE_AXES, OPTIONAL_CURVE_AXES, ("forward.decode", "forward.extend"))
 REQUIRED_METADATA = ("backend", "device", "device_name", "host_cpu", "libraries", "model", "date",
                      "grid", "repeats")
 # optional metadata times the simulator reads (seconds)
@@ -66,13 +92,14 @@ MAX_STEP_S = 3600.0  # no phase or forward of one step takes an hour: a larger t
 MIN_FORWARD_S = 1.0e-9  # a forward takes at least this long (else simulated time would not advance)
 
 
-def load_profile(path: str | Path) -> dict:
-    """Read and validate a profile file.
+def load_profile(path: str | Path, curves: CurveTable = SGLANG_CURVES) -> dict:
+    """Read and validate a profile file of the engine whose curves ``curves`` lists (SGLang's by
+    default).
 
     Raises:
         ProfileError: missing or unreadable file, not JSON, not a profile, a newer schema, a
-            missing curve or metadata key, a malformed curve, NaN/infinite/negative times. The
-            message names the file and the offending field.
+            missing curve or metadata key, a malformed curve, NaN/infinite/negative times, a
+            profile of another engine. The message names the file and the offending field.
     """
     path = Path(path)
     source = str(path)
@@ -87,12 +114,14 @@ def load_profile(path: str | Path) -> dict:
     except json.JSONDecodeError as err:
         raise ProfileError(source, "", f"not valid JSON (line {err.lineno}: {err.msg}); "
                            "the file is corrupt or truncated") from None
-    validate_profile(data, source)
+    validate_profile(data, source, curves)
     return data
 
 
-def validate_profile(data, source: str) -> None:
-    """Check a parsed profile; raise :class:`ProfileError` naming the first bad field."""
+def validate_profile(data, source: str, curves: CurveTable = SGLANG_CURVES) -> None:
+    """Check a parsed profile of ``curves``' engine; raise :class:`ProfileError` naming the first
+    bad field."""
+    table, known = curves, curves.all
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ProfileError(source, "format", f"{FORMAT!r}: this is not an overlap-sim calibration profile")
     version = data.get("schema_version")
@@ -110,20 +139,24 @@ def validate_profile(data, source: str) -> None:
     for key in TIME_METADATA:
         if key in meta:
             _check_time(meta[key], source, f"metadata.{key}")
+    engine = meta.get("engine", "sglang")
+    if engine != table.engine:
+        raise ProfileError(source, "metadata.engine", f"{table.engine!r}: a profile of {table.engine}'s curves is "
+                           f"needed here (got a profile of engine {engine!r})")
     curves = data.get("curves")
     if not isinstance(curves, dict):
         raise ProfileError(source, "curves", "an object with one curve per forward kind and phase")
-    for name, axes in CURVE_AXES.items():
+    for name, axes in table.required.items():
         if name not in curves:
             raise ProfileError(source, f"curves.{name}", "missing: a profile needs a curve for every forward "
-                               f"kind and phase ({', '.join(CURVE_AXES)})")
+                               f"kind and phase ({', '.join(table.required)})")
         _check_curve(curves[name], axes, source, f"curves.{name}")
-        if name.startswith("forward."):
+        if name in table.forward:
             flat = curves[name]["values_s"] if len(axes) == 1 else [t for row in curves[name]["values_s"] for t in row]
             if min(flat) < MIN_FORWARD_S:
                 raise ProfileError(source, f"curves.{name}.values_s", f"times >= {MIN_FORWARD_S:g} s: a forward "
                                    f"takes time (got {min(flat)!r})")
-    for name, axes in OPTIONAL_CURVE_AXES.items():
+    for name, axes in table.optional.items():
         if name in curves:
             _check_curve(curves[name], axes, source, f"curves.{name}")
     by_setting = data.get("setting_curves", {})
@@ -133,20 +166,20 @@ def validate_profile(data, source: str) -> None:
         if not isinstance(named, dict):
             raise ProfileError(source, f"setting_curves.{setting}", "an object of curves")
         for name, c in named.items():
-            if name not in ALL_CURVE_AXES:
+            if name not in known:
                 raise ProfileError(source, f"setting_curves.{setting}.{name}", "a known curve name")
-            _check_curve(c, ALL_CURVE_AXES[name], source, f"setting_curves.{setting}.{name}")
+            _check_curve(c, known[name], source, f"setting_curves.{setting}.{name}")
     samples = data.get("samples")
     if not isinstance(samples, list):
         raise ProfileError(source, "samples", "a list of raw timing samples")
     for k, s in enumerate(samples):
         where = f"samples[{k}]"
-        if not isinstance(s, dict) or s.get("curve") not in ALL_CURVE_AXES or not isinstance(s.get("point"), dict) \
+        if not isinstance(s, dict) or s.get("curve") not in known or not isinstance(s.get("point"), dict) \
                 or not isinstance(s.get("times_s"), list):
             raise ProfileError(source, where, "an object with curve (a known curve), point and times_s")
         if not isinstance(s.get("setting", ""), str):
             raise ProfileError(source, f"{where}.setting", "a setting name")
-        for axis in ALL_CURVE_AXES[s["curve"]]:
+        for axis in known[s["curve"]]:
             if not _is_coordinate(s["point"].get(axis)):
                 raise ProfileError(source, f"{where}.point.{axis}",
                                    f"a finite number >= 0 (got {s['point'].get(axis)!r})")
@@ -194,8 +227,9 @@ def _check_curve(c, axes: tuple[str, ...], source: str, where: str) -> None:
 STATISTICS = ("median", "mean")
 
 
-def profile_curves(profile: dict, statistic: str = "median", setting: str | None = None) -> dict[str, Curve]:
-    """The evaluable :class:`Curve` of every curve in a validated profile.
+def profile_curves(profile: dict, statistic: str = "median", setting: str | None = None,
+                   curves: CurveTable = SGLANG_CURVES) -> dict[str, Curve]:
+    """The evaluable :class:`Curve` of every curve of ``curves``' engine in a validated profile.
 
     ``statistic``: ``median`` (the stored curves: the median of each point's samples, robust to
     interference while calibrating) or ``mean`` (each point's raw samples averaged: the expected
@@ -204,13 +238,14 @@ def profile_curves(profile: dict, statistic: str = "median", setting: str | None
     ``setting_curves`` (if any) replace the base curves of the same name."""
     if statistic not in STATISTICS:
         raise ValueError(f"statistic must be one of {STATISTICS} (got {statistic!r})")
-    stored = {name: (c, "") for name, c in profile["curves"].items() if name in ALL_CURVE_AXES}
+    known = curves.all
+    stored = {name: (c, "") for name, c in profile["curves"].items() if name in known}
     for name, c in profile.get("setting_curves", {}).get(setting, {}).items():
         stored[name] = (c, setting)
     means: dict[tuple, float] = {}
     if statistic == "mean":
         for smp in profile.get("samples", []):
-            axes = ALL_CURVE_AXES.get(smp["curve"])
+            axes = known.get(smp["curve"])
             if axes and smp["times_s"]:
                 key = (smp.get("setting", ""), smp["curve"], *(float(smp["point"][a]) for a in axes))
                 means[key] = sum(smp["times_s"]) / len(smp["times_s"])

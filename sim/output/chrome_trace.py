@@ -4,8 +4,8 @@ Perfetto and chrome://tracing), built from the saved steps tables.
 Per setting one process with two tracks: the scheduler thread (CPU phases recv, schedule,
 launch, sync wait, process) and the device stream (forwards). Flow arrows go from each launch
 to its forward and, where the next batch was built on tokens still on the device (the FutureMap
-under ``overlap``, the lazy ``mx.async_eval`` chain under ``overlap_mlx``), from forward k-1 to
-forward k. Counters: running requests, waiting queue length and KV token usage, sampled when
+under ``overlap``, the lazy ``mx.async_eval`` chain under ``overlap_mlx``, vLLM's placeholders under
+``async``), from forward k-1 to forward k. Counters: running requests, waiting queue length and KV token usage, sampled when
 each batch is scheduled. Timestamps are microseconds from the start of the run.
 """
 
@@ -30,7 +30,8 @@ PHASES = (("recv", "recv_start", "schedule_start"), ("schedule", "schedule_start
           ("launch", "launch_start", "launch_end"), ("sync wait", "sync_start", "process_start"),
           ("process", "process_start", "process_end"))
 DEVICE_DEPENDENCY = {"overlap": "FutureMap: tokens of forward k-1 read on the device",
-                     "overlap_mlx": "mx.async_eval chain: built on lazy tokens of forward k-1"}
+                     "overlap_mlx": "mx.async_eval chain: built on lazy tokens of forward k-1",
+                     "async": "vLLM batch queue: step k scheduled on a placeholder for k-1's token"}
 
 
 def parse_window(text: Optional[str]) -> tuple[float, float]:

@@ -22,13 +22,15 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from sim.atomic import atomic_path  # noqa: E402
+from sim.output.report import baseline_of  # noqa: E402
 from sim.trace.metrics import measured_window, step_gaps  # noqa: E402
 
 PHASE_COLORS = {"recv": "#9e9e9e", "schedule": "#1f77b4", "launch": "#ff7f0e", "sync wait": "#d62728",
                 "process": "#2ca02c"}
 KIND_COLORS = {"extend": "#9467bd", "decode": "#17becf"}
 # one colour per setting in every plot (sweeps, runs, validation)
-SETTING_COLORS = {"overlap": "C0", "normal": "C1", "thread_overlap": "C2", "overlap_mlx": "C3"}
+SETTING_COLORS = {"overlap": "C0", "normal": "C1", "thread_overlap": "C2", "overlap_mlx": "C3",
+                  "async": "C0", "sync": "C1"}  # vLLM's settings in the colours of SGLang's overlap / normal
 MEASURED_COLOR = "#222222"
 ZERO_GAP_MS = 1e-6  # a gap under 1 ns is a forward queued behind the previous one: zero
 
@@ -181,11 +183,13 @@ SUMMARY_PANELS = (("output_throughput", "output throughput", "tok/s", "higher is
                   ("mean_gap_ms", "mean GPU gap", "ms", "lower is better"))
 
 
-def metric_bars(summaries: dict[str, dict], title: str, baseline: str = "normal"):
+def metric_bars(summaries: dict[str, dict], title: str, baseline: str | None = None):
     """Bars per setting: output throughput, median TTFT, TPOT, p99 ITL and mean GPU gap, each
-    labelled with its value and unit and, for settings other than ``baseline``, its ratio to it."""
+    labelled with its value and unit and, for settings other than ``baseline`` (None: ``normal``,
+    or vLLM's ``sync``), its ratio to it."""
     fig, axes = plt.subplots(1, len(SUMMARY_PANELS), figsize=(3.2 * len(SUMMARY_PANELS), 3.8))
     names = list(summaries)
+    baseline = baseline_of(names) if baseline is None else baseline
     colors = [setting_color(n, i) for i, n in enumerate(names)]
     for ax, (key, label, unit, better) in zip(axes, SUMMARY_PANELS):
         raw = [summaries[n].get(key) for n in names]

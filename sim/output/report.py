@@ -18,6 +18,20 @@ from sim.atomic import atomic_path
 from sim.trace.metrics import SUMMARY_KEYS
 
 RATIO_BASELINE = "normal"
+# (the setting that overlaps CPU work with the forward, its synchronous baseline), per engine:
+# SGLang's event_loop_overlap / event_loop_normal, vLLM's async / sync scheduling
+RATIO_PAIRS = (("overlap", "normal"), ("async", "sync"))
+
+
+def baseline_of(names) -> str:
+    """The synchronous setting among ``names`` that ratios are taken against: ``normal`` (SGLang),
+    else ``sync`` (vLLM), else :data:`RATIO_BASELINE`."""
+    return next((den for _num, den in RATIO_PAIRS if den in names), RATIO_BASELINE)
+
+
+def ratio_pair(names) -> tuple[str, str] | None:
+    """The (overlapping, synchronous) pair of :data:`RATIO_PAIRS` present in ``names``, if any."""
+    return next(((num, den) for num, den in RATIO_PAIRS if num in names and den in names), None)
 # (label, key, format) rows of the terminal table
 TABLE_ROWS = [
     ("completed / failed", None, None),
@@ -38,8 +52,10 @@ TABLE_ROWS = [
 ]
 
 
-def ratios(summaries: dict[str, dict], baseline: str = RATIO_BASELINE) -> dict[str, dict]:
-    """``{"X/normal": {key: X[key] / normal[key]}}`` for every numeric key and every other setting."""
+def ratios(summaries: dict[str, dict], baseline: str | None = None) -> dict[str, dict]:
+    """``{"X/normal": {key: X[key] / normal[key]}}`` for every numeric key and every other setting
+    (baseline None: :func:`baseline_of` the settings, ``normal`` or vLLM's ``sync``)."""
+    baseline = baseline_of(summaries) if baseline is None else baseline
     if baseline not in summaries:
         return {}
     base = summaries[baseline]
@@ -115,11 +131,13 @@ def console_width() -> int | None:
 
 
 def print_table(title: str, summaries: dict[str, dict], console: Console | None = None, streamed: bool = False) -> None:
-    """A rich table: one column per setting plus the ratio to ``normal`` (latency ratios: medians).
-    ``streamed``: the medians and p99s come from a streaming sketch (``--tables summary|none``)."""
+    """A rich table: one column per setting plus the ratio to ``normal`` (vLLM: ``sync``; latency
+    ratios: medians). ``streamed``: the medians and p99s come from a streaming sketch
+    (``--tables summary|none``)."""
     console = console or Console(width=console_width())
     rat = ratios(summaries)
-    caption = "ratios: setting / normal; on mean / median / p99 rows, the ratio of the medians (gap: of the means)"
+    caption = (f"ratios: setting / {baseline_of(summaries)}; on mean / median / p99 rows, the ratio of the medians "
+               "(gap: of the means)")
     if streamed:
         caption += "; medians and p99s streamed (DDSketch, within 0.5%)"
     table = Table(title=title, caption=caption if rat or streamed else None)

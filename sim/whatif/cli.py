@@ -14,7 +14,7 @@ from rich.table import Table
 
 from sim.commands import command
 from sim.errors import UserInputError
-from sim.output.report import jsonable
+from sim.output.report import jsonable, ratio_pair
 
 _err = Console(stderr=True)
 
@@ -47,7 +47,8 @@ def _print_sweep(table, scenario: str, console: Console) -> None:
     means = grouped.mean().unstack("setting")
     cvs = (grouped.std() / grouped.mean()).unstack("setting")
     first = table.drop_duplicates("point").set_index("point")
-    ci = ratio_ci(table).set_index("point") if {"overlap", "normal"} <= set(settings) else None
+    pair = ratio_pair(settings)  # overlap/normal (SGLang) or async/sync (vLLM)
+    ci = ratio_ci(table, num=pair[0], den=pair[1]).set_index("point") if pair else None
     n = int(table["repeat"].max()) + 1
     t = Table(title=f"{scenario}: output throughput (tok/s), mean of {n} repeat{'s' if n > 1 else ''}"
                     + (" ± CV across repeats" if n > 1 else ""))
@@ -56,7 +57,7 @@ def _print_sweep(table, scenario: str, console: Console) -> None:
     for s in settings:
         t.add_column(s, justify="right")
     if ci is not None:
-        t.add_column("overlap/normal" + (" [95% CI]" if n > 1 else ""), justify="right")
+        t.add_column(f"{pair[0]}/{pair[1]}" + (" [95% CI]" if n > 1 else ""), justify="right")
     shown = list(means.index)[:40]
     for point in shown:
         cells = [str(first.loc[point, k]) for k in keys]
@@ -138,7 +139,7 @@ VARIANCE_RATIO_METRICS = ("output_throughput", "request_throughput", "median_ttf
 
 def _write_variance(out: Path, table) -> None:
     """spread.csv: mean/std/cv/min/max of every numeric summary key per point and setting;
-    ratio_ci.csv: overlap/normal 95% t-interval of the main metrics per point."""
+    ratio_ci.csv: overlap/normal (vLLM: async/sync) 95% t-interval of the main metrics per point."""
     import pandas as pd
 
     from sim.output.report import atomic_write_frame
@@ -147,8 +148,9 @@ def _write_variance(out: Path, table) -> None:
 
     metrics = [k for k in SUMMARY_KEYS + ["peak_token_usage"] if k in table and pd.api.types.is_numeric_dtype(table[k])]
     atomic_write_frame(spread(table, metrics), out / "spread.csv")
-    if {"overlap", "normal"} <= set(table["setting"]):
-        parts = [ratio_ci(table, m).assign(metric=m) for m in VARIANCE_RATIO_METRICS if m in table]
+    pair = ratio_pair(set(table["setting"]))
+    if pair:
+        parts = [ratio_ci(table, m, *pair).assign(metric=m) for m in VARIANCE_RATIO_METRICS if m in table]
         atomic_write_frame(pd.concat(parts, ignore_index=True), out / "ratio_ci.csv")
 
 

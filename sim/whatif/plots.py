@@ -20,6 +20,7 @@ from matplotlib.lines import Line2D
 
 from sim.output.plots import (KIND_COLORS, MEASURED_COLOR, PHASE_COLORS, ZERO_GAP_MS, _save, draw_gap_panels,
                               fmt_value, plain_log_ticks, plt, setting_color)
+from sim.output.report import ratio_pair
 from sim.whatif.variance import grid_keys, paired_ratios, ratio_ci
 
 LINE_METRICS = (("output_throughput", "output throughput (tok/s)"), ("median_ttft_ms", "median TTFT (ms)"),
@@ -153,22 +154,24 @@ def ratio_heatmap(table: pd.DataFrame, x_key: str, y_key: str, scenario: str, me
     return fig
 
 
-def ratio_ci_plot(table: pd.DataFrame, scenario: str, metric: str = "output_throughput", level: float = 0.95):
-    """The paired ratio per grid point with its t-interval (:func:`sim.whatif.variance.ratio_ci`)."""
-    ci = ratio_ci(table, metric, level=level)
+def ratio_ci_plot(table: pd.DataFrame, scenario: str, metric: str = "output_throughput", level: float = 0.95,
+                  num: str = "overlap", den: str = "normal"):
+    """The paired ``num``/``den`` ratio per grid point with its t-interval
+    (:func:`sim.whatif.variance.ratio_ci`)."""
+    ci = ratio_ci(table, metric, num, den, level=level)
     keys = grid_keys(table)
     labels = [", ".join(f"{k.split('.')[-1]}={_label(r[k])}" for k in keys) or "scenario" for _, r in ci.iterrows()]
     fig, ax = plt.subplots(figsize=(max(5, 0.5 * len(ci) + 2), 3.8))
     x = np.arange(len(ci))
     lo = (ci["ratio"] - ci["ci_low"]).fillna(0)
     hi = (ci["ci_high"] - ci["ratio"]).fillna(0)
-    ax.errorbar(x, ci["ratio"], yerr=[lo, hi], fmt="o", capsize=3, color=setting_color("overlap"))
+    ax.errorbar(x, ci["ratio"], yerr=[lo, hi], fmt="o", capsize=3, color=setting_color(num))
     ax.axhline(1.0, color="black", linewidth=1, linestyle="--")
     # the line's name in the right margin, where it covers no point
     ax.annotate("break-even", xy=(1.0, 1.0), xycoords=("axes fraction", "data"), xytext=(4, 0),
                 textcoords="offset points", va="center", fontsize=8)
     ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel(f"overlap/normal {_pretty(metric)}")
+    ax.set_ylabel(f"{num}/{den} {_pretty(metric)}")
     ax.grid(axis="y", alpha=0.3)
     n = int(ci["n"].max()) if len(ci) else 0
     ax.set_title(f"{scenario}: paired ratio (point) and its {level:.0%} t-interval over {n} repeats", fontsize=9)
@@ -181,12 +184,13 @@ def save_sweep_plots(out_dir: Path, table: pd.DataFrame, scenario: str) -> list[
     out_dir = Path(out_dir)
     keys = grid_keys(table)
     paths = [_save(sweep_lines(table, k, scenario), out_dir / f"sweep_{k}.png") for k in keys]
-    settings = set(table["setting"])
-    if {"overlap", "normal"} <= settings:
+    pair = ratio_pair(set(table["setting"]))  # overlap/normal (SGLang) or async/sync (vLLM)
+    if pair:
         if len(keys) >= 2:
-            paths.append(_save(ratio_heatmap(table, keys[0], keys[1], scenario), out_dir / "ratio_heatmap.png"))
+            paths.append(_save(ratio_heatmap(table, keys[0], keys[1], scenario, num=pair[0], den=pair[1]),
+                               out_dir / "ratio_heatmap.png"))
         if table["repeat"].max() >= 1:
-            paths.append(_save(ratio_ci_plot(table, scenario), out_dir / "ratio_ci.png"))
+            paths.append(_save(ratio_ci_plot(table, scenario, num=pair[0], den=pair[1]), out_dir / "ratio_ci.png"))
     return paths
 
 

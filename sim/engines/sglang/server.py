@@ -43,6 +43,7 @@ class Server(StrictModel):
     harness, whose "device" is a separate process, sets False.
     """
 
+    engine: Literal["sglang"] = Field(default="sglang", exclude=True)  # the scenario's engine (sim.scenario)
     device: Literal["cuda", "mlx", "mps", "cpu"] = "cuda"
     settings: list[Setting] = Field(default_factory=lambda: ["overlap", "normal"], min_length=1)
     max_running_requests: int = Field(default=64, ge=1, le=MAX_REQUESTS)

@@ -15,7 +15,7 @@ import json
 from rich.console import Console
 from rich.markup import escape
 
-from sim.commands import command
+from sim.commands import ADVISORS, command
 from sim.engines.sglang.rules.launch_args import PLATFORMS
 from sim.engines.sglang.rules.loop_rules import Advice, advise
 
@@ -23,9 +23,12 @@ _SEVERITY_STYLE = {"fault": "bold red", "risk": "yellow", "info": "dim"}
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", choices=["sglang", *sorted(ADVISORS)], default="sglang",
+                   help="the serving engine whose launch command follows (default sglang)")
     p.add_argument("--device", choices=PLATFORMS, default="cuda",
                    help="platform: cuda, mlx (Apple MPS with SGLANG_USE_MLX=1), mps (torch MPS), cpu")
-    p.add_argument("--version", default=None, help="SGLang release (default: the rules table's, 0.5.22)")
+    p.add_argument("--version", default=None, help="SGLang release (default: the rules table's, 0.5.22); with "
+                                                   "--engine vllm, the vLLM release (default 0.32.0)")
     p.add_argument("--json", action="store_true", help="print the answer as one JSON object")
     p.add_argument("launch_args", nargs=argparse.REMAINDER,
                    help="after --: the SGLang launch command (NAME=VALUE environment tokens allowed)")
@@ -56,6 +59,8 @@ def render(adv: Advice, console: Console) -> None:
 
 @command("advise", "say which SGLang event loop a launch command selects, and its known hazards", _add_arguments)
 def cmd_advise(args: argparse.Namespace) -> int:
+    if args.engine != "sglang":  # another engine's rules (registered in sim.commands.ADVISORS)
+        return ADVISORS[args.engine](args)
     launch = list(args.launch_args)
     if launch and launch[0] == "--":
         launch = launch[1:]

@@ -1,0 +1,152 @@
+"""The engine core process's phases, as the loops call them (vLLM 0.32.0, ``vllm/v1/engine/core.py``).
+
+Each phase applies its effect to the scheduler state, stamps the step's timeline and returns how
+long the engine core's thread is busy with it (seconds); the loop yields that time to SimPy.
+
+- :meth:`EngineCore.add_requests`: ``_process_input_queue`` (l.1573) draining the requests that
+  arrived into ``Scheduler.add_request``; a prompt of ``max_model_len`` tokens or more is
+  rejected before it reaches the engine (the API server's ``get_max_tokens``,
+  ``entrypoints/serve/utils/api_utils.py:169``), which also caps ``max_tokens`` at
+  ``max_model_len - prompt``.
+- :meth:`EngineCore.schedule`: ``Scheduler.schedule`` (:mod:`sim.engines.vllm.policy.scheduler`).
+- :meth:`EngineCore.dispatch`: the ``execute_model`` RPC to the worker (and, under async
+  scheduling, ``sample_tokens`` right behind it); the step reaches the worker when it ends.
+- :meth:`EngineCore.send` / :meth:`EngineCore.result`: the RPC handed to the worker process, and
+  ``future.result()``: an event whose value is when the worker's output is back.
+- :meth:`EngineCore.update`: ``Scheduler.update_from_output``; tokens reach clients when it ends.
+
+Timeline columns of a step (:mod:`sim.trace.recorder`): ``recv_start`` the input drain,
+``schedule_*`` ``Scheduler.schedule``, ``launch_*`` the dispatch, ``forward_*`` the model forward
+(the worker, or the GPU), ``sync_start`` when the engine core began to wait for the output,
+``process_*`` ``update_from_output``. The worker's own ``prepare`` and ``sample`` are not columns:
+they show as the gap between forwards. Steps with no scheduled token (sent to the worker all the
+same) are not recorded: they run no forward.
+"""
+
+from __future__ import annotations
+
+import math
+
+import simpy
+
+from sim.engines.vllm.policy.request import Request
+from sim.engines.vllm.policy.scheduler import Scheduler
+from sim.model.batch import Batch
+from sim.model.costs import Jitter
+from sim.model.workload import RequestSpecs
+
+# Arrivals within this of the drain time count as arrived (phase times are float sums).
+TIME_EPS_S = 1e-9
+
+
+class EngineCore:
+    """The engine core's thread: inbox, scheduler, and its phases' costs.
+
+    Args:
+        env: the SimPy environment.
+        scheduler: the policy and state.
+        specs: the requests' lengths (``max_new_tokens``: the client's cap; None: ``output_len``).
+        warmup_requests: ids below this are warm-up.
+        costs: a vLLM cost model (:mod:`sim.engines.vllm.costs`).
+        cpu_jitter: per-phase multiplicative noise.
+        recorder: receives the recorded steps.
+    """
+
+    def __init__(self, env: simpy.Environment, scheduler: Scheduler, specs: RequestSpecs, warmup_requests: int,
+                 costs, cpu_jitter: Jitter, recorder):
+        self.env = env
+        self.scheduler = scheduler
+        self.specs = specs
+        self.warmup_requests = warmup_requests
+        self.costs = costs
+        self.cpu_jitter = cpu_jitter
+        self.recorder = recorder
+        self.inbox: list[tuple[float, int]] = []  # (arrival_s, rid), in submission order
+        self._head = 0
+        self._wakeup: simpy.Event | None = None
+        self._was_idle = False
+        self._drain_start = math.nan
+        self._results: dict[int, simpy.Event] = {}
+        self.num_requests = len(specs)
+
+    # --- input ---------------------------------------------------------------------------
+    def submit(self, rid: int, arrival_s: float) -> None:
+        """A request reaches the engine core's input queue at ``arrival_s``; wakes an idle core."""
+        self.inbox.append((arrival_s, rid))
+        self.recorder.arrival(rid, arrival_s)
+        if self._wakeup is not None and not self._wakeup.triggered:
+            self._wakeup.succeed()
+
+    @property
+    def all_done(self) -> bool:
+        return self.scheduler.num_done >= self.num_requests
+
+    def idle(self) -> simpy.Event:
+        """Nothing to do (``_process_input_queue`` blocks on the input queue): an event that fires
+        when the next request arrives."""
+        self._was_idle = True
+        if self._head < len(self.inbox):
+            return self.env.timeout(max(0.0, self.inbox[self._head][0] - self.env.now))
+        self._wakeup = self.env.event()
+        return self._wakeup
+
+    def add_requests(self, at: float) -> float:
+        """Drain the requests that arrived by ``at`` into the scheduler. Returns the CPU time."""
+        self._drain_start = at
+        n = 0
+        s, sched = self.specs, self.scheduler
+        while self._head < len(self.inbox) and self.inbox[self._head][0] <= at + TIME_EPS_S:
+            arrival, rid = self.inbox[self._head]
+            self._head += 1
+            prompt, output = int(s.input_len[rid]), int(s.output_len[rid])
+            asked = int(s.max_new_tokens[rid]) if s.max_new_tokens is not None else output
+            max_tokens = min(asked, sched.max_model_len - prompt)
+            req = Request(rid, arrival, prompt, int(s.cached_len[rid]), min(output, max(max_tokens, 1)),
+                          max_tokens, rid < self.warmup_requests)
+            if max_tokens < 1:
+                sched.fail(req, arrival, "too_long")
+                continue
+            sched.add_request(req)
+            n += 1
+        return self.costs.phase_s("add_request", n) * self.cpu_jitter() if n else 0.0
+
+    # --- a step --------------------------------------------------------------------------
+    def schedule(self, at: float) -> tuple[Batch, float]:
+        """``Scheduler.schedule`` from ``at`` (after :meth:`add_requests`). Returns (step, CPU time)."""
+        step = self.scheduler.schedule()
+        dur = self.costs.phase_s("schedule", step.num_reqs) * self.cpu_jitter()
+        step.recv_start = self._drain_start
+        step.schedule_start = at
+        step.schedule_end = at + dur
+        step.after_idle = self._was_idle
+        self._was_idle = False
+        return step, dur
+
+    def dispatch(self, step: Batch, at: float) -> float:
+        """The ``execute_model`` RPC from ``at``; the worker may start the step when it ends."""
+        dur = self.costs.phase_s("dispatch", step.num_reqs) * self.cpu_jitter()
+        step.launch_start = at
+        step.launch_end = at + dur
+        return dur
+
+    def send(self, step: Batch, rpcs: simpy.Store) -> None:
+        """Hand ``step`` to the worker process (its RPC has arrived there)."""
+        done = self._results[step.seq] = self.env.event()
+        rpcs.put((step, done))
+
+    def result(self, step: Batch) -> simpy.Event:
+        """``future.result()`` from now: an event whose value is the time (s) the worker's output
+        for ``step`` is back in the engine core."""
+        step.sync_start = self.env.now
+        return self._results.pop(step.seq)
+
+    def update(self, step: Batch, at: float) -> float:
+        """``Scheduler.update_from_output`` from ``at``: tokens reach the clients when it ends.
+        Returns the CPU time."""
+        dur = self.costs.phase_s("update", step.num_reqs) * self.cpu_jitter()
+        step.process_start = at
+        step.process_end = at + dur
+        self.scheduler.update_from_output(step, at + dur)
+        if step.num_reqs:
+            self.recorder.step(step)
+        return dur

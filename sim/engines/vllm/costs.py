@@ -1,0 +1,163 @@
+"""What each part of a vLLM V1 engine step costs: the vLLM profile's curves, and the cost models
+that price a simulated step from a profile or from the scenario's inline terms.
+
+A vLLM profile is an overlap-sim calibration profile (:mod:`sim.model.profile`: same format,
+samples, ``setting_curves`` per setting ``sync``/``async``) with ``metadata.engine: "vllm"`` and
+the curves of :data:`VLLM_CURVE_AXES`. Each curve is the time of real functions of vLLM 0.32.0
+(process: E = engine core, W = worker), timed with ``time.perf_counter`` (system-wide monotonic,
+so timestamps compare across processes) by wrapping them at start-up, per call, one sample per
+engine step; ``num_reqs`` = requests scheduled in the step (``len(scheduler_output.
+num_scheduled_tokens)``), ``num_tokens`` = their scheduled tokens (``total_num_scheduled_tokens``),
+``ctx`` = the mean over those requests of ``num_computed_tokens + num_scheduled_tokens``
+(``num_computed_tokens`` as the step was scheduled, before ``_update_after_schedule``):
+
+===================  ===============  =====================================================
+curve                axes             the time of (process)
+===================  ===============  =====================================================
+``vllm.add_request`` num_reqs         the ``EngineCore.add_request`` calls of one drain of the
+                                      input queue (``_process_input_queue``), summed; num_reqs =
+                                      requests added (E)
+``vllm.schedule``    num_reqs         ``Scheduler.schedule`` (E)
+``vllm.dispatch``    num_reqs         from the end of ``Scheduler.schedule`` to the start of the
+                                      worker's ``execute_model`` for that step: the engine core's
+                                      ``execute_model`` RPC (serialize, shm broadcast) and the
+                                      worker's wake-up; charged to E (sync runs)
+``vllm.prepare``     num_reqs         the worker's ``execute_model`` (``GPUModelRunner.execute_model``)
+                                      minus the model forward inside it: ``_update_states``,
+                                      ``_prepare_inputs``, logits (W); an empty step: the whole call
+``vllm.forward``     num_tokens, ctx  the model forward: the model's ``forward`` (e.g.
+                                      ``LlamaForCausalLM.forward``), called by the V1 runner's
+                                      ``GPUModelRunner._model_forward`` (``gpu_model_runner.py:3620``)
+                                      or the V2 runner's ``execute_model``
+                                      (``v1/worker/gpu/model_runner.py:2044``) (W, or the GPU)
+``vllm.roundtrip``   num_reqs         sync only: from the end of the worker's ``execute_model`` to
+                                      the start of its ``sample_tokens`` (the None reply reaching
+                                      ``EngineCore.step`` and its blocking ``sample_tokens`` RPC);
+                                      under async scheduling both RPCs are sent back to back (0)
+``vllm.sample``      num_reqs         the worker's ``sample_tokens`` (``_sample``,
+                                      ``_bookkeeping_sync``, the output) (W)
+``vllm.collect``     num_reqs         from the end of the worker's ``sample_tokens`` to the start
+                                      of ``Scheduler.update_from_output`` for that step (the reply
+                                      travelling back and ``future.result()`` returning) (sync runs)
+``vllm.update``      num_reqs         ``Scheduler.update_from_output`` (E)
+===================  ===============  =====================================================
+
+What the calibration must record per engine step: ``scheduler_output.num_scheduled_tokens``
+(request id -> scheduled tokens) and each scheduled request's ``num_computed_tokens`` before the
+step, plus the start and end of each function above in that step (the worker's with the step's
+id); with them every curve's samples and axes follow. ``EngineCore.step`` /
+``step_with_batch_queue`` (E) bound each step and check the sum: a synchronous step is
+``schedule + dispatch + prepare + forward + roundtrip + sample + collect + update`` plus what is
+left of ``step`` (grammar bitmask, output queue put: not modelled).
+
+The inline model (no ``costs.profile``) maps the scenario's linear terms onto these: the forward
+is ``costs.gpu.decode`` for a step of single decode tokens, else ``costs.gpu.prefill``
+(``num_reqs``, ``num_tokens``, ``sum_ctx``); ``add_request`` is ``costs.cpu.recv``,
+``schedule`` ``costs.cpu.schedule``, ``dispatch`` ``costs.cpu.launch``, ``update``
+``costs.cpu.process``; ``prepare``, ``roundtrip``, ``sample`` and ``collect`` are 0. Either
+way ``costs.gpu.scale`` multiplies the forward and ``costs.cpu.scale`` everything else;
+``costs.gpu.overlap_residue``, ``sync_latency`` and ``gil`` are SGLang's and not used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sim.model.costs import DECODE, LinearCostModel
+from sim.model.profile import CurveTable, load_profile, profile_curves
+
+VLLM_CURVE_AXES: dict[str, tuple[str, ...]] = {
+    "vllm.add_request": ("num_reqs",),
+    "vllm.schedule": ("num_reqs",),
+    "vllm.dispatch": ("num_reqs",),
+    "vllm.prepare": ("num_reqs",),
+    "vllm.forward": ("num_tokens", "ctx"),
+    "vllm.roundtrip": ("num_reqs",),
+    "vllm.sample": ("num_reqs",),
+    "vllm.collect": ("num_reqs",),
+    "vllm.update": ("num_reqs",),
+}
+VLLM_CURVES = CurveTable("vllm", VLLM_CURVE_AXES, {}, ("vllm.forward",))
+PHASES = ("add_request", "schedule", "dispatch", "prepare", "roundtrip", "sample", "collect", "update")
+
+
+def load_vllm_profile(path: str | Path) -> dict:
+    """Read and validate a vLLM profile (raises :class:`sim.errors.ProfileError` naming the file
+    and field, e.g. an SGLang profile given to a vLLM scenario)."""
+    return load_profile(path, VLLM_CURVES)
+
+
+class VllmProfileCosts:
+    """Step costs from a vLLM profile.
+
+    Args:
+        profile: a validated vLLM profile (:func:`load_vllm_profile`).
+        setting: ``sync`` or ``async``: that setting's ``setting_curves`` replace the base curves.
+        gpu_scale, cpu_scale: multipliers of the forward and of every other curve.
+        statistic: ``median`` or ``mean`` (see :func:`sim.model.profile.profile_curves`).
+        source: where the profile came from (for :meth:`describe`).
+    """
+
+    def __init__(self, profile: dict, setting: str, gpu_scale: float = 1.0, cpu_scale: float = 1.0,
+                 statistic: str = "median", source: str = "<dict>"):
+        self.curves = profile_curves(profile, statistic, setting, VLLM_CURVES)
+        self.profile, self.setting, self.source, self.statistic = profile, setting, source, statistic
+        self.gpu_scale, self.cpu_scale = gpu_scale, cpu_scale
+        self.extrapolated_steps = 0
+        self._cpu = {name: self.curves[f"vllm.{name}"] for name in PHASES}
+        self._forward = self.curves["vllm.forward"]
+
+    def phase_s(self, name: str, num_reqs: int) -> float:
+        """CPU (or latency) time of phase ``name`` (one of :data:`PHASES`) for ``num_reqs`` requests."""
+        return self._cpu[name](num_reqs) * self.cpu_scale
+
+    def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
+        """The model forward of a step; counts the step in :attr:`extrapolated_steps` when it or
+        any phase curve at ``num_reqs`` lies outside the measured grid."""
+        ctx = sum_ctx / num_reqs
+        if not (self._forward.inside(num_tokens, ctx) and all(c.inside(num_reqs) for c in self._cpu.values())):
+            self.extrapolated_steps += 1
+        return self._forward(num_tokens, ctx) * self.gpu_scale
+
+    def describe(self) -> dict:
+        m = self.profile["metadata"]
+        return {"kind": "profile", "engine": "vllm", "path": self.source, "device": m.get("device"),
+                "model": m.get("model", {}).get("name"), "setting": self.setting, "statistic": self.statistic,
+                "gpu_scale": self.gpu_scale, "cpu_scale": self.cpu_scale}
+
+
+class VllmInlineCosts:
+    """Step costs from the scenario's inline linear terms (mapping in the module docstring)."""
+
+    def __init__(self, costs):
+        self._linear = LinearCostModel(costs)
+        self.extrapolated_steps = 0
+
+    def phase_s(self, name: str, num_reqs: int) -> float:
+        lin = self._linear
+        if name == "add_request":
+            return lin.recv_s(num_reqs)
+        if name in ("schedule", "dispatch", "update"):
+            term = {"schedule": lin.schedule_s, "dispatch": lin.launch_s, "update": lin.process_s}[name]
+            return term(DECODE, num_reqs, num_reqs, 0)
+        return 0.0
+
+    def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
+        return self._linear.forward_s(kind, num_reqs, num_tokens, sum_ctx)
+
+    def describe(self) -> dict:
+        return {**self._linear.describe(), "engine": "vllm"}
+
+
+def make_vllm_costs(scenario, setting: str):
+    """The cost model a vLLM scenario asks for: its profile (``costs.profile``) or the inline terms.
+
+    Raises:
+        ProfileError: the profile is unusable or not a vLLM profile.
+    """
+    c = scenario.costs
+    if c.profile:
+        path = scenario.resolve_path(c.profile)
+        return VllmProfileCosts(load_vllm_profile(path), setting, c.gpu.scale, c.cpu.scale, c.profile_statistic,
+                                str(path))
+    return VllmInlineCosts(c)

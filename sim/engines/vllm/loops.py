@@ -1,0 +1,96 @@
+"""vLLM V1's engine loops as SimPy processes: the engine core (one process, its own core) and the
+worker (another process, its own core), joined by the RPC queue (vLLM 0.32.0).
+
+``sync`` (``EngineCore.step``, ``v1/engine/core.py:657``): drain inputs -> schedule k -> send k ->
+wait for k's output -> update k. The worker idles while the engine core schedules and updates; the
+engine core idles while the worker runs: step = T_core + T_worker (+ the RPC latencies).
+
+``async`` (``--async-scheduling``: ``EngineCore.step_with_batch_queue``, l.698, batch queue of 2,
+``AsyncScheduler``): drain inputs -> schedule k+1 (placeholders stand for k's token, still in
+flight) -> send k+1 -> wait for k's output -> update k. The worker runs k+1 right after k, so the
+engine core's work hides behind the worker's: step = max(T_core, T_worker) plus a residue. A
+request's tokens are processed one step late; a request that stops on a stop token has one more
+step scheduled for it, whose token is dropped (``max_tokens`` stops are foreseen).
+
+``run_busy_loop`` (l.1547) wraps each: ``_process_input_queue`` blocks while there is no work, and
+a call that ran no model while requests remain sleeps 1 ms (``_process_engine_step``, l.1617).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import simpy
+
+from sim.engines.vllm.core import EngineCore
+from sim.engines.vllm.worker import Worker
+
+EMPTY_STEP_SLEEP_S = 0.001  # time.sleep(0.001) in EngineCore._process_engine_step
+BATCH_QUEUE_SIZE = 2  # VllmConfig.max_concurrent_batches with async scheduling, pp_size 1
+
+
+def sync_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store):
+    """The engine core under ``EngineCore.step``."""
+    sched = core.scheduler
+    while not core.all_done:
+        if not sched.has_requests():
+            yield core.idle()  # _process_input_queue: block until a request arrives
+        t = core.add_requests(env.now)
+        if not sched.has_requests():
+            yield env.timeout(t)
+            continue
+        step, s = core.schedule(env.now + t)
+        t += s + core.dispatch(step, env.now + t + s)
+        yield env.timeout(t)
+        core.send(step, rpcs)
+        back = yield core.result(step)  # future.result(), then the blocking sample_tokens RPC
+        yield env.timeout(max(0.0, back - env.now))
+        yield env.timeout(core.update(step, env.now))
+        if not step.num_reqs and sched.has_requests():
+            yield env.timeout(EMPTY_STEP_SLEEP_S)
+
+
+def async_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store):
+    """The engine core under ``EngineCore.step_with_batch_queue`` (batch queue of 2)."""
+    sched = core.scheduler
+    queue: deque = deque()
+    while not core.all_done or queue:
+        if not (sched.has_requests() or queue):
+            yield core.idle()
+        t = core.add_requests(env.now)
+        executed = False
+        if sched.has_requests():  # schedule k+1 and send it before waiting for k
+            step, s = core.schedule(env.now + t)
+            t += s + core.dispatch(step, env.now + t + s)
+            yield env.timeout(t)
+            core.send(step, rpcs)
+            queue.appendleft(step)
+            executed = step.num_reqs > 0
+            if len(queue) < BATCH_QUEUE_SIZE and (executed or sched.has_requests()):
+                if not executed:
+                    yield env.timeout(EMPTY_STEP_SLEEP_S)
+                continue  # the queue is not full: schedule again before blocking
+        else:
+            yield env.timeout(t)
+        if queue:
+            oldest = queue.pop()
+            back = yield core.result(oldest)
+            yield env.timeout(max(0.0, back - env.now))
+            yield env.timeout(core.update(oldest, env.now))
+        if not executed and sched.has_requests():
+            yield env.timeout(EMPTY_STEP_SLEEP_S)
+
+
+def worker_loop(env: simpy.Environment, worker: Worker, rpcs: simpy.Store):
+    """The worker process: each step's ``execute_model`` then ``sample_tokens``, in order."""
+    while True:
+        step, done = yield rpcs.get()
+        yield env.timeout(worker.prepare(step))
+        if step.num_reqs:
+            yield env.timeout(worker.forward(step, env.now))
+            yield env.timeout(worker.roundtrip(step))
+            yield env.timeout(worker.sample(step))
+        done.succeed(worker.output_back_s(step, env.now))
+
+
+LOOPS = {"sync": sync_core_loop, "async": async_core_loop}

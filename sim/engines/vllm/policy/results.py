@@ -1,0 +1,90 @@
+"""Applying a step's output: ``Scheduler.update_from_output`` and ``check_stop`` (vLLM 0.32.0,
+``vllm/v1/core/sched/scheduler.py:2026``, ``utils.py:98``, ``async_scheduler.py:58``), mixed
+into :class:`sim.engines.vllm.policy.scheduler.Scheduler`.
+
+For each request of the step: its in-flight tokens (and stale share) go down; a request already
+finished (async scheduling: a step scheduled before its stop token was seen) gets nothing: that
+token is discarded (counted as the step's ``overshoot``); a prefill chunk gets no token; else one
+token is appended (async: a placeholder consumed, unless the output is stale) and ``check_stop``
+runs: the stop token (the ``output_len``-th token of a request that does not stop by length), or
+``num_output_tokens >= max_tokens`` / ``num_tokens >= max_model_len`` (FINISHED_LENGTH_CAPPED).
+A stopped request frees its blocks at once (``_free_request``), leaves ``running`` (or
+``waiting``, if it was preempted), and its id is sent to the worker with the next step.
+
+Tokens reach the client at ``deliver_s``: the end of ``update_from_output`` (the trip through the
+engine core's output thread and the API server is not modelled).
+"""
+
+from __future__ import annotations
+
+from sim.engines.vllm.policy.request import FAILED, FINISHED, PREEMPTED, Request
+from sim.model.batch import Batch
+
+
+class ResultsMixin:
+    """``update_from_output`` over the state of :class:`sim.engines.vllm.policy.scheduler.Scheduler`."""
+
+    def update_from_output(self, step: Batch, deliver_s: float) -> int:
+        """Apply ``step``'s sampled tokens, delivered at ``deliver_s`` (s). Returns how many
+        requests finished."""
+        stopped: list[Request] = []
+        itl: dict[float, int] = {}
+        for req, num_new, _computed, samples in step.chunks:
+            req.num_in_flight_tokens -= num_new
+            stale = req.num_stale_output_tokens > 0
+            if stale:
+                req.num_stale_output_tokens -= num_new
+            if req.is_finished:
+                step.overshoot.append(req)
+                continue
+            if not samples:
+                continue
+            req.num_output_tokens += 1
+            if self.async_scheduling and not stale:
+                req.num_output_placeholders -= 1
+            self._deliver(req, deliver_s, itl)
+            if self._check_stop(req):
+                stopped.append(req)
+        for value, weight in itl.items():
+            self.recorder.itl(value, weight)
+        for req in stopped:
+            self._finish(req, deliver_s)
+        step.finished = len(stopped)
+        return len(stopped)
+
+    def _check_stop(self, req: Request) -> bool:
+        """``check_stop``: the stop token, then the length caps."""
+        if req.num_output_tokens >= req.output_len and not req.stops_by_length:
+            return True  # FINISHED_STOPPED (EOS / a stop token)
+        return req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len
+
+    def _deliver(self, req: Request, t: float, itl: dict) -> None:
+        if req.first_token_s != req.first_token_s:  # NaN: its first token
+            req.first_token_s = t
+        elif not req.warmup:
+            gap = t - req.last_token_s
+            itl[gap] = itl.get(gap, 0) + 1
+        req.last_token_s = t
+
+    def _finish(self, req: Request, t: float) -> None:
+        """``_free_request``: free its blocks now, drop it from its queue, notify the worker."""
+        if req.status == PREEMPTED:
+            self.waiting.remove(req)
+        else:
+            self.running.remove(req)
+        self.kv.free(req)
+        self.finished_req_ids.add(req.rid)
+        req.status = FINISHED
+        req.finish_s = t
+        self.num_done += 1
+        self.recorder.request(req)
+        self.on_finish(req.rid, t)
+
+    def fail(self, req: Request, t: float, failure: str) -> None:
+        """A request that never reaches the scheduler (rejected by the API server)."""
+        req.status = FAILED
+        req.failure = failure
+        req.finish_s = t
+        self.num_done += 1
+        self.recorder.request(req)
+        self.on_finish(req.rid, t)

@@ -1,0 +1,185 @@
+"""vLLM V1's scheduling policy: ``Scheduler.schedule`` for the default FCFS policy, step by step
+(vLLM 0.32.0, ``vllm/v1/core/sched/scheduler.py:591``; ``AsyncScheduler`` in
+``async_scheduler.py``). No SimPy here.
+
+There is no prefill or decode phase: every request has ``num_computed_tokens`` and
+``num_tokens``, and each step gives requests tokens so that the first catches up with the second,
+within one token budget (``max_num_batched_tokens``; ``max_num_scheduled_tokens`` defaults to it).
+
+1. RUNNING first, in ``running`` order (l.657): ``num_new = num_tokens + placeholders -
+   num_computed``, capped by ``long_prefill_token_threshold`` (0 = off; only when more than one
+   request is running or waiting, l.645), the budget, and ``max_model_len - num_computed - 1``
+   (l.716); 0 -> skip it. Async scheduling: a request whose in-flight step already reaches
+   ``max_tokens`` is skipped (l.668). Then ``allocate_slots``; when it fails, preempt the last
+   running request and retry (:mod:`.preemption`); if the request preempted itself, stop the pass.
+2. WAITING next (l.899), only in a step that preempted nothing: while budget is left and
+   ``len(running) < max_num_seqs``: a preempted request whose stale output is still in flight is
+   skipped this step (l.934); prefix-cache hit (whole blocks of the cached prefix); ``num_new =
+   num_tokens - hit`` (a resumed request recomputes prompt and output), threshold cap; without
+   chunked prefill a request that does not fit the budget stops the pass (l.1161); else it gets
+   ``min(num_new, budget)``; ``allocate_slots`` with ``full_sequence_must_fit`` (l.1270) or stop.
+3. ``_update_after_schedule`` (l.1616): ``num_computed += scheduled``; ``is_prefill_chunk =
+   num_computed < num_tokens + placeholders``; async: each request that is not a prefill chunk
+   gets one output placeholder (``AsyncScheduler._update_after_schedule``).
+
+The step is a :class:`sim.model.batch.Batch`: ``chunks`` lists ``(request, num_scheduled_tokens,
+num_computed_tokens before the step, samples)`` per scheduled request (``samples``: the step
+ends its known tokens, so the model runner returns a sampled token for it). ``kind`` is DECODE
+when every entry is one sampled token, else EXTEND (a step with prefill tokens, mixed or not);
+``num_tokens`` and ``sum_ctx`` (sum of ``num_computed + num_scheduled``) are the step's sizes.
+
+Results (``update_from_output``) are in :mod:`.results`. Simplifications: FCFS only (no priority
+policy), no speculative decoding, structured output, LoRA, multimodal inputs, KV connectors or
+pipeline parallelism; see :mod:`.kv_blocks` for the KV cache.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable
+
+from sim.engines.vllm.policy.kv_blocks import BlockPool
+from sim.engines.vllm.policy.preemption import preempt_request
+from sim.engines.vllm.policy.request import RUNNING, Request
+from sim.engines.vllm.policy.results import ResultsMixin
+from sim.model.batch import Batch
+from sim.model.costs import DECODE, EXTEND
+
+
+class Scheduler(ResultsMixin):
+    """The scheduler's state: waiting queue, running list, KV blocks, finished ids to notify.
+
+    Args:
+        server: the scenario's vLLM server section (:class:`sim.engines.vllm.server.VllmServer`;
+            its resolved ``block_size``, ``kv_blocks``, ``seqs_limit`` and limits are read).
+        async_scheduling: ``AsyncScheduler`` (placeholders for in-flight tokens) or ``Scheduler``.
+        recorder: receives finished requests and ITL samples (:class:`sim.trace.recorder.TraceRecorder`).
+        on_finish: called as ``on_finish(rid, time_s)`` when a request completes or fails.
+    """
+
+    def __init__(self, server, async_scheduling: bool, recorder, on_finish: Callable[[int, float], None]):
+        self.kv = BlockPool(server.kv_blocks, server.resolved_block_size)
+        self.async_scheduling = async_scheduling
+        self.max_num_seqs = server.seqs_limit
+        self.max_num_scheduled_tokens = server.max_num_batched_tokens
+        self.max_model_len = server.max_model_len
+        self.long_prefill_token_threshold = server.long_prefill_token_threshold
+        self.enable_chunked_prefill = server.enable_chunked_prefill
+        self.enable_prefix_caching = server.enable_prefix_caching
+        self.recorder = recorder
+        self.on_finish = on_finish
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.finished_req_ids: set[int] = set()  # finished since the last schedule (sent to the worker)
+        self.next_step_seq = 0
+        self.num_done = 0
+        self.preemption_steps = 0  # steps that preempted
+        self.preempted_reqs = 0  # preemptions, summed over steps
+        self.recompute_tokens = 0  # tokens scheduled again for preempted requests
+
+    # --- state ---------------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        """``Scheduler.add_request``: a new request joins the tail of the waiting queue."""
+        self.waiting.append(req)
+
+    def has_requests(self) -> bool:
+        """``Scheduler.has_requests``: unfinished requests, or finished ones the worker has not
+        been told of (an engine step runs to tell it)."""
+        return bool(self.running or self.waiting or self.finished_req_ids)
+
+    # --- schedule -------------------------------------------------------------------------
+    def schedule(self) -> Batch:
+        """``Scheduler.schedule``: the next step (``num_reqs == 0``: nothing to run, an empty
+        step that still goes to the worker)."""
+        step = Batch(self.next_step_seq, DECODE, 0, 0, 0)
+        self.next_step_seq += 1
+        budget = self.max_num_scheduled_tokens
+        threshold = self.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
+        preempted = self._schedule_running(step, budget, threshold)
+        if not preempted:
+            self._schedule_waiting(step, budget - step.num_tokens, threshold)
+        else:
+            self.preemption_steps += 1
+            self.preempted_reqs += len(preempted)
+        self._update_after_schedule(step)
+        self.finished_req_ids = set()
+        return step
+
+    def _schedule_running(self, step: Batch, budget: int, threshold: int) -> list[Request]:
+        """The RUNNING pass; returns the requests it preempted."""
+        preempted: list[Request] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            i += 1
+            if self.async_scheduling and req.num_output_placeholders > 0 and \
+                    req.num_computed_tokens + 2 - req.num_output_placeholders >= req.num_prompt_tokens + req.max_tokens:
+                continue  # the in-flight step already reaches max_tokens
+            num_new = req.num_tokens + req.num_output_placeholders - req.num_computed_tokens
+            if 0 < threshold < num_new:
+                num_new = threshold
+            num_new = min(num_new, budget, self.max_model_len - req.num_computed_tokens - 1)
+            if num_new <= 0:
+                continue
+            while not self.kv.allocate_slots(req, num_new):
+                victim = self.running.pop()
+                preempt_request(victim, self.kv, self.waiting)
+                preempted.append(victim)
+                if victim is req:
+                    return preempted
+            self._add_entry(step, req, num_new)
+            budget -= num_new
+        return preempted
+
+    def _schedule_waiting(self, step: Batch, budget: int, threshold: int) -> None:
+        """The WAITING pass (FCFS); skipped requests go back to the front in their order."""
+        skipped: list[Request] = []
+        while budget > 0 and self.waiting and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            if req.num_stale_output_tokens:  # its pre-preemption output is still in flight
+                skipped.append(self.waiting.popleft())
+                continue
+            hit = self.kv.prefix_hit_tokens(req) if self.enable_prefix_caching else 0
+            num_new = req.num_tokens - hit
+            if 0 < threshold < num_new:
+                num_new = threshold
+            if not self.enable_chunked_prefill and num_new > budget:
+                break
+            num_new = min(num_new, budget)
+            if not self.kv.allocate_slots(req, num_new, hit, full_sequence_must_fit=True):
+                break
+            self.waiting.popleft()
+            self.running.append(req)
+            if req.num_preemptions:
+                self.recompute_tokens += req.num_tokens - hit
+            req.status = RUNNING
+            req.num_computed_tokens = hit
+            self._add_entry(step, req, num_new)
+            budget -= num_new
+        self.waiting.extendleft(reversed(skipped))
+
+    @staticmethod
+    def _add_entry(step: Batch, req: Request, num_new: int) -> None:
+        step.chunks.append([req, num_new, req.num_computed_tokens, False])
+        step.num_reqs += 1
+        step.num_tokens += num_new
+        step.sum_ctx += req.num_computed_tokens + num_new
+
+    def _update_after_schedule(self, step: Batch) -> None:
+        """Advance the computed tokens of what was scheduled; mark sampling entries; async:
+        one placeholder per request that is past its prefill."""
+        decode = step.num_reqs > 0
+        for entry in step.chunks:
+            req, num_new = entry[0], entry[1]
+            req.num_computed_tokens += num_new
+            req.num_in_flight_tokens += num_new
+            req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens + req.num_output_placeholders
+            entry[3] = samples = not req.is_prefill_chunk
+            decode = decode and samples and num_new == 1
+            step.num_warmup += req.warmup
+            if samples and self.async_scheduling:
+                req.num_output_placeholders += 1
+        step.kind = DECODE if decode else EXTEND
+        step.num_running = len(self.running)
+        step.num_queued = len(self.waiting)
+        step.kv_used_after_alloc = self.kv.num_used_blocks * self.kv.block_size

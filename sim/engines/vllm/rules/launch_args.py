@@ -1,0 +1,182 @@
+"""vLLM launch arguments, read as the async-scheduling rules need them.
+
+A command such as ``VLLM_USE_V2_MODEL_RUNNER=0 python -m vllm.entrypoints.openai.api_server --model
+DIR --async-scheduling -pp 2`` (or ``vllm serve DIR ...``) becomes a :class:`VllmLaunch`: the
+engine arguments the rules read (vLLM 0.32.0 names, ``engine/arg_utils.py``), the environment
+variables given as ``NAME=VALUE`` tokens, the platform and the release. Arguments the rules do
+not read are passed over with a note; they do not change which engine loop runs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from sim.errors import UserInputError
+
+PLATFORMS = ("cuda", "cpu")
+DEFAULT_VERSION = "0.32.0"
+CHECKED_VERSIONS = ("0.32.0",)
+_ENV_TOKEN = re.compile(r"^([A-Z][A-Z0-9_]*)=(.*)$")
+_LAUNCHER_TOKENS = {"-m", "vllm.entrypoints.openai.api_server", "vllm", "serve", "env"}
+_TRUE = {"1", "true", "yes", "on", "y"}
+_FALSE = {"0", "false", "no", "off", "n", ""}
+ENV_READ = ("VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_RAY_V2_EXECUTOR_BACKEND")
+
+# flag -> (field, type, scenario server field or None); "bool" flags take --no-<name> too
+FLAGS: dict[str, tuple[str, str, str | None]] = {
+    "--async-scheduling": ("async_scheduling", "bool", None),
+    "--pipeline-parallel-size": ("pipeline_parallel_size", "int", None),
+    "-pp": ("pipeline_parallel_size", "int", None),
+    "--tensor-parallel-size": ("tensor_parallel_size", "int", None),
+    "-tp": ("tensor_parallel_size", "int", None),
+    "--speculative-config": ("speculative_config", "json", None),
+    "--distributed-executor-backend": ("distributed_executor_backend", "str", None),
+    "--runner": ("runner", "str", None),
+    "--max-num-seqs": ("max_num_seqs", "int", "max_num_seqs"),
+    "--max-num-batched-tokens": ("max_num_batched_tokens", "int", "max_num_batched_tokens"),
+    "--max-model-len": ("max_model_len", "int", "max_model_len"),
+    "--block-size": ("block_size", "int", "block_size"),
+    "--num-gpu-blocks-override": ("num_gpu_blocks", "int", "num_gpu_blocks"),
+    "--enable-chunked-prefill": ("enable_chunked_prefill", "bool", "enable_chunked_prefill"),
+    "--enable-prefix-caching": ("enable_prefix_caching", "bool", "enable_prefix_caching"),
+    "--long-prefill-token-threshold": ("long_prefill_token_threshold", "int", "long_prefill_token_threshold"),
+}
+DEFAULTS: dict[str, Any] = {"async_scheduling": None, "pipeline_parallel_size": 1, "tensor_parallel_size": 1,
+                            "speculative_config": None, "distributed_executor_backend": None, "runner": "auto"}
+
+
+@dataclass(frozen=True)
+class VllmLaunch:
+    """What a vLLM launch command says, for the rules.
+
+    Attributes:
+        platform: 'cuda' | 'cpu'. version: the vLLM release the rules are evaluated for.
+        fields: engine argument -> value (defaults filled in; ``async_scheduling`` None = not given).
+        env: environment variable -> raw value. server: scenario ``server.*`` field -> value.
+        notes: arguments passed over.
+    """
+
+    platform: str
+    version: str
+    fields: dict[str, Any]
+    env: dict[str, str]
+    server: dict[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def speculative_method(self) -> str | None:
+        spec = self.fields.get("speculative_config")
+        return spec.get("method") if isinstance(spec, dict) else None
+
+
+def env_flag(value: str | None) -> bool | None:
+    """vLLM's reading of a boolean environment variable (None when unset)."""
+    return None if value is None else value.strip().lower() in _TRUE
+
+
+def parse_version(text: str | None) -> Version:
+    """A vLLM release ('0.32.0', 'v0.32.0'); None -> :data:`DEFAULT_VERSION`.
+
+    Raises:
+        UserInputError: not a version.
+    """
+    text = DEFAULT_VERSION if text is None else str(text)
+    try:
+        return Version(text.lstrip("vV"))
+    except InvalidVersion:
+        raise UserInputError("--version", "", f"expected a vLLM release such as {DEFAULT_VERSION} (got {text!r})") from None
+
+
+def _convert(kind: str, flag: str, raw: str | None, source: str):
+    if kind == "bool":
+        low = "true" if raw is None else raw.strip().lower()
+        if low in _TRUE or low in _FALSE:
+            return low in _TRUE
+        raise UserInputError(source, flag, f"expected true or false (got {raw!r})")
+    if raw is None:
+        raise UserInputError(source, flag, f"expected a value after {flag}")
+    if kind == "int":
+        try:
+            return int(raw)
+        except ValueError:
+            raise UserInputError(source, flag, f"expected an integer (got {raw!r})") from None
+    if kind == "json":
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            raise UserInputError(source, flag, f"expected a JSON object (got {raw!r})") from None
+        if not isinstance(value, dict):
+            raise UserInputError(source, flag, f"expected a JSON object (got {raw!r})")
+        return value
+    return raw
+
+
+def parse_launch_args(args: list[str], platform: str = "cuda", version: str | None = None,
+                      source: str = "launch arguments") -> VllmLaunch:
+    """Read a vLLM launch command (the launcher prefix, the model and ``NAME=VALUE`` environment
+    tokens allowed; ``--flag value``, ``--flag=value``, ``--no-flag`` for booleans,
+    ``--speculative-config.method X`` for one key of a JSON argument).
+
+    Raises:
+        UserInputError: a platform vLLM's model here does not cover, a bad version, a known flag
+            with a bad value.
+    """
+    if platform not in PLATFORMS:
+        raise UserInputError(source, "device", f"expected one of {', '.join(PLATFORMS)} for vLLM (got {platform!r})")
+    ver = parse_version(version)
+    fields: dict[str, Any] = dict(DEFAULTS)
+    env: dict[str, str] = {}
+    server: dict[str, Any] = {}
+    notes: list[str] = []
+    tokens = [str(t) for t in args]
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        i += 1
+        m = _ENV_TOKEN.match(tok)
+        if m:
+            env[m.group(1)] = m.group(2)
+            if m.group(1) not in ENV_READ:
+                notes.append(f"environment variable {m.group(1)} is not read by the rules: passed over")
+            continue
+        if tok in _LAUNCHER_TOKENS or re.fullmatch(r"(.*/)?python[0-9.]*", tok) or not tok.startswith("-"):
+            continue  # the launcher, or the model (vllm serve MODEL)
+        name, eq, raw = tok.partition("=")
+        raw = raw if eq else None
+        negated = name.startswith("--no-") and f"--{name[5:]}" in FLAGS and FLAGS[f"--{name[5:]}"][1] == "bool"
+        key = f"--{name[5:]}" if negated else name
+        base, dot, sub = key.partition(".")
+        spec = FLAGS.get(base)
+        if spec is None:
+            if raw is None and i < len(tokens) and not tokens[i].startswith("-"):
+                raw = tokens[i]
+                i += 1
+            notes.append(f"{name if raw is None else f'{name} {raw}'}: not read by the rules: passed over")
+            continue
+        if raw is None and spec[1] != "bool":
+            if i >= len(tokens):
+                raise UserInputError(source, name, f"expected a value after {name}")
+            raw = tokens[i]
+            i += 1
+        if dot and spec[1] == "json":  # --speculative-config.method ngram
+            fields[spec[0]] = {**(fields[spec[0]] or {}), sub: _json_scalar(raw)}
+            continue
+        value = _convert(spec[1], name, raw, source)
+        fields[spec[0]] = (not value) if negated else value
+        if spec[2] is not None:
+            server[spec[2]] = fields[spec[0]]
+    return VllmLaunch(platform, str(ver), fields, env, server, tuple(notes))
+
+
+def _json_scalar(raw: str | None):
+    if raw is None:
+        return True
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw

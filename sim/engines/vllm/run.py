@@ -1,0 +1,71 @@
+"""One simulated run of a vLLM scenario under one setting: the workload, the engine core and the
+worker wired together (:func:`run_vllm`); :func:`sim.simulate.simulate` calls it for
+``server.engine: vllm`` and turns what it returns into a :class:`sim.simulate.Result`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import simpy
+
+from sim.engines.vllm.core import EngineCore
+from sim.engines.vllm.costs import make_vllm_costs
+from sim.engines.vllm.loops import LOOPS, worker_loop
+from sim.engines.vllm.policy.scheduler import Scheduler
+from sim.engines.vllm.server import SETTINGS
+from sim.engines.vllm.worker import Worker
+from sim.model.costs import Jitter
+from sim.model.device import DeviceStream
+from sim.model.workload import ClosedLoopClients, RequestSpecs, open_loop_arrivals
+
+
+def run_vllm(scenario, setting: str, specs: RequestSpecs, warmup: int, recorder) -> tuple[dict, dict]:
+    """Simulate ``scenario`` (a vLLM scenario, run noise already folded into its scales) under
+    ``setting`` ('sync' | 'async') for the requests ``specs`` (ids below ``warmup`` are warm-up),
+    feeding ``recorder``.
+
+    Returns:
+        (outcome, stats): outcome as :class:`sim.simulate.Result` documents it (status, KV peak,
+        preemptions as retractions, recomputed tokens, extrapolated steps), stats (simulated
+        time, steps, wall time is the caller's).
+
+    Raises:
+        ValueError: an unknown setting. ProfileError: an unusable profile.
+        RuntimeError: the simulation stalled (a modelling bug).
+    """
+    if setting not in SETTINGS:
+        raise ValueError(f"unknown setting {setting!r} for a vLLM scenario; expected one of {sorted(SETTINGS)}")
+    w, srv = scenario.workload, scenario.server
+    env = simpy.Environment()
+    costs = make_vllm_costs(scenario, setting)
+    noise = scenario.costs.noise
+    clients = None
+    if w.arrival == "closed_loop":
+        clients = ClosedLoopClients(len(specs), w.concurrency, lambda rid, t: core.submit(rid, t),
+                                    warmup if w.warmup_before_benchmark else 0)
+    on_finish = clients.on_finish if clients is not None else (lambda _rid, _t: None)
+    scheduler = Scheduler(srv, setting == "async", recorder, on_finish)
+    core = EngineCore(env, scheduler, specs, warmup, costs, Jitter(noise.cpu_cv, np.random.default_rng([scenario.seed, 3])),
+                      recorder)
+    worker = Worker(costs, DeviceStream(), Jitter(noise.gpu_cv, np.random.default_rng([scenario.seed, 2])),
+                    Jitter(noise.cpu_cv, np.random.default_rng([scenario.seed, 5])), srv.blocking_forward,
+                    setting == "async")
+    rpcs = simpy.Store(env)
+    if clients is not None:
+        clients.start()
+    else:
+        env.process(open_loop_arrivals(env, specs.arrival_s, core.submit))
+    env.process(LOOPS[setting](env, core, rpcs))
+    env.process(worker_loop(env, worker, rpcs))
+    env.run()
+    if not core.all_done:
+        raise RuntimeError(f"simulation stalled at t={env.now:.6f}s with {scheduler.num_done}/{len(specs)} "
+                           "requests done (a modelling bug: please report it with the scenario)")
+    kv = scheduler.kv
+    outcome = {"status": "ok", "reason": "", "time_s": float("nan"),
+               "peak_token_usage": kv.peak_used_blocks / kv.num_usable_blocks,
+               "retractions": scheduler.preempted_reqs, "retraction_steps": scheduler.preemption_steps,
+               "reprefill_tokens": scheduler.recompute_tokens, "skipped_decodes": 0, "faults": [],
+               "extrapolated_steps": costs.extrapolated_steps}
+    stats = {"sim_time_s": env.now, "steps": scheduler.next_step_seq}
+    return outcome, stats

@@ -1,0 +1,107 @@
+"""The scenario's ``server`` section for vLLM (``server.engine: vllm``): the V1 engine's settings
+that change scheduling, and the engine loops (``settings``) the simulator models.
+
+Settings: ``sync`` (``EngineCore.step``: schedule, execute, wait, update) and ``async``
+(``--async-scheduling``: ``EngineCore.step_with_batch_queue`` with a batch queue of 2 and the
+``AsyncScheduler``). Field names are vLLM's engine arguments; defaults are vLLM 0.32.0's for the
+OpenAI API server (``EngineArgs.get_batch_defaults``, ``engine/arg_utils.py:2894``), where they
+depend on the platform (``device``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field, PrivateAttr, field_validator, model_validator
+
+from sim.model.schema import MAX_POOL_TOKENS, MAX_REQUESTS, MAX_TOKENS, StrictModel
+
+SETTINGS = ("sync", "async")
+Setting = Literal["sync", "async"]
+VERSIONS = ("0.32.0",)  # releases whose source the model follows
+DEFAULT_CACHE_TOKENS = 400_000  # a KV cache of this many tokens when num_gpu_blocks is not given
+MAX_BLOCKS = MAX_POOL_TOKENS
+
+
+class VllmServer(StrictModel):
+    """vLLM engine arguments that change scheduling (names as ``vllm serve`` flags, ``_`` for ``-``).
+
+    ``device``: ``cpu`` (vLLM's CPU platform: the forward is the worker process's own compute) or
+    ``cuda`` (the forward runs on the GPU while the worker's CPU goes on). ``max_num_seqs``
+    (None: 128 on cpu, 256 on cuda: the API server's defaults, ``arg_utils.py:2974`` and the
+    under-70-GB GPU branch), ``max_num_batched_tokens`` (the per-step token budget; 2048 on both),
+    ``max_model_len`` (prompt plus output; ``max_tokens`` is capped to what is left),
+    ``block_size`` (None: 128 on cpu, ``platforms/cpu.py:292``; 16 on cuda,
+    ``CacheConfig.DEFAULT_BLOCK_SIZE``), ``num_gpu_blocks`` (the KV cache in blocks, the null
+    block included, as vLLM logs it and ``--num-gpu-blocks-override`` sets it; None: a cache of
+    400,000 tokens), ``enable_chunked_prefill`` and ``enable_prefix_caching`` (both on by default
+    for generative models), ``long_prefill_token_threshold`` (0: off).
+    """
+
+    engine: Literal["vllm"]
+    version: Literal["0.32.0"] = "0.32.0"
+    device: Literal["cuda", "cpu"] = "cuda"
+    settings: list[Setting] = Field(default_factory=lambda: ["async", "sync"], min_length=1)
+    max_num_seqs: Optional[int] = Field(default=None, ge=1, le=MAX_REQUESTS)
+    max_num_batched_tokens: int = Field(default=2048, ge=1, le=MAX_TOKENS)
+    max_model_len: int = Field(default=8192, ge=2, le=MAX_TOKENS)
+    block_size: Optional[int] = Field(default=None, ge=1, le=MAX_TOKENS)
+    num_gpu_blocks: Optional[int] = Field(default=None, ge=2, le=MAX_BLOCKS)
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    long_prefill_token_threshold: int = Field(default=0, ge=0, le=MAX_TOKENS)
+    _from_launch_args: tuple = PrivateAttr(default=())  # as the SGLang section (scenario overrides read it)
+
+    @field_validator("settings", mode="before")
+    @classmethod
+    def _one_setting(cls, value):
+        return [value] if isinstance(value, str) else value  # `--set server.settings=async`: a one-item list
+
+    @property
+    def resolved_block_size(self) -> int:
+        """Tokens per KV block (the platform's default when ``block_size`` is None)."""
+        if self.block_size is not None:
+            return self.block_size
+        return 128 if self.device == "cpu" else 16
+
+    @property
+    def kv_blocks(self) -> int:
+        """Blocks in the KV cache, the null block included."""
+        if self.num_gpu_blocks is not None:
+            return self.num_gpu_blocks
+        return -(-DEFAULT_CACHE_TOKENS // self.resolved_block_size) + 1
+
+    @property
+    def seqs_limit(self) -> int:
+        """``max_num_seqs`` (the platform's default when None)."""
+        if self.max_num_seqs is not None:
+            return self.max_num_seqs
+        return 128 if self.device == "cpu" else 256
+
+    @property
+    def blocking_forward(self) -> bool:
+        """The forward occupies the worker process (vLLM's CPU platform: the model runs on the
+        worker's own core); on a GPU the worker's CPU goes on while the device runs it."""
+        return self.device == "cpu"
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        """vLLM's own start-up checks (``SchedulerConfig.verify_max_model_len``,
+        ``config/scheduler.py``; ``check_enough_kv_cache_memory``, ``v1/core/kv_cache_utils.py:1104``)."""
+        if len(set(self.settings)) != len(self.settings):
+            raise ValueError(f"settings: must not repeat a setting (got {self.settings})")
+        if self.max_num_batched_tokens < self.seqs_limit:
+            raise ValueError(f"max_num_batched_tokens: must be >= max_num_seqs {self.seqs_limit} (got "
+                             f"{self.max_num_batched_tokens}); vLLM refuses to start")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(f"max_num_batched_tokens: without chunked prefill it must be >= max_model_len "
+                             f"{self.max_model_len} (got {self.max_num_batched_tokens}); vLLM refuses to start")
+        if self.long_prefill_token_threshold > self.max_model_len:
+            raise ValueError(f"long_prefill_token_threshold: must be <= max_model_len {self.max_model_len} "
+                             f"(got {self.long_prefill_token_threshold})")
+        usable = (self.kv_blocks - 1) * self.resolved_block_size
+        if usable < self.max_model_len:
+            raise ValueError(f"num_gpu_blocks: the KV cache ({self.kv_blocks} blocks of {self.resolved_block_size} "
+                             f"tokens, one the null block) holds {usable} tokens, less than one request of "
+                             f"max_model_len {self.max_model_len}; vLLM refuses to start")
+        return self

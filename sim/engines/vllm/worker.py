@@ -1,0 +1,73 @@
+"""The worker process's phases (vLLM 0.32.0: ``WorkerProc.worker_busy_loop``,
+``v1/executor/multiproc_executor.py:1037``; the model runner's ``execute_model`` and
+``sample_tokens``, ``v1/worker/gpu_model_runner.py:3940``/``4304``, which the CPU runner subclasses).
+
+The worker runs the RPCs of the engine core in order, on its own core:
+
+- ``execute_model``: input preparation (``_update_states``, ``_prepare_inputs``: :meth:`Worker.prepare`),
+  then the model forward (:meth:`Worker.forward`). On the CPU platform the forward is the worker's
+  own compute (``server.device: cpu``): the call returns when it ends. On a GPU the forward is
+  enqueued on the device stream and the call returns at once; the device runs it in order.
+- ``sample_tokens`` (:meth:`Worker.sample`): synchronously it is a second RPC that the engine core
+  sends when ``execute_model``'s None reply reaches it (``vllm.roundtrip`` later); under async
+  scheduling it was sent right behind ``execute_model``. Its output is ready when its CPU part has
+  ended and (on a GPU) the forward has ended; it is back in the engine core ``vllm.collect`` later.
+- A step with no scheduled token only updates the worker's state (``execute_model`` returns
+  ``EMPTY_MODEL_RUNNER_OUTPUT``; no forward, no ``sample_tokens``).
+
+Costs from the cost model (:mod:`sim.engines.vllm.costs`), times per-step jitter.
+"""
+
+from __future__ import annotations
+
+from sim.model.batch import Batch
+from sim.model.costs import Jitter
+from sim.model.device import DeviceStream
+
+
+class Worker:
+    """The worker's phases over the device stream.
+
+    Args:
+        costs: a vLLM cost model.
+        stream: the in-order device stream the forwards run on (the worker's core on CPU).
+        gpu_jitter, cpu_jitter: per-step multiplicative noise of the forward and of the CPU phases.
+        blocking_forward: the forward occupies the worker (the CPU platform).
+        async_scheduling: ``sample_tokens`` follows ``execute_model`` without a round trip.
+    """
+
+    def __init__(self, costs, stream: DeviceStream, gpu_jitter: Jitter, cpu_jitter: Jitter,
+                 blocking_forward: bool, async_scheduling: bool):
+        self.costs = costs
+        self.stream = stream
+        self.gpu_jitter = gpu_jitter
+        self.cpu_jitter = cpu_jitter
+        self.blocking_forward = blocking_forward
+        self.async_scheduling = async_scheduling
+
+    def prepare(self, step: Batch) -> float:
+        """CPU time of ``execute_model`` before the forward (the whole call for an empty step)."""
+        return self.costs.phase_s("prepare", step.num_reqs) * self.cpu_jitter()
+
+    def forward(self, step: Batch, at: float) -> float:
+        """Start the model forward at ``at`` (sets ``forward_start``/``forward_end``). Returns how
+        long the worker is held: the forward itself on the CPU platform, 0 on a GPU."""
+        dur = self.costs.forward_s(step.kind, step.num_reqs, step.num_tokens, step.sum_ctx) * self.gpu_jitter()
+        self.stream.enqueue(step, at, dur)
+        return step.forward_end - at if self.blocking_forward else 0.0
+
+    def roundtrip(self, step: Batch) -> float:
+        """Synchronous scheduling: the wait between ``execute_model`` and ``sample_tokens``."""
+        if self.async_scheduling:
+            return 0.0
+        return self.costs.phase_s("roundtrip", step.num_reqs) * self.cpu_jitter()
+
+    def sample(self, step: Batch) -> float:
+        """CPU time of ``sample_tokens``."""
+        return self.costs.phase_s("sample", step.num_reqs) * self.cpu_jitter()
+
+    def output_back_s(self, step: Batch, at: float) -> float:
+        """When the output of ``step``, whose ``sample_tokens`` (or empty ``execute_model``) ended
+        at ``at``, is back in the engine core (s): after the forward, plus ``vllm.collect``."""
+        ready = max(at, step.forward_end) if step.num_reqs else at
+        return ready + self.costs.phase_s("collect", step.num_reqs) * self.cpu_jitter()

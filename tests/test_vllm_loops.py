@@ -1,0 +1,129 @@
+"""The vLLM engine loops' closed forms, with constant costs (test profiles, no noise): one batch of
+c equal requests, decode steps away from the prefill and the end.
+
+Engine core per step: S (schedule) + D (dispatch) + U (update); the worker: P (prepare) + F
+(forward) + Sa (sample); latencies: R (the synchronous round trip between execute_model and
+sample_tokens), L (collect: the output back in the engine core).
+
+sync, CPU platform:   step = S + D + P + F + R + Sa + L + U                  (CPU + forward)
+async, CPU platform:  step = max(P + F + Sa, S + D + U [+ L])                (max(CPU, forward) + residue)
+sync, GPU:            step = S + D + P + max(F, R + Sa) + L + U
+async, GPU:           step = F when the rest fits behind it
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import sim
+from tests.vllm_helpers import CONSTANT, vllm_scenario, write_profile
+
+
+def steady(res: sim.Result):
+    """Forward-start intervals and gaps of the decode steps away from the prefill and the end."""
+    steps = res.steps
+    dec = steps[steps["kind"] == "decode"].iloc[3:-3]
+    gaps = dec["forward_start"].to_numpy() - steps["forward_end"].shift(1)[dec.index].to_numpy()
+    return np.diff(dec["forward_start"].to_numpy()), gaps
+
+
+def run(tmp_path, setting, costs=None, **kw):
+    profile = write_profile(tmp_path, costs=costs)
+    return sim.simulate(vllm_scenario(profile=profile, **kw), setting)
+
+
+def total(c: dict, *names) -> float:
+    return sum(c[n] for n in names)
+
+
+FORWARD_BOUND = {}  # the test profile's defaults: F = 4 ms
+CPU_BOUND = {"forward": 1e-4, "prepare": 1e-4, "sample": 1e-4}
+
+
+@pytest.mark.parametrize("costs", [FORWARD_BOUND, CPU_BOUND], ids=["forward_bound", "cpu_bound"])
+def test_sync_step_is_core_plus_worker(tmp_path, costs):
+    c = {**CONSTANT, **costs}
+    res = run(tmp_path, "sync", costs)
+    step, gap = steady(res)
+    cpu = total(c, "schedule", "dispatch", "prepare", "roundtrip", "sample", "collect", "update")
+    np.testing.assert_allclose(step, cpu + c["forward"], rtol=1e-9)
+    np.testing.assert_allclose(gap, cpu, rtol=1e-9)
+    assert res.summary()["median_tpot_ms"] == pytest.approx((cpu + c["forward"]) * 1e3, rel=1e-6)
+
+
+def test_async_forward_bound_step_is_the_worker(tmp_path):
+    c = CONSTANT
+    worker = total(c, "prepare", "forward", "sample")
+    assert total(c, "schedule", "dispatch", "update", "collect") <= worker
+    res = run(tmp_path, "async")
+    step, gap = steady(res)
+    np.testing.assert_allclose(step, worker, rtol=1e-9)
+    np.testing.assert_allclose(gap, c["prepare"] + c["sample"], rtol=1e-9)  # the worker's own CPU, not the core's
+    assert res.summary()["median_itl_ms"] == pytest.approx(worker * 1e3, rel=1e-6)
+
+
+def test_async_cpu_bound_step_is_the_engine_core(tmp_path):
+    c = {**CONSTANT, **CPU_BOUND}
+    core = total(c, "schedule", "dispatch", "update")
+    assert core >= total(c, "prepare", "forward", "sample", "collect")
+    step, gap = steady(run(tmp_path, "async", CPU_BOUND))
+    np.testing.assert_allclose(step, core, rtol=1e-9)
+    np.testing.assert_allclose(gap, core - c["forward"], rtol=1e-9)
+
+
+def test_gpu_forward_hides_the_worker_and_the_core_under_async(tmp_path):
+    c = CONSTANT
+    step, gap = steady(run(tmp_path, "async", device="cuda"))
+    np.testing.assert_allclose(step, c["forward"], rtol=1e-9)
+    np.testing.assert_allclose(gap, 0.0, atol=1e-12)
+    sync_step, _ = steady(run(tmp_path, "sync", device="cuda"))
+    expected = total(c, "schedule", "dispatch", "prepare", "collect", "update") + max(c["forward"],
+                                                                                    c["roundtrip"] + c["sample"])
+    np.testing.assert_allclose(sync_step, expected, rtol=1e-9)
+
+
+def test_first_token_closed_forms(tmp_path):
+    c = CONSTANT
+    one = {"c": 1, "output_len": 5}
+    ttft_sync = run(tmp_path, "sync", **one).summary()["median_ttft_ms"] / 1e3
+    ttft_async = run(tmp_path, "async", **one).summary()["median_ttft_ms"] / 1e3
+    full = total(c, "schedule", "dispatch", "prepare", "forward", "roundtrip", "sample", "collect", "update")
+    assert ttft_sync == pytest.approx(full, rel=1e-9)
+    assert ttft_async == pytest.approx(full - c["roundtrip"], rel=1e-9)  # both RPCs sent at once
+
+
+def test_a_stop_token_costs_async_one_extra_step_per_request(tmp_path):
+    steps = {(s, f): run(tmp_path, s, finish=f).steps for s in ("sync", "async") for f in ("length", "eos")}
+    assert len(steps["async", "length"]) == len(steps["sync", "length"]) == 40  # max_tokens stops are foreseen
+    assert steps["async", "length"]["overshoot"].sum() == 0
+    assert len(steps["async", "eos"]) == len(steps["sync", "eos"]) + 1
+    assert steps["async", "eos"]["overshoot"].sum() == 4 and steps["sync", "eos"]["overshoot"].sum() == 0
+
+
+def test_setting_curves_price_a_setting_apart(tmp_path):
+    path = write_profile(tmp_path, setting_curves={"async": {"vllm.prepare": {"axes": ["num_reqs"], "grid": [[0, 100000]],
+                                                                              "values_s": [1e-3, 1e-3]}}})
+    step, _ = steady(sim.simulate(vllm_scenario(profile=path), "async"))
+    np.testing.assert_allclose(step, 1e-3 + CONSTANT["forward"] + CONSTANT["sample"], rtol=1e-9)
+
+
+def test_inline_costs_map_onto_the_engine_phases():
+    costs = {"gpu": {"decode": {"base": 4e-3}, "prefill": {"base": 2e-3}},
+             "cpu": {"recv": {"base": 1e-4}, "schedule": {"base": 2e-4}, "launch": {"base": 3e-4},
+                     "process": {"base": 4e-4}}}
+    scen = vllm_scenario(costs=costs)
+    step, _ = steady(sim.simulate(scen, "sync"))
+    np.testing.assert_allclose(step, 2e-4 + 3e-4 + 4e-3 + 4e-4, rtol=1e-9)
+    step, _ = steady(sim.simulate(scen, "async"))
+    np.testing.assert_allclose(step, 4e-3, rtol=1e-9)
+
+
+def test_settings_share_requests_and_runs_repeat_exactly(tmp_path):
+    scen = vllm_scenario(profile=write_profile(tmp_path), c=6, n=18, input_len={"dist": "uniform", "low": 8, "high": 300},
+                         output_len={"dist": "uniform", "low": 1, "high": 50}, workload__warmup_requests=2)
+    a, b = sim.simulate(scen, "async"), sim.simulate(scen, "async")
+    assert a.steps.equals(b.steps) and a.requests.equals(b.requests)
+    s = sim.simulate(scen, "sync")
+    assert (s.requests["output_len"] == a.requests["output_len"]).all()
+    assert (s.requests["output_tokens"] == a.requests["output_tokens"]).all()

@@ -35,9 +35,10 @@ MAX_SEED = 2**32 - 1  # torch's and numpy's seeds
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", choices=["sglang"], default=None,
-                   help="time a real engine's own scheduler instead (SGLang 0.5.23's CPU engine, in its own "
-                        "environment: realengines/sglang/setup.sh); --backend/--device are then not used")
+    p.add_argument("--engine", choices=["sglang", "vllm"], default=None,
+                   help="time a real engine's own functions instead (SGLang 0.5.23's CPU engine in-process, or the "
+                        "vLLM 0.32 CPU server, each in its own environment: realengines/<engine>/setup.sh); "
+                        "--backend/--device are then not used")
     p.add_argument("--engine-python", type=Path, default=None, metavar="PATH",
                    help="with --engine: the engine environment's python (default .venvs/<engine>/bin/python)")
     p.add_argument("--work", type=Path, default=None, metavar="DIR",

@@ -60,11 +60,15 @@ def test_scales_and_residue_apply_to_the_profile(tmp_path):
     assert m.overlap_residue_s == pytest.approx(2e-5)
 
 
-def test_extend_is_priced_by_tokens_and_mean_prefix():
+def test_extend_is_priced_by_tokens_and_each_requests_prefix():
     prof = synthetic_profile({"forward.extend": lambda t, p: 1e-6 * t + 1e-8 * p})
     m = ProfileCostModel(prof)
-    # 2 requests, 64 new tokens, 1000 cached tokens in all: mean prefix 500
-    assert m.forward_s(0, 2, 64, 1000 + 64) == pytest.approx(1e-6 * 64 + 1e-8 * 500)
+    # 2 requests, 64 new tokens, 1000 cached tokens in all (mean prefix 500): the tokens priced as
+    # one request without prefix, plus what a 500-token prefix adds to each request's 32 tokens
+    assert m.forward_s(0, 2, 64, 1000 + 64) == pytest.approx(1e-6 * 64 + 2 * 1e-8 * 500)
+    # one request, or no prefix: the curve at (tokens, prefix)
+    assert m.forward_s(0, 1, 64, 500 + 64) == pytest.approx(1e-6 * 64 + 1e-8 * 500)
+    assert m.forward_s(0, 4, 64, 64) == pytest.approx(1e-6 * 64)
 
 
 def test_steps_outside_the_grid_are_counted_and_warned(tmp_path, capsys):

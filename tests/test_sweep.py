@@ -189,11 +189,14 @@ def test_killed_sweep_loses_nothing_and_resumes(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 60
-    while time.time() < deadline and len(list((out / "points").glob("*.json"))) < 3 and proc.poll() is None:
+    def finished():  # a killed write leaves its hidden temporary file (.NAME.XXXX.tmp.json): not a result
+        return [p for p in (out / "points").glob("*.json") if not p.name.startswith(".")]
+
+    while time.time() < deadline and len(finished()) < 3 and proc.poll() is None:
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    saved = {p.name: p.read_text() for p in (out / "points").glob("*.json")}
+    saved = {p.name: p.read_text() for p in finished()}
     assert len(saved) >= 3
     for text in saved.values():  # atomic writes: every file there is complete
         assert "overlap" in json.loads(text)["summaries"]

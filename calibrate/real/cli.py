@@ -61,11 +61,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from calibrate.profile import save_profile
     from calibrate.real.sglang_profile import SglangGrid, calibrate_sglang, phase_table
 
-    if args.engine != "sglang":
-        raise CalibrationInputError("--engine", "", f"calibration from {args.engine} is not implemented; "
-                                    "calibrate --engine sglang, or calibrate --backend torch/mlx")
     if args.out.is_dir():
         raise CalibrationInputError("--out", "", f"a file path, not the folder {args.out}")
+    if args.engine == "vllm":
+        return _calibrate_vllm(args)
     grid = SglangGrid()
     changes = {k: tuple(v) for k, v in (("decode_batch_sizes", args.batch_sizes), ("decode_contexts", args.contexts),
                                  ("extend_tokens", args.extend_tokens), ("extend_prefixes", args.prefixes)) if v}
@@ -78,6 +77,22 @@ def run_calibrate(args: argparse.Namespace) -> int:
     save_profile(args.out, profile)
     for curve, point, med, mean in phase_table(profile):
         _report(f"  {curve:16s} {point:>8s}  median {med:7.3f} ms  mean {mean:7.3f} ms")
+    print(f"profile written to {args.out}")
+    return 0
+
+
+def _calibrate_vllm(args: argparse.Namespace) -> int:
+    """``calibrate --engine vllm``: the profile from the real vLLM server's own functions."""
+    from calibrate.profile import save_profile
+    from calibrate.real.vllm_profile import VllmGrid, calibrate_vllm, phase_table
+
+    engine, model = _engine(args)
+    work = args.work or Path("results") / "calibrate-vllm"
+    argv = ["overlap-sim", "calibrate", "--engine", "vllm", "--out", str(args.out)]
+    profile = calibrate_vllm(engine, model, VllmGrid(), work, command=shlex.join(argv), report=_report)
+    save_profile(args.out, profile)
+    for curve, point, med in phase_table(profile):
+        _report(f"  {curve:24s} {point:>8s}  median {med:8.3f} ms")
     print(f"profile written to {args.out}")
     return 0
 
@@ -103,7 +118,8 @@ def run_conform(args: argparse.Namespace) -> int:
     work = args.work or Path("results") / f"conform-{args.engine}"
     comps = conformance.conformance(engine, model, work, workloads, report=_report)
     out = args.out or work / "conformance.json"
-    summary = conformance.write_report(comps, out, {"engine": {"name": engine.name, "version": engine.version}})
+    summary = conformance.write_report(comps, out, {"engine": {"name": engine.name, "version": engine.version},
+                                                    "command": shlex.join(["overlap-sim", *sys.argv[1:]])})
     if args.json:
         print(json.dumps(summary))
     else:

@@ -64,6 +64,15 @@ class VllmStep:
         return bool(self.reqs) and all(t == 1 for t in self.tok)
 
 
+def client_rid(engine_id: str) -> str:
+    """The client's request id in a vLLM 0.32 engine request id: the OpenAI server names a
+    completion's prompt ``cmpl-<request_id>-<prompt index>-<8 hex>``
+    (``vllm/entrypoints/openai/completion/serving.py``)."""
+    body = engine_id[5:] if engine_id.startswith("cmpl-") else engine_id
+    parts = body.rsplit("-", 2)
+    return parts[0] if len(parts) == 3 else body
+
+
 def read_files(paths: list[Path]) -> tuple[list[dict], list[dict]]:
     """(engine-core records, worker records), each in call-end order, from a server's trace files.
 

@@ -369,6 +369,8 @@ def load_cases(out: Path) -> dict[str, dict]:
     """Finished case records in ``<out>/cases/`` by name (a corrupt file is skipped: rerun it)."""
     cases = {}
     for p in sorted((Path(out) / "cases").glob("*.json")):
+        if p.name.startswith("."):  # an interrupted atomic write's temporary file
+            continue
         try:
             rec = json.loads(p.read_text())
         except (OSError, ValueError):

@@ -31,8 +31,8 @@ preempted by this call), ``running``/``waiting`` (queue lengths after it) and ``
 ``finished`` (ids finished). ``execute``/``sample``/``forward`` carry ``n_tok`` where known.
 
 Records go to ``PREFIX.<pid>.jsonl`` (``OVERLAP_SIM_TRACE=PREFIX``, see shims/sitecustomize.py),
-written in batches of 4096 and when the process exits; information is gathered after the clock
-stops; a wrapper adds about 10 us per call.
+written by a daemon thread every half second; information is gathered after the clock stops; a
+wrapper adds about 10 us per call.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ import importlib.util
 import json
 import os
 import sys
+import threading
 import time
 
 _clock = time.perf_counter
@@ -51,25 +52,43 @@ _cpu = time.thread_time
 
 
 class FileSink:
-    """Appends records to ``{prefix}.{pid}.jsonl`` in batches (one file per process)."""
+    """Appends records to ``{prefix}.{pid}.jsonl`` (one file per process).
 
-    FLUSH_EVERY = 4096
+    vLLM's engine core and worker are forked or spawned from the API server and end without
+    running ``atexit`` (multiprocessing exits with ``os._exit``; the server is stopped by a
+    signal), so a daemon thread writes what has gathered every ``FLUSH_EVERY_S`` (a forked child
+    gets its own thread and an empty buffer)."""
+
+    FLUSH_EVERY_S = 0.5
 
     def __init__(self, prefix: str):
         self.prefix = prefix
         self._buf: list[dict] = []
+        self._lock = threading.Lock()
+        self._start()
         atexit.register(self.flush)
+        os.register_at_fork(after_in_child=self._start)
 
-    def add(self, rec: dict) -> None:
-        self._buf.append(rec)
-        if len(self._buf) >= self.FLUSH_EVERY:
+    def _start(self) -> None:
+        self._buf = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._flusher, name="overlap-sim-trace", daemon=True).start()
+
+    def _flusher(self) -> None:
+        while True:
+            time.sleep(self.FLUSH_EVERY_S)
             self.flush()
 
+    def add(self, rec: dict) -> None:
+        with self._lock:
+            self._buf.append(rec)
+
     def flush(self) -> None:
-        if self._buf:
-            with open(f"{self.prefix}.{os.getpid()}.jsonl", "a") as f:  # pid at write time: forked workers
-                f.write("".join(json.dumps(r) + "\n" for r in self._buf))
-            self._buf = []
+        with self._lock:
+            buf, self._buf = self._buf, []
+        if buf:
+            with open(f"{self.prefix}.{os.getpid()}.jsonl", "a") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in buf))
 
 
 def _wrap(cls, name: str, ph: str, sink, info=None) -> None:

@@ -1,0 +1,197 @@
+"""A vLLM profile from the real vLLM server: its own functions, timed step by step.
+
+``overlap-sim calibrate --engine vllm`` starts the real vLLM 0.32 server (CPU build) once per
+setting (``sync``, ``async``) with the tracer (:mod:`realengines.vllm.tracer`), runs designed
+closed-loop loads (:func:`design`) and prices the curves of
+:data:`sim.engines.vllm.costs.VLLM_CURVE_AXES` from the steps it ran
+(:mod:`calibrate.real.vllm_trace`):
+
+- decode waves: for each batch size B and context C, B clients with prompts of ``C - 16`` tokens
+  and 32 output tokens (equal lengths, so each wave starts and ends together): its all-decode
+  steps price ``vllm.forward(B, C)`` (steps whose mean context is within 16 tokens of C) and
+  the phase curves at ``num_reqs`` B;
+- prefills: ``vllm.forward(N, C)`` for N >= 128 new tokens at mean context C: N / C clients
+  with C-token prompts and one output token (one step prefills them together) when C <= N,
+  else one client whose prompt repeats a cached (C - N)-token prefix (whole 128-token blocks:
+  the CPU platform's block size) that a warm-up request put in the prefix cache.
+
+Times are wall seconds (``perf_counter``) of each call, so what the engine core loses to the API
+server on the core they share is in them; ``dispatch``, ``roundtrip`` and ``collect`` are the
+intervals between one process's call and the other's (see :mod:`sim.engines.vllm.costs`).
+The base curves come from ``sync``; ``async`` keeps its own CPU curves in ``setting_curves``
+(the forward is pooled). Simplification: ``vllm.add_request`` is priced per call at
+``num_reqs`` 1 (the tracer times each ``EngineCore.add_request``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from calibrate.real import vllm_trace
+from calibrate.real.environment import MODEL_DIMS, Engine, run_module
+from calibrate.real.jobs import Prompts, request
+
+SESSION_TIMEOUT_S = 3600
+BLOCK_SIZE = 128  # vllm/platforms/cpu.py: the CPU platform's default block size
+
+
+@dataclass(frozen=True)
+class VllmGrid:
+    """What to measure (tokens)."""
+
+    decode_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    contexts: tuple[int, ...] = (128, 256, 512)
+    prefill_tokens: tuple[int, ...] = (128, 256, 512)
+    decode_steps: int = 32
+    waves: int = 2
+    prefill_repeats: int = 5
+    max_num_seqs: int = 16
+    max_model_len: int = 1024
+    seed: int = 0
+
+    def server_args(self) -> list[str]:
+        return ["--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs)]
+
+
+def design(grid: VllmGrid) -> list[dict]:
+    """The loads of one calibration session (``realengines.server``'s ``loads``)."""
+    prompts = Prompts(grid.seed)
+    loads = []
+    for c in grid.contexts:
+        for b in grid.decode_batch_sizes:
+            reqs = [request(f"d{b}x{c}-{i}", prompts.new(c - grid.decode_steps // 2), grid.decode_steps)
+                    for i in range(b * grid.waves)]
+            loads.append({"name": f"decode-b{b}-c{c}", "concurrency": b, "warmup_requests": 0, "requests": reqs})
+    for n in grid.prefill_tokens:
+        for c in grid.contexts:
+            name = f"prefill-n{n}-c{c}"
+            if c <= n:
+                k = n // c
+                reqs = [request(f"{name}-{i}", prompts.new(c), 1) for i in range(k * grid.prefill_repeats)]
+                loads.append({"name": name, "concurrency": k, "warmup_requests": 0, "requests": reqs})
+            elif (c - n) % BLOCK_SIZE == 0:
+                shared = prompts.new(c - n)
+                reqs = [request(f"{name}-w", shared + prompts.new(BLOCK_SIZE), 1)]
+                reqs += [request(f"{name}-{i}", shared + prompts.new(n), 1) for i in range(grid.prefill_repeats)]
+                loads.append({"name": name, "concurrency": 1, "warmup_requests": 1, "requests": reqs})
+    return loads
+
+
+def samples(steps: list[vllm_trace.VllmStep], grid: VllmGrid, setting: str) -> list[dict]:
+    """Profile samples (``{"curve", "point", "times_s"}``) from one session's steps."""
+    acc: dict[tuple, list[float]] = {}
+
+    def add(curve: str, point: dict, t: float) -> None:
+        if t == t and t >= 0:
+            acc.setdefault((curve, tuple(sorted(point.items()))), []).append(t)
+
+    sizes = set(grid.decode_batch_sizes)
+    for s in steps:
+        if not s.num_reqs or s.execute is None or s.sample is None or s.update is None:
+            continue
+        sched_end = s.schedule["t0"] + s.schedule["dur"]
+        ex_end = s.execute["t0"] + s.execute["dur"]
+        sa_end = s.sample["t0"] + s.sample["dur"]
+        if s.is_decode and s.num_reqs in sizes:
+            c = min(grid.contexts, key=lambda x: abs(x - s.ctx))
+            if abs(c - s.ctx) <= grid.decode_steps // 2:
+                add("vllm.forward", {"num_tokens": s.num_tokens, "ctx": c}, s.forward)
+        elif not any(t == 1 for t in s.tok) and s.num_tokens in grid.prefill_tokens and s.ctx in grid.contexts:
+            add("vllm.forward", {"num_tokens": s.num_tokens, "ctx": int(s.ctx)}, s.forward)
+        if s.num_reqs not in sizes:
+            continue
+        n = {"num_reqs": s.num_reqs}
+        add("vllm.schedule", n, s.schedule["dur"])
+        add("vllm.prepare", n, s.execute["dur"] - s.forward)
+        add("vllm.sample", n, s.sample["dur"])
+        add("vllm.update", n, s.update["dur"])
+        if setting == "sync":
+            add("vllm.dispatch", n, s.execute["t0"] - sched_end)
+            add("vllm.roundtrip", n, s.sample["t0"] - ex_end)
+            add("vllm.collect", n, s.update["t0"] - sa_end)
+    return [{"curve": c, "point": dict(p), "times_s": ts} for (c, p), ts in sorted(acc.items())]
+
+
+def add_request_samples(engine_records: list[dict]) -> list[dict]:
+    times = [r["dur"] for r in engine_records if r["ph"] == "add"]
+    return [{"curve": "vllm.add_request", "point": {"num_reqs": 1}, "times_s": times}] if times else []
+
+
+def run_session(engine: Engine, model_dir: Path, grid: VllmGrid, setting: str, folder: Path,
+                report: Callable[[str], None]) -> Path:
+    """Run (or reuse a finished) calibration session of ``setting``; returns its folder."""
+    out = folder / setting
+    spec = {"engine": "vllm", "model_dir": str(model_dir), "setting": setting, "port": 30300,
+            "server_args": grid.server_args(), "trace": True, "ready_timeout_s": 900, "loads": design(grid),
+            "pause_between_loads_s": 1.0}
+    spec_path = folder / f"{setting}.json"
+    text = json.dumps(spec)
+    if (out / "session.json").exists() and spec_path.exists() and spec_path.read_text() == text:
+        report(f"{setting}: reusing {out}")
+        return out
+    folder.mkdir(parents=True, exist_ok=True)
+    spec_path.write_text(text)
+    if out.exists():
+        for old in out.glob("*"):
+            old.unlink()
+    report(f"{setting}: real vLLM server, {len(spec['loads'])} loads")
+    run_module(engine, "realengines.server", [str(spec_path), str(out)], folder / f"{setting}.log",
+               timeout_s=SESSION_TIMEOUT_S)
+    return out
+
+
+def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path, command: str = "",
+                   settings: tuple[str, ...] = ("sync", "async"), report: Callable[[str], None] = print) -> dict:
+    """Run the sessions and build the vLLM profile (base curves from the first setting).
+
+    Raises:
+        ProfileError: a curve without samples or a grid with holes (the message names it).
+        RuntimeError: the server failed in the vLLM environment.
+    """
+    from calibrate.measure import host_cpu
+    from calibrate.profile import build_profile
+    from sim.engines.vllm.costs import VLLM_CURVES
+
+    merged: dict[tuple, dict] = {}
+    versions: dict = {}
+    for i, setting in enumerate(settings):
+        out = run_session(engine, model_dir, grid, setting, folder, report)
+        versions = json.loads((out / "session.json").read_text()).get("versions", {})
+        eng, wrk = vllm_trace.read_files(sorted(out.glob("trace.*.jsonl")))
+        got = samples(vllm_trace.steps(eng, wrk), grid, setting) + add_request_samples(eng)
+        for smp in got:
+            if smp["curve"] == "vllm.forward":
+                key = (smp["curve"], tuple(sorted(smp["point"].items())))
+                merged.setdefault(key, {**smp, "times_s": []})["times_s"].extend(smp["times_s"])
+            elif i == 0:
+                merged[(smp["curve"], tuple(sorted(smp["point"].items())), setting)] = smp
+            elif smp["curve"] not in ("vllm.dispatch", "vllm.roundtrip", "vllm.collect"):
+                merged[(smp["curve"], tuple(sorted(smp["point"].items())), setting)] = {**smp, "setting": setting}
+    import os
+    import platform
+
+    dims = dict(zip(("vocab", "hidden", "layers", "heads", "kv_heads", "intermediate"),
+                    (int(x) for x in MODEL_DIMS.split(","))))
+    smp_list = list(merged.values())
+    meta = {"backend": "vllm", "device": "cpu", "engine": "vllm", "engine_version": engine.version,
+            "device_name": f"cpu (vLLM {engine.version} CPU build, worker on its own core)",
+            "host_cpu": host_cpu(), "host_cores": os.cpu_count(), "platform": platform.platform(),
+            "libraries": versions, "model": {"name": "tiny-llama", **dims}, "dtype": "float32",
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "grid": {k: v for k, v in grid.__dict__.items()}, "repeats": min(len(s["times_s"]) for s in smp_list),
+            "warmup": 0, "quick": False, "settings": list(settings), "base_setting": settings[0],
+            "command": command, "timing": "wall seconds (perf_counter) of vLLM's own functions in the server's "
+            "processes; dispatch, roundtrip and collect are the intervals between them (sync)"}
+    return build_profile(meta, smp_list, VLLM_CURVES)
+
+
+def phase_table(profile: dict) -> list[tuple[str, str, float]]:
+    """(curve, point, median ms) of every sample point, for a summary."""
+    return [(s["curve"] + (f"[{s['setting']}]" if s.get("setting") else ""),
+             ",".join(str(v) for v in s["point"].values()), statistics.median(s["times_s"]) * 1e3)
+            for s in profile["samples"]]

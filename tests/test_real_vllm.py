@@ -1,0 +1,113 @@
+"""Real vLLM as source and judge: recorded traces of the real vLLM 0.32 CPU server
+(tests/data/vllm/, written by ``realengines.vllm.tracer`` in the server's processes on this kind
+of machine: 6 requests, 2 of them warm-up, 2 clients) through the importer and the calibration's
+sample extraction; and, only where the vLLM environment exists (``realengines/vllm/setup.sh``),
+the start-up patch that lets async scheduling through on the CPU platform."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from calibrate.errors import CalibrationInputError
+from calibrate.real import vllm_trace
+from calibrate.real.environment import REPO
+from calibrate.real.vllm_profile import VllmGrid, design, samples
+
+DATA = Path(__file__).parent / "data" / "vllm"
+
+
+def _steps(setting):
+    folder = DATA / setting
+    return vllm_trace.steps(*vllm_trace.read_files(sorted(folder.glob("trace.*.jsonl")))), folder
+
+
+@pytest.mark.parametrize("setting", ["sync", "async"])
+def test_the_trace_joins_into_engine_steps(setting):
+    steps, folder = _steps(setting)
+    load = json.loads((folder / "tiny.json").read_text())
+    rids = {r["rid"] for r in load["requests"]}
+    assert steps and all(s.execute is not None for s in steps)
+    # every step that scheduled tokens was sampled and updated; the worker ran exactly those tokens
+    for s in steps:
+        if s.num_tokens:
+            assert s.sample is not None and s.update is not None
+            assert s.execute["n_tok"] == s.num_tokens and 0 < s.forward < s.execute["dur"]
+    # vLLM's engine ids are the client's request ids (cmpl-<rid>-<n>)
+    seen = {vllm_trace.client_rid(r) for s in steps for r in s.reqs}
+    assert seen == rids
+    # each prompt was prefilled once: the tokens scheduled per request add up to prompt + output - 1
+    total: dict[str, int] = {}
+    for s in steps:
+        for r, t in zip(s.reqs, s.tok):
+            total[r] = total.get(r, 0) + t
+    out = {r["rid"]: r["output_len"] for r in load["requests"]}
+    spec = json.loads((folder / "spec.json").read_text())
+    prompt = {r["rid"]: len(r["input_ids"]) for r in spec["loads"][0]["requests"]}
+    for r, t in total.items():
+        rid = vllm_trace.client_rid(r)
+        # async scheduling schedules no step beyond max_tokens: the same count in both settings
+        assert t == prompt[rid] + out[rid] - 1
+
+
+def test_async_scheduling_schedules_the_next_step_before_the_last_ones_output_is_processed():
+    steps, _ = _steps("async")
+    busy = [s for s in steps if s.num_tokens and s.update is not None]
+    ahead = sum(b.schedule["t0"] < a.update["t0"] for a, b in zip(busy, busy[1:]))
+    assert ahead >= len(busy) // 2  # step_with_batch_queue: schedule k+1, then update k
+    engine_records = vllm_trace.read_files(sorted((DATA / "async").glob("trace.*.jsonl")))[0]
+    assert any(r["ph"] == "step_bq" for r in engine_records)  # the batch queue ran: the patch held
+    sync_steps, _ = _steps("sync")
+    busy = [s for s in sync_steps if s.num_tokens and s.update is not None]
+    assert all(b.schedule["t0"] > a.update["t0"] for a, b in zip(busy, busy[1:]))  # EngineCore.step
+
+
+@pytest.mark.parametrize("setting", ["sync", "async"])
+def test_the_calibration_reads_phase_samples_from_the_steps(setting):
+    steps, _ = _steps(setting)
+    got = samples(steps, VllmGrid(decode_batch_sizes=(1, 2), contexts=(128,)), setting)
+    curves = {s["curve"] for s in got}
+    assert {"vllm.schedule", "vllm.prepare", "vllm.sample", "vllm.update"} <= curves
+    assert ("vllm.dispatch" in curves) == (setting == "sync")
+    assert all(t >= 0 for s in got for t in s["times_s"])
+
+
+def test_files_that_do_not_hold_both_processes_are_refused(tmp_path):
+    only_api = tmp_path / "trace.1.jsonl"
+    only_api.write_text(json.dumps({"ph": "output", "t0": 1.0, "dur": 0.001, "cpu": 0.001, "n": 1}) + "\n")
+    with pytest.raises(CalibrationInputError, match="engine core's and the worker's"):
+        vllm_trace.read_files([only_api])
+    broken = tmp_path / "trace.2.jsonl"
+    broken.write_text('{"ph": "schedule", "t0": 1.0\n')
+    with pytest.raises(CalibrationInputError, match="not JSON"):
+        vllm_trace.read_files([broken])
+
+
+def test_the_design_prefills_whole_blocks_after_a_cached_prefix():
+    loads = {ld["name"]: ld for ld in design(VllmGrid())}
+    ld = loads["prefill-n128-c512"]  # 384 cached (3 blocks of 128) + 128 new
+    warm, *rest = ld["requests"]
+    assert ld["warmup_requests"] == 1 and all(r["input_ids"][:384] == warm["input_ids"][:384] for r in rest)
+    assert {len(r["input_ids"]) for r in rest} == {512} and {r["max_new_tokens"] for r in rest} == {1}
+    assert loads["prefill-n512-c128"]["concurrency"] == 4  # four 128-token prompts in one step
+    assert {ld["concurrency"] for n, ld in loads.items() if n.startswith("decode-b16")} == {16}
+
+
+VLLM_PYTHON = REPO / ".venvs" / "vllm" / "bin" / "python"
+
+
+@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="no vLLM environment (realengines/vllm/setup.sh)")
+def test_the_start_up_patch_keeps_async_scheduling_on_the_cpu_platform():
+    code = ("from realengines.vllm import startup; startup.install(None, allow_async=True)\n"
+            "from vllm.platforms.cpu import CpuPlatform\n"
+            "from types import SimpleNamespace as NS\n"
+            "import vllm.platforms.cpu as m\n"
+            "f = CpuPlatform.check_and_update_config\n"
+            "print(getattr(f.__func__, '_overlap_sim_patched', False))\n")
+    out = subprocess.run([str(VLLM_PYTHON), "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "True"

@@ -111,3 +111,23 @@ def test_the_start_up_patch_keeps_async_scheduling_on_the_cpu_platform():
                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "True"
+
+
+@pytest.mark.parametrize("setting", ["sync", "async"])
+def test_a_recorded_vllm_session_reads_through_the_simulators_metrics(setting, tmp_path):
+    from calibrate.real.jobs import Workload
+    from calibrate.real.validate import Plan, measured_run, scenario, server_limits
+
+    config = Workload("tiny", num_requests=6, warmup_requests=2, concurrency=2, input_len=(64, 96),
+                      output_len=(12, 12))
+    folder = DATA / setting
+    summary, rows = measured_run(folder, config, "vllm")
+    assert summary["completed"] == 4 and summary["failed"] == 0
+    assert summary["total_output_tokens"] == 4 * 12
+    assert summary["median_ttft_ms"] > 0 and summary["median_tpot_ms"] > 0 and summary["num_steps"] > 0
+    assert [r["input_len"] for r in rows] == [len(r["input_ids"]) for r in config.requests(prefix="tiny-")]
+    assert server_limits(folder)["kv_cache_tokens"] == 262_144
+    plan = Plan.for_engine("vllm")
+    assert plan.settings == ("async", "sync") and "--max-num-seqs" in plan.server_args
+    sc = scenario(config, rows, Path("unused.json"), plan.settings, tmp_path, server_limits(folder), "vllm")
+    assert sc["server"]["engine"] == "vllm" and sc["server"]["num_gpu_blocks"] == 262_144 // 128

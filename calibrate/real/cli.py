@@ -141,12 +141,10 @@ def run_validate(args: argparse.Namespace) -> int:
 
     from calibrate.real.validate import CONFIGS, Plan, validate
 
-    if args.engine != "sglang":
-        raise CalibrationInputError("--engine", "", f"validation against {args.engine} is not implemented yet")
     if args.profile is None:
         raise CalibrationInputError("--profile", "", "a calibration profile of this engine (calibrate --engine "
                                     f"{args.engine} makes one)")
-    plan = Plan(repeats=args.repeats)
+    plan = Plan.for_engine(args.engine, repeats=args.repeats)
     if args.only:
         configs = tuple(c for c in CONFIGS if any(s in c.name for s in args.only))
         if not configs:

@@ -76,3 +76,27 @@ def sglang_steps_frame(records: list[dict], t0: float, t1: float, rid_index: dic
     steps = pd.DataFrame(rows, columns=STEP_COLUMNS)
     steps["kind"] = pd.Categorical(steps["kind"], categories=["extend", "decode"])
     return steps.sort_values("seq", kind="stable").reset_index(drop=True)
+
+
+def vllm_steps_frame(steps: list, t0: float, t1: float, rid_index: dict[str, int], warm: set[str]) -> pd.DataFrame:
+    """The steps table of vLLM's joined steps (:func:`calibrate.real.vllm_trace.steps`) scheduled
+    in [t0, t1] (wall clock), times relative to ``t0``: schedule = ``Scheduler.schedule``, launch
+    up to the worker's ``execute_model``, the forward = the model forward(s) inside it, process =
+    ``update_from_output``. Steps without tokens are left out (the simulator records none)."""
+    from calibrate.real.vllm_trace import client_rid
+
+    rows = []
+    for s in steps:
+        if not s.num_tokens or s.update is None or not (t0 <= s.schedule["t0"] <= t1) or s.forward != s.forward:
+            continue
+        members = [client_rid(r) for r in s.reqs]
+        sched_end = s.schedule["t0"] + s.schedule["dur"]
+        rows.append((s.k, "decode" if s.is_decode else "extend", s.num_reqs, s.num_tokens,
+                     int(sum(d + t for d, t in zip(s.done, s.tok))),
+                     sum(m in warm for m in members if m in rid_index), 0, len(s.finished), False, 0,
+                     s.running, s.waiting, s.schedule["t0"] - t0, s.schedule["t0"] - t0, sched_end - t0,
+                     sched_end - t0, s.execute["t0"] - t0, s.forward_start - t0, s.forward_end - t0,
+                     s.forward_end - t0, s.update["t0"] - t0, s.update["t0"] + s.update["dur"] - t0))
+    frame = pd.DataFrame(rows, columns=STEP_COLUMNS)
+    frame["kind"] = pd.Categorical(frame["kind"], categories=["extend", "decode"])
+    return frame.sort_values("seq", kind="stable").reset_index(drop=True)

@@ -26,6 +26,9 @@ from calibrate.real.environment import Engine, run_module
 from calibrate.real.jobs import Workload
 
 SERVER_ARGS = ("--context-length", "2048", "--max-running-requests", "16", "--mem-fraction-static", "0.05")
+VLLM_SERVER_ARGS = ("--max-model-len", "1024", "--max-num-seqs", "16")
+# engine -> (settings, launch flags): the setting that hides CPU work first
+ENGINE_PLANS = {"sglang": (("overlap", "normal"), SERVER_ARGS), "vllm": (("async", "sync"), VLLM_SERVER_ARGS)}
 CONFIGS = (
     Workload("c4-len", num_requests=36, warmup_requests=4, concurrency=4, input_len=(128, 128), output_len=(128, 128)),
     Workload("c8-len", num_requests=48, warmup_requests=8, concurrency=8, input_len=(128, 128), output_len=(128, 128)),
@@ -51,6 +54,12 @@ class Plan:
     repeats: int = 5
     server_args: tuple[str, ...] = SERVER_ARGS
     port: int = 30123
+    engine: str = "sglang"
+
+    @classmethod
+    def for_engine(cls, engine: str, **kwargs) -> "Plan":
+        settings, args = ENGINE_PLANS[engine]
+        return cls(settings=settings, server_args=args, engine=engine, **kwargs)
 
     def order(self) -> list[tuple[int, str]]:
         """(repeat, setting) sessions in run order: settings alternate, swapped every repeat."""
@@ -88,12 +97,16 @@ LIMIT_KEYS = ("max_total_num_tokens", "chunked_prefill_size", "max_running_reque
 
 
 def server_limits(folder: Path) -> dict:
-    """The limits the server resolved at start-up, read from its log line
-    ``max_total_num_tokens=..., chunked_prefill_size=..., max_running_requests=...``."""
+    """The limits the server resolved at start-up, read from its log: SGLang's line
+    ``max_total_num_tokens=..., chunked_prefill_size=..., max_running_requests=...``; vLLM's
+    ``CPU KV cache size: N tokens`` (as ``kv_cache_tokens``)."""
     import re
 
     text = (folder / "server.log").read_text(errors="replace")
-    return {k: int(m.group(1)) for k in LIMIT_KEYS if (m := re.search(rf"\b{k}=(\d+)", text))}
+    out = {k: int(m.group(1)) for k in LIMIT_KEYS if (m := re.search(rf"\b{k}=(\d+)", text))}
+    if m := re.search(r"KV cache size: ([\d,]+) tokens", text):
+        out["kv_cache_tokens"] = int(m.group(1).replace(",", ""))
+    return out
 
 
 def _trace_records(folder: Path) -> list[dict]:
@@ -105,23 +118,44 @@ def _trace_records(folder: Path) -> list[dict]:
     return sorted(recs, key=lambda x: x["t0"] + x["dur"])  # calls in the order they ended
 
 
-def measured_run(folder: Path, config: Workload) -> tuple[dict, list[dict]]:
+def _vllm_prefixes(steps) -> dict[str, int]:
+    """Client request id -> tokens computed before its first step (the prefix cache's hit)."""
+    from calibrate.real.vllm_trace import client_rid
+
+    out: dict[str, int] = {}
+    for s in steps:
+        for rid, done in zip(s.reqs[:s.new], s.done[:s.new]):
+            out.setdefault(client_rid(rid), int(done))
+    return out
+
+
+def measured_run(folder: Path, config: Workload, engine: str = "sglang") -> tuple[dict, list[dict]]:
     """(summary, request rows for the simulator) of one configuration's load in one session."""
     from sim.trace.metrics import summarize
 
     load = server_runs.read_load(folder / f"{config.name}.json")
     specs = {r["rid"]: r for r in config.requests(prefix=f"{config.name}-")}
-    records = _trace_records(folder)
     warm = {r["rid"] for r in load["requests"] if r["warmup"]}
     t0 = min(r["send_s"] for r in load["requests"] if not r["warmup"])
-    prefix = _first_prefixes(records)
+    if engine == "vllm":
+        from calibrate.real import vllm_trace
+
+        vsteps = vllm_trace.steps_of_session(folder)
+        prefix = _vllm_prefixes(vsteps)
+    else:
+        records = _trace_records(folder)
+        prefix = _first_prefixes(records)
     if not set(prefix) & set(specs):
         raise CalibrationInputError(str(folder), config.name, "the server's trace names none of the load's requests "
                                     "(recorded before the client sent request ids?): delete the session and rerun")
     for rid, spec in specs.items():
         spec["cached_len"] = prefix.get(rid, 0)
     requests, itl = server_runs.requests_frames(load, specs, t0)
-    steps = server_runs.sglang_steps_frame(records, t0, load["end_s"], {rid: i for i, rid in enumerate(specs)}, warm)
+    index = {rid: i for i, rid in enumerate(specs)}
+    if engine == "vllm":
+        steps = server_runs.vllm_steps_frame(vsteps, t0, load["end_s"], index, warm)
+    else:
+        steps = server_runs.sglang_steps_frame(records, t0, load["end_s"], index, warm)
     rows = [{"input_len": len(specs[r["rid"]]["input_ids"]), "cached_len": specs[r["rid"]]["cached_len"],
              "output_len": max(int(r["output_len"]), 1), "max_new_tokens": specs[r["rid"]]["max_new_tokens"],
              "ignore_eos": bool(specs[r["rid"]].get("ignore_eos", True))}
@@ -140,14 +174,24 @@ def _first_prefixes(records: list[dict]) -> dict[str, int]:
 
 
 def scenario(config: Workload, rows: list[dict], profile: Path, settings: tuple[str, ...], folder: Path,
-             limits: dict) -> dict:
+             limits: dict, engine: str = "sglang") -> dict:
     """The simulator's scenario of one configuration: its requests replayed closed-loop."""
     trace = folder / f"{config.name}.requests.jsonl"
     trace.write_text("".join(json.dumps({"arrival_s": 0.0, **r}) + "\n" for r in rows))
+    workload = {"arrival": "closed_loop", "trace": str(trace.resolve()), "concurrency": config.concurrency,
+                "num_requests": len(rows), "warmup_requests": config.warmup_requests,
+                "warmup_before_benchmark": True}
+    if engine == "vllm":
+        args = dict(zip(VLLM_SERVER_ARGS[::2], VLLM_SERVER_ARGS[1::2]))
+        server = {"engine": "vllm", "device": "cpu", "settings": list(settings), "version": "0.32.0",
+                  "max_num_seqs": int(args["--max-num-seqs"]), "max_model_len": int(args["--max-model-len"]),
+                  "block_size": 128}
+        if limits.get("kv_cache_tokens"):
+            server["num_gpu_blocks"] = int(limits["kv_cache_tokens"]) // 128
+        return {"name": config.name, "seed": 0, "workload": workload, "server": server,
+                "costs": {"profile": str(Path(profile).resolve()), "profile_statistic": "mean"}}
     return {"name": config.name, "seed": 0,
-            "workload": {"arrival": "closed_loop", "trace": str(trace.resolve()), "concurrency": config.concurrency,
-                         "num_requests": len(rows), "warmup_requests": config.warmup_requests,
-                         "warmup_before_benchmark": True},
+            "workload": workload,
             "server": {"device": "cpu", "settings": list(settings), "version": "0.5.23",
                        "max_running_requests": int(limits.get("max_running_requests") or 16),
                        "chunked_prefill_size": int(limits.get("chunked_prefill_size") or 4096),
@@ -176,11 +220,11 @@ def compare(out: Path, plan: Plan, profile: Path) -> dict:
         runs = {s: [] for s in plan.settings}
         rows = None
         for r, setting in plan.order():
-            summary, rows_r = measured_run(out / "sessions" / f"{setting}-{r}", config)
+            summary, rows_r = measured_run(out / "sessions" / f"{setting}-{r}", config, plan.engine)
             runs[setting].append(summary)
             rows = rows or rows_r
         limits = server_limits(out / "sessions" / f"{plan.settings[0]}-0")
-        sc = scenario(config, rows, profile, plan.settings, out, limits)
+        sc = scenario(config, rows, profile, plan.settings, out, limits, plan.engine)
         case = {"name": config.name, "config": asdict(config), "settings": {}}
         for setting in plan.settings:
             pred = sim.simulate(sc, setting).summary()
@@ -212,7 +256,12 @@ def validate(engine: Engine, model_dir: Path, profile: Path, out: Path, plan: Pl
     from sim.atomic import atomic_path
     from sim.model.profile import load_profile
 
-    load_profile(profile)  # fail now, not after the sessions
+    if plan.engine == "vllm":
+        from sim.engines.vllm.costs import load_vllm_profile
+
+        load_vllm_profile(profile)  # fail now, not after the sessions
+    else:
+        load_profile(profile)
     if plan.repeats < 1:
         raise CalibrationInputError("--repeats", "", "an integer >= 1")
     run_sessions(engine, model_dir, plan, out, report)

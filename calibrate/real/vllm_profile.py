@@ -172,6 +172,7 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
                 merged[(smp["curve"], tuple(sorted(smp["point"].items())), setting)] = smp
             elif smp["curve"] not in ("vllm.dispatch", "vllm.roundtrip", "vllm.collect"):
                 merged[(smp["curve"], tuple(sorted(smp["point"].items())), setting)] = {**smp, "setting": setting}
+    _drop_incomplete_rows(merged, grid, report)
     import os
     import platform
 
@@ -188,6 +189,24 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
             "command": command, "timing": "wall seconds (perf_counter) of vLLM's own functions in the server's "
             "processes; dispatch, roundtrip and collect are the intervals between them (sync)"}
     return build_profile(meta, smp_list, VLLM_CURVES)
+
+
+def _drop_incomplete_rows(merged: dict, grid: VllmGrid, report: Callable[[str], None]) -> None:
+    """Leave out the forward samples of a token count that lacks a context of the grid (a
+    prefill whose prompts the server happened to split over two steps): the curve needs a full
+    grid, and steps beyond the largest complete row are then priced by extrapolation."""
+    fwd = [k for k in merged if k[0] == "vllm.forward"]
+    seen: dict[int, set] = {}
+    for k in fwd:
+        p = dict(k[1])
+        seen.setdefault(p["num_tokens"], set()).add(p["ctx"])
+    for n, ctxs in sorted(seen.items()):
+        if set(grid.contexts) - ctxs:
+            report(f"vllm.forward: no step of {n} tokens at context(s) {sorted(set(grid.contexts) - ctxs)}; "
+                   f"the {n}-token row is left out")
+            for k in fwd:
+                if dict(k[1])["num_tokens"] == n:
+                    del merged[k]
 
 
 def phase_table(profile: dict) -> list[tuple[str, str, float]]:

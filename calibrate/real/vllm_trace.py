@@ -42,6 +42,8 @@ class VllmStep:
     schedule: dict
     execute: dict | None = None
     forward: float = float("nan")  # summed forward seconds inside execute (wall)
+    forward_start: float = float("nan")  # wall clock of the first forward's start in execute
+    forward_end: float = float("nan")  # and of the last one's end
     sample: dict | None = None
     update: dict | None = None
     finished: list = field(default_factory=list)
@@ -128,8 +130,12 @@ def steps(engine: list[dict], worker: list[dict]) -> list[VllmStep]:
         step.execute = ex
         fwd = 0.0
         while fi < len(forwards) and forwards[fi]["t0"] < ex["t0"] + ex["dur"]:
-            if forwards[fi]["t0"] >= ex["t0"]:
-                fwd += forwards[fi]["dur"]
+            f = forwards[fi]
+            if f["t0"] >= ex["t0"]:
+                fwd += f["dur"]
+                if step.forward_start != step.forward_start:
+                    step.forward_start = f["t0"]
+                step.forward_end = f["t0"] + f["dur"]
             fi += 1
         step.forward = fwd if step.num_tokens else float("nan")
         if step.num_tokens and si < len(samples):

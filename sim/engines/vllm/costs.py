@@ -115,7 +115,9 @@ class VllmProfileCosts:
         """The model forward of a step; counts the step in :attr:`extrapolated_steps` when it or
         any phase curve at ``num_reqs`` lies outside the measured grid."""
         ctx = sum_ctx / num_reqs
-        if not (self._forward.inside(num_tokens, ctx) and all(c.inside(num_reqs) for c in self._cpu.values())):
+        # add_request is priced per drained request, not at the step's num_reqs
+        step_phases = (c for name, c in self._cpu.items() if name != "add_request")
+        if not (self._forward.inside(num_tokens, ctx) and all(c.inside(num_reqs) for c in step_phases)):
             self.extrapolated_steps += 1
         return self._forward(num_tokens, ctx) * self.gpu_scale
 

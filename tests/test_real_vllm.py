@@ -1,6 +1,6 @@
 """Real vLLM as source and judge: recorded traces of the real vLLM 0.32 CPU server
 (tests/data/vllm/, written by ``realengines.vllm.tracer`` in the server's processes on this kind
-of machine: 6 requests, 2 of them warm-up, 2 clients) through the importer and the calibration's
+of machine: 6 requests, 2 of them warm-up, 2 clients; server.log keeps the lines the importer reads) through the importer and the calibration's
 sample extraction; and, only where the vLLM environment exists (``realengines/vllm/setup.sh``),
 the start-up patch that lets async scheduling through on the CPU platform."""
 

@@ -36,15 +36,13 @@ from __future__ import annotations
 
 import atexit
 import functools
-import importlib.abc
-import importlib.util
+import importlib
 import json
 import os
 import sys
-import time
 
-_clock = time.perf_counter
-_cpu = time.thread_time
+from realengines import tracing
+from realengines.tracing import wrap
 
 
 class ListSink:
@@ -100,25 +98,6 @@ def batch_info(batch) -> dict | None:
     return info
 
 
-def _wrap(cls, name: str, ph: str, sink, info=None) -> None:
-    original = getattr(cls, name)
-    if getattr(original, "_overlap_sim_traced", False):
-        return
-
-    @functools.wraps(original)
-    def traced(self, *args, **kwargs):
-        t0, c0 = _clock(), _cpu()
-        out = original(self, *args, **kwargs)
-        rec = {"ph": ph, "t0": t0, "dur": _clock() - t0, "cpu": _cpu() - c0}
-        if info is not None:
-            info(rec, self, args, kwargs, out)
-        sink.add(rec)
-        return out
-
-    traced._overlap_sim_traced = True
-    setattr(cls, name, traced)
-
-
 def _kv_free(scheduler) -> int | None:
     try:
         return int(scheduler.token_to_kv_pool_allocator.available_size() + scheduler.tree_cache.evictable_size())
@@ -170,21 +149,21 @@ def _idle_info(sink):
 
 def patch_scheduler(module, sink) -> None:
     s = module.Scheduler
-    _wrap(s, "ingest_requests", "recv", sink, _recv_info)
-    _wrap(s, "process_input_requests", "process_input", sink, _input_info)
-    _wrap(s, "get_next_batch_to_run", "schedule", sink, _schedule_info)
-    _wrap(s, "run_batch", "run_batch", sink, _batch_arg_info)
-    _wrap(s, "process_batch_result", "process", sink, _batch_arg_info)
-    _wrap(s, "on_idle", "idle", sink, _idle_info(sink))
+    wrap(s, "ingest_requests", "recv", sink, _recv_info)
+    wrap(s, "process_input_requests", "process_input", sink, _input_info)
+    wrap(s, "get_next_batch_to_run", "schedule", sink, _schedule_info)
+    wrap(s, "run_batch", "run_batch", sink, _batch_arg_info)
+    wrap(s, "process_batch_result", "process", sink, _batch_arg_info)
+    wrap(s, "on_idle", "idle", sink, _idle_info(sink))
 
 
 def patch_schedule_batch(module, sink) -> None:
-    _wrap(module.ScheduleBatch, "retract_decode", "retract", sink, _retract_info)
+    wrap(module.ScheduleBatch, "retract_decode", "retract", sink, _retract_info)
 
 
 def patch_model_runner(module, sink) -> None:
-    _wrap(module.ModelRunner, "forward", "forward", sink, _forward_info)
-    _wrap(module.ModelRunner, "sample", "sample", sink)
+    wrap(module.ModelRunner, "forward", "forward", sink, _forward_info)
+    wrap(module.ModelRunner, "sample", "sample", sink)
 
 
 _PATCHES = {
@@ -201,33 +180,6 @@ def install(sink) -> None:
         patch(module, sink)
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Patches each target module right after it executes (the server's processes import SGLang
-    themselves, after sitecustomize ran)."""
-
-    def __init__(self, sink):
-        self.sink = sink
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in _PATCHES:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return spec
-        run_module = spec.loader.exec_module
-
-        def exec_module(module, _run=run_module, _patch=_PATCHES[fullname]):
-            _run(module)
-            _patch(module, self.sink)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def install_on_import(sink) -> None:
     """Patch the target modules when they are first imported."""
-    sys.meta_path.insert(0, _PatchOnImport(sink))
+    tracing.install_on_import({name: functools.partial(patch, sink=sink) for name, patch in _PATCHES.items()})

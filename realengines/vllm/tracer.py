@@ -39,16 +39,14 @@ from __future__ import annotations
 
 import atexit
 import functools
-import importlib.abc
-import importlib.util
 import json
 import os
-import sys
 import threading
 import time
 
-_clock = time.perf_counter
-_cpu = time.thread_time
+from realengines.tracing import install_on_import, wrap
+
+__all__ = ["FileSink", "PATCHES", "install_on_import", "tracing_patches"]
 
 
 class FileSink:
@@ -89,28 +87,6 @@ class FileSink:
         if buf:
             with open(f"{self.prefix}.{os.getpid()}.jsonl", "a") as f:
                 f.write("".join(json.dumps(r) + "\n" for r in buf))
-
-
-def _wrap(cls, name: str, ph: str, sink, info=None) -> None:
-    original = getattr(cls, name, None)
-    if original is None or getattr(original, "_overlap_sim_traced", False):
-        return
-
-    @functools.wraps(original)
-    def traced(self, *args, **kwargs):
-        t0, c0 = _clock(), _cpu()
-        out = original(self, *args, **kwargs)
-        rec = {"ph": ph, "t0": t0, "dur": _clock() - t0, "cpu": _cpu() - c0}
-        if info is not None:
-            try:
-                info(rec, self, args, kwargs, out)
-            except Exception as err:  # a field vLLM renamed: keep the timing
-                rec["info_error"] = repr(err)
-        sink.add(rec)
-        return out
-
-    traced._overlap_sim_traced = True
-    setattr(cls, name, traced)
 
 
 def _schedule_info(rec, self, args, kwargs, out):
@@ -163,24 +139,24 @@ def _output_info(rec, self, args, kwargs, out):
 
 
 def patch_scheduler(module, sink) -> None:
-    _wrap(module.Scheduler, "schedule", "schedule", sink, _schedule_info)
-    _wrap(module.Scheduler, "update_from_output", "update", sink, _update_info)
+    wrap(module.Scheduler, "schedule", "schedule", sink, _schedule_info)
+    wrap(module.Scheduler, "update_from_output", "update", sink, _update_info)
 
 
 def patch_engine_core(module, sink) -> None:
-    _wrap(module.EngineCore, "step", "step", sink)
-    _wrap(module.EngineCore, "step_with_batch_queue", "step_bq", sink)
-    _wrap(module.EngineCore, "add_request", "add", sink, _add_info)
+    wrap(module.EngineCore, "step", "step", sink)
+    wrap(module.EngineCore, "step_with_batch_queue", "step_bq", sink)
+    wrap(module.EngineCore, "add_request", "add", sink, _add_info)
 
 
 def patch_model_runner(module, sink) -> None:
-    _wrap(module.GPUModelRunner, "execute_model", "execute", sink, _execute_info)
-    _wrap(module.GPUModelRunner, "_model_forward", "forward", sink, _forward_info)
-    _wrap(module.GPUModelRunner, "sample_tokens", "sample", sink)
+    wrap(module.GPUModelRunner, "execute_model", "execute", sink, _execute_info)
+    wrap(module.GPUModelRunner, "_model_forward", "forward", sink, _forward_info)
+    wrap(module.GPUModelRunner, "sample_tokens", "sample", sink)
 
 
 def patch_output_processor(module, sink) -> None:
-    _wrap(module.OutputProcessor, "process_outputs", "output", sink, _output_info)
+    wrap(module.OutputProcessor, "process_outputs", "output", sink, _output_info)
 
 
 PATCHES = {
@@ -189,39 +165,6 @@ PATCHES = {
     "vllm.v1.worker.gpu_model_runner": patch_model_runner,
     "vllm.v1.engine.output_processor": patch_output_processor,
 }
-
-
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Runs a module's patch right after the module executes (first import)."""
-
-    def __init__(self, patches: dict, extra: dict | None = None):
-        self.patches = dict(patches)
-        self.extra = extra or {}
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in self.patches:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return spec
-        patch = self.patches.pop(fullname)
-        exec_module = spec.loader.exec_module
-
-        def exec_and_patch(module):
-            exec_module(module)
-            patch(module)
-
-        spec.loader.exec_module = exec_and_patch
-        return spec
-
-
-def install_on_import(patches: dict) -> None:
-    """Run each ``patches[module](module)`` when that module is first imported."""
-    sys.meta_path.insert(0, _PatchOnImport(patches))
 
 
 def tracing_patches(sink) -> dict:

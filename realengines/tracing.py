@@ -1,0 +1,76 @@
+"""What the engines' tracers share: wrapping a method so that every call is timed into a sink,
+and patching a module right after it is first imported (an engine's server processes import the
+engine themselves, after ``sitecustomize`` ran).
+
+A record is ``{"ph", "t0", "dur", "cpu", ...}``: ``t0`` from ``time.perf_counter`` (the machine's
+monotonic clock, comparable across processes), ``dur`` wall seconds, ``cpu`` the calling thread's
+CPU seconds (``time.thread_time``); ``info(rec, self, args, kwargs, out)`` adds fields after the
+clock stopped (a failure there is recorded as ``info_error``, the timing is kept).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.util
+import sys
+import time
+
+clock = time.perf_counter
+cpu_clock = time.thread_time
+
+
+def wrap(cls, name: str, ph: str, sink, info=None) -> None:
+    """Replace ``cls.name`` by a timed call that adds one record to ``sink`` (once; a missing
+    method is left alone)."""
+    original = getattr(cls, name, None)
+    if original is None or getattr(original, "_overlap_sim_traced", False):
+        return
+
+    @functools.wraps(original)
+    def traced(self, *args, **kwargs):
+        t0, c0 = clock(), cpu_clock()
+        out = original(self, *args, **kwargs)
+        rec = {"ph": ph, "t0": t0, "dur": clock() - t0, "cpu": cpu_clock() - c0}
+        if info is not None:
+            try:
+                info(rec, self, args, kwargs, out)
+            except Exception as err:  # a field the engine renamed: keep the timing
+                rec["info_error"] = repr(err)
+        sink.add(rec)
+        return out
+
+    traced._overlap_sim_traced = True
+    setattr(cls, name, traced)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Runs ``patches[name](module)`` right after module ``name`` executes (its first import)."""
+
+    def __init__(self, patches: dict):
+        self.patches = dict(patches)
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.patches:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        patch = self.patches.pop(fullname)
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            patch(module)
+
+        spec.loader.exec_module = exec_and_patch
+        return spec
+
+
+def install_on_import(patches: dict) -> None:
+    """Run each ``patches[module](module)`` when that module is first imported."""
+    sys.meta_path.insert(0, _PatchOnImport(patches))

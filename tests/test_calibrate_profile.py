@@ -100,11 +100,15 @@ def test_cli_reports_a_bad_profile_in_one_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("path", sorted((ROOT / "scenarios" / "profiles").glob("*.json")), ids=lambda p: p.name)
 def test_shipped_profiles_load_and_are_measured(path):
-    prof = load_profile(path)
+    from sim.engines.vllm.costs import VLLM_CURVES
+    from sim.model.profile import SGLANG_CURVES
+
+    table = VLLM_CURVES if json.loads(path.read_text())["metadata"].get("engine") == "vllm" else SGLANG_CURVES
+    prof = load_profile(path, table)
     m = prof["metadata"]
     assert m["host_cpu"] and m["device_name"] and m["date"] and m["command"].startswith("overlap-sim calibrate")
     assert not m["quick"]
-    for name in CURVE_AXES:  # raw samples of every curve, at least `repeats` per point
+    for name in table.required:  # raw samples of every curve, at least `repeats` per point
         counts = [len(s["times_s"]) for s in prof["samples"] if s["curve"] == name]
         assert counts and min(counts) >= m["repeats"]
     assert all(t > 0 for s in prof["samples"] if s["curve"].startswith("forward") for t in s["times_s"])

@@ -111,4 +111,4 @@ def test_shipped_profiles_load_and_are_measured(path):
     for name in table.required:  # raw samples of every curve, at least `repeats` per point
         counts = [len(s["times_s"]) for s in prof["samples"] if s["curve"] == name]
         assert counts and min(counts) >= m["repeats"]
-    assert all(t > 0 for s in prof["samples"] if s["curve"].startswith("forward") for t in s["times_s"])
+    assert all(t > 0 for s in prof["samples"] if s["curve"] in table.forward for t in s["times_s"])

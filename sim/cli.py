@@ -12,6 +12,7 @@ import hashlib
 import importlib
 import json
 import re
+import os
 import sys
 from pathlib import Path
 
@@ -118,7 +119,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="overlap-sim",
-        description="Predict what SGLang's overlap scheduler does on your device, against the synchronous loop.",
+        description="Predict what SGLang's overlap scheduler (and vLLM's async scheduling) does on your device, "
+                    "against the synchronous loop.",
         epilog="Exit status: 0 done; 2 bad input (one line on stderr naming the file or flag and the field, "
                "nothing written); 3 'run' finished but a setting's server died or all its requests failed.")
     for module in COMMAND_MODULES:
@@ -143,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserInputError as err:
         print(f"overlap-sim: error: {' '.join(str(err).split())}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # the reader went away (`| head`): what was written stays, no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

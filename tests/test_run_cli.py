@@ -72,3 +72,17 @@ def test_a_profile_given_with_set_is_taken_from_the_working_directory(tmp_path, 
     saved = json.loads((tmp_path / "res" / "summary.json").read_text())
     assert saved["scenario_config"]["costs"]["profile"] == str(tmp_path / "mine.json")
     capsys.readouterr()
+
+
+def test_a_reader_that_goes_away_ends_the_output_without_a_traceback(tmp_path):
+    """``overlap-sim run ... | head -1``: the table is cut, the exit status is 0, stderr is empty."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    cmd = (f"{sys.executable} -m sim.cli run {root / 'scenarios' / 'quickstart.yaml'} --no-plots "
+           f"--set workload.num_requests=16 --out {tmp_path / 'out'} | head -1")
+    out = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=root, capture_output=True, text=True,
+                         timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert out.stdout.count("\n") == 1
+    assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr

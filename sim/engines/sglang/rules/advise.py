@@ -57,7 +57,7 @@ def render(adv: Advice, console: Console) -> None:
         console.print(f"  note: {escape(note)}")
 
 
-@command("advise", "say which SGLang event loop a launch command selects, and its known hazards", _add_arguments)
+@command("advise", "say which event loop a launch command selects (SGLang; vLLM with --engine vllm), and its known hazards", _add_arguments)
 def cmd_advise(args: argparse.Namespace) -> int:
     if args.engine != "sglang":  # another engine's rules (registered in sim.commands.ADVISORS)
         return ADVISORS[args.engine](args)

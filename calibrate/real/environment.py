@@ -24,6 +24,12 @@ IMPORT_CHECK = {"sglang": "import sglang, torch; print(sglang.__version__)",
 MODEL_DIMS = "1024,256,4,4,2,512"  # realengines.model's default: the tiny Llama
 
 
+def model_metadata() -> dict:
+    """The test model as a profile's ``metadata.model``."""
+    dims = (int(x) for x in MODEL_DIMS.split(","))
+    return {"name": "tiny-llama", **dict(zip(("vocab", "hidden", "layers", "heads", "kv_heads", "intermediate"), dims))}
+
+
 @dataclass(frozen=True)
 class Engine:
     """A real engine's environment. ``python``: its interpreter; ``version``: the engine's release."""

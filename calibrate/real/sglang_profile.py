@@ -33,7 +33,7 @@ from typing import Callable
 
 from calibrate.errors import CalibrationInputError
 from calibrate.real import sglang_trace
-from calibrate.real.environment import MODEL_DIMS, Engine, run_module
+from calibrate.real.environment import Engine, model_metadata, run_module
 from calibrate.real.jobs import Prompts, request
 
 
@@ -174,14 +174,12 @@ def metadata(engine: Engine, grid: SglangGrid, meta: dict, settings: tuple[str, 
 
     from calibrate.measure import host_cpu
 
-    dims = dict(zip(("vocab", "hidden", "layers", "heads", "kv_heads", "intermediate"),
-                    (int(x) for x in MODEL_DIMS.split(","))))
     return {
         "backend": "sglang", "device": "cpu", "engine": "sglang", "engine_version": engine.version,
         "device_name": f"cpu (SGLang {engine.version} CPU engine, {meta.get('torch_threads', 1)} torch thread)",
         "host_cpu": host_cpu(), "host_cores": os.cpu_count(), "platform": platform.platform(),
         "libraries": {"sglang": meta.get("sglang"), "torch": meta.get("torch"), "python": meta.get("python")},
-        "model": {"name": "tiny-llama", **dims}, "dtype": "float32",
+        "model": model_metadata(), "dtype": "float32",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "grid": asdict(grid), "repeats": grid.decode_waves * (grid.decode_steps - 1), "warmup": 0, "quick": False,
         "settings": list(settings), "base_setting": settings[0], "scheduler_limits": meta.get("limits", {}), "command": command,

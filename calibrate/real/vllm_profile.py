@@ -26,6 +26,8 @@ The base curves come from ``sync``; ``async`` keeps its own CPU curves in ``sett
 from __future__ import annotations
 
 import json
+import os
+import platform
 import statistics
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Callable
 
 from calibrate.real import vllm_trace
-from calibrate.real.environment import MODEL_DIMS, Engine, run_module
+from calibrate.real.environment import Engine, model_metadata, run_module
 from calibrate.real.jobs import Prompts, request
 
 SESSION_TIMEOUT_S = 3600
@@ -173,16 +175,11 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
             elif smp["curve"] not in ("vllm.dispatch", "vllm.roundtrip", "vllm.collect"):
                 merged[(smp["curve"], tuple(sorted(smp["point"].items())), setting)] = {**smp, "setting": setting}
     _drop_incomplete_rows(merged, grid, report)
-    import os
-    import platform
-
-    dims = dict(zip(("vocab", "hidden", "layers", "heads", "kv_heads", "intermediate"),
-                    (int(x) for x in MODEL_DIMS.split(","))))
     smp_list = list(merged.values())
     meta = {"backend": "vllm", "device": "cpu", "engine": "vllm", "engine_version": engine.version,
             "device_name": f"cpu (vLLM {engine.version} CPU build, worker on its own core)",
             "host_cpu": host_cpu(), "host_cores": os.cpu_count(), "platform": platform.platform(),
-            "libraries": versions, "model": {"name": "tiny-llama", **dims}, "dtype": "float32",
+            "libraries": versions, "model": model_metadata(), "dtype": "float32",
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "grid": {k: v for k, v in grid.__dict__.items()}, "repeats": min(len(s["times_s"]) for s in smp_list),
             "warmup": 0, "quick": False, "settings": list(settings), "base_setting": settings[0],

@@ -11,16 +11,16 @@ for seconds); ``--skip-server-warmup`` because the load's warm-up requests do th
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
+
+from realengines.launching import server_environment
 
 API = "sglang"
 READY_PATH = "/model_info"
 FLUSH_PATH = "/flush_cache"
 SETTINGS = ("overlap", "normal")
 SHIMS = Path(__file__).resolve().parent / "shims"
-REPO = Path(__file__).resolve().parents[2]
 
 # the CPU engine's flags, shared with the in-process driver (realengines.sglang.drive)
 ENGINE_ARGS = ["--load-format", "dummy", "--device", "cpu", "--attention-backend", "torch_native",
@@ -31,13 +31,8 @@ ENGINE_ARGS = ["--load-format", "dummy", "--device", "cpu", "--attention-backend
 def environment(trace_prefix: str | None = None) -> dict:
     """The process environment: shims on PYTHONPATH (every child process loads them), one OpenMP
     thread, no CUDA device; ``OVERLAP_SIM_TRACE`` when tracing."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(SHIMS), str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.update({"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
-    env.pop("OVERLAP_SIM_TRACE", None)
-    if trace_prefix:
-        env["OVERLAP_SIM_TRACE"] = trace_prefix
-    return env
+    return server_environment(SHIMS, trace_prefix,
+                              {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
 
 
 def command(model_dir: str, setting: str, extra_args: list[str], port: int,

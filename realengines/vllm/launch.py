@@ -14,13 +14,14 @@ import os
 import sys
 from pathlib import Path
 
+from realengines.launching import server_environment
+
 API = "openai"
 READY_PATH = "/v1/models"
 FLUSH_PATH = "/reset_prefix_cache"
 SETTINGS = ("async", "sync")
 SERVED_MODEL_NAME = "default"  # the name realengines.client asks for
 SHIMS = Path(__file__).resolve().parent / "shims"
-REPO = Path(__file__).resolve().parents[2]
 ENGINE_ARGS = ["--load-format", "dummy", "--dtype", "float32", "--served-model-name", SERVED_MODEL_NAME]
 KV_CACHE_GIB = "1"
 
@@ -28,17 +29,14 @@ KV_CACHE_GIB = "1"
 def environment(setting: str, trace_prefix: str | None = None) -> dict:
     """The process environment: shims on PYTHONPATH (every child process loads them), the KV cache
     size, ``OVERLAP_SIM_VLLM_ASYNC`` for ``async``, ``OVERLAP_SIM_TRACE`` when tracing."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(SHIMS), str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    env["VLLM_SERVER_DEV_MODE"] = "1"  # serves POST /reset_prefix_cache (vllm/entrypoints/serve/dev/)
-    env.pop("OVERLAP_SIM_TRACE", None)
+    env = server_environment(SHIMS, trace_prefix, {
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB),
+        "CUDA_VISIBLE_DEVICES": "",
+        "VLLM_SERVER_DEV_MODE": "1",  # serves POST /reset_prefix_cache (vllm/entrypoints/serve/dev/)
+    })
     env.pop("OVERLAP_SIM_VLLM_ASYNC", None)
     if setting == "async":
         env["OVERLAP_SIM_VLLM_ASYNC"] = "1"
-    if trace_prefix:
-        env["OVERLAP_SIM_TRACE"] = trace_prefix
     return env
 
 

@@ -82,15 +82,15 @@ class ResultsMixin:
         return len(finished)
 
     def _complete(self, req: Req, t: float) -> None:
-        req.status = FINISHED
-        req.finish_s = t
-        self.num_done += 1
-        self.recorder.request(req)
-        self.on_finish(req.rid, t)
+        self._settle(req, t, FINISHED)
 
     def _fail(self, req: Req, t: float, failure: str) -> None:
-        req.status = FAILED
         req.failure = failure
+        self._settle(req, t, FAILED)
+
+    def _settle(self, req: Req, t: float, status) -> None:
+        """The request leaves the server at ``t`` with ``status``: recorded, its client told."""
+        req.status = status
         req.finish_s = t
         self.num_done += 1
         self.recorder.request(req)

@@ -74,16 +74,16 @@ class ResultsMixin:
             self.running.remove(req)
         self.kv.free(req)
         self.finished_req_ids.add(req.rid)
-        req.status = FINISHED
-        req.finish_s = t
-        self.num_done += 1
-        self.recorder.request(req)
-        self.on_finish(req.rid, t)
+        self._settle(req, t, FINISHED)
 
     def fail(self, req: Request, t: float, failure: str) -> None:
         """A request that never reaches the scheduler (rejected by the API server)."""
-        req.status = FAILED
         req.failure = failure
+        self._settle(req, t, FAILED)
+
+    def _settle(self, req: Request, t: float, status) -> None:
+        """The request leaves the server at ``t`` with ``status``: recorded, its client told."""
+        req.status = status
         req.finish_s = t
         self.num_done += 1
         self.recorder.request(req)

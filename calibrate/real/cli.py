@@ -155,7 +155,10 @@ def run_validate(args: argparse.Namespace) -> int:
     result = validate(engine, model, args.profile, out, plan, report=_report,
                       command=shlex.join(["overlap-sim", *sys.argv[1:]]))
     if args.json:
-        print(json.dumps({k: result[k] for k in ("median_abs_error", "speedup_max_abs_error_pp")}))
+        keys = ("median_abs_error", "speedup_max_abs_error_pp")
+        print(json.dumps({**{k: result[k] for k in keys},
+                          "drift_corrected": {k: result["drift_corrected"][k] for k in keys}
+                          if "drift_corrected" in result else None}))
         return 0
     for case in result["cases"]:
         for setting, v in case["settings"].items():
@@ -168,5 +171,12 @@ def run_validate(args: argparse.Namespace) -> int:
                   f"[{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}], predicted {s['predicted']:.3f}")
     errs = result["median_abs_error"]
     print("median |error|: " + ", ".join(f"{k} {v * 100:.1f}%" for k, v in errs.items()))
+    if fixed := result.get("drift_corrected"):
+        errs = fixed["median_abs_error"]
+        print("median |error| with the host's drift since calibration corrected (host speed probes): "
+              + ", ".join(f"{k} {v * 100:.1f}%" for k, v in errs.items())
+              + f"; speedup max |error| {fixed['speedup_max_abs_error_pp']:.1f} pp")
+    else:
+        print("no drift correction: the profile or a session has no host speed probe (calibrate.hostspeed)")
     print(f"results: {out / 'validation.json'}")
     return 0

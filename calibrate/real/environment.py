@@ -108,6 +108,48 @@ def run_module(engine: Engine, module: str, args: list[str], log: Path, timeout_
                            f"log {log}:\n{tail}")
 
 
+def probe_host_speed(engine: Engine, out: Path, timeout_s: float = 300) -> dict:
+    """Run the host speed probe (:mod:`calibrate.hostspeed`) in the engine's environment (its
+    interpreter and torch, one OpenMP thread); write its reading to ``out`` and return it.
+
+    Raises:
+        RuntimeError: the probe failed in the engine's environment.
+    """
+    import json
+
+    run_module(engine, "calibrate.hostspeed", [str(out)], out.with_suffix(".log"), timeout_s=timeout_s)
+    return json.loads(out.read_text())
+
+
+def run_probed(engine: Engine, probe_path: Path, run) -> None:
+    """``run()`` between two host speed probes; ``probe_path`` gets ``{"before": reading,
+    "after": reading}`` once both are taken (so a run that failed leaves no reading).
+
+    Raises:
+        RuntimeError: the probe or ``run`` failed.
+    """
+    import json
+
+    probe_path.unlink(missing_ok=True)
+    tmp = probe_path.with_name(probe_path.stem + ".before.json")
+    before = probe_host_speed(engine, tmp)
+    run()
+    after = probe_host_speed(engine, probe_path.with_name(probe_path.stem + ".after.json"))
+    probe_path.write_text(json.dumps({"before": before, "after": after}) + "\n")
+
+
+def read_probes(paths) -> list[dict]:
+    """The readings (before and after) of every probe file of ``paths`` that exists."""
+    import json
+
+    out: list[dict] = []
+    for path in paths:
+        if Path(path).exists():
+            d = json.loads(Path(path).read_text())
+            out += [d["before"], d["after"]]
+    return out
+
+
 def _kill_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
     """SIGTERM the module's process group (a server session then stops its server), SIGKILL it
     after ``grace_s``."""

@@ -33,7 +33,7 @@ from typing import Callable
 
 from calibrate.errors import CalibrationInputError
 from calibrate.real import sglang_trace
-from calibrate.real.environment import Engine, model_metadata, run_module
+from calibrate.real.environment import Engine, model_metadata, read_probes, run_module, run_probed
 from calibrate.real.jobs import Prompts, request
 
 
@@ -202,8 +202,9 @@ def run_job(engine: Engine, job: dict, folder: Path, name: str, report: Callable
     job_path.write_text(text)
     out.unlink(missing_ok=True)
     report(f"{name}: running SGLang's scheduler in-process ({len(job['requests'])} requests)")
-    run_module(engine, "realengines.sglang.drive", [str(job_path), str(out)], folder / f"{name}.log",
-               timeout_s=DRIVER_TIMEOUT_S)
+    run_probed(engine, folder / f"{name}.hostspeed.json",
+               lambda: run_module(engine, "realengines.sglang.drive", [str(job_path), str(out)],
+                                  folder / f"{name}.log", timeout_s=DRIVER_TIMEOUT_S))
     return out
 
 
@@ -221,6 +222,7 @@ def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, folder: 
         CalibrationInputError: a grid the server cannot run, or points without samples.
         RuntimeError: the driver failed in the SGLang environment.
     """
+    from calibrate.hostspeed import mean_reading
     from calibrate.profile import build_profile
 
     grid.check()
@@ -244,6 +246,8 @@ def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, folder: 
     # the fewest samples any point has (a prefill point is measured extend_repeats times, a
     # decode point once per decode step of its waves)
     metadata_["repeats"] = min(len(s["times_s"]) for s in merged.values())
+    if probes := read_probes(folder / f"calibrate-{s}.hostspeed.json" for s in settings):
+        metadata_["host_speed"] = mean_reading(probes)
     return build_profile(metadata_, list(merged.values()))
 
 

@@ -22,7 +22,7 @@ from typing import Callable
 
 from calibrate.errors import CalibrationInputError
 from calibrate.real import server_runs, sglang_trace
-from calibrate.real.environment import Engine, run_module
+from calibrate.real.environment import Engine, read_probes, run_module, run_probed
 from calibrate.real.jobs import Workload
 
 SERVER_ARGS = ("--context-length", "2048", "--max-running-requests", "16", "--mem-fraction-static", "0.05")
@@ -42,6 +42,7 @@ CONFIGS = (
              shared_prefix=512, seed=3),
 )
 SESSION_TIMEOUT_S = 3600  # one server session: a few minutes here
+PROBE_FILE = "host_speed.json"  # a session's host speed probes (calibrate.hostspeed), before and after it
 METRICS = ("output_throughput", "median_tpot_ms", "median_ttft_ms", "median_itl_ms")
 
 
@@ -89,8 +90,9 @@ def run_sessions(engine: Engine, model_dir: Path, plan: Plan, out: Path, report:
             old.unlink()
         (folder.parent / f"{setting}-{r}.json").write_text(json.dumps(spec))
         report(f"session {setting} repeat {r + 1}/{plan.repeats}: server start and {len(plan.configs)} loads")
-        run_module(engine, "realengines.server", [str(folder.parent / f"{setting}-{r}.json"), str(folder)],
-                   folder.parent / f"{setting}-{r}.log", timeout_s=SESSION_TIMEOUT_S)
+        run_probed(engine, folder / PROBE_FILE,
+                   lambda: run_module(engine, "realengines.server", [str(folder.parent / f"{setting}-{r}.json"),
+                                      str(folder)], folder.parent / f"{setting}-{r}.log", timeout_s=SESSION_TIMEOUT_S))
 
 
 LIMIT_KEYS = ("max_total_num_tokens", "chunked_prefill_size", "max_running_requests", "page_size")
@@ -210,14 +212,61 @@ def _ci95(values: list[float]) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
+def _speedup(a_runs: list[float], b_runs: list[float], predicted: float, of: str) -> dict:
+    """The measured a/b throughput ratio (paired by repeat) with its 95% interval, against ``predicted``."""
+    mean, lo, hi = _ci95([x / y for x, y in zip(a_runs, b_runs)])
+    return {"of": of, "measured_mean": mean, "ci95": [lo, hi], "predicted": predicted,
+            "inside_ci": bool(lo <= predicted <= hi) if lo == lo else None, "error_pp": (predicted - mean) * 100}
+
+
+def _summary(cases: list[dict], settings: tuple[str, ...]) -> dict:
+    return {"median_abs_error": {m: statistics.median(abs(c["settings"][s]["error"][m]) for c in cases
+                                                       for s in settings) for m in METRICS},
+            "speedup_max_abs_error_pp": max((abs(c["speedup"]["error_pp"]) for c in cases if "speedup" in c),
+                                            default=math.nan)}
+
+
+def session_drift(out: Path, plan: Plan, profile: dict) -> dict[tuple[int, str], dict] | None:
+    """(repeat, setting) -> the drift of the host from the calibration to that session:
+    ``{"cpu": x, "gpu": y}`` (:func:`calibrate.hostspeed.drift` of the mean of the session's
+    probes before and after it, against the profile's ``metadata.host_speed``). None when the
+    profile or a session has no probe readings (recorded before probes existed)."""
+    from calibrate.hostspeed import drift, mean_reading
+
+    reference = profile.get("metadata", {}).get("host_speed")
+    if not reference:
+        return None
+    out_: dict[tuple[int, str], dict] = {}
+    for r, setting in plan.order():
+        readings = read_probes([out / "sessions" / f"{setting}-{r}" / PROBE_FILE])
+        if not readings:
+            return None
+        out_[(r, setting)] = drift(mean_reading(readings), reference)
+    return out_
+
+
+def _scaled(sc: dict, scales: dict) -> dict:
+    """The scenario with the profile's CPU and forward curves multiplied by ``scales``."""
+    costs = {**sc["costs"], "cpu": {"scale": scales["cpu"]}, "gpu": {"scale": scales["gpu"]}}
+    return {**sc, "costs": costs}
+
+
 def compare(out: Path, plan: Plan, profile: Path) -> dict:
     """Measured (per repeat and median) against predicted, per configuration and setting, and
-    the overlap/normal speedup with its 95% interval over the repeats (paired by repeat)."""
+    the overlap/normal speedup with its 95% interval over the repeats (paired by repeat).
+
+    With host speed probes in the profile and every session (:mod:`calibrate.hostspeed`), the
+    result also holds ``drift_corrected``: the same comparison with each session predicted from
+    the profile scaled by the host's drift from calibration to that session (CPU curves by the
+    Python probe's ratio, forward by the torch probe's), the prediction of a setting the median
+    of its sessions' predictions, the predicted speedup the mean of the per-repeat ratios."""
     import sim
 
-    cases = []
+    drifts = session_drift(out, plan, json.loads(Path(profile).read_text()))
+    cases, corrected = [], []
     for config in plan.configs:
         runs = {s: [] for s in plan.settings}
+        preds = {s: [] for s in plan.settings}
         rows = None
         for r, setting in plan.order():
             summary, rows_r = measured_run(out / "sessions" / f"{setting}-{r}", config, plan.engine)
@@ -226,6 +275,7 @@ def compare(out: Path, plan: Plan, profile: Path) -> dict:
         limits = server_limits(out / "sessions" / f"{plan.settings[0]}-0")
         sc = scenario(config, rows, profile, plan.settings, out, limits, plan.engine)
         case = {"name": config.name, "config": asdict(config), "settings": {}}
+        fixed = {"name": config.name, "settings": {}}
         for setting in plan.settings:
             pred = sim.simulate(sc, setting).summary()
             meas = {m: statistics.median(run[m] for run in runs[setting]) for m in METRICS}
@@ -233,21 +283,30 @@ def compare(out: Path, plan: Plan, profile: Path) -> dict:
                 "measured": meas, "predicted": {m: pred[m] for m in METRICS},
                 "error": {m: pred[m] / meas[m] - 1 for m in METRICS},
                 "runs": [{m: run[m] for m in METRICS} for run in runs[setting]]}
+            if drifts:
+                scales = [drifts[(r, setting)] for r in range(plan.repeats)]
+                preds[setting] = [sim.simulate(_scaled(sc, x), setting).summary() for x in scales]
+                med = {m: statistics.median(p[m] for p in preds[setting]) for m in METRICS}
+                fixed["settings"][setting] = {"measured": meas, "predicted": med,
+                                              "error": {m: med[m] / meas[m] - 1 for m in METRICS},
+                                              "drift": scales, "runs_predicted": [{m: p[m] for m in METRICS}
+                                                                                  for p in preds[setting]]}
         if len(plan.settings) == 2:
             a, b = plan.settings
-            ratios = [x["output_throughput"] / y["output_throughput"] for x, y in zip(runs[a], runs[b])]
-            mean, lo, hi = _ci95(ratios)
-            pred = case["settings"][a]["predicted"]["output_throughput"] / case["settings"][b]["predicted"]["output_throughput"]
-            case["speedup"] = {"of": f"{a}/{b}", "measured_mean": mean, "ci95": [lo, hi], "predicted": pred,
-                               "inside_ci": bool(lo <= pred <= hi) if lo == lo else None,
-                               "error_pp": (pred - mean) * 100}
+            thr = {s: [x["output_throughput"] for x in runs[s]] for s in plan.settings}
+            pa, pb = (case["settings"][s]["predicted"]["output_throughput"] for s in (a, b))
+            case["speedup"] = _speedup(thr[a], thr[b], pa / pb, f"{a}/{b}")
+            if drifts:
+                ratio = statistics.fmean(x["output_throughput"] / y["output_throughput"]
+                                         for x, y in zip(preds[a], preds[b]))
+                fixed["speedup"] = _speedup(thr[a], thr[b], ratio, f"{a}/{b}")
         cases.append(case)
-    errors = {m: statistics.median(abs(c["settings"][s]["error"][m]) for c in cases for s in plan.settings)
-              for m in METRICS}
-    return {"cases": cases, "median_abs_error": errors,
-            "speedup_max_abs_error_pp": max((abs(c["speedup"]["error_pp"]) for c in cases if "speedup" in c),
-                                            default=math.nan),
-            "plan": {"settings": list(plan.settings), "repeats": plan.repeats, "server_args": list(plan.server_args)}}
+        corrected.append(fixed)
+    result = {"cases": cases, **_summary(cases, plan.settings),
+              "plan": {"settings": list(plan.settings), "repeats": plan.repeats, "server_args": list(plan.server_args)}}
+    if drifts:
+        result["drift_corrected"] = {"cases": corrected, **_summary(corrected, plan.settings)}
+    return result
 
 
 def validate(engine: Engine, model_dir: Path, profile: Path, out: Path, plan: Plan,

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Callable
 
 from calibrate.real import vllm_trace
-from calibrate.real.environment import Engine, model_metadata, run_module
+from calibrate.real.environment import Engine, model_metadata, read_probes, run_module, run_probed
 from calibrate.real.jobs import Prompts, request
 
 SESSION_TIMEOUT_S = 3600
@@ -142,8 +142,9 @@ def run_session(engine: Engine, model_dir: Path, grid: VllmGrid, setting: str, f
         for old in out.glob("*"):
             old.unlink()
     report(f"{setting}: real vLLM server, {len(spec['loads'])} loads")
-    run_module(engine, "realengines.server", [str(spec_path), str(out)], folder / f"{setting}.log",
-               timeout_s=SESSION_TIMEOUT_S)
+    run_probed(engine, folder / f"{setting}.hostspeed.json",
+               lambda: run_module(engine, "realengines.server", [str(spec_path), str(out)],
+                                  folder / f"{setting}.log", timeout_s=SESSION_TIMEOUT_S))
     return out
 
 
@@ -155,6 +156,7 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
         ProfileError: a curve without samples or a grid with holes (the message names it).
         RuntimeError: the server failed in the vLLM environment.
     """
+    from calibrate.hostspeed import mean_reading
     from calibrate.measure import host_cpu
     from calibrate.profile import build_profile
     from sim.engines.vllm.costs import VLLM_CURVES
@@ -185,6 +187,8 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
             "warmup": 0, "quick": False, "settings": list(settings), "base_setting": settings[0],
             "command": command, "timing": "wall seconds (perf_counter) of vLLM's own functions in the server's "
             "processes; dispatch, roundtrip and collect are the intervals between them (sync)"}
+    if probes := read_probes(folder / f"{s}.hostspeed.json" for s in settings):
+        meta["host_speed"] = mean_reading(probes)
     return build_profile(meta, smp_list, VLLM_CURVES)
 
 

@@ -54,6 +54,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="tables kept: steps (all, exact metrics), summary (per-request only; streamed metrics), "
                         "none (no tables; memory bounded by requests in flight)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    from sim.whatif.verdict import add_run_cv_argument
+
+    add_run_cv_argument(p)
 
 
 def default_run_folder(name: str, overrides: list[str]) -> Path:
@@ -86,10 +89,12 @@ def run_failures(summaries: dict[str, dict]) -> list[str]:
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.atomic import check_output_dir
     from sim.output.plots import save_run_plots
-    from sim.output.report import clean_run_folder, print_table, run_payload, write_results
+    from sim.output.report import clean_run_folder, print_table, profile_metadata, run_payload, run_title, write_results
     from sim.scenario import load_scenario
     from sim.simulate import simulate
+    from sim.whatif.verdict import check_run_cv, resolve_run_cv, verdict
 
+    check_run_cv(args.run_cv)
     scenario = load_scenario(args.scenario, args.overrides)
     out_dir = check_output_dir(args.out or default_run_folder(scenario.name, args.overrides), "--out")
     results = [simulate(scenario, s, tables=args.tables) for s in scenario.server.settings]
@@ -104,8 +109,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({k: payload[k] for k in ("scenario", "seed", "settings", "ratios")}))
     else:
-        print_table(f"{scenario.name} (seed {scenario.seed}, {scenario.server.device})", summaries,
+        meta = profile_metadata(scenario.resolve_path(scenario.costs.profile)) if scenario.costs.profile else None
+        print_table(run_title(scenario.name, scenario.seed, scenario.server.device, meta), summaries,
                     streamed=args.tables != "steps")
+        found = verdict(summaries, *resolve_run_cv(args.run_cv, scenario.costs.noise))
+        if found is not None:
+            print(found.line())
         if args.tables != "steps" and not args.no_plots:
             print("no plots: they are drawn from the steps tables (--tables steps)")
         print(f"results written to {out_dir}/")

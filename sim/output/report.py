@@ -162,6 +162,32 @@ def print_table(title: str, summaries: dict[str, dict], console: Console | None 
                           f"{at_usage}: {s.get('outcome_reason', '')}")
 
 
+def profile_metadata(path) -> dict | None:
+    """The ``metadata`` object of the calibration profile at ``path`` (None when unreadable: the
+    scenario validated it already, so this only labels the table)."""
+    try:
+        meta = json.loads(Path(path).read_text()).get("metadata")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def run_title(name: str, seed: int, device: str, meta: dict | None) -> str:
+    """The run table's title: scenario, seed, device kind, and the card and model the numbers
+    describe (the profile's ``metadata.device_name`` and ``metadata.model.name``; a profile moved
+    to another card by ``overlap-sim transfer`` says from which card and with what uncertainty)."""
+    head = f"{name} (seed {seed}, {device})"
+    if meta is None:
+        return f"{head}: inline cost terms (no calibration profile)"
+    model = meta.get("model")
+    model_name = model.get("name") if isinstance(model, dict) else model
+    card = str(meta.get("device_name", "unknown device"))
+    moved = meta.get("transfer")
+    if isinstance(moved, dict):
+        card += f" (transferred from {moved.get('from_device_name', '?')}, ±{moved.get('uncertainty_rel', 0):.0%})"
+    return f"{head}: {card}, {model_name or 'unknown model'}"
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (see :func:`sim.atomic.atomic_path`)."""
     with atomic_path(path) as tmp:

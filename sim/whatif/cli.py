@@ -15,6 +15,7 @@ from rich.table import Table
 from sim.commands import command
 from sim.errors import UserInputError
 from sim.output.report import jsonable, ratio_pair
+from sim.whatif.verdict import add_run_cv_argument, check_run_cv, sweep_verdict_line
 
 _err = Console(stderr=True)
 
@@ -36,6 +37,7 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
                    help="Dask scheduler address (--executor dask; default: a local Dask cluster)")
     p.add_argument("--workers", type=int, default=None, help="processes (local) or local Dask workers; default: cores")
     p.add_argument("--no-plots", action="store_true", help="skip the sweep plots")
+    add_run_cv_argument(p)
 
 
 def _print_sweep(table, scenario: str, console: Console) -> None:
@@ -81,6 +83,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     from sim.atomic import check_output_dir
 
+    check_run_cv(args.run_cv)
     scenario = load_scenario(args.scenario, args.overrides)
     grid = parse_grid(args.grid)
     if args.scheduler and args.executor != "dask":
@@ -104,6 +107,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         table = sweep(scenario, grid, args.repeats, out=out, executor=args.executor, workers=args.workers,
                       scheduler=args.scheduler, on_progress=on_progress)
     _print_sweep(table, scenario.name, Console())
+    line = sweep_verdict_line(table, scenario.costs.noise, args.run_cv)
+    if line:
+        print(line)
     if not args.no_plots:
         save_sweep_plots(out, table, scenario.name)
     print(f"{len(table)} rows written to {out}/sweep.parquet and sweep.csv")

@@ -1,0 +1,246 @@
+"""The verdict line of ``run`` and ``sweep``: keep the overlapping loop on, turn it off, or no
+difference a single A/B run could see, with the predicted gain and the noise that would hide it.
+
+The rule (docs/what-if.md#the-verdict-line). One A/B run is one run of each setting on separately
+started servers. Each run's output throughput carries a multiplicative run-to-run noise: lognormal
+with coefficient of variation ``cv`` (the noise model of :mod:`sim.whatif.variance`), so the log
+of a single A/B ratio is normal around the log of the true ratio with standard deviation
+``sqrt(2) * sigma``, ``sigma = sqrt(log(1 + cv**2))``. If the two settings were equal, one A/B run
+would show a ratio inside ``[1/T, T]`` 95% of the time, with the threshold
+
+    T(cv) = exp(z * sqrt(2) * sigma(cv)),  z = 1.95996 (the two-sided 5% normal quantile).
+
+With ``r`` the predicted throughput ratio (overlapping setting / synchronous setting):
+
+- ``r >= T``: keep the overlapping loop on (SGLang: do not pass ``--disable-overlap-schedule``;
+  vLLM: keep ``--async-scheduling``, its default);
+- ``r <= 1/T``: turn it off (``--disable-overlap-schedule``; vLLM ``--no-async-scheduling``);
+- otherwise: no difference a single A/B run could see; the default stays.
+
+The line also gives the largest run-to-run CV at which one A/B run shows the predicted ratio
+(:func:`visible_cv`, the inverse of ``T``) and, when unseen, how many runs of each setting a
+two-sample t-test needs to detect it with 80% power (:func:`sim.whatif.variance.runs_needed`).
+A setting whose server died or whose measured requests all failed loses outright.
+
+``cv``: ``--run-cv`` when given; else the scenario's run-level noise, ``sqrt(run_gpu_cv**2 +
+run_cpu_cv**2)`` (an upper bound of the throughput's CV: each factor scales only its share of a
+step); else :data:`DEFAULT_RUN_CV`, the spread of a clock-locked card on a quiet host
+(docs/what-if.md: 3 runs each detect a 1.1x gain at 2%).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Optional
+
+
+DEFAULT_RUN_CV = 0.02
+Z_TWO_SIDED_95 = 1.959963984540054
+MAX_RUN_CV = 10.0  # --run-cv above this is not a spread but a mistake
+
+# (overlapping setting, synchronous setting, engine's name of the loop, flag to turn it off, note on
+# how to keep it on), first match wins
+PAIRS = (
+    ("overlap", "normal", "overlap", "--disable-overlap-schedule", "do not pass --disable-overlap-schedule"),
+    ("overlap_mlx", "normal", "overlap", "--disable-overlap-schedule", "do not pass --disable-overlap-schedule"),
+    ("async", "sync", "async scheduling", "--no-async-scheduling", "--async-scheduling, vLLM's default"),
+)
+KEEP, OFF, UNSEEN = "keep", "off", "unseen"
+
+
+def threshold_ratio(cv: float) -> float:
+    """``T(cv)``: one A/B run of two equal settings shows a throughput ratio inside ``[1/T, T]``
+    95% of the time (``cv``: run-to-run CV of one run's throughput, >= 0; ``T(0) = 1``)."""
+    return math.exp(Z_TWO_SIDED_95 * math.sqrt(2.0) * math.sqrt(math.log1p(cv * cv)))  # variance.log_sigma
+
+
+def visible_cv(ratio: float) -> float:
+    """The largest run-to-run CV at which one A/B run shows ``ratio`` (> 0) beyond noise: the ``cv``
+    with ``T(cv) = max(ratio, 1/ratio)``; 0 for a ratio of 1."""
+    sigma = abs(math.log(ratio)) / (Z_TWO_SIDED_95 * math.sqrt(2.0))
+    return math.sqrt(math.expm1(sigma * sigma))
+
+
+def decide(ratio: float, cv: float) -> str:
+    """:data:`KEEP`, :data:`OFF` or :data:`UNSEEN` for a predicted throughput ``ratio`` (> 0) of the
+    overlapping setting over the synchronous one at run-to-run CV ``cv``."""
+    t = threshold_ratio(cv)
+    if ratio >= t and ratio > 1.0:
+        return KEEP
+    if ratio <= 1.0 / t and ratio < 1.0:
+        return OFF
+    return UNSEEN
+
+
+def pair_of(settings) -> Optional[tuple]:
+    """The entry of :data:`PAIRS` whose two settings are among ``settings`` (None: no pair)."""
+    names = set(settings)
+    return next((p for p in PAIRS if p[0] in names and p[1] in names), None)
+
+
+def scenario_run_cv(noise) -> Optional[float]:
+    """The run-to-run CV of throughput a scenario's ``costs.noise`` states (``sqrt(run_gpu_cv**2 +
+    run_cpu_cv**2)``), None when it states none."""
+    g, c = float(noise.run_gpu_cv), float(noise.run_cpu_cv)
+    return math.hypot(g, c) if g > 0 or c > 0 else None
+
+
+def _served(summary: dict) -> bool:
+    return summary.get("outcome", "ok") == "ok" and bool(summary.get("completed"))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One comparison's answer.
+
+    Attributes:
+        answer: :data:`KEEP`, :data:`OFF` or :data:`UNSEEN`.
+        pair: the :data:`PAIRS` entry compared.
+        throughput_ratio: output throughput, overlapping / synchronous (NaN when a setting failed).
+        tpot_ms: (overlapping, synchronous) median TPOT in milliseconds (NaN when unknown).
+        run_cv: the run-to-run CV assumed; cv_source: where it came from, in words.
+        failed: the setting that failed outright ('' when both served).
+    """
+
+    answer: str
+    pair: tuple
+    throughput_ratio: float
+    tpot_ms: tuple
+    run_cv: float
+    cv_source: str
+    failed: str = ""
+
+    @property
+    def threshold(self) -> float:
+        return threshold_ratio(self.run_cv)
+
+    def line(self) -> str:
+        """The verdict as one line of text."""
+        num, den, loop, flag, keep_note = self.pair
+        head = {KEEP: f"keep {loop} on ({keep_note})", OFF: f"turn {loop} off ({flag})",
+                UNSEEN: f"no difference a single A/B run could see (keep the default: {loop} on)"}[self.answer]
+        if self.failed:
+            which = f"{flag} ({den})" if self.failed == den else num
+            return (f"verdict: {head}: with {which} the server died or all its measured requests failed in this "
+                    "prediction")
+        r = self.throughput_ratio
+        tn, td = self.tpot_ms
+        tpot = f", TPOT {tn:.3f} vs {td:.3f} ms" if math.isfinite(tn) and math.isfinite(td) else ""
+        gain = f"output throughput {num}/{den} {r:.3f}x ({(r - 1) * 100:+.1f}%){tpot}"
+        see = (f"one A/B run shows it when the run-to-run CV is under {visible_cv(r):.1%}"
+               f" (assumed {self.run_cv:.1%}, {self.cv_source}: beyond {self.threshold:.3f}x)")
+        if self.answer == UNSEEN and r != 1.0:
+            from sim.whatif.variance import runs_needed  # scipy: only when needed
+
+            try:
+                n = runs_needed(self.run_cv, r)
+                see += f"; {n} runs of each setting detect it (80% power)"
+            except ValueError:
+                pass
+        return f"verdict: {head}: {gain}; {see}"
+
+
+def verdict(summaries: dict[str, dict], run_cv: float, cv_source: str) -> Optional[Verdict]:
+    """The verdict of a run's summaries (setting -> summary keys of :mod:`sim.trace.metrics`) at
+    run-to-run CV ``run_cv``; None when the settings hold no pair of :data:`PAIRS` or both failed."""
+    pair = pair_of(summaries)
+    if pair is None:
+        return None
+    a, b = summaries[pair[0]], summaries[pair[1]]
+    tpot = (float(a.get("median_tpot_ms") or math.nan), float(b.get("median_tpot_ms") or math.nan))
+    ok_a, ok_b = _served(a), _served(b)
+    if not (ok_a and ok_b):
+        if not (ok_a or ok_b):
+            return None
+        return Verdict(KEEP if ok_a else OFF, pair, math.nan, tpot, run_cv, cv_source,
+                       failed=pair[1] if ok_a else pair[0])
+    ta, tb = float(a["output_throughput"]), float(b["output_throughput"])
+    if not (ta > 0 and tb > 0):
+        return None
+    ratio = ta / tb
+    return Verdict(decide(ratio, run_cv), pair, ratio, tpot, run_cv, cv_source)
+
+
+def resolve_run_cv(flag: Optional[float], noise) -> tuple[float, str]:
+    """(cv, its source in words): ``--run-cv`` if given, else the scenario's run-level noise, else
+    :data:`DEFAULT_RUN_CV`."""
+    if flag is not None:
+        return float(flag), "--run-cv"
+    stated = scenario_run_cv(noise)
+    if stated is not None:
+        return stated, "the scenario's costs.noise"
+    return DEFAULT_RUN_CV, "a clock-locked card on a quiet host"
+
+
+def add_run_cv_argument(p) -> None:
+    """``--run-cv`` for ``run`` and ``sweep``."""
+    p.add_argument("--run-cv", type=float, default=None, metavar="CV",
+                   help="run-to-run CV of one run's throughput that the verdict assumes (e.g. 0.1; default: the "
+                        f"scenario's costs.noise.run_gpu_cv/run_cpu_cv, else {DEFAULT_RUN_CV})")
+
+
+def check_run_cv(value: Optional[float]) -> None:
+    """Raises :class:`sim.errors.UserInputError` naming ``--run-cv`` unless None or 0..MAX_RUN_CV."""
+    from sim.errors import UserInputError
+
+    if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_RUN_CV):
+        raise UserInputError("--run-cv", "", f"a coefficient of variation from 0 to {MAX_RUN_CV:g} (got {value!r})")
+
+
+def _point_summaries(rows) -> dict[str, dict]:
+    """One setting -> summary per setting over a sweep point's repeats: throughput the geometric mean
+    (so the ratio of two is the geometric mean of the paired ratios), TPOT the mean, served only if
+    every repeat served."""
+    import numpy as np
+
+    out = {}
+    for setting, g in rows.groupby("setting", sort=False):
+        thr = g["output_throughput"].astype(float).to_numpy()
+        served = all(_served({"outcome": o, "completed": c}) for o, c in zip(
+            g["outcome"] if "outcome" in g else ["ok"] * len(g), g["completed"]))
+        out[setting] = {"outcome": "ok" if served else "failed", "completed": int(served),
+                        "output_throughput": float(np.exp(np.log(thr).mean())) if served and (thr > 0).all() else 0.0,
+                        "median_tpot_ms": float(g["median_tpot_ms"].astype(float).mean())}
+    return out
+
+
+def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None) -> Optional[str]:
+    """The verdict of a sweep table (:func:`sim.whatif.sweeps.sweep`) as one line: points grouped by
+    answer, each with its throughput ratio (geometric mean over repeats). ``noise``: the scenario's
+    ``costs.noise``; a grid over ``costs.noise.run_gpu_cv``/``run_cpu_cv`` sets each point's CV.
+    None when the settings hold no pair of :data:`PAIRS`."""
+    from sim.whatif.variance import grid_keys
+
+    keys = grid_keys(table)
+    found = []
+    for point, rows in table.groupby("point", sort=True):
+        values = {k: rows[k].iloc[0] for k in keys}
+        point_noise = SimpleNamespace(**{f: float(values.get(f"costs.noise.{f}", getattr(noise, f)))
+                                         for f in ("run_gpu_cv", "run_cpu_cv")})
+        cv, source = resolve_run_cv(run_cv_flag, point_noise)
+        v = verdict(_point_summaries(rows), cv, source)
+        if v is None:
+            return None
+        found.append((values, v))
+    if len(found) == 1:
+        return found[0][1].line()
+    parts = []
+    for answer in (KEEP, OFF, UNSEEN):
+        mine = [(values, v) for values, v in found if v.answer == answer]
+        if not mine:
+            continue
+        head = mine[0][1].line().split(":", 2)[1].strip()
+        where = ", ".join(
+            " ".join(f"{k}={values[k]}" for k in keys) + (f" ({v.throughput_ratio:.3f}x)" if not v.failed
+                                                          else f" ({v.failed} failed)")
+            for values, v in mine[:8])
+        parts.append(f"{head} at {where}" + (f" and {len(mine) - 8} more points" if len(mine) > 8 else ""))
+    cvs = sorted({round(v.run_cv, 6) for _values, v in found})
+    sources = sorted({v.cv_source for _values, v in found})
+    cv_text = (f"run-to-run CV assumed {cvs[0]:.1%} ({sources[0]}): one A/B run shows a ratio beyond "
+               f"{threshold_ratio(cvs[0]):.3f}x" if len(cvs) == 1 else
+               f"run-to-run CV per point ({', '.join(sources)})")
+    num, den = found[0][1].pair[:2]
+    return f"verdict ({num}/{den} output throughput): " + "; ".join(parts) + f" [{cv_text}]"

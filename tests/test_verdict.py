@@ -1,0 +1,137 @@
+"""The verdict line of run and sweep (sim.whatif.verdict): the threshold by hand, the three answers,
+failed settings, the table's title, and invariants of the rule."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.cli import main
+from sim.output.report import run_title
+from sim.whatif.verdict import (DEFAULT_RUN_CV, KEEP, OFF, UNSEEN, decide, pair_of, resolve_run_cv,
+                                sweep_verdict_line, threshold_ratio, verdict, visible_cv)
+
+Z = 1.959963984540054
+
+
+def _summ(thr, tpot=3.0, completed=56, outcome="ok"):
+    return {"output_throughput": thr, "median_tpot_ms": tpot, "completed": completed, "outcome": outcome}
+
+
+def test_threshold_by_hand():
+    # cv 2%: sigma = sqrt(ln 1.0004) = 0.0199980; T = exp(1.96 * sqrt(2) * sigma) = 1.05700
+    sigma = math.sqrt(math.log(1 + 0.02 ** 2))
+    assert threshold_ratio(0.02) == pytest.approx(math.exp(Z * math.sqrt(2) * sigma))
+    assert threshold_ratio(0.02) == pytest.approx(1.0570, abs=1e-4)
+    # cv 10%: sigma = 0.099751; T = exp(0.27649) = 1.3185
+    assert threshold_ratio(0.1) == pytest.approx(1.3185, abs=1e-4)
+    assert threshold_ratio(0.0) == 1.0
+
+
+def test_visible_cv_by_hand():
+    # the quickstart's 1.099: sigma* = ln(1.099) / (1.96 sqrt 2) = 0.034055; cv* = sqrt(e^(sigma*^2) - 1)
+    s = math.log(1.099) / (Z * math.sqrt(2))
+    assert visible_cv(1.099) == pytest.approx(math.sqrt(math.exp(s * s) - 1))
+    assert visible_cv(1.099) == pytest.approx(0.03406, abs=1e-4)
+    assert visible_cv(1.0) == 0.0
+
+
+def test_three_answers():
+    assert decide(1.099, 0.02) == KEEP
+    assert decide(1 / 1.099, 0.02) == OFF
+    assert decide(1.099, 0.10) == UNSEEN  # the write-up's ~10% spread hides a 1.1x gain
+    assert decide(1.0, 0.0) == UNSEEN     # equal settings: nothing to see even without noise
+    assert decide(1.001, 0.0) == KEEP     # no noise: any gain shows
+
+
+def test_verdict_line_sglang_and_vllm():
+    v = verdict({"overlap": _summ(2529.7, 3.111), "normal": _summ(2302.6, 3.425)}, 0.02, "test")
+    assert v.answer == KEEP and v.throughput_ratio == pytest.approx(2529.7 / 2302.6)
+    line = v.line()
+    assert line.startswith("verdict: keep overlap on (do not pass --disable-overlap-schedule)")
+    assert "1.099x" in line and "TPOT 3.111 vs 3.425 ms" in line and "under 3.4%" in line
+    off = verdict({"overlap": _summ(90.0), "normal": _summ(100.0)}, 0.02, "test")
+    assert off.answer == OFF and "turn overlap off (--disable-overlap-schedule)" in off.line()
+    unseen = verdict({"async": _summ(101.0), "sync": _summ(100.0)}, 0.05, "test")
+    assert unseen.answer == UNSEEN
+    assert "no difference a single A/B run could see" in unseen.line() and "runs of each setting" in unseen.line()
+    keep_vllm = verdict({"async": _summ(120.0), "sync": _summ(100.0)}, 0.02, "test")
+    assert "keep async scheduling on (--async-scheduling" in keep_vllm.line()
+
+
+def test_a_failed_setting_loses():
+    v = verdict({"overlap_mlx": _summ(100.0), "normal": _summ(0.0, math.nan, 0, "server_died")}, 0.02, "test")
+    assert v.answer == KEEP and v.failed == "normal" and "--disable-overlap-schedule (normal)" in v.line()
+    v = verdict({"overlap": _summ(0.0, completed=0), "normal": _summ(100.0)}, 0.02, "test")
+    assert v.answer == OFF and v.failed == "overlap"
+    assert verdict({"overlap": _summ(0.0, completed=0), "normal": _summ(0.0, completed=0)}, 0.02, "t") is None
+    assert verdict({"thread_overlap": _summ(1.0)}, 0.02, "t") is None
+    assert pair_of(["normal", "thread_overlap"]) is None
+
+
+def test_run_cv_source():
+    quiet = SimpleNamespace(run_gpu_cv=0.0, run_cpu_cv=0.0)
+    assert resolve_run_cv(None, quiet) == (DEFAULT_RUN_CV, "a clock-locked card on a quiet host")
+    assert resolve_run_cv(0.1, quiet)[0] == 0.1
+    cv, source = resolve_run_cv(None, SimpleNamespace(run_gpu_cv=0.03, run_cpu_cv=0.04))
+    assert cv == pytest.approx(0.05) and "costs.noise" in source
+
+
+def test_sweep_line_groups_points():
+    rows = []
+    for point, (a, b) in enumerate([(110.0, 100.0), (100.5, 100.0), (80.0, 100.0)]):
+        for repeat in range(2):
+            for setting, thr in (("overlap", a), ("normal", b)):
+                rows.append({"point": point, "workload.concurrency": [1, 8, 64][point], "setting": setting,
+                             "repeat": repeat, "seed": repeat, "output_throughput": thr, "median_tpot_ms": 3.0,
+                             "completed": 10, "outcome": "ok"})
+    line = sweep_verdict_line(pd.DataFrame(rows), SimpleNamespace(run_gpu_cv=0.0, run_cpu_cv=0.0))
+    assert line.startswith("verdict (overlap/normal output throughput): keep overlap on")
+    assert "workload.concurrency=1 (1.100x)" in line and "workload.concurrency=64 (0.800x)" in line
+    assert "no difference a single A/B run could see" in line and "beyond 1.057x" in line
+
+
+def test_title_names_card_and_model():
+    meta = {"device_name": "NVIDIA H200", "model": {"name": "llama-3.2-1b"}}
+    assert run_title("q", 0, "cuda", meta) == "q (seed 0, cuda): NVIDIA H200, llama-3.2-1b"
+    meta["transfer"] = {"from_device_name": "NVIDIA H200", "uncertainty_rel": 0.3}
+    meta["device_name"] = "NVIDIA L4"
+    assert run_title("q", 0, "cuda", meta) == "q (seed 0, cuda): NVIDIA L4 (transferred from NVIDIA H200, ±30%), llama-3.2-1b"
+    assert "no calibration profile" in run_title("q", 0, "cuda", None)
+
+
+def test_run_prints_the_verdict(tmp_path, capsys):
+    assert main(["run", "scenarios/quickstart.yaml", "--no-plots", "--tables", "none", "--out", str(tmp_path / "r"),
+                 "--run-cv", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "quickstart (seed 0, cuda): NVIDIA H200, llama-3.2-1b" in out
+    assert "verdict: no difference a single A/B run could see" in out and "assumed 10.0%, --run-cv" in out
+
+
+def test_bad_run_cv_is_one_line(tmp_path, capsys):
+    assert main(["run", "scenarios/quickstart.yaml", "--out", str(tmp_path / "r"), "--run-cv", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--run-cv" in err and not (tmp_path / "r").exists()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0.2, 5.0), st.floats(0.0, 0.5))
+def test_rule_is_symmetric_and_monotone(ratio, cv):
+    a, b = decide(ratio, cv), decide(1 / ratio, cv)
+    assert (a == KEEP) == (b == OFF) and (a == UNSEEN) == (b == UNSEEN)
+    if a == UNSEEN:  # more noise never makes a difference visible
+        assert decide(ratio, cv * 1.5 + 1e-3) == UNSEEN
+    assert visible_cv(ratio) == pytest.approx(visible_cv(1 / ratio), rel=1e-9, abs=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0.001, 1.0))
+def test_visible_cv_inverts_the_threshold(cv):
+    t = threshold_ratio(cv)
+    assert visible_cv(t) == pytest.approx(cv, rel=1e-9)
+    assert decide(t * 1.0001, cv) == KEEP and decide(t / 1.0001, cv) == UNSEEN

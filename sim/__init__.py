@@ -30,7 +30,6 @@ only to build its parser).
 try:
     from sim.scenario import Scenario, load_scenario
     from sim.simulate import Result, compare, simulate
-    from sim.whatif.sweeps import sweep
 except ModuleNotFoundError as _err:
     # A calibration host (a GPU box with torch, numpy, rich) may lack the simulator's own
     # dependencies; what calibration imports of sim (sim.errors, sim.atomic, sim.model.profile,
@@ -39,3 +38,17 @@ except ModuleNotFoundError as _err:
         raise
 
 __all__ = ["Scenario", "Result", "load_scenario", "simulate", "compare", "sweep"]
+
+
+def __getattr__(name: str):
+    """:func:`sweep`, imported on first use (PEP 562): the sweep module brings pandas, which a
+    plain ``overlap-sim run`` does not need at start-up.
+
+    Raises:
+        AttributeError: ``name`` is not part of the API.
+    """
+    if name == "sweep":
+        from sim.whatif.sweeps import sweep
+        globals()["sweep"] = sweep
+        return sweep
+    raise AttributeError(f"module 'sim' has no attribute {name!r}")

@@ -88,7 +88,6 @@ def run_failures(summaries: dict[str, dict]) -> list[str]:
 @command("run", "simulate a scenario under each scheduling setting and compare them", _add_run_args)
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.atomic import check_output_dir
-    from sim.output.plots import save_run_plots
     from sim.output.report import clean_run_folder, print_table, profile_metadata, run_payload, run_title, write_results
     from sim.scenario import load_scenario
     from sim.simulate import simulate
@@ -104,6 +103,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     clean_run_folder(out_dir)
     write_results(out_dir, payload, results, args.format, args.tables)
     if not args.no_plots and args.tables == "steps":
+        from sim.output.plots import save_run_plots  # matplotlib only when plots are drawn
+
         save_run_plots(out_dir, scenario.name, {r.setting: r.steps for r in results}, summaries,
                        {r.setting: r.requests for r in results})
     if args.json:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 import time
 import zlib
-from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Callable, Union
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from sim.engines.sglang.loops import LOOPS
@@ -25,29 +25,56 @@ from sim.trace.metrics import summarize
 from sim.trace.recorder import FAILURE_KINDS, STEP_COLUMNS, TraceRecorder
 from sim.trace.streaming import StreamingRecorder
 
+if TYPE_CHECKING:  # pandas is imported when a table is built (a streamed run may build none)
+    import pandas as pd
 
-@dataclass
+# a table, or what builds it on first use (a streamed run's empty tables: no pandas until read)
+Table = Union["pd.DataFrame", Callable[[], "pd.DataFrame"]]
+
+
 class Result:
     """The outcome of one simulated run.
 
     Attributes:
         scenario: the scenario that ran; setting: the event loop ('normal', 'overlap', ...).
-        steps, requests, itl: trace tables (schema in :mod:`sim.trace.recorder`), times in seconds.
+        steps, requests, itl: trace tables (schema in :mod:`sim.trace.recorder`), times in seconds;
+            a streamed run's empty tables are built when first read (pandas is not imported
+            before).
         outcome: {'status': 'ok'|'server_died', 'reason': str, 'time_s': float,
             'peak_token_usage': fraction of the KV pool, 'token_usage_at_failure': fraction,
             'retraction_steps', 'retractions' (requests retracted), 'reprefill_tokens',
             'skipped_decodes': ints, 'faults': ids of the release faults that applied,
             'extrapolated_steps': steps priced outside the calibration profile's measured grid}.
+        metrics: the streamed metrics (tables 'summary'/'none'); None: computed from the tables.
+        stats: {'sim_time_s', 'wall_s': seconds, 'steps', 'decode_steps': counts}.
     """
 
-    scenario: Scenario
-    setting: str
-    steps: pd.DataFrame
-    requests: pd.DataFrame
-    itl: pd.DataFrame
-    outcome: dict = field(default_factory=dict)
-    metrics: dict | None = None  # streamed metrics (tables 'summary'/'none'); None: from the tables
-    stats: dict = field(default_factory=dict)
+    def __init__(self, scenario: Scenario, setting: str, steps: Table, requests: Table, itl: Table,
+                 outcome: dict | None = None, metrics: dict | None = None, stats: dict | None = None):
+        self.scenario = scenario
+        self.setting = setting
+        self._tables = {"steps": steps, "requests": requests, "itl": itl}
+        self.outcome = {} if outcome is None else outcome
+        self.metrics = metrics
+        self.stats = {} if stats is None else stats
+
+    def _table(self, name: str) -> pd.DataFrame:
+        table = self._tables[name]
+        if callable(table):  # built on first use
+            table = self._tables[name] = table()
+        return table
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        return self._table("steps")
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        return self._table("requests")
+
+    @property
+    def itl(self) -> pd.DataFrame:
+        return self._table("itl")
 
     def summary(self) -> dict:
         """bench_serving-style metrics (see :mod:`sim.trace.metrics`) plus the run's outcome."""
@@ -143,8 +170,9 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
         return Result(scenario, setting, recorder.steps_frame(), recorder.requests_frame(), recorder.itl_frame(),
                       outcome, stats=stats)
     recorder.finish()
-    return Result(scenario, setting, pd.DataFrame(columns=STEP_COLUMNS), recorder.requests_frame(),
-                  pd.DataFrame(columns=["itl_s", "weight"]), outcome, metrics=recorder.summary(), stats=stats)
+    return Result(scenario, setting, partial(_empty_frame, STEP_COLUMNS),
+                  recorder.requests_frame() if tables == "summary" else recorder.requests_frame,
+                  partial(_empty_frame, ITL_COLUMNS), outcome, metrics=recorder.summary(), stats=stats)
 
 
 def _simulate_vllm(scenario: Scenario, setting: str, tables: str) -> Result:
@@ -164,8 +192,18 @@ def _simulate_vllm(scenario: Scenario, setting: str, tables: str) -> Result:
         return Result(scenario, setting, recorder.steps_frame(), recorder.requests_frame(), recorder.itl_frame(),
                       outcome, stats=stats)
     recorder.finish()
-    return Result(scenario, setting, pd.DataFrame(columns=STEP_COLUMNS), recorder.requests_frame(),
-                  pd.DataFrame(columns=["itl_s", "weight"]), outcome, metrics=recorder.summary(), stats=stats)
+    return Result(scenario, setting, partial(_empty_frame, STEP_COLUMNS),
+                  recorder.requests_frame() if tables == "summary" else recorder.requests_frame,
+                  partial(_empty_frame, ITL_COLUMNS), outcome, metrics=recorder.summary(), stats=stats)
+
+
+ITL_COLUMNS = ["itl_s", "weight"]
+
+
+def _empty_frame(columns: list[str]) -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame(columns=columns)
 
 
 def _run_noise_applied(scenario: Scenario, setting: str) -> Scenario:
@@ -205,6 +243,8 @@ def _serve(env, loop, phases: Phases, server, outcome: dict):
 def compare(scenario: Scenario | str | dict) -> pd.DataFrame:
     """Simulate every setting of ``scenario.server.settings``; one summary row per setting
     (index: setting name)."""
+    import pandas as pd
+
     scenario = load_scenario(scenario)
     rows = {s: simulate(scenario, s).summary() for s in scenario.server.settings}
     return pd.DataFrame.from_dict(rows, orient="index")

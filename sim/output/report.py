@@ -8,14 +8,16 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
 from sim.atomic import atomic_path
 from sim.trace.metrics import SUMMARY_KEYS
+
+if TYPE_CHECKING:  # tables arrive as DataFrames; a streamed run need not import pandas
+    import pandas as pd
 
 RATIO_BASELINE = "normal"
 # (the setting that overlaps CPU work with the forward, its synchronous baseline), per engine:

@@ -11,9 +11,12 @@ the gap distribution but counted in ``gpu_idle_fraction``.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # the tables are DataFrames; pandas is imported by whoever built them
+    import pandas as pd
 
 SUMMARY_KEYS = [
     "completed", "failed", "duration_s", "request_throughput", "output_throughput",

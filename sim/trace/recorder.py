@@ -18,8 +18,12 @@ itl (weighted inter-token latencies of measured requests):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from sim.model.batch import FINISHED, Batch, Req
 from sim.model.costs import KIND_NAMES
@@ -68,13 +72,19 @@ class TraceRecorder:
         self._itl_weights.append(weight)
 
     def steps_frame(self) -> pd.DataFrame:
+        import pandas as pd  # deferred: a streamed run never builds a table
+
         df = pd.DataFrame(self._steps, columns=STEP_COLUMNS)
         df["kind"] = pd.Categorical.from_codes(df["kind"].to_numpy(dtype=np.int8), categories=list(KIND_NAMES))
         return df.sort_values("seq", kind="stable").reset_index(drop=True)
 
     def requests_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
         return pd.DataFrame(self._requests, columns=REQUEST_COLUMNS).sort_values("rid").reset_index(drop=True)
 
     def itl_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
         return pd.DataFrame({"itl_s": np.asarray(self._itl_values, dtype=np.float64),
                              "weight": np.asarray(self._itl_weights, dtype=np.int64)})

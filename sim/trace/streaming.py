@@ -11,9 +11,12 @@ forward start minus the previous step's forward end.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import pandas as pd
 from ddsketch import DDSketch
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from sim.model.batch import FINISHED, Batch, Req
 from sim.trace.metrics import SUMMARY_KEYS
@@ -152,6 +155,8 @@ class StreamingRecorder:
 
     def requests_frame(self) -> pd.DataFrame:
         if self._rows is None:
+            import pandas as pd  # deferred: ``tables: none`` builds no table unless asked
+
             return pd.DataFrame(columns=REQUEST_COLUMNS)
         return self._rows.requests_frame()
 

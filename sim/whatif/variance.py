@@ -16,11 +16,12 @@ mean ratio.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
-import pandas as pd
-from scipy import stats
+
+if TYPE_CHECKING:  # pandas and scipy are imported where used: a run's verdict needs neither at start-up
+    import pandas as pd
 
 DEFAULT_METRICS = ("output_throughput", "median_ttft_ms", "median_itl_ms", "mean_gap_ms", "gpu_idle_fraction")
 
@@ -76,6 +77,8 @@ def log_ratio_interval(ratios: Sequence[float], level: float = 0.95, method: str
 
     ``method``: ``"t"`` (Student t-interval on the log ratios) or ``"bootstrap"`` (percentile
     bootstrap of the mean log ratio, ``n_boot`` resamples, seeded)."""
+    from scipy import stats  # deferred: SciPy takes a while to import
+
     logs = np.log(np.asarray(ratios, dtype=np.float64))
     logs = logs[np.isfinite(logs)]
     n = len(logs)
@@ -110,6 +113,8 @@ def ratio_ci(table: pd.DataFrame, metric: str = "output_throughput", num: str = 
         values = values if isinstance(values, tuple) else (values,)
         rows.append({**dict(zip(keys, values)), "n": len(group), "ratio": centre, "ci_low": lo, "ci_high": hi,
                      "level": level, "method": method})
+    import pandas as pd
+
     return pd.DataFrame(rows)
 
 
@@ -122,6 +127,8 @@ def single_run_tail(cv: float, true_ratio: float, observed_ratio: float) -> floa
     """Probability that one A/B pair (one run per setting, independent servers with run-to-run
     CV ``cv`` each) shows a ratio at least as far from ``true_ratio`` as ``observed_ratio`` is,
     on the log scale, in either direction (a two-sided tail probability)."""
+    from scipy import stats  # deferred: SciPy takes a while to import
+
     if cv <= 0:
         return 1.0 if observed_ratio == true_ratio else 0.0
     sd = math.sqrt(2) * log_sigma(cv)  # log of a ratio of two independent runs
@@ -137,6 +144,8 @@ def runs_needed(cv: float, effect: float = 1.1, alpha: float = 0.05, power: floa
 
     Raises:
         ValueError: ``effect == 1`` (nothing to detect) or not reachable within ``max_runs``."""
+    from scipy import stats  # deferred: SciPy takes a while to import
+
     delta = abs(math.log(effect))
     if delta == 0:
         raise ValueError("effect must differ from 1")

@@ -1,4 +1,5 @@
-"""Subcommands for what-if analysis: ``sweep``, ``trace``, ``gaps``, ``log`` and ``plots``."""
+"""Subcommands for what-if analysis: ``sweep``, ``trace``, ``gaps``, ``log`` and ``plots`` (and, from
+:mod:`sim.whatif.transfer_cli`, ``transfer``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from sim.commands import command
 from sim.errors import UserInputError
 from sim.output.report import jsonable, ratio_pair
 from sim.whatif.verdict import add_run_cv_argument, check_run_cv, sweep_verdict_line
+from sim.whatif import transfer_cli  # noqa: F401  registers `overlap-sim transfer`
 
 _err = Console(stderr=True)
 

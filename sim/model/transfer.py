@@ -1,0 +1,230 @@
+"""Moving a measured SGLang calibration profile from the card it was measured on to another card
+(``overlap-sim transfer``), from the cards' public specs (:mod:`sim.model.cards`).
+
+Every forward point of the profile (``forward.decode`` at batch size x context, ``forward.extend``
+at new tokens x cached prefix) has a floating-point work ``F`` and a memory traffic ``B`` computed
+from the model's shape in ``metadata.model`` (``P`` parameters of ``w`` bytes each, ``L`` layers,
+``H`` query heads of width ``d``, ``kv`` bytes of K and V per token over all layers):
+
+- decode of ``n`` requests over ``c`` keys each: ``F = 2 P n + 4 L H d n c``,
+  ``B = P w + n c kv`` (every weight and every request's cache read once);
+- prefill of ``t`` new tokens after ``p`` cached: ``F = 2 P t + 4 L H d t (p + (t + 1) / 2)``,
+  ``B = P w + (p + t) kv``.
+
+Its roofline time on a card of peak bandwidth ``BW`` and peak dense BF16 throughput ``C`` is
+``R = max(F / (eta C), B / (eta BW))``, ``eta`` (default :data:`EFFICIENCY`) the share of peak a
+well-tuned kernel reaches. Two methods:
+
+- ``roofline`` (default): the measured time ``t`` is roofline time plus a rest (kernel launches,
+  synchronisation, small kernels) that does not depend on the card: ``t' = (t - R) + R'``; where
+  ``t < R`` (the step ran faster than ``eta`` of peak) all of it scales: ``t' = t R' / R``. A
+  memory-bound step (decode) thus scales by the bandwidth ratio, a compute-bound one (a long
+  prefill) by the compute ratio, and a latency-bound one barely.
+- ``ratio``: the whole forward scales: decode by ``BW / BW'``, prefill by ``C / C'``.
+
+Host phases (``recv``, ``schedule.*``, ``launch.*``, ``process.*``, ``submit.*``) are divided by
+``host_speed``, the target host's single-thread speed over the source host's (default 1: the
+same host CPU; a stated input, not looked up). Samples and ``setting_curves`` are scaled alike.
+A card without a published compute figure (Apple) is given ``C' = C BW' / BW``. The metadata
+records the transfer (``metadata.transfer``) with its stated relative uncertainty
+(:data:`UNCERTAINTY_REL`, docs/transfer.md gives the reasoning) and how far the two methods are
+apart on this profile's grid (``method_spread_rel``).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Optional
+
+from sim.errors import ProfileError
+from sim.model.cards import CARDS, Card, find_card
+from sim.model.profile import SGLANG_CURVES, validate_profile
+
+EFFICIENCY = 0.8
+UNCERTAINTY_REL = 0.3
+METHODS = ("roofline", "ratio")
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+FORWARD_AXES = {"forward.decode": ("num_reqs", "ctx"), "forward.extend": ("num_tokens", "prefix")}
+
+
+def model_terms(meta: dict, source: str) -> dict:
+    """``P``, ``w``, ``L``, ``H``, ``d`` and ``kv`` (bytes of K and V per token over all layers) of a
+    profile's ``metadata`` (``model`` sizes, ``params`` or computed from the sizes, ``dtype``).
+
+    Raises:
+        ProfileError: a size missing or not a positive integer, an unknown dtype."""
+    model = meta.get("model")
+    if not isinstance(model, dict):
+        raise ProfileError(source, "metadata.model", "the model's sizes (layers, hidden, heads, kv_heads, vocab)")
+    sizes = {}
+    for key in ("layers", "hidden", "heads", "kv_heads", "vocab"):
+        v = model.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ProfileError(source, f"metadata.model.{key}", f"a positive integer (got {v!r})")
+        sizes[key] = v
+    d = model.get("head_dim") or sizes["hidden"] // sizes["heads"]
+    inter = model.get("intermediate") or -(-int(8 * sizes["hidden"] / 3) // 64) * 64
+    params = meta.get("params")
+    if isinstance(params, bool) or not isinstance(params, int) or params < 1:
+        h = sizes["hidden"]
+        attn = h * (sizes["heads"] + 2 * sizes["kv_heads"]) * d + sizes["heads"] * d * h
+        head = 0 if model.get("tie_embeddings") else sizes["vocab"] * h
+        params = sizes["layers"] * (attn + 3 * h * inter) + sizes["vocab"] * h + head
+    dtype = meta.get("dtype", "bfloat16")
+    if dtype not in DTYPE_BYTES:
+        raise ProfileError(source, "metadata.dtype", f"one of {', '.join(DTYPE_BYTES)} (got {dtype!r})")
+    w = DTYPE_BYTES[dtype]
+    return {"P": params, "w": w, "L": sizes["layers"], "H": sizes["heads"], "d": d,
+            "kv": 2 * sizes["layers"] * sizes["kv_heads"] * d * w}
+
+
+def work(curve: str, a: float, b: float, m: dict) -> tuple[float, float]:
+    """(flops, bytes) of one forward point (``curve``: ``forward.decode`` at ``a`` requests x ``b``
+    keys, ``forward.extend`` at ``a`` new tokens after ``b`` cached); ``m`` from :func:`model_terms`."""
+    attn = 4 * m["L"] * m["H"] * m["d"]
+    if curve == "forward.decode":
+        return 2 * m["P"] * a + attn * a * b, m["P"] * m["w"] + a * b * m["kv"]
+    return 2 * m["P"] * a + attn * a * (b + (a + 1) / 2), m["P"] * m["w"] + (a + b) * m["kv"]
+
+
+def roofline_s(flops: float, nbytes: float, bandwidth_bytes_s: float, flops_s: float,
+               efficiency: float = EFFICIENCY) -> float:
+    """Seconds of a forward doing ``flops`` and moving ``nbytes`` at ``efficiency`` of the peaks."""
+    return max(flops / (efficiency * flops_s), nbytes / (efficiency * bandwidth_bytes_s))
+
+
+def _compute(card: Card, other: Card) -> float:
+    if card.bf16_flops is not None and other.bf16_flops is not None:
+        return card.bf16_flops
+    # no published figure on one side: both cards are given the same compute-to-bandwidth balance
+    ref = other if other.bf16_flops is not None else card if card.bf16_flops is not None else None
+    if ref is None:
+        return card.bandwidth_bytes_s * 100.0  # neither published: 100 flops per byte on both sides
+    return ref.bf16_flops * card.bandwidth_bytes_s / ref.bandwidth_bytes_s
+
+
+def forward_time_s(t_s: float, curve: str, a: float, b: float, m: dict, src: Card, dst: Card,
+                   method: str = "roofline", efficiency: float = EFFICIENCY) -> float:
+    """One measured forward time ``t_s`` on ``src`` moved to ``dst`` (see the module docstring)."""
+    c_src, c_dst = _compute(src, dst), _compute(dst, src)
+    if method == "ratio":
+        if curve == "forward.decode":
+            return t_s * src.bandwidth_bytes_s / dst.bandwidth_bytes_s
+        return t_s * c_src / c_dst
+    flops, nbytes = work(curve, a, b, m)
+    r_src = roofline_s(flops, nbytes, src.bandwidth_bytes_s, c_src, efficiency)
+    r_dst = roofline_s(flops, nbytes, dst.bandwidth_bytes_s, c_dst, efficiency)
+    if t_s < r_src:
+        return t_s * r_dst / r_src
+    return t_s - r_src + r_dst
+
+
+def _scale_curve(c: dict, name: str, fn) -> dict:
+    """A copy of a stored curve with every node's time ``fn(time, coordinates...)``."""
+    out = copy.deepcopy(c)
+    grid, values = c["grid"], c["values_s"]
+    if len(grid) == 1:
+        out["values_s"] = [fn(v, x) for x, v in zip(grid[0], values)]
+    else:
+        out["values_s"] = [[fn(v, x, y) for y, v in zip(grid[1], row)] for x, row in zip(grid[0], values)]
+    out.pop("linear", None)  # the fitted summary no longer describes the values
+    return out
+
+
+def transfer_profile(profile: dict, to: str, *, source: str = "<profile>", from_card: Optional[str] = None,
+                     host_speed: float = 1.0, method: str = "roofline", efficiency: float = EFFICIENCY) -> dict:
+    """A copy of a validated SGLang ``profile`` moved to card ``to`` (a key of
+    :data:`sim.model.cards.CARDS` or a card name).
+
+    Args:
+        from_card: the card it was measured on (default: ``metadata.device_name`` looked up).
+        host_speed: target host single-thread speed / source host's (> 0; 2 = phases take half).
+        method: ``roofline`` or ``ratio``. efficiency: ``eta``, in (0, 1].
+
+    Returns:
+        The new profile: ``metadata.device_name`` the target's name, ``metadata.transfer`` the
+        record (from/to, ratios, method, host_speed, ``uncertainty_rel``, ``method_spread_rel``).
+
+    Raises:
+        ProfileError: unknown card names (``--to``, ``--from``, or ``metadata.device_name``
+            without ``--from``), a profile of another engine, model sizes missing; ValueError: bad
+            ``host_speed``, ``method`` or ``efficiency``.
+    """
+    if not (math.isfinite(host_speed) and host_speed > 0):
+        raise ValueError(f"host_speed must be > 0 (got {host_speed!r})")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS} (got {method!r})")
+    if not 0 < efficiency <= 1:
+        raise ValueError(f"efficiency must be in (0, 1] (got {efficiency!r})")
+    meta = profile["metadata"]
+    if meta.get("engine", "sglang") != "sglang":
+        raise ProfileError(source, "metadata.engine", f"an SGLang profile (forward.decode, forward.extend); got "
+                           f"{meta.get('engine')!r}")
+    dst = find_card(to)
+    if dst is None:
+        raise ProfileError("--to", "", f"one of {', '.join(CARDS)} (got {to!r})")
+    if from_card is not None:
+        src = find_card(from_card)
+        if src is None:
+            raise ProfileError("--from", "", f"one of {', '.join(CARDS)} (got {from_card!r})")
+    else:
+        src = find_card(meta.get("device_name", ""))
+        if src is None:
+            raise ProfileError(source, "metadata.device_name", f"a card of the table ({', '.join(CARDS)}); got "
+                               f"{meta.get('device_name')!r}: pass --from CARD")
+    m = model_terms(meta, source)
+    cpu_curves = [n for n in SGLANG_CURVES.all if n not in FORWARD_AXES]
+
+    def fwd(name, method_):
+        return lambda t, a, b: forward_time_s(t, name, a, b, m, src, dst, method_, efficiency)
+
+    def scale_set(curves: dict) -> dict:
+        out = {}
+        for name, c in curves.items():
+            if name in FORWARD_AXES:
+                out[name] = _scale_curve(c, name, fwd(name, method))
+            elif name in cpu_curves:
+                out[name] = _scale_curve(c, name, lambda t, *_: t / host_speed)
+            else:
+                out[name] = copy.deepcopy(c)
+        return out
+
+    new = copy.deepcopy(profile)
+    new["curves"] = scale_set(profile["curves"])
+    if "setting_curves" in profile:
+        new["setting_curves"] = {s: scale_set(c) for s, c in profile["setting_curves"].items()}
+    for smp in new["samples"]:
+        name = smp["curve"]
+        if name in FORWARD_AXES:
+            a, b = (smp["point"][k] for k in FORWARD_AXES[name])
+            f = fwd(name, method)
+            smp["times_s"] = [f(t, a, b) for t in smp["times_s"]]
+        elif name in cpu_curves:
+            smp["times_s"] = [t / host_speed for t in smp["times_s"]]
+    spread = _method_spread(profile["curves"], m, src, dst, efficiency)
+    new["metadata"] = {**meta, "device_name": dst.name, "transfer": {
+        "from_device_name": src.name, "from_card": src.key, "to_card": dst.key, "method": method,
+        "efficiency": efficiency, "bandwidth_ratio": dst.bandwidth_gb_s / src.bandwidth_gb_s,
+        "compute_ratio": _compute(dst, src) / _compute(src, dst), "host_speed": host_speed,
+        "compute_published": src.bf16_tflops is not None and dst.bf16_tflops is not None,
+        "uncertainty_rel": UNCERTAINTY_REL if method == "roofline" else max(UNCERTAINTY_REL, spread),
+        "method_spread_rel": spread, "sources": {src.key: src.source, dst.key: dst.source},
+        "from_host_cpu": meta.get("host_cpu"),
+        "note": "forward times moved by public peak specs (sim.model.transfer), not measured on this card; "
+                "host phases divided by host_speed (1: the source host's speed assumed)"}}
+    validate_profile(new, source)
+    return new
+
+
+def _method_spread(curves: dict, m: dict, src: Card, dst: Card, efficiency: float) -> float:
+    """The largest relative difference between the two methods' forward times over the grid."""
+    worst = 0.0
+    for name in FORWARD_AXES:
+        c = curves[name]
+        for x, row in zip(c["grid"][0], c["values_s"]):
+            for y, t in zip(c["grid"][1], row):
+                a = forward_time_s(t, name, x, y, m, src, dst, "roofline", efficiency)
+                b = forward_time_s(t, name, x, y, m, src, dst, "ratio", efficiency)
+                worst = max(worst, abs(b - a) / a)
+    return worst

@@ -1,0 +1,87 @@
+"""``overlap-sim transfer``: move a measured profile to another card by public specs
+(:mod:`sim.model.transfer`); ``--list`` prints the card table (:mod:`sim.model.cards`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from sim.commands import command
+from sim.errors import UserInputError
+
+
+def _args(p: argparse.ArgumentParser) -> None:
+    from sim.model.transfer import EFFICIENCY
+
+    p.add_argument("profile", nargs="?", type=Path, help="a measured SGLang calibration profile (JSON)")
+    p.add_argument("--to", default=None, metavar="CARD", help="the target card (see --list), e.g. l4")
+    p.add_argument("--out", type=Path, default=None, help="the new profile to write (JSON)")
+    p.add_argument("--from", dest="from_card", default=None, metavar="CARD",
+                   help="the card the profile was measured on (default: its metadata.device_name)")
+    p.add_argument("--host-speed", type=float, default=1.0, metavar="X",
+                   help="target host's single-thread CPU speed / the measuring host's (default 1: the same; "
+                        "2 halves every scheduler phase)")
+    p.add_argument("--method", choices=["roofline", "ratio"], default="roofline",
+                   help="roofline (default): only the roofline share of a forward moves with the card; ratio: "
+                        "all of a decode by the bandwidth ratio, all of a prefill by the compute ratio")
+    p.add_argument("--efficiency", type=float, default=EFFICIENCY, metavar="ETA",
+                   help=f"share of peak bandwidth and compute a tuned kernel reaches (default {EFFICIENCY})")
+    p.add_argument("--list", action="store_true", help="print the table of cards and their sources, then exit")
+
+
+def _print_cards() -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from sim.model.cards import CARDS
+    from sim.output.report import console_width
+
+    t = Table(title="cards: public peak specs (vendor pages)")
+    for col in ("card", "name", "memory (GB)", "bandwidth (GB/s)", "dense BF16 (TFLOPS)", "host CPU", "source"):
+        t.add_column(col, justify="right" if "(" in col else "left")
+    for c in CARDS.values():
+        t.add_row(c.key, c.name, f"{c.memory_gb:g}", f"{c.bandwidth_gb_s:g}",
+                  "-" if c.bf16_tflops is None else f"{c.bf16_tflops:g}", c.host, c.source)
+    Console(width=console_width()).print(t)
+
+
+@command("transfer", "move a measured calibration profile to another card by public specs (bandwidth, compute, "
+                     "host speed)", _args)
+def cmd_transfer(args: argparse.Namespace) -> int:
+    if args.list:
+        _print_cards()
+        return 0
+    for flag, value in (("PROFILE", args.profile), ("--to", args.to), ("--out", args.out)):
+        if value is None:
+            raise UserInputError(flag, "", "required (or --list to see the cards)")
+    if not (math.isfinite(args.host_speed) and 0.01 <= args.host_speed <= 100):
+        raise UserInputError("--host-speed", "", f"a speed ratio from 0.01 to 100 (got {args.host_speed!r})")
+    if not (math.isfinite(args.efficiency) and 0.05 <= args.efficiency <= 1):
+        raise UserInputError("--efficiency", "", f"a share of peak from 0.05 to 1 (got {args.efficiency!r})")
+    from sim.atomic import check_output_file
+    from sim.model.profile import load_profile
+    from sim.model.transfer import transfer_profile
+    from sim.output.report import atomic_write_text
+
+    profile = load_profile(args.profile)
+    out = check_output_file(args.out, "--out")
+    new = transfer_profile(profile, args.to, source=str(args.profile), from_card=args.from_card,
+                           host_speed=args.host_speed, method=args.method, efficiency=args.efficiency)
+    atomic_write_text(out, json.dumps(new, indent=1, allow_nan=False) + "\n")
+    rec = new["metadata"]["transfer"]
+    print(f"{args.profile}: {rec['from_device_name']} -> {new['metadata']['device_name']} ({rec['method']}, "
+          f"eta {rec['efficiency']:g}): bandwidth x{rec['bandwidth_ratio']:.3g}, compute x{rec['compute_ratio']:.3g}"
+          f"{'' if rec['compute_published'] else ' (no published compute figure: same balance assumed)'}, "
+          f"host phases / {rec['host_speed']:g}")
+    for name in ("forward.decode", "forward.extend"):
+        old, moved = profile["curves"][name], new["curves"][name]
+        g = old["grid"]
+        corners = [(0, 0), (len(g[0]) - 1, len(g[1]) - 1)]
+        cells = "; ".join(f"{g[0][i]:g} x {g[1][j]:g}: {old['values_s'][i][j] * 1e3:.3f} -> "
+                          f"{moved['values_s'][i][j] * 1e3:.3f} ms" for i, j in corners)
+        print(f"  {name} ({' x '.join(old['axes'])}) {cells}")
+    print(f"stated uncertainty ±{rec['uncertainty_rel']:.0%} (the ratio and roofline methods differ by up to "
+          f"{rec['method_spread_rel']:.0%} on this grid); written to {out}")
+    return 0

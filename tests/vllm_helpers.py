@@ -17,10 +17,12 @@ CONSTANT = {"add_request": 0.0, "schedule": 2e-4, "dispatch": 1e-4, "prepare": 3
             "roundtrip": 5e-5, "sample": 2e-4, "collect": 5e-5, "update": 3e-4}
 
 
-def make_profile(costs: dict | None = None, prefill_per_token: float = 0.0, setting_curves: dict | None = None) -> dict:
+def make_profile(costs: dict | None = None, prefill_per_token: float = 0.0, setting_curves: dict | None = None,
+                 frontend: dict | None = None) -> dict:
     """A vLLM profile (test data) whose curves are constant over a wide grid: ``costs`` overrides
     :data:`CONSTANT` by phase name; the forward grows by ``prefill_per_token`` per scheduled
-    token beyond one per request (an approximation: it is a curve over num_tokens)."""
+    token beyond one per request (an approximation: it is a curve over num_tokens); ``frontend``
+    ``{"in": s, "out": s}``: the API server's constant costs (optional curves)."""
     c = {**CONSTANT, **(costs or {})}
     curves = {}
     for name, axes in VLLM_CURVE_AXES.items():
@@ -31,6 +33,8 @@ def make_profile(costs: dict | None = None, prefill_per_token: float = 0.0, sett
             hi = c[phase] + prefill_per_token * 100000
             curves[name] = {"axes": list(axes), "grid": [[0, 100000], [0, 100000]],
                             "values_s": [[c[phase], c[phase]], [hi, hi]]}
+    for kind, value in (frontend or {}).items():
+        curves[f"vllm.frontend_{kind}"] = {"axes": ["num_reqs"], "grid": [[0, 100000]], "values_s": [value, value]}
     profile = {
         "format": "overlap-sim calibration profile", "schema_version": 1,
         "metadata": {"backend": "vllm", "device": "cpu", "engine": "vllm", "engine_version": "0.32.0",

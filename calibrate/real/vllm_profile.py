@@ -60,6 +60,9 @@ class VllmGrid:
         return ["--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs)]
 
 
+BACKLOG_FACTOR = 2.0  # frontend_out: a delivery delay above this x the median is a backlog
+
+
 def design(grid: VllmGrid) -> list[dict]:
     """The loads of one calibration session (``realengines.server``'s ``loads``)."""
     prompts = Prompts(grid.seed)
@@ -119,6 +122,67 @@ def samples(steps: list[vllm_trace.VllmStep], grid: VllmGrid, setting: str) -> l
     return [{"curve": c, "point": dict(p), "times_s": ts} for (c, p), ts in sorted(acc.items())]
 
 
+def frontend_samples(folder: Path, engine_records: list[dict], steps: list[vllm_trace.VllmStep],
+                     grid: VllmGrid) -> list[dict]:
+    """The API server's share of a request's latency, from the client's records (``<load>.json``
+    in ``folder``: send time and each token's arrival, ``perf_counter``) joined with the engine
+    core's trace (same clock):
+
+    - ``vllm.frontend_in`` (num_reqs 1): from the client's send to ``EngineCore.add_request``, for
+      the requests of the loads that run one request at a time (the engine idle when it is sent,
+      no other request in the API server): HTTP handling, ``OpenAIServingCompletion``, the input
+      processor and the trip to the engine core's input queue;
+    - ``vllm.frontend_out`` (num_reqs n): from the end of ``update_from_output`` of a step of the
+      decode waves (n requests, n a grid batch size) to the client's receipt of each of that
+      step's tokens: the engine core's output thread, ``OutputProcessor.process_outputs`` in the
+      API server, the streamed chunk. A request's j-th token is paired with the j-th step that
+      sampled for it (its prompt complete), for the requests whose client received as many
+      chunks as steps sampled for them (no two tokens in one chunk, no preemption). When the
+      client falls behind the stream, its delays grow token by token (a backlog: up to 150 ms
+      here): that is queueing, which the simulator's API server produces itself, not the service
+      time; delays above :data:`BACKLOG_FACTOR` times the point's median are left out (in the
+      shipped profile's sessions 13-47% of a point's samples, the most at batch 1 and 16).
+    """
+    prompt = {vllm_trace.client_rid(r["rid"]): r["prompt"] for r in engine_records if r["ph"] == "add"}
+    added = {vllm_trace.client_rid(r["rid"]): r["t0"] for r in engine_records if r["ph"] == "add"}
+    delivered: dict[str, list[tuple[float, int]]] = {}
+    for st in steps:
+        if st.update is None:
+            continue
+        end = st.update["t0"] + st.update["dur"]
+        for rid, tok, done in zip(st.reqs, st.tok, st.done):
+            c = vllm_trace.client_rid(rid)
+            if done + tok >= prompt.get(c, float("inf")):
+                delivered.setdefault(c, []).append((end, st.num_reqs))
+    acc: dict[str, dict[int, list[float]]] = {"vllm.frontend_in": {}, "vllm.frontend_out": {}}
+    sizes = set(grid.decode_batch_sizes)
+    for load in design(grid):
+        path = folder / f"{load['name']}.json"
+        if not path.exists():
+            continue
+        recs = json.loads(path.read_text()).get("requests", [])
+        for r in recs:
+            if r.get("error") or r["rid"] not in added:
+                continue
+            if load["concurrency"] == 1:
+                acc["vllm.frontend_in"].setdefault(1, []).append(added[r["rid"]] - r["send_s"])
+            steps_of = delivered.get(r["rid"], [])
+            if load["name"].startswith("decode-") and len(r.get("token_times_s", [])) == len(steps_of):
+                for t, (end, n) in zip(r["token_times_s"], steps_of):
+                    if n == load["concurrency"] and n in sizes:
+                        acc["vllm.frontend_out"].setdefault(n, []).append(t - end)
+    out = []
+    for c, by in acc.items():
+        for n, ts in sorted(by.items()):
+            ts = [x for x in ts if x >= 0]
+            if c == "vllm.frontend_out" and ts:  # a backlog's queueing is not the service time
+                cap = BACKLOG_FACTOR * statistics.median(ts)
+                ts = [x for x in ts if x <= cap]
+            if ts:
+                out.append({"curve": c, "point": {"num_reqs": n}, "times_s": ts})
+    return out
+
+
 def add_request_samples(engine_records: list[dict]) -> list[dict]:
     times = [r["dur"] for r in engine_records if r["ph"] == "add"]
     return [{"curve": "vllm.add_request", "point": {"num_reqs": 1}, "times_s": times}] if times else []
@@ -167,7 +231,8 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
         out = run_session(engine, model_dir, grid, setting, folder, report)
         versions = json.loads((out / "session.json").read_text()).get("versions", {})
         eng, wrk = vllm_trace.read_files(sorted(out.glob("trace.*.jsonl")))
-        got = samples(vllm_trace.steps(eng, wrk), grid, setting) + add_request_samples(eng)
+        steps_ = vllm_trace.steps(eng, wrk)
+        got = samples(steps_, grid, setting) + add_request_samples(eng) + frontend_samples(out, eng, steps_, grid)
         for smp in got:
             if smp["curve"] == "vllm.forward":
                 key = (smp["curve"], tuple(sorted(smp["point"].items())))

@@ -13,7 +13,9 @@ long the engine core's thread is busy with it (seconds); the loop yields that ti
   scheduling, ``sample_tokens`` right behind it); the step reaches the worker when it ends.
 - :meth:`EngineCore.send` / :meth:`EngineCore.result`: the RPC handed to the worker process, and
   ``future.result()``: an event whose value is when the worker's output is back.
-- :meth:`EngineCore.update`: ``Scheduler.update_from_output``; tokens reach clients when it ends.
+- :meth:`EngineCore.update`: ``Scheduler.update_from_output``; tokens reach clients when the API
+  server has handled the step's outputs (:mod:`sim.engines.vllm.frontend`), and requests reach the
+  input queue when it has handled them.
 
 Timeline columns of a step (:mod:`sim.trace.recorder`): ``recv_start`` the input drain,
 ``schedule_*`` ``Scheduler.schedule``, ``launch_*`` the dispatch, ``forward_*`` the model forward
@@ -29,6 +31,7 @@ import math
 
 import simpy
 
+from sim.engines.vllm.frontend import ApiServer
 from sim.engines.vllm.policy.request import Request
 from sim.engines.vllm.policy.scheduler import Scheduler
 from sim.model.batch import Batch
@@ -53,7 +56,7 @@ class EngineCore:
     """
 
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, specs: RequestSpecs, warmup_requests: int,
-                 costs, cpu_jitter: Jitter, recorder):
+                 costs, cpu_jitter: Jitter, recorder, frontend: ApiServer | None = None):
         self.env = env
         self.scheduler = scheduler
         self.specs = specs
@@ -61,7 +64,8 @@ class EngineCore:
         self.costs = costs
         self.cpu_jitter = cpu_jitter
         self.recorder = recorder
-        self.inbox: list[tuple[float, int]] = []  # (arrival_s, rid), in submission order
+        self.frontend = frontend or ApiServer(costs)
+        self.inbox: list[tuple[float, int, float]] = []  # (at the engine s, rid, sent s), in submission order
         self._head = 0
         self._wakeup: simpy.Event | None = None
         self._was_idle = False
@@ -71,8 +75,9 @@ class EngineCore:
 
     # --- input ---------------------------------------------------------------------------
     def submit(self, rid: int, arrival_s: float) -> None:
-        """A request reaches the engine core's input queue at ``arrival_s``; wakes an idle core."""
-        self.inbox.append((arrival_s, rid))
+        """A client sends a request at ``arrival_s``; it reaches the engine core's input queue
+        when the API server has handled it (:meth:`ApiServer.ingress`). Wakes an idle core."""
+        self.inbox.append((self.frontend.ingress(arrival_s), rid, arrival_s))
         self.recorder.arrival(rid, arrival_s)
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
@@ -96,7 +101,7 @@ class EngineCore:
         n = 0
         s, sched = self.specs, self.scheduler
         while self._head < len(self.inbox) and self.inbox[self._head][0] <= at + TIME_EPS_S:
-            arrival, rid = self.inbox[self._head]
+            _, rid, arrival = self.inbox[self._head]
             self._head += 1
             prompt, output = int(s.input_len[rid]), int(s.output_len[rid])
             asked = int(s.max_new_tokens[rid]) if s.max_new_tokens is not None else output
@@ -141,12 +146,12 @@ class EngineCore:
         return self._results.pop(step.seq)
 
     def update(self, step: Batch, at: float) -> float:
-        """``Scheduler.update_from_output`` from ``at``: tokens reach the clients when it ends.
-        Returns the CPU time."""
+        """``Scheduler.update_from_output`` from ``at``: tokens reach the clients when the API
+        server has handled the step's outputs (:meth:`ApiServer.egress`). Returns the CPU time."""
         dur = self.costs.phase_s("update", step.num_reqs) * self.cpu_jitter()
         step.process_start = at
         step.process_end = at + dur
-        self.scheduler.update_from_output(step, at + dur)
+        self.scheduler.update_from_output(step, self.frontend.egress(at + dur, step.num_reqs))
         if step.num_reqs:
             self.recorder.step(step)
         return dur

@@ -40,6 +40,11 @@ curve                axes             the time of (process)
                                       of ``Scheduler.update_from_output`` for that step (the reply
                                       travelling back and ``future.result()`` returning) (sync runs)
 ``vllm.update``      num_reqs         ``Scheduler.update_from_output`` (E)
+``vllm.frontend_in``  num_reqs (1)   optional: from the client's send to ``EngineCore.add_request``
+                                      of a request sent to an idle server (the API server)
+``vllm.frontend_out`` num_reqs        optional: from the end of ``update_from_output`` to the
+                                      client's receipt of the step's tokens (engine core output
+                                      thread, API server, stream) (:mod:`sim.engines.vllm.frontend`)
 ===================  ===============  =====================================================
 
 What the calibration must record per engine step: ``scheduler_output.num_scheduled_tokens``
@@ -77,7 +82,12 @@ VLLM_CURVE_AXES: dict[str, tuple[str, ...]] = {
     "vllm.collect": ("num_reqs",),
     "vllm.update": ("num_reqs",),
 }
-VLLM_CURVES = CurveTable("vllm", VLLM_CURVE_AXES, {}, ("vllm.forward",))
+# the API server (:mod:`sim.engines.vllm.frontend`); a profile without them: a front end of no cost
+VLLM_OPTIONAL_CURVE_AXES: dict[str, tuple[str, ...]] = {
+    "vllm.frontend_in": ("num_reqs",),
+    "vllm.frontend_out": ("num_reqs",),
+}
+VLLM_CURVES = CurveTable("vllm", VLLM_CURVE_AXES, VLLM_OPTIONAL_CURVE_AXES, ("vllm.forward",))
 PHASES = ("add_request", "schedule", "dispatch", "prepare", "roundtrip", "sample", "collect", "update")
 
 
@@ -106,6 +116,13 @@ class VllmProfileCosts:
         self.extrapolated_steps = 0
         self._cpu = {name: self.curves[f"vllm.{name}"] for name in PHASES}
         self._forward = self.curves["vllm.forward"]
+        self._frontend = {k: self.curves.get(f"vllm.frontend_{k}") for k in ("in", "out")}
+
+    def frontend_s(self, kind: str, num_reqs: int) -> float:
+        """The API server's time for a request (``kind`` "in") or a step's outputs for
+        ``num_reqs`` requests ("out"); 0 when the profile has no such curve."""
+        curve = self._frontend[kind]
+        return curve(num_reqs) * self.cpu_scale if curve is not None else 0.0
 
     def phase_s(self, name: str, num_reqs: int) -> float:
         """CPU (or latency) time of phase ``name`` (one of :data:`PHASES`) for ``num_reqs`` requests."""
@@ -134,6 +151,10 @@ class VllmInlineCosts:
     def __init__(self, costs):
         self._linear = LinearCostModel(costs)
         self.extrapolated_steps = 0
+
+    def frontend_s(self, kind: str, num_reqs: int) -> float:
+        """The inline terms have no API server: 0."""
+        return 0.0
 
     def phase_s(self, name: str, num_reqs: int) -> float:
         lin = self._linear

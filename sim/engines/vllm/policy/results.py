@@ -11,8 +11,8 @@ runs: the stop token (the ``output_len``-th token of a request that does not sto
 A stopped request frees its blocks at once (``_free_request``), leaves ``running`` (or
 ``waiting``, if it was preempted), and its id is sent to the worker with the next step.
 
-Tokens reach the client at ``deliver_s``: the end of ``update_from_output`` (the trip through the
-engine core's output thread and the API server is not modelled).
+Tokens reach the client at ``deliver_s``: after ``update_from_output``, the trip through the
+engine core's output thread and the API server (:mod:`sim.engines.vllm.frontend`).
 """
 
 from __future__ import annotations

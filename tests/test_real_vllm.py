@@ -131,3 +131,51 @@ def test_a_recorded_vllm_session_reads_through_the_simulators_metrics(setting, t
     assert plan.settings == ("async", "sync") and "--max-num-seqs" in plan.server_args
     sc = scenario(config, rows, Path("unused.json"), plan.settings, tmp_path, server_limits(folder), "vllm")
     assert sc["server"]["engine"] == "vllm" and sc["server"]["num_gpu_blocks"] == 262_144 // 128
+
+
+def _step(k: int, rids: list[str], tok: list[int], done: list[int], update_end_s: float):
+    from calibrate.real.vllm_trace import VllmStep
+
+    return VllmStep(k, rids, tok, done, 0, [], len(rids), 0, None, {"t0": update_end_s - 0.01, "dur": 0.001},
+                    update={"t0": update_end_s - 0.001, "dur": 0.001})
+
+
+def test_the_front_end_latencies_are_read_from_the_client_and_the_engine_core(tmp_path):
+    """Hand-made: one request alone (send 10.000 s, add_request 10.006 s: 6 ms in), then two
+    requests decoding together whose tokens arrive 3 and 4 ms after each update ends."""
+    from calibrate.real.vllm_profile import frontend_samples
+
+    eng = [{"ph": "add", "t0": 10.006, "dur": 1e-5, "rid": "cmpl-one-0-0-aa", "prompt": 4},
+           {"ph": "add", "t0": 20.0, "dur": 1e-5, "rid": "cmpl-two-0-0-bb", "prompt": 4},
+           {"ph": "add", "t0": 20.0, "dur": 1e-5, "rid": "cmpl-two-1-0-cc", "prompt": 4}]
+    steps = [_step(0, ["cmpl-one-0-0-aa"], [4], [0], 10.05),
+             _step(1, ["cmpl-two-0-0-bb", "cmpl-two-1-0-cc"], [4, 4], [0, 0], 20.05),
+             _step(2, ["cmpl-two-0-0-bb", "cmpl-two-1-0-cc"], [1, 1], [4, 4], 20.06)]
+    (tmp_path / "one.json").write_text(json.dumps({"requests": [
+        {"rid": "one-0", "send_s": 10.0, "token_times_s": [10.0525], "error": ""}]}))
+    (tmp_path / "two.json").write_text(json.dumps({"requests": [
+        {"rid": "two-0", "send_s": 19.99, "token_times_s": [20.053, 20.063], "error": ""},
+        {"rid": "two-1", "send_s": 19.99, "token_times_s": [20.054, 20.064], "error": ""}]}))
+    loads = [{"name": "one", "concurrency": 1}, {"name": "two", "concurrency": 2}]
+    got = {(s["curve"], s["point"]["num_reqs"]): s["times_s"] for s in frontend_samples(tmp_path, eng, steps, loads)}
+    assert got[("vllm.frontend_in", 1)] == pytest.approx([0.006])
+    assert got[("vllm.frontend_out", 1)] == pytest.approx([0.0025])
+    assert sorted(got[("vllm.frontend_out", 2)]) == pytest.approx([0.003, 0.003, 0.004, 0.004])
+
+
+@pytest.mark.parametrize("setting", ["sync", "async"])
+def test_a_recorded_session_gives_front_end_latencies_of_milliseconds(setting):
+    """The recorded sessions (2 clients): every token's delivery delay after its step's update
+    is positive and a few milliseconds (the API server and the stream)."""
+    from calibrate.real import vllm_trace
+    from calibrate.real.vllm_profile import frontend_samples
+
+    folder = DATA / setting
+    eng, wrk = vllm_trace.read_files(sorted(folder.glob("trace.*.jsonl")))
+    loads = json.loads((folder / "spec.json").read_text())["loads"]
+    got = frontend_samples(folder, eng, vllm_trace.steps(eng, wrk), loads)
+    out = [s for s in got if s["curve"] == "vllm.frontend_out"]
+    assert [s["point"] for s in out] == [{"num_reqs": 2}]
+    ts = out[0]["times_s"]
+    assert len(ts) >= 20 and all(0 < t < 0.05 for t in ts)
+    assert 0.0005 < sorted(ts)[len(ts) // 2] < 0.02

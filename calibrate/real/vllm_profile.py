@@ -123,7 +123,7 @@ def samples(steps: list[vllm_trace.VllmStep], grid: VllmGrid, setting: str) -> l
 
 
 def frontend_samples(folder: Path, engine_records: list[dict], steps: list[vllm_trace.VllmStep],
-                     grid: VllmGrid) -> list[dict]:
+                     loads: list[dict], sizes: set[int] | None = None) -> list[dict]:
     """The API server's share of a request's latency, from the client's records (``<load>.json``
     in ``folder``: send time and each token's arrival, ``perf_counter``) joined with the engine
     core's trace (same clock):
@@ -132,10 +132,12 @@ def frontend_samples(folder: Path, engine_records: list[dict], steps: list[vllm_
       the requests of the loads that run one request at a time (the engine idle when it is sent,
       no other request in the API server): HTTP handling, ``OpenAIServingCompletion``, the input
       processor and the trip to the engine core's input queue;
-    - ``vllm.frontend_out`` (num_reqs n): from the end of ``update_from_output`` of a step of the
-      decode waves (n requests, n a grid batch size) to the client's receipt of each of that
-      step's tokens: the engine core's output thread, ``OutputProcessor.process_outputs`` in the
-      API server, the streamed chunk. A request's j-th token is paired with the j-th step that
+    - ``vllm.frontend_out`` (num_reqs n): from the end of ``update_from_output`` of a step that
+      ran the load's full concurrency n (n in ``sizes``, default any) to the client's receipt of
+      each of that step's tokens: the engine core's output thread,
+      ``OutputProcessor.process_outputs`` in the API server, the streamed chunk.
+
+    ``loads``: the session's loads (``name``, ``concurrency``), as its spec lists them. A request's j-th token is paired with the j-th step that
       sampled for it (its prompt complete), for the requests whose client received as many
       chunks as steps sampled for them (no two tokens in one chunk, no preemption). When the
       client falls behind the stream, its delays grow token by token (a backlog: up to 150 ms
@@ -155,8 +157,7 @@ def frontend_samples(folder: Path, engine_records: list[dict], steps: list[vllm_
             if done + tok >= prompt.get(c, float("inf")):
                 delivered.setdefault(c, []).append((end, st.num_reqs))
     acc: dict[str, dict[int, list[float]]] = {"vllm.frontend_in": {}, "vllm.frontend_out": {}}
-    sizes = set(grid.decode_batch_sizes)
-    for load in design(grid):
+    for load in loads:
         path = folder / f"{load['name']}.json"
         if not path.exists():
             continue
@@ -167,9 +168,9 @@ def frontend_samples(folder: Path, engine_records: list[dict], steps: list[vllm_
             if load["concurrency"] == 1:
                 acc["vllm.frontend_in"].setdefault(1, []).append(added[r["rid"]] - r["send_s"])
             steps_of = delivered.get(r["rid"], [])
-            if load["name"].startswith("decode-") and len(r.get("token_times_s", [])) == len(steps_of):
+            if len(r.get("token_times_s", [])) == len(steps_of):
                 for t, (end, n) in zip(r["token_times_s"], steps_of):
-                    if n == load["concurrency"] and n in sizes:
+                    if n == load["concurrency"] and (sizes is None or n in sizes):
                         acc["vllm.frontend_out"].setdefault(n, []).append(t - end)
     out = []
     for c, by in acc.items():
@@ -232,7 +233,8 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
         versions = json.loads((out / "session.json").read_text()).get("versions", {})
         eng, wrk = vllm_trace.read_files(sorted(out.glob("trace.*.jsonl")))
         steps_ = vllm_trace.steps(eng, wrk)
-        got = samples(steps_, grid, setting) + add_request_samples(eng) + frontend_samples(out, eng, steps_, grid)
+        got = (samples(steps_, grid, setting) + add_request_samples(eng)
+               + frontend_samples(out, eng, steps_, design(grid), set(grid.decode_batch_sizes)))
         for smp in got:
             if smp["curve"] == "vllm.forward":
                 key = (smp["curve"], tuple(sorted(smp["point"].items())))

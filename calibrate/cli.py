@@ -68,6 +68,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cuda-graph", action="store_true", help="run CUDA decode steps eagerly")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--note", default="", help="free text about the machine, stored in the profile")
+    p.add_argument("--device-memory-gib", type=float, default=None, metavar="GIB",
+                   help="size the grid to this much free device memory instead of what the device reports "
+                        "(planning for another card; the grid is always cut to fit the memory)")
+    p.add_argument("--card", default=None, metavar="CARD",
+                   help="the card whose public specs price the duration estimate (overlap-sim transfer --list; "
+                        "default: the CUDA device's name)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the sized grid and the duration estimate, measure nothing")
     p.add_argument("--fresh", action="store_true", help="discard samples of an interrupted run")
     p.add_argument("--quiet", action="store_true", help="no progress display")
 
@@ -107,6 +115,9 @@ def config_from_args(args: argparse.Namespace):
 
 def _check_flags(args: argparse.Namespace) -> None:
     """Counts and sizes in range, before anything is imported or measured."""
+    gib = getattr(args, "device_memory_gib", None)
+    if gib is not None and not (gib == gib and 0.01 <= gib <= 1e6):
+        raise CalibrationInputError("--device-memory-gib", "", f"expected GiB from 0.01 to 1e6 (got {gib!r})")
     checks = [("--repeats", args.repeats, 1, 100_000), ("--warmup", args.warmup, 0, 100_000),
               ("--threads", args.threads, 1, 4096), ("--seed", args.seed, 0, MAX_SEED)]
     checks += [(f"--{name.replace('_', '-')}", getattr(args, name), 1, MAX_GRID_VALUE)
@@ -145,10 +156,62 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     if not console.is_terminal:
         console = Console(stderr=True, width=120)
+    cfg, backend = sized_config(cfg, args, console)
+    if args.dry_run:
+        return 0
     with _Reporter(console, args.quiet) as report:
-        profile = calibrate(cfg, args.out, fresh=args.fresh, report=report, command=canonical_command(args))
+        profile = calibrate(cfg, args.out, fresh=args.fresh, report=report, command=canonical_command(args),
+                            backend=backend)
     print_summary(profile, args.out, console)
     return 0
+
+
+def sized_config(cfg, args: argparse.Namespace, console):
+    """``cfg`` with its grid cut to the memory available (:mod:`calibrate.sizing`) and the backend
+    that reported it (None with ``--device-memory-gib`` or on a CPU); prints the plan (unless
+    ``--quiet`` without ``--dry-run``): memory, what was cut, points and steps, the duration estimate.
+
+    Raises:
+        CalibrationInputError: an unknown ``--card``, a missing framework or device (without
+            ``--device-memory-gib``), a model too large for the memory."""
+    from dataclasses import replace
+
+    from calibrate.measure import make_backend, plan
+    from calibrate.sizing import GIB, available_memory, dtype_bytes, estimate_duration_s, format_duration, size_grid
+    from sim.model.cards import CARDS, find_card
+
+    card = None
+    if args.card:
+        card = find_card(args.card)
+        if card is None:
+            raise CalibrationInputError("--card", "", f"one of {', '.join(CARDS)} (got {args.card!r})")
+    backend = None
+    if args.device_memory_gib is None and cfg.device != "cpu":
+        backend = make_backend(cfg)  # the device's free memory; a missing device fails here
+        if card is None and cfg.backend == "torch":
+            card = find_card(backend.describe()["device_name"])
+    available, share, source = available_memory(cfg, args.device_memory_gib, backend)
+    sized = size_grid(cfg.shape, dtype_bytes(cfg), cfg.grid, available, share, source,
+                      flag="--device-memory-gib" if args.device_memory_gib is not None else "--model")
+    cfg = replace(cfg, grid=sized.grid)
+    if args.quiet and not args.dry_run:
+        return cfg, backend
+    g = cfg.grid
+    budget = f"{sized.budget_bytes / GIB:.1f} GiB ({share:.0%} of {available / GIB:.1f} GiB, {source})"
+    console.print(f"memory: {cfg.shape.name} {cfg.resolved_dtype} needs {sized.need_bytes / GIB:.1f} GiB of {budget}"
+                  + (f"; cut to fit: {'; '.join(sized.dropped)}" if sized.dropped else ""),
+                  highlight=False, soft_wrap=True)
+    points = len(plan(cfg))
+    if card is not None or cfg.device == "cpu":
+        on = card.name if card is not None else "this host (stated CPU peaks)"
+        estimate = f"estimated {format_duration(estimate_duration_s(cfg, card))} on {on}"
+    else:
+        estimate = "no duration estimate: an unknown card (pass --card, see overlap-sim transfer --list)"
+    console.print(f"grid: decode {len(g.decode_batch_sizes)} batch sizes ({g.decode_batch_sizes[-1]} max) x "
+                  f"{len(g.decode_contexts)} contexts ({g.decode_contexts[-1]} max), prefill {len(g.extend_tokens)} x "
+                  f"{len(g.extend_prefixes)}, {points} points x {g.warmup + g.repeats} steps; {estimate}",
+                  highlight=False, soft_wrap=True)
+    return cfg, backend
 
 
 class _Reporter:
@@ -189,7 +252,7 @@ def canonical_command(args: argparse.Namespace) -> str:
     """The command line that reproduces this calibration (recorded in the profile)."""
     parts = ["overlap-sim", "calibrate"]
     for key, value in vars(args).items():
-        if key.startswith("_") or key in ("command", "fresh", "quiet") or value in (None, False, "", []):
+        if key.startswith("_") or key in ("command", "fresh", "quiet", "dry_run") or value in (None, False, "", []):
             continue
         if key == "seed" and value == 0:
             continue

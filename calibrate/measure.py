@@ -28,9 +28,8 @@ from calibrate.bookkeeping.requests import Req
 from calibrate.config import CalibrationConfig
 from calibrate.errors import CalibrationInputError
 from calibrate.profile import build_profile, save_profile
+from calibrate.sizing import DECODE_ROW_PAD, KV_MEMORY_SHARE, MEMORY_SHARE, host_memory_bytes
 
-KV_MEMORY_SHARE = 0.85  # most of the free device memory the KV cache may take
-DECODE_ROW_PAD = 64
 MAX_SPREAD, RETRIES = 0.25, 2  # re-measure a forward point whose samples spread more than this
 
 
@@ -100,17 +99,6 @@ def _out_of_memory(err: BaseException) -> bool:
     text = str(err).lower()
     return (isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError"
             or "out of memory" in text or "failed to allocate" in text)
-
-
-MEMORY_SHARE = 0.8  # of the host's physical memory the model and its KV cache may take
-
-
-def host_memory_bytes() -> int | None:
-    """Physical memory of this machine (None where the OS does not say)."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return None
 
 
 def check_host_memory(cfg: CalibrationConfig) -> None:

@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 # overlap-sim subcommands that run for real (made cheap by cheapen())
-RUN_SUBCOMMANDS = {"run", "sweep", "trace", "gaps", "log", "plots", "advise"}
+RUN_SUBCOMMANDS = {"run", "sweep", "trace", "gaps", "log", "plots", "advise", "transfer"}
 
 # overlap-sim commands that are parsed, not run: (pattern on the command line, reason)
 EXPENSIVE = [

@@ -153,3 +153,31 @@ def test_faster_card_never_slower_and_round_trip(a, b, t, point, curve):
         dst.bf16_tflops is None or src.bf16_tflops is None or dst.bf16_tflops >= src.bf16_tflops)
     if both_faster and (dst.bf16_tflops is None) == (src.bf16_tflops is None):
         assert moved <= t * (1 + 1e-12)
+
+
+def test_the_split_checked_on_the_two_h200_profiles():
+    """docs/transfer.md's check: the 8B profile predicted from the 1B one on the same H200, the
+    roofline part by the 8B's own work and the rest by the layer ratio: median within 15%, worst
+    within 45%; whole steps scaled by the work ratio are off by more than 50% at the median."""
+    import statistics
+
+    from sim.model.profile import profile_curves
+    from sim.model.transfer import EFFICIENCY, roofline_s
+
+    big = load_profile(ROOT / "scenarios/profiles/h200-llama-3.1-8b.json")
+    m8 = model_terms(big["metadata"], "8b")
+    c1, c8, h200 = profile_curves(PROFILE), profile_curves(big), CARDS["h200"]
+    for name in ("forward.decode", "forward.extend"):
+        split, whole = [], []
+        g = big["curves"][name]["grid"]
+        for x in g[0]:
+            for y in g[1]:
+                t1, t8 = c1[name](x, y), c8[name](x, y)
+                r1 = roofline_s(*work(name, x, y, M), h200.bandwidth_bytes_s, h200.bf16_flops, EFFICIENCY)
+                r8 = roofline_s(*work(name, x, y, m8), h200.bandwidth_bytes_s, h200.bf16_flops, EFFICIENCY)
+                pred = (t1 - r1) * m8["L"] / M["L"] + r8 if t1 >= r1 else t1 * r8 / r1
+                split.append(pred / t8 - 1)
+                k = 1 if name == "forward.decode" else 0  # bytes for decode, flops for prefill
+                whole.append(t1 * work(name, x, y, m8)[k] / work(name, x, y, M)[k] / t8 - 1)
+        assert abs(statistics.median(split)) < 0.15 and max(map(abs, split)) < 0.45
+        assert statistics.median(whole) > 0.5

@@ -7,7 +7,9 @@ server run at another time wrongly by that factor, whatever the model gets right
 the yardstick: taken beside a calibration (stored in the profile's ``metadata.host_speed``) and
 beside each validation session, the ratio of the two readings is the drift, and the validation
 reports its comparison with the profile's CPU curves (``costs.cpu.scale``) and forward curves
-(``costs.gpu.scale``) multiplied by it, beside the uncorrected one.
+(``costs.gpu.scale``) multiplied by it, beside the uncorrected one. Within a calibration, each
+run's samples are restated at the calibration's mean reading (:func:`to_reference`), so runs
+minutes apart (vLLM's sync and async sessions) are priced at one host speed.
 
 The workloads are the project's own and fixed, unrelated to any load being measured:
 
@@ -35,6 +37,7 @@ from pathlib import Path
 
 PY_REQUESTS = 2000
 TORCH_ROWS, TORCH_HIDDEN, TORCH_INTERMEDIATE, TORCH_LAYERS = 16, 256, 512, 4
+MAX_DRIFT = 10.0  # a drift ratio beyond this (or below its inverse) is a corrupt reading
 TORCH_CALLS = 8  # forwards per repetition (one forward is ~0.1 ms: too short to time alone)
 
 
@@ -125,12 +128,28 @@ def mean_reading(readings: list[dict]) -> dict:
 def drift(now: dict, reference: dict) -> dict[str, float]:
     """Scale factors from ``reference`` (the calibration's reading) to ``now``: ``{"cpu": python
     ratio, "gpu": torch ratio}`` (a ratio > 1: the host is slower now). A factor whose readings
-    are missing or not positive finite numbers is 1.0."""
+    are missing or not positive finite numbers, or whose ratio lies outside [1/10, 10] (no host
+    drifts that far: a corrupt reading), is 1.0."""
     def ratio(key: str) -> float:
         a, b = now.get(key), reference.get(key)
         ok = all(isinstance(v, (int, float)) and v == v and 0 < v < float("inf") for v in (a, b))
-        return float(a) / float(b) if ok else 1.0
+        r = float(a) / float(b) if ok else 1.0
+        return r if 1.0 / MAX_DRIFT <= r <= MAX_DRIFT else 1.0
     return {"cpu": ratio("python_s"), "gpu": ratio("torch_s")}
+
+
+def to_reference(samples: list[dict], now: dict, reference: dict, forward_curves: tuple[str, ...]) -> list[dict]:
+    """Profile samples (``{"curve", "point", "times_s"}``) measured while the host read ``now``,
+    restated for a host reading ``reference``: forward curves (``forward_curves``, by name
+    prefix) divided by the torch drift, every other curve by the Python drift
+    (:func:`drift`). A calibration whose runs took minutes apiece so prices them all at one
+    host speed (its mean reading), as if they had run at the same time."""
+    d = drift(now, reference)
+    out = []
+    for smp in samples:
+        f = d["gpu"] if smp["curve"].startswith(forward_curves) else d["cpu"]
+        out.append({**smp, "times_s": [t / f for t in smp["times_s"]]})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

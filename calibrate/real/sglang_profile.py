@@ -222,19 +222,23 @@ def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, folder: 
         CalibrationInputError: a grid the server cannot run, or points without samples.
         RuntimeError: the driver failed in the SGLang environment.
     """
-    from calibrate.hostspeed import mean_reading
+    from calibrate.hostspeed import mean_reading, to_reference
     from calibrate.profile import build_profile
 
     grid.check()
     d = design(grid)
     merged: dict[tuple, dict] = {}
     meta: dict = {}
-    for n, setting in enumerate(settings):
-        trace = run_job(engine, d.job(str(model_dir), setting == "overlap", grid), folder, f"calibrate-{setting}",
-                        report)
+    traces = [run_job(engine, d.job(str(model_dir), setting == "overlap", grid), folder, f"calibrate-{setting}",
+                      report) for setting in settings]
+    probes = {s: read_probes([folder / f"calibrate-{s}.hostspeed.json"]) for s in settings}
+    reference = mean_reading(sum(probes.values(), [])) if all(probes.values()) else None
+    for n, (setting, trace) in enumerate(zip(settings, traces)):
         meta, records, _ = sglang_trace.read_records(trace)
         got = samples(sglang_trace.iterations(records), d)
         check_coverage(got, grid)
+        if reference:  # the runs took minutes apiece: price them at the mean host speed
+            got = to_reference(got, mean_reading(probes[setting]), reference, ("forward.",))
         for smp in got:
             if smp["curve"].startswith("forward"):
                 key = (smp["curve"], tuple(sorted(smp["point"].items())))
@@ -246,8 +250,8 @@ def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, folder: 
     # the fewest samples any point has (a prefill point is measured extend_repeats times, a
     # decode point once per decode step of its waves)
     metadata_["repeats"] = min(len(s["times_s"]) for s in merged.values())
-    if probes := read_probes(folder / f"calibrate-{s}.hostspeed.json" for s in settings):
-        metadata_["host_speed"] = mean_reading(probes)
+    if reference:
+        metadata_["host_speed"] = reference
     return build_profile(metadata_, list(merged.values()))
 
 

@@ -18,8 +18,13 @@ closed-loop loads (:func:`design`) and prices the curves of
 Times are wall seconds (``perf_counter``) of each call, so what the engine core loses to the API
 server on the core they share is in them; ``dispatch``, ``roundtrip`` and ``collect`` are the
 intervals between one process's call and the other's (see :mod:`sim.engines.vllm.costs`).
-The base curves come from ``sync``; ``async`` keeps its own CPU curves in ``setting_curves``
-(the forward is pooled). Simplification: ``vllm.add_request`` is priced per call at
+The base curves come from ``sync``; ``async`` keeps its own curves in ``setting_curves``, the
+forward included: in the interleaved validation sessions of 2026-12-01 (5 per setting), the
+worker's forward of a decode step of 4 to 16 requests ran x1.01-1.27 slower under async
+scheduling than under the synchronous loop (median per session), its ``execute_model`` outside
+the forward x1.1 and ``sample_tokens`` x1.8 (the worker's async output copy shares its core).
+The front end (``vllm.frontend_in``/``frontend_out``, :func:`frontend_samples`) is measured from
+the client's records of each session. Simplification: ``vllm.add_request`` is priced per call at
 ``num_reqs`` 1 (the tracer times each ``EngineCore.add_request``).
 """
 
@@ -47,7 +52,7 @@ class VllmGrid:
     """What to measure (tokens)."""
 
     decode_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
-    contexts: tuple[int, ...] = (128, 256, 512)
+    contexts: tuple[int, ...] = (128, 256, 512, 768)
     prefill_tokens: tuple[int, ...] = (128, 256, 512)
     decode_steps: int = 32
     waves: int = 2
@@ -221,29 +226,31 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
         ProfileError: a curve without samples or a grid with holes (the message names it).
         RuntimeError: the server failed in the vLLM environment.
     """
-    from calibrate.hostspeed import mean_reading
+    from calibrate.hostspeed import mean_reading, to_reference
     from calibrate.measure import host_cpu
     from calibrate.profile import build_profile
     from sim.engines.vllm.costs import VLLM_CURVES
 
     merged: dict[tuple, dict] = {}
     versions: dict = {}
-    for i, setting in enumerate(settings):
-        out = run_session(engine, model_dir, grid, setting, folder, report)
+    outs = [run_session(engine, model_dir, grid, setting, folder, report) for setting in settings]
+    probes = {s: read_probes([folder / f"{s}.hostspeed.json"]) for s in settings}
+    reference = mean_reading(sum(probes.values(), [])) if all(probes.values()) else None
+    for i, (setting, out) in enumerate(zip(settings, outs)):
         versions = json.loads((out / "session.json").read_text()).get("versions", {})
         eng, wrk = vllm_trace.read_files(sorted(out.glob("trace.*.jsonl")))
         steps_ = vllm_trace.steps(eng, wrk)
         got = (samples(steps_, grid, setting) + add_request_samples(eng)
                + frontend_samples(out, eng, steps_, design(grid), set(grid.decode_batch_sizes)))
+        if reference:  # the sessions ran minutes apart: price both at the mean host speed
+            got = to_reference(got, mean_reading(probes[setting]), reference, ("vllm.forward",))
         for smp in got:
-            if smp["curve"] == "vllm.forward":
-                key = (smp["curve"], tuple(sorted(smp["point"].items())))
-                merged.setdefault(key, {**smp, "times_s": []})["times_s"].extend(smp["times_s"])
-            elif i == 0:
+            if i == 0:
                 merged[(smp["curve"], tuple(sorted(smp["point"].items())), setting)] = smp
             elif smp["curve"] not in ("vllm.dispatch", "vllm.roundtrip", "vllm.collect"):
                 merged[(smp["curve"], tuple(sorted(smp["point"].items())), setting)] = {**smp, "setting": setting}
-    _drop_incomplete_rows(merged, grid, report)
+    for setting in settings:
+        _drop_incomplete_rows(merged, grid, report, setting)
     smp_list = list(merged.values())
     meta = {"backend": "vllm", "device": "cpu", "engine": "vllm", "engine_version": engine.version,
             "device_name": f"cpu (vLLM {engine.version} CPU build, worker on its own core)",
@@ -254,24 +261,24 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
             "warmup": 0, "quick": False, "settings": list(settings), "base_setting": settings[0],
             "command": command, "timing": "wall seconds (perf_counter) of vLLM's own functions in the server's "
             "processes; dispatch, roundtrip and collect are the intervals between them (sync)"}
-    if probes := read_probes(folder / f"{s}.hostspeed.json" for s in settings):
-        meta["host_speed"] = mean_reading(probes)
+    if reference:
+        meta["host_speed"] = reference
     return build_profile(meta, smp_list, VLLM_CURVES)
 
 
-def _drop_incomplete_rows(merged: dict, grid: VllmGrid, report: Callable[[str], None]) -> None:
-    """Leave out the forward samples of a token count that lacks a context of the grid (a
-    prefill whose prompts the server happened to split over two steps): the curve needs a full
-    grid, and steps beyond the largest complete row are then priced by extrapolation."""
-    fwd = [k for k in merged if k[0] == "vllm.forward"]
+def _drop_incomplete_rows(merged: dict, grid: VllmGrid, report: Callable[[str], None], setting: str) -> None:
+    """Leave out the forward samples of ``setting`` at a token count that lacks a context of the
+    grid (a prefill whose prompts the server happened to split over two steps): the curve needs
+    a full grid, and steps beyond the largest complete row are then priced by extrapolation."""
+    fwd = [k for k in merged if k[0] == "vllm.forward" and k[2] == setting]
     seen: dict[int, set] = {}
     for k in fwd:
         p = dict(k[1])
         seen.setdefault(p["num_tokens"], set()).add(p["ctx"])
     for n, ctxs in sorted(seen.items()):
         if set(grid.contexts) - ctxs:
-            report(f"vllm.forward: no step of {n} tokens at context(s) {sorted(set(grid.contexts) - ctxs)}; "
-                   f"the {n}-token row is left out")
+            report(f"vllm.forward ({setting}): no step of {n} tokens at context(s) "
+                   f"{sorted(set(grid.contexts) - ctxs)}; the {n}-token row is left out")
             for k in fwd:
                 if dict(k[1])["num_tokens"] == n:
                     del merged[k]

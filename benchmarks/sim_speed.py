@@ -10,6 +10,14 @@ and 100k requests to show how cost grows.
     python benchmarks/sim_speed.py                      # table + benchmarks/results/sim_speed.csv
     python benchmarks/sim_speed.py --sizes 1000 10000 --tables steps
     python benchmarks/sim_speed.py --profile 10000      # cProfile top entries of one run
+
+Ratios measured in one run (interleaved, repeated, each run a fresh process; median and min-max):
+
+    python benchmarks/sim_speed.py --against /tmp/old --sizes 10000 --tables none --repeats 5
+        # decode steps per second of this tree over another checkout's (e.g. `git archive <commit>
+        # | tar -x -C /tmp/old`), closed loop at concurrency 64, one setting per --settings
+    python benchmarks/sim_speed.py --cli-modes 20000 --repeats 3
+        # `overlap-sim run` wall time, default mode (tables, CSVs, plots) over --tables none
 """
 
 from __future__ import annotations
@@ -18,18 +26,26 @@ import argparse
 import cProfile
 import importlib
 import io
+import json
 import multiprocessing as mp
+import os
 import pstats
 import resource
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pandas as pd
 import simpy
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# --tree DIR (internal, for --against): import the simulator of another checkout
+TREE = Path(sys.argv[sys.argv.index("--tree") + 1]) if "--tree" in sys.argv else ROOT
+sys.path.insert(0, str(TREE))
 
 import sim  # noqa: E402
 simulate_module = importlib.import_module("sim.simulate")  # the module (the package exports the function)
@@ -102,6 +118,53 @@ def run_case(args: tuple) -> dict:
     }
 
 
+def spread(values: list[float], fmt: str = ".2f") -> str:
+    """Median (min-max) of ``values``."""
+    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
+
+
+def compare_trees(against: Path, sizes: list[int], settings: list[str], tables: str | None, repeats: int) -> None:
+    """Decode steps per wall second of this tree and of ``against`` on the closed-loop reference
+    workload, each case run alternately in both trees (a fresh process each), ``repeats`` times."""
+    for n in sizes:
+        for setting in settings:
+            rate: dict[str, list[float]] = {"this": [], "against": []}
+            for _ in range(repeats):
+                for name, tree in (("this", ROOT), ("against", against)):
+                    case = json.dumps([n, "closed_loop", setting, tables, 64])
+                    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--case", case, "--tree", str(tree)],
+                                         capture_output=True, text=True, check=True).stdout
+                    rate[name].append(json.loads(out.splitlines()[-1])["decode_steps_per_wall_s"])
+            ratios = [a / b for a, b in zip(rate["this"], rate["against"])]
+            print(f"{n:>7} closed_loop c=64 {setting:<12} tables={tables or 'steps':<7} decode steps/s: this "
+                  f"{spread(rate['this'], '.0f')}, against {spread(rate['against'], '.0f')}; this/against "
+                  f"{spread(ratios)}", flush=True)
+
+
+def compare_cli_modes(num_requests: int, repeats: int) -> None:
+    """Wall seconds of ``overlap-sim run`` of the closed-loop reference workload at
+    ``num_requests``: the default mode (tables, CSVs, plots) against ``--tables none``,
+    alternated, ``repeats`` times."""
+    modes = {"default (tables + CSVs + plots)": [], "--tables none": ["--tables", "none"]}
+    with tempfile.TemporaryDirectory() as tmp:
+        scenario = Path(tmp) / "reference.yaml"
+        raw = reference_scenario(num_requests, "closed_loop")
+        raw["server"]["settings"] = ["overlap", "normal"]
+        scenario.write_text(yaml.safe_dump(raw))
+        wall: dict[str, list[float]] = {m: [] for m in modes}
+        for _ in range(repeats):
+            for mode, extra in modes.items():
+                t0 = time.perf_counter()
+                subprocess.run([sys.executable, "-m", "sim.cli", "run", str(scenario), "--out", str(Path(tmp) / "out"),
+                                *extra], cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+                wall[mode].append(time.perf_counter() - t0)
+    for mode, values in wall.items():
+        print(f"overlap-sim run, {num_requests} requests, overlap + normal, {mode:<32} wall {spread(values)} s")
+    ratios = [a / b for a, b in zip(*wall.values())]
+    print(f"default / --tables none: {spread(ratios)}")
+
+
 def baseline_rss(_=None) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -116,7 +179,23 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=None, metavar="N", help="cProfile one closed-loop overlap run of N requests")
     ap.add_argument("--batch-sizes", type=int, nargs="*", default=None, metavar="C",
                     help="instead: closed-loop runs of 20,000 requests at these concurrencies (per-step cost vs batch size)")
+    ap.add_argument("--against", type=Path, default=None, metavar="DIR",
+                    help="instead: decode steps/s of this tree over another checkout's, interleaved (closed loop, c=64)")
+    ap.add_argument("--cli-modes", type=int, default=None, metavar="N",
+                    help="instead: `overlap-sim run` wall time, default mode over --tables none, at N requests")
+    ap.add_argument("--repeats", type=int, default=3, help="repeats of each case with --against or --cli-modes")
+    ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # internal: one case, JSON in and out
+    ap.add_argument("--tree", default=None, help=argparse.SUPPRESS)  # internal: read before the imports
     args = ap.parse_args()
+    if args.case:
+        print(json.dumps(run_case(tuple(json.loads(args.case)))))
+        return
+    if args.against:
+        compare_trees(args.against.resolve(), args.sizes, args.settings, args.tables, args.repeats)
+        return
+    if args.cli_modes:
+        compare_cli_modes(args.cli_modes, args.repeats)
+        return
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()

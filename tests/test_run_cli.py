@@ -86,3 +86,23 @@ def test_a_reader_that_goes_away_ends_the_output_without_a_traceback(tmp_path):
                          timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(root)})
     assert out.stdout.count("\n") == 1
     assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr
+
+
+def test_csv_writer_writes_to_csv_bytes(tmp_path):
+    """The run's CSV writer gives the bytes of ``DataFrame.to_csv(index=False)`` for the run's
+    tables and for cells that need care (NaN, quoting, bools, categories, large and small floats)."""
+    import numpy as np
+    import pandas as pd
+
+    from sim.output.csv_writer import write_csv
+    from sim.simulate import simulate
+
+    res = simulate(str(Path(__file__).resolve().parents[1] / "scenarios" / "kv-pressure.yaml"), "overlap")
+    odd = pd.DataFrame({"x": [1.5, np.nan, -0.0, np.inf, 1e16, 1e-5, 0.1 + 0.2], "s": ["a,b", 'q"', "", "l\nm", "z", "1", "-"],
+                        "b": [True, False, True, True, False, False, True], "k": pd.Categorical(list("uvuvuvu")),
+                        "i": np.arange(7, dtype=np.int64)})
+    for i, frame in enumerate([res.steps, res.requests, res.itl, odd, odd.iloc[:0]]):
+        want, got = tmp_path / f"want{i}.csv", tmp_path / f"got{i}.csv"
+        frame.to_csv(want, index=False)
+        write_csv(frame, got)
+        assert got.read_bytes() == want.read_bytes(), i

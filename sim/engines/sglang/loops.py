@@ -30,7 +30,7 @@ def normal_loop(env, p: Phases, server):
         t += p.sync(batch, now + t)
         t += p.process(batch, now + t)
         now += t
-        if p.must_yield(now):
+        if now >= p.horizon:  # p.must_yield(now), inlined: it is asked every iteration
             yield env.timeout(now - env.now)
     yield env.timeout(max(0.0, now - env.now))  # SimPy's clock ends where the CPU thread did
 
@@ -46,9 +46,10 @@ def overlap_loop(env, p: Phases, server):
     sched = p.scheduler
     last = None
     now = env.now
+    consecutive_prefill_off = server.disable_consecutive_prefill_overlap
     while not sched.all_done or last is not None:
         batch, t = p.recv_and_schedule(now)
-        if last is not None and batch is not None and _overlap_disabled_for(server, batch, last):
+        if consecutive_prefill_off and last is not None and batch is not None and _overlap_disabled_for(server, batch, last):
             t += p.sync(last, now + t)
             t += p.process(last, now + t)
             last = None
@@ -62,7 +63,7 @@ def overlap_loop(env, p: Phases, server):
             continue
         last = batch
         now += t
-        if p.must_yield(now):
+        if now >= p.horizon:  # p.must_yield(now), inlined: it is asked every iteration
             yield env.timeout(now - env.now)
     yield env.timeout(max(0.0, now - env.now))  # SimPy's clock ends where the CPU thread did
 
@@ -104,7 +105,7 @@ def overlap_mlx_loop(env, p: Phases, server):
             continue
         inflight = batch
         now += t
-        if p.must_yield(now):
+        if now >= p.horizon:  # p.must_yield(now), inlined: it is asked every iteration
             yield env.timeout(now - env.now)
     yield env.timeout(max(0.0, now - env.now))  # SimPy's clock ends where the CPU thread did
 

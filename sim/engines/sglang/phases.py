@@ -60,6 +60,10 @@ class Phases:
         self.costs = costs
         self.gpu_jitter = gpu_jitter
         self.cpu_jitter = cpu_jitter
+        # jitter is drawn only where it has a spread (a factor of exactly 1.0 changes nothing):
+        # the phases below skip the call otherwise, one of the hot path's savings
+        self._gpu_noisy = gpu_jitter.cv > 0
+        self._cpu_noisy = cpu_jitter.cv > 0
         self.recorder = recorder
         self.forward_extra_s = forward_extra_s
         self.blocking_forward = blocking_forward
@@ -93,8 +97,11 @@ class Phases:
         at = self.env.now if at is None else at
         n_new = self.scheduler.recv(at)
         self._recv_start = at
-        self._recv_s = self.costs.recv_s(n_new) * self.cpu_jitter() * self._cold
-        return self._recv_s
+        dur = self.costs.recv_s(n_new)
+        if self._cpu_noisy:
+            dur *= self.cpu_jitter()
+        self._recv_s = dur = dur * self._cold
+        return dur
 
     def schedule(self, at: float) -> tuple[Batch | None, float]:
         """``get_next_batch_to_run`` starting at ``at`` (right after :meth:`recv`).
@@ -106,8 +113,10 @@ class Phases:
             raise
         if batch is None:
             return None, 0.0
-        c = self.costs
-        dur = c.schedule_s(batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx) * self.cpu_jitter() * self._cold
+        dur = self.costs.schedule_s(batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx)
+        if self._cpu_noisy:
+            dur *= self.cpu_jitter()
+        dur *= self._cold
         batch.recv_start = self._recv_start
         batch.schedule_start = at
         batch.schedule_end = batch.launch_start = at + dur
@@ -135,11 +144,17 @@ class Phases:
         scheduler's thread (:attr:`blocking_forward`), the launch returns when it has ended."""
         c = self.costs
         k, n, tok, ctx = batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx
-        dur = c.launch_s(k, n, tok, ctx) * self.cpu_jitter() * self._cold
+        dur = c.launch_s(k, n, tok, ctx)
+        if self._cpu_noisy:
+            dur *= self.cpu_jitter()
+        dur *= self._cold
         self._cold = 1.0
         batch.launch_start = at
         batch.launch_end = at + dur
-        forward = c.forward_s(k, n, tok, ctx) * self.gpu_jitter() + self.forward_extra_s
+        forward = c.forward_s(k, n, tok, ctx)
+        if self._gpu_noisy:
+            forward *= self.gpu_jitter()
+        forward += self.forward_extra_s
         self.stream.enqueue(batch, at + dur, forward)
         if self.blocking_forward:  # CPU engine: run_batch returns when the forward is done
             return batch.forward_end - at
@@ -153,7 +168,8 @@ class Phases:
         Returns the wait."""
         at = self.env.now if at is None else at
         batch.sync_start = at
-        wait = self.result_wait_s(batch, at)
+        ready = batch.forward_end + self.costs.sync_latency_s  # :meth:`result_wait_s`, inlined (every step)
+        wait = ready - at if ready > at else 0.0
         if wait >= AFTER_WAIT_MIN_S:
             self._cold = self.after_wait_scale
         return wait
@@ -168,8 +184,12 @@ class Phases:
         """``process_batch_result`` from ``at`` (default: now): deliver tokens, finish requests,
         free KV. Tokens reach the clients when the phase ends. Returns the CPU time."""
         now = self.env.now if at is None else at
-        self.check_faults(batch, now)
-        dur = self.costs.process_s(batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx) * self.cpu_jitter() * self._cold
+        if self._die_fault is not None:
+            self.check_faults(batch, now)
+        dur = self.costs.process_s(batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx)
+        if self._cpu_noisy:
+            dur *= self.cpu_jitter()
+        dur *= self._cold
         batch.process_start = now
         batch.process_end = now + dur
         self.scheduler.process_batch_result(batch, now + dur)

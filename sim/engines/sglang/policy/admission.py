@@ -36,12 +36,12 @@ class AdmissionMixin:
     """``get_new_batch_prefill`` over the state of :class:`sim.engines.sglang.policy.scheduler.Scheduler`."""
 
     def _new_prefill_batch(self) -> Batch | None:
-        srv, kv = self.server, self.kv
-        page = kv.page_size
         if self.n_running == 0:
             self.batch_is_full = False  # an empty running batch has nobody left to leave
         if (self.batch_is_full or not self.waiting) and self.chunked_req is None:
             return None
+        srv, kv = self.server, self.kv
+        page = kv.page_size
         running = self.n_running + len(self.unmerged_finishers)
         if running >= srv.max_running_requests and self.chunked_req is None:
             self.batch_is_full = True

@@ -59,7 +59,7 @@ class DecodeMixin:
         if n == 0:
             return None
         kv = self.kv
-        need = self._page_demand(g, excluded)
+        need = self._page_demand(g, excluded) if excluded else self.demand.need(g)
         if need > kv.total_pages - kv.used_pages:  # check_decode_mem failed
             if excluded and self.skip_when_finishing:
                 self.skipped_decodes += 1  # v0.5.22: the in-flight result frees their KV first

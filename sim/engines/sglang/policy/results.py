@@ -57,7 +57,8 @@ class ResultsMixin:
             self.demand.remove(req.kv_base, req.join_seq)
             req.output_done = req.output_len
             self._complete(req, t)
-        self.kv.free(batch.overshoot_pages)  # the extra slot of each overshoot member, if not yet freed
+        if batch.overshoot_pages:  # the extra slot of each overshoot member, if not yet freed
+            self.kv.free(batch.overshoot_pages)
         nxt = self.inflight_decode
         if nxt is not None and nxt.decode_seq == g + 1 and nxt.overshoot_pages:
             # SGLang releases the slot the finished requests took in the next (in-flight) batch now
@@ -69,7 +70,7 @@ class ResultsMixin:
             warm_fresh += req.warmup
             if not req.warmup and not (dropped and req in dropped):
                 rec.itl(t - req.last_token_s, 1)
-        warm_over = sum(r.warmup for r in batch.overshoot)
+        warm_over = sum(r.warmup for r in batch.overshoot) if batch.overshoot else 0
         continuing = batch.num_reqs - len(batch.overshoot) - len(batch.fresh)
         measured = continuing - (batch.num_warmup - warm_over - warm_fresh)
         if dropped:

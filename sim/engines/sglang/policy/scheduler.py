@@ -163,14 +163,17 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
         and the output fit the KV pool (``pool - ceil_p(input) - page - 1``); a request whose
         output would go beyond it stops there, by length. A prompt the pool cannot hold
         (``input >= pool - 6``, SGLang's ``max_req_input_len``) fails as ``too_long``."""
-        n = 0
-        s = self.specs
         self.now = now
         horizon = now + TIME_EPS_S
+        inbox = self.inbox
+        if not inbox or inbox[0][0] > horizon:
+            return 0  # nothing arrived (most iterations)
+        n = 0
+        s = self.specs
         kv = self.kv
         cap = kv.size_tokens
-        while self.inbox and self.inbox[0][0] <= horizon:
-            arrival, rid = self.inbox.popleft()
+        while inbox and inbox[0][0] <= horizon:
+            arrival, rid = inbox.popleft()
             req = Req(rid, arrival, int(s.input_len[rid]), int(s.cached_len[rid]), int(s.output_len[rid]),
                       self.finish_by_length, rid < self.warmup_requests)
             if s.max_new_tokens is not None:
@@ -200,7 +203,8 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
     # --- get_next_batch_to_run --------------------------------------------------------------
     def get_next_batch(self) -> Batch | None:
         """The next batch to run, prefill first (SGLang ``get_next_batch_to_run``), or None."""
-        self._merge_prefilled()
+        if self.pending_merge or self._chunk_in_last_prefill:  # else merging changes nothing
+            self._merge_prefilled()
         batch = self._new_prefill_batch()
         if batch is None:
             batch = self._decode_batch()
@@ -242,5 +246,6 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
         return self._order
 
     def _take_seq(self) -> int:
-        self.next_step_seq += 1
-        return self.next_step_seq - 1
+        seq = self.next_step_seq
+        self.next_step_seq = seq + 1
+        return seq

@@ -43,6 +43,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --engine: the engine environment's python (default .venvs/<engine>/bin/python)")
     p.add_argument("--work", type=Path, default=None, metavar="DIR",
                    help="with --engine: where the engine's runs are kept (resume); default results/calibrate-<engine>/")
+    p.add_argument("--from-trace", type=Path, default=None, metavar="TRACE",
+                   help="read the profile from an SGLang server's torch.profiler trace (/start_profile, .json or "
+                        ".json.gz) instead of timing anything (docs/real-engines.md)")
+    p.add_argument("--server-log", type=Path, default=None, metavar="LOG",
+                   help="with --from-trace: the server's log, to check the trace's decode step period against "
+                        "its 'Decode batch ... gen throughput' lines")
     p.add_argument("--backend", choices=["torch", "mlx"], default=None, help="framework to time (required without --engine)")
     p.add_argument("--device", choices=["cpu", "cuda", "gpu"], default=None,
                    help="torch: cpu or cuda; mlx: cpu or gpu (Metal) (required without --engine)")
@@ -141,6 +147,12 @@ def run(args: argparse.Namespace) -> int:
     from calibrate.measure import calibrate
     from sim.atomic import check_output_file
 
+    if args.from_trace is not None:
+        from calibrate.real.sglang_torch_trace import run_from_trace
+
+        return run_from_trace(args)
+    if args.server_log is not None:
+        raise CalibrationInputError("--server-log", "", "only with --from-trace")
     if args.engine:
         from calibrate.real.cli import run_calibrate
 

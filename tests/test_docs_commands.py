@@ -7,13 +7,15 @@ in the docs has to be classified here.
 - RUN: cheap ``overlap-sim`` subcommands run for real, in the order a page shows them, in a
   temporary workspace whose ``scenarios/`` and ``docs/`` are the repository's. Shrunk without
   changing what they check (:func:`cheapen`): ``run`` gets ``--no-plots``; ``sweep`` runs in
-  process, without plots, with at most 2 repeats and shorter requests. Table rows and messages
+  process, without plots, with at most 2 repeats and shorter requests; ``calibrate
+  --from-trace`` reads a recorded trace (``tests/`` is in the workspace too). Table rows and messages
   shown under a ``$`` line must be in that command's output; the README's quickstart table
   must be exactly what the quickstart prints at ``COLUMNS=100``.
 - CHECK: the expensive ones (:data:`EXPENSIVE`, each with its reason) are parsed by
   ``sim.cli.build_parser()`` (subcommand and every flag), and the scenario they name must exist.
-- Other programs (pip, python, jupyter, jupytext, dask): what they name must exist (an extra
-  in pyproject.toml, a benchmark script and each flag it is given, a notebook, a test file).
+- Other programs (pip, python, jupyter, jupytext, dask, curl): what they name must exist (an extra
+  in pyproject.toml, a benchmark script and each flag it is given, a notebook, a test file, the
+  fields of SGLang's profile request).
 
 Files a page's commands need but cannot make cheaply are stood in (:data:`STAND_INS`): the
 profile a GPU calibration would write is the shipped H200 profile, the trace of the docs'
@@ -66,7 +68,13 @@ NOT_RUN = [
     (r"^dask (scheduler|worker)\b", "starts a Dask cluster"),
     (r"^(bash )?realengines/\S+\.sh\b", "builds a real engine's environment (minutes, GBs): the script must exist"),
     (r"^python (-m realengines\.|realengines/)", "drives a real engine (SGLang, vLLM): the module must exist"),
+    (r"^curl .*/(start|stop)_profile\b", "asks the reader's running SGLang server to profile: the body must be "
+                                          "a ProfileReq of SGLang 0.5.23"),
 ]
+# the fields of SGLang 0.5.23's ProfileReq (srt/managers/io_struct.py), what /start_profile accepts
+PROFILE_REQ_FIELDS = {"output_dir", "start_step", "num_steps", "activities", "profile_by_stage", "with_stack",
+                      "record_shapes", "profile_id", "merge_profiles", "profile_prefix", "profile_stages",
+                      "detailed_annotations"}
 
 
 def _bad_profile(path: Path) -> None:
@@ -84,8 +92,16 @@ def _decode_loop_trace(path: Path) -> None:
     path.write_text(json.dumps({"traceEvents": events}))
 
 
+def _server_trace(path: Path) -> None:
+    """What the docs' /start_profile example writes: a recorded SGLang 0.5.23 trace."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "tests/data/sglang/profile/normal-c4.trace.json.gz", path)
+
+
 # files the docs' commands read that an expensive command (or the reader's own code) would make
 STAND_INS = {
+    "tmp/sglang-profile/mine-TP-0.trace.json.gz": _server_trace,         # the server's /start_profile
+    "server.log": ROOT / "tests/data/sglang/profile/normal-c4.server.log",  # that server's log
     "decode_loop.json": _decode_loop_trace,                                # the torch.profiler example
     "my-card.json": ROOT / "scenarios/profiles/h200-llama-3.2-1b.json",  # a GPU calibration's profile
     "tmp/p.json": ROOT / "scenarios/profiles/cpu-torch-small.json",       # calibrate --device cpu --quick
@@ -190,6 +206,8 @@ def classify(cmd: Command) -> tuple[str, str]:
     """('run' | 'check' | 'other', reason); raises AssertionError for a command no rule covers."""
     text = " ".join(cmd.argv)
     if cmd.argv[0] == "overlap-sim":
+        if cmd.argv[1:2] == ["calibrate"] and "--from-trace" in cmd.argv:
+            return "run", "reads a recorded trace: about a second"
         for pattern, reason in EXPENSIVE:
             if re.search(pattern, text):
                 return "check", reason
@@ -266,6 +284,9 @@ def check_other(cmd: Command) -> None:
             assert (ROOT / nb).is_file(), f"{where}: no {nb}"
     elif argv[0] == "dask":
         assert argv[1] in ("scheduler", "worker"), where
+    elif argv[0] == "curl":
+        body = json.loads(argv[argv.index("-d") + 1]) if "-d" in argv else {}
+        assert set(body) <= PROFILE_REQ_FIELDS, f"{where}: not ProfileReq fields: {set(body) - PROFILE_REQ_FIELDS}"
     elif "realengines" in " ".join(argv[:3]):
         target = next(a for a in argv[:3] if "realengines" in a)
         path = ROOT / (target.replace(".", "/") + ".py" if argv[:2] == ["python", "-m"] else target)
@@ -328,7 +349,7 @@ def _in_workspace(arg: str, ws: Path) -> str:
 def _workspace(tmp_path: Path, page: Path) -> Path:
     ws = tmp_path / "ws"
     ws.mkdir()
-    for name in ("scenarios", "docs", "notebooks"):
+    for name in ("scenarios", "docs", "notebooks", "tests"):  # tests: its recorded traces
         (ws / name).symlink_to(ROOT / name)
     (ws / "tmp").mkdir()
     for name, source in STAND_INS.items():

@@ -17,12 +17,11 @@ import math
 import os
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from calibrate.real.sglang_torch_trace import build_trace_profile, log_check, read_trace
+from calibrate.real.sglang_torch_trace import log_check, read_trace
 from sim.cli import main
 from sim.model.profile import load_profile, profile_curves
 
@@ -113,8 +112,9 @@ def test_the_recorded_trace_makes_a_profile_that_runs(tmp_path, capsys):
     grid_mean = statistics.fmean(curves["forward.decode"](*s.point) for s in dec)
     assert grid_mean == pytest.approx(statistics.fmean(s.forward_s for s in dec), rel=0.05)
     scenario = tmp_path / "s.yaml"
-    scenario.write_text("name: t\nworkload: {arrival: closed_loop, concurrency: 4, num_requests: 8, input_len: 128, "
-                        "output_len: 16}\nserver: {device: cpu, settings: [overlap, normal]}\ncosts: {profile: p.json}\n")
+    scenario.write_text("name: t\nworkload: {arrival: closed_loop, concurrency: 4, num_requests: 8, "
+                        "input_len: 128, output_len: 16}\nserver: {device: cpu, settings: [overlap, normal]}\n"
+                        "costs: {profile: p.json}\n")
     capsys.readouterr()
     assert main(["run", str(scenario), "--out", str(tmp_path / "r"), "--no-plots", "--json"]) == 0
 

@@ -49,6 +49,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server-log", type=Path, default=None, metavar="LOG",
                    help="with --from-trace: the server's log, to check the trace's decode step period against "
                         "its 'Decode batch ... gen throughput' lines")
+    p.add_argument("--trace-context", type=float, default=None, metavar="TOKENS",
+                   help="with --from-trace, for a trace without token counts (no \"detailed_annotations\"): the "
+                        "mean KV length per request of its decode steps")
+    p.add_argument("--trace-prefix", type=float, default=None, metavar="TOKENS",
+                   help="with --from-trace, for a trace without token counts: the mean cached prefix per request "
+                        "of its prefills")
     p.add_argument("--backend", choices=["torch", "mlx"], default=None, help="framework to time (required without --engine)")
     p.add_argument("--device", choices=["cpu", "cuda", "gpu"], default=None,
                    help="torch: cpu or cuda; mlx: cpu or gpu (Metal) (required without --engine)")
@@ -151,8 +157,9 @@ def run(args: argparse.Namespace) -> int:
         from calibrate.real.sglang_torch_trace import run_from_trace
 
         return run_from_trace(args)
-    if args.server_log is not None:
-        raise CalibrationInputError("--server-log", "", "only with --from-trace")
+    for flag in ("server_log", "trace_context", "trace_prefix"):
+        if getattr(args, flag, None) is not None:
+            raise CalibrationInputError("--" + flag.replace("_", "-"), "", "only with --from-trace")
     if args.engine:
         from calibrate.real.cli import run_calibrate
 

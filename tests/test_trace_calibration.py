@@ -342,3 +342,32 @@ def test_a_real_server_records_a_trace_that_imports(tmp_path):
                  "--out", str(out)]) == 0
     check = load_profile(out)["metadata"]["server_log_check"]
     assert check["matched"] >= 3 and check["median_abs_rel_diff"] < 0.05
+
+
+def test_a_trace_without_token_counts_takes_them_from_the_flags(tmp_path, capsys):
+    """SGLang's default /start_profile request has no detailed_annotations: the step names say
+    only the batch size (and a prefill's tokens); --trace-context / --trace-prefix state the rest."""
+    import re
+
+    data = json.loads(gzip.decompress(TRACES["normal"].read_bytes()))
+    for e in data["traceEvents"]:
+        if str(e.get("name", "")).startswith("step["):
+            e["name"] = re.sub(r"^(step\[\w+ bs=\d+(?: toks=\d+)?).*\]$", r"\1]", e["name"])
+    path = tmp_path / "plain.trace.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(data).encode()))
+    out = tmp_path / "p.json"
+    assert main(["calibrate", "--from-trace", str(path), "--out", str(out)]) == 2
+    assert "--trace-context" in capsys.readouterr().err and not out.exists()
+    assert main(["calibrate", "--from-trace", str(path), "--server-log", str(DATA / "normal-c4.server.log"),
+                 "--trace-context", "140", "--trace-prefix", "0", "--out", str(out)]) == 0
+    profile = load_profile(out)
+    assert profile["metadata"]["grid"]["assumed"] == {"steps": 24, "decode_context": 140.0, "extend_prefix": 0.0}
+    assert profile["curves"]["forward.decode"]["grid"] == [[4.0], [140.0]]
+    dec = [s.forward_s for s in read_trace(TRACES["normal"]).steps if s.kind == "decode"]
+    assert profile_curves(profile)["forward.decode"](4, 140) == pytest.approx(statistics.median(dec), rel=0.02)
+    assert profile["metadata"]["server_log_check"]["median_abs_rel_diff"] < 0.02  # matched by batch size alone
+    capsys.readouterr()
+    assert main(["calibrate", "--from-trace", str(path), "--trace-context", "-3", "--out", str(out)]) == 2
+    assert main(["calibrate", "--trace-context", "100", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and err[0].count("--trace-context") >= 1 and "only with --from-trace" in err[1]

@@ -139,6 +139,7 @@ class TraceRead:
     host_name: str = ""
     start_time: str = ""
     skipped_steps: int = 0
+    assumed: dict = field(default_factory=dict)  # token counts given by flags (assume_counts)
 
 
 def _num(e: dict, key: str, source: str, index: int) -> float:
@@ -395,6 +396,28 @@ def grid_samples(curve: str, axes: tuple[str, str], points: list[tuple[float, fl
     return out
 
 
+def assume_counts(read: TraceRead, context: Optional[float], prefix: Optional[float]) -> int:
+    """Give the steps whose span carries no token counts (a profile started without
+    ``detailed_annotations``, SGLang's default) assumed ones: ``context`` tokens of KV per request
+    for a decode, ``prefix`` cached tokens per request for a prefill (None: leave them without).
+    Returns how many steps got assumed counts; they are listed in the profile's
+    ``metadata.grid.assumed``."""
+    n = 0
+    for s in read.steps:
+        if s.sum_ctx is not None:
+            continue
+        if s.kind == "decode" and context is not None:
+            s.sum_ctx = round(context * s.num_reqs)
+        elif s.kind == "extend" and prefix is not None:
+            s.sum_ctx = round(prefix * s.num_reqs) + s.num_tokens
+        else:
+            continue
+        n += 1
+    if n:
+        read.assumed = {"steps": n, "decode_context": context, "extend_prefix": prefix}
+    return n
+
+
 def profile_samples(read: TraceRead) -> list[dict]:
     """The profile's samples from the trace's steps (see the module docstring).
 
@@ -414,7 +437,8 @@ def profile_samples(read: TraceRead) -> list[dict]:
             continue
         if s.point is None:
             raise UserInputError(src, f"traceEvents: {s.label}", "token counts in the step span (g_sk / c_sk): "
-                                 "profile with \"detailed_annotations\": true in the /start_profile request")
+                                 "profile with \"detailed_annotations\": true in the /start_profile request, or "
+                                 "state them with --trace-context (decodes) and --trace-prefix (prefills)")
         fwd[s.kind].append((*s.point, s.forward_s))
         add(f"schedule.{s.kind}", "num_reqs", s.num_reqs, s.schedule_s)
         add(f"process.{s.kind}", "num_reqs", s.num_reqs, s.process_s)
@@ -458,7 +482,7 @@ def build_trace_profile(read: TraceRead, command: str = "", model: str = "", not
         "model": {"name": model or "unknown"}, "dtype": "unknown",
         "date": read.start_time or datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "grid": {"source": "torch.profiler trace", "trace": read.source, "steps": len(read.steps),
-                 "skipped_steps": read.skipped_steps},
+                 "skipped_steps": read.skipped_steps, **({"assumed": read.assumed} if read.assumed else {})},
         "repeats": min(len(s["times_s"]) for s in samples if not s.get("filled")), "warmup": 0, "quick": False,
         "settings": [read.loop] if read.loop else [], "base_setting": read.loop or "normal",
         "command": command, "note": note, "sync_latency_s": 0.0,
@@ -596,11 +620,20 @@ def run_from_trace(args) -> int:
     check_output_file(args.out, "--out")
     if args.server_log is not None and not Path(args.server_log).is_file():
         raise UserInputError(str(args.server_log), "", "no such server log (--server-log)")
+    for flag in ("trace_context", "trace_prefix"):
+        v = getattr(args, flag, None)
+        if v is not None and not (math.isfinite(v) and 0 <= v <= 1e7 and (v >= 1 or flag == "trace_prefix")):
+            raise UserInputError("--" + flag.replace("_", "-"), "", f"tokens per request, a number from "
+                                 f"{0 if flag == 'trace_prefix' else 1} to 1e7 (got {v!r})")
     read = read_trace(Path(args.from_trace))
     check = log_check(read, Path(args.server_log)) if args.server_log is not None else None
+    assume_counts(read, getattr(args, "trace_context", None), getattr(args, "trace_prefix", None))
     argv = ["overlap-sim", "calibrate", "--from-trace", str(args.from_trace)]
     if args.server_log is not None:
         argv += ["--server-log", str(args.server_log)]
+    for flag in ("trace_context", "trace_prefix"):
+        if getattr(args, flag, None) is not None:
+            argv += ["--" + flag.replace("_", "-"), f"{getattr(args, flag):g}"]
     argv += ["--out", str(args.out)]
     model = args.model if getattr(args, "model", "tiny") not in (None, "tiny") else ""
     profile = build_trace_profile(read, shlex.join(argv), model=model, note=getattr(args, "note", "") or "",

@@ -58,6 +58,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -112,6 +113,7 @@ class TraceStep:
     launch_s: float = math.nan
     process_s: float = math.nan
     process_end_us: float = math.nan
+    run_start_us: float = math.nan  # the enclosing Scheduler.run_batch (Python stacks only)
 
     @property
     def point(self) -> Optional[tuple[float, float]]:
@@ -156,11 +158,9 @@ def read_trace(path: Path) -> TraceRead:
         UserInputError: unreadable or not a trace (names the file), a step span without ``ts``
             or ``dur`` (names the event), no ``step[...]`` span of a decode or extend forward.
     """
-    from sim.output.real_trace import read_trace_events
-
     source = str(path)
-    events = read_trace_events(Path(path))
-    head = _trace_head(Path(path))
+    data, events = _load(Path(path))
+    head = _trace_head(data, events)
     steps_raw, py, kernels, launches, gpu_ann, syncs = [], {}, [], {}, {}, []
     for i, e in enumerate(events):
         if e.get("ph") != "X":
@@ -195,15 +195,19 @@ def read_trace(path: Path) -> TraceRead:
                              "caught no forward (send load while profiling)")
     for role in py:
         py[role] = _outermost(sorted(py[role], key=lambda s: s.start_us))
+    syncs = _Syncs(syncs)
     gpu = bool(kernels)
     read = TraceRead(source, [], loop=_loop(py), device="cuda" if gpu else "cpu",
                      device_name=head.get("device_name", ""), with_stack=bool(py.get("run_batch")),
                      host_name=head.get("host_name", ""), start_time=head.get("start_time", ""))
-    k_sorted = sorted(((launches.get((e.get("args") or {}).get("correlation")), _num(e, "ts", source, i),
-                        _num(e, "dur", source, i)) for i, e in kernels), key=lambda k: (k[0] is None, k[0] or 0))
-    k_sorted = [k for k in k_sorted if k[0] is not None]
+    # (launch ts, kernel ts, kernel dur) in launch order; kernels without a launch event are not grouped
+    k_sorted = sorted(k for k in ((launches.get((e.get("args") or {}).get("correlation")), _num(e, "ts", source, i),
+                                   _num(e, "dur", source, i)) for i, e in kernels) if k[0] is not None)
+    k_launch = [k[0] for k in k_sorted]
     runs = py.get("run_batch", [])
+    run_starts = [r.start_us for r in runs]
     samples_ = py.get("sample", [])
+    sample_starts = [x.start_us for x in samples_]
     for i, e in sorted(steps_raw, key=lambda ie: _num(ie[1], "ts", source, ie[0])):
         span = Span(_num(e, "ts", source, i), _num(e, "dur", source, i), e["name"])
         m = STEP_NAME.match(e["name"])
@@ -215,10 +219,10 @@ def read_trace(path: Path) -> TraceRead:
         else:
             tokens = int(m.group("toks") or kv.get("c_sq", 0))
             sum_ctx = kv.get("c_sk")
-        rb = _containing(runs, span.start_us)
+        rb = _containing(runs, run_starts, span.start_us)
         window = Span(span.start_us, (rb.end_us if rb else span.end_us) - span.start_us)
         if gpu:
-            ks = [k for k in k_sorted if window.contains(k[0])]
+            ks = k_sorted[bisect_left(k_launch, window.start_us):bisect_right(k_launch, window.end_us)]
             if ks:
                 t0, t1 = min(k[1] for k in ks), max(k[1] + k[2] for k in ks)
                 fwd, how = (t1 - t0) * 1e-6, "device kernels launched in the step (first start to last end)"
@@ -229,13 +233,16 @@ def read_trace(path: Path) -> TraceRead:
                 read.skipped_steps += 1
                 continue
         else:
-            extra = sum(s.dur_us for s in samples_ if rb and rb.contains(s.start_us) and s.start_us >= span.end_us)
+            after = samples_[bisect_left(sample_starts, span.end_us):bisect_right(sample_starts, rb.end_us)] if rb \
+                else []
+            extra = sum(x.dur_us for x in after)
             fwd = (span.dur_us + extra) * 1e-6
             how = "CPU span of ModelRunner.forward" + (" + ModelRunner.sample" if extra else "")
         step = TraceStep(e["name"], kind, bs, tokens, sum_ctx, span, fwd, how)
+        step.run_start_us = rb.start_us if rb else math.nan
         if rb:
             cpu_fwd = 0.0 if gpu else fwd
-            step.launch_s = max(0.0, (rb.dur_us - _blocked(syncs, rb)) * 1e-6 - cpu_fwd)
+            step.launch_s = max(0.0, (rb.dur_us - syncs.blocked(rb)) * 1e-6 - cpu_fwd)
         read.steps.append(step)
     if not any(s.kind in ("decode", "extend") for s in read.steps):
         raise UserInputError(source, "traceEvents", "no DECODE or EXTEND step with a forward time "
@@ -245,25 +252,35 @@ def read_trace(path: Path) -> TraceRead:
     return read
 
 
-def _trace_head(path: Path) -> dict:
-    """device_name (GPU traces: ``deviceProperties``), host_name, start_time (from
-    ``baseTimeNanoseconds``, the Unix time of ts 0 in torch 2.x traces) when present."""
+def _load(path: Path) -> tuple[dict, list[dict]]:
+    """(the trace's top-level object, its events), parsed once; a file that does not parse is
+    reported as :func:`sim.output.real_trace.read_trace_events` reports it (one line)."""
     import gzip
     import json
+
+    from sim.output.real_trace import read_trace_events
 
     try:
         raw = path.read_bytes()
         data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-    except Exception:  # read_trace_events has already reported a bad file
-        return {}
-    if not isinstance(data, dict):
-        return {}
+        events = data.get("traceEvents") if isinstance(data, dict) else data
+        if not isinstance(events, list):
+            raise ValueError("no event list")
+    except Exception:
+        read_trace_events(path)  # raises the one-line error naming the file
+        raise
+    return (data if isinstance(data, dict) else {}), [e for e in events if isinstance(e, dict)]
+
+
+def _trace_head(data: dict, events: list[dict]) -> dict:
+    """device_name (GPU traces: ``deviceProperties``), host_name, start_time (from
+    ``baseTimeNanoseconds``, the Unix time of ts 0 in torch 2.x traces) when present."""
     out = {"host_name": str(data.get("host_name", ""))}
     props = data.get("deviceProperties")
     if isinstance(props, list) and props and isinstance(props[0], dict) and props[0].get("name"):
         out["device_name"] = str(props[0]["name"])
     base = data.get("baseTimeNanoseconds")
-    ts = [e.get("ts") for e in data.get("traceEvents", [])[:50] if isinstance(e, dict)]
+    ts = [e.get("ts") for e in events[:50]]
     ts = [t for t in ts if isinstance(t, (int, float))]
     if isinstance(base, (int, float)) and ts:
         try:
@@ -284,11 +301,11 @@ def _outermost(spans: list[Span]) -> list[Span]:
     return out
 
 
-def _containing(spans: list[Span], t_us: float) -> Optional[Span]:
-    for s in spans:
-        if s.contains(t_us):
-            return s
-    return None
+def _containing(spans: list[Span], starts: list[float], t_us: float) -> Optional[Span]:
+    """The span of ``spans`` (sorted by start, not nested; ``starts`` their starts) that contains
+    ``t_us``, if any."""
+    i = bisect_right(starts, t_us) - 1
+    return spans[i] if i >= 0 and spans[i].contains(t_us) else None
 
 
 def _loop(py: dict) -> str:
@@ -300,40 +317,52 @@ def _loop(py: dict) -> str:
     return "normal" if py.get("run_batch") else ""
 
 
-def _blocked(syncs: list[Span], within: Span) -> float:
-    """Microseconds of CUDA synchronisation inside ``within``."""
-    return sum(max(0.0, min(s.end_us, within.end_us) - max(s.start_us, within.start_us)) for s in syncs
-               if s.start_us < within.end_us and s.end_us > within.start_us)
+class _Syncs:
+    """The CUDA synchronisation calls of the trace, sorted, for :meth:`blocked`."""
+
+    def __init__(self, spans: list[Span]):
+        self.spans = sorted(spans, key=lambda s: s.start_us)
+        self.starts = [s.start_us for s in self.spans]
+        self.longest = max((s.dur_us for s in self.spans), default=0.0)
+
+    def blocked(self, within: Span) -> float:
+        """Microseconds of synchronisation inside ``within``."""
+        lo = bisect_left(self.starts, within.start_us - self.longest)
+        hi = bisect_left(self.starts, within.end_us)
+        return sum(max(0.0, min(s.end_us, within.end_us) - max(s.start_us, within.start_us))
+                   for s in self.spans[lo:hi])
 
 
-def _phases(read: TraceRead, py: dict, syncs: list[Span]) -> None:
+def _phases(read: TraceRead, py: dict, syncs: "_Syncs") -> None:
     """Host phases per scheduler iteration (see the module docstring)."""
     ingests = py.get("recv", [])
     scheds, runs, procs = py.get("schedule", []), py.get("run_batch", []), py.get("process", [])
     news = py.get("new_request", [])
-    by_start = {s.span.start_us: s for s in read.steps}
+    by_run = {s.run_start_us: s for s in read.steps if math.isfinite(s.run_start_us)}
+    new_starts = sorted(s.start_us for s in news)
+    starts = {id(spans): [s.start_us for s in spans] for spans in (scheds, runs, procs)}
     pending = None  # overlap: the step whose result the next iteration processes
     for i, ing in enumerate(ingests):
         t0 = ing.start_us
         t1 = ingests[i + 1].start_us if i + 1 < len(ingests) else math.inf
-        inside = lambda spans: [s for s in spans if t0 <= s.start_us < t1]  # noqa: E731
+        inside = lambda spans: spans[bisect_left(starts[id(spans)], t0):bisect_left(starts[id(spans)], t1)]  # noqa: E731
         sched, rb, proc = inside(scheds), inside(runs), inside(procs)
         step = None
         if rb:
-            step = next((s for start, s in by_start.items() if rb[0].contains(start)), None)
+            step = by_run.get(rb[0].start_us)
         if step is not None and sched:
-            step.schedule_s = (sched[0].dur_us - _blocked(syncs, sched[0])) * 1e-6
+            step.schedule_s = (sched[0].dur_us - syncs.blocked(sched[0])) * 1e-6
         # process: same iteration's batch (normal), or the one launched before (overlap)
         target = step if read.loop != "overlap" else pending
         for p in proc:
             if target is not None and math.isnan(target.process_s) and (read.loop == "overlap" or not rb
                                                                         or p.start_us >= rb[0].start_us):
-                target.process_s = (p.dur_us - _blocked(syncs, p)) * 1e-6
+                target.process_s = (p.dur_us - syncs.blocked(p)) * 1e-6
                 target.process_end_us = p.end_us
         if read.loop == "overlap" and rb:
             pending = step
-        n_new = sum(1 for s in news if ing.contains(s.start_us))
-        recv = ing.dur_us - _blocked(syncs, ing)
+        n_new = bisect_right(new_starts, ing.end_us) - bisect_left(new_starts, ing.start_us)
+        recv = ing.dur_us - syncs.blocked(ing)
         if math.isfinite(t1) and i > 0:  # the first receive may have begun before the profiler started
             busy = ing.dur_us + sum(s.dur_us for s in (*sched, *rb, *proc))
             recv += max(0.0, (t1 - t0) - busy)  # the loop's time outside the phases

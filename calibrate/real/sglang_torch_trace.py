@@ -340,13 +340,13 @@ def _phases(read: TraceRead, py: dict, syncs: "_Syncs") -> None:
     news = py.get("new_request", [])
     by_run = {s.run_start_us: s for s in read.steps if math.isfinite(s.run_start_us)}
     new_starts = sorted(s.start_us for s in news)
-    starts = {id(spans): [s.start_us for s in spans] for spans in (scheds, runs, procs)}
+    starts = [[s.start_us for s in spans] for spans in (scheds, runs, procs)]
     pending = None  # overlap: the step whose result the next iteration processes
     for i, ing in enumerate(ingests):
         t0 = ing.start_us
         t1 = ingests[i + 1].start_us if i + 1 < len(ingests) else math.inf
-        inside = lambda spans: spans[bisect_left(starts[id(spans)], t0):bisect_left(starts[id(spans)], t1)]  # noqa: E731
-        sched, rb, proc = inside(scheds), inside(runs), inside(procs)
+        sched, rb, proc = (spans[bisect_left(st, t0):bisect_left(st, t1)]
+                           for spans, st in zip((scheds, runs, procs), starts))
         step = None
         if rb:
             step = by_run.get(rb[0].start_us)

@@ -92,7 +92,7 @@ def _time(fn, reps: int, warmup: int) -> tuple[float, float]:
     return statistics.median(wall), statistics.median(cpu)
 
 
-def probe(reps: int = 60, warmup: int = 10, with_torch: bool = True) -> dict:
+def probe(reps: int = 150, warmup: int = 10, with_torch: bool = True) -> dict:
     """The probe's reading: ``{"python_s", "python_cpu_s", "torch_s"?, "torch_cpu_s"?, "utc"}``
     (seconds per repetition). ``with_torch=False`` (or torch missing) leaves the torch keys out.
 

@@ -164,6 +164,9 @@ def run_validate(args: argparse.Namespace) -> int:
         for setting, v in case["settings"].items():
             cells = "  ".join(f"{m} {v['measured'][m]:.4g} -> {v['predicted'][m]:.4g} ({v['error'][m] * 100:+.1f}%)"
                               for m in v["measured"])
+            share = v.get("hidden_cpu_share", {})
+            if share:
+                cells += f"  hidden CPU share {share['measured']:.2f} -> {share['predicted']:.2f}"
             print(f"{case['name']:10s} {setting:8s} {cells}")
         if "speedup" in case:
             s = case["speedup"]

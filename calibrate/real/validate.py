@@ -132,8 +132,9 @@ def _vllm_prefixes(steps) -> dict[str, int]:
 
 
 def measured_run(folder: Path, config: Workload, engine: str = "sglang") -> tuple[dict, list[dict]]:
-    """(summary, request rows for the simulator) of one configuration's load in one session."""
-    from sim.trace.metrics import summarize
+    """(summary, request rows for the simulator) of one configuration's load in one session; the
+    summary also holds ``hidden_cpu_share`` (:func:`sim.trace.metrics.hidden_cpu_share`)."""
+    from sim.trace.metrics import hidden_cpu_share, measured_window, summarize
 
     load = server_runs.read_load(folder / f"{config.name}.json")
     specs = {r["rid"]: r for r in config.requests(prefix=f"{config.name}-")}
@@ -162,7 +163,9 @@ def measured_run(folder: Path, config: Workload, engine: str = "sglang") -> tupl
              "output_len": max(int(r["output_len"]), 1), "max_new_tokens": specs[r["rid"]]["max_new_tokens"],
              "ignore_eos": bool(specs[r["rid"]].get("ignore_eos", True))}
             for r in load["requests"]]
-    return summarize(steps, requests, itl), rows
+    summary = summarize(steps, requests, itl)
+    summary["hidden_cpu_share"] = hidden_cpu_share(steps, *measured_window(requests))
+    return summary, rows
 
 
 def _first_prefixes(records: list[dict]) -> dict[str, int]:
@@ -253,7 +256,9 @@ def _scaled(sc: dict, scales: dict) -> dict:
 
 def compare(out: Path, plan: Plan, profile: Path) -> dict:
     """Measured (per repeat and median) against predicted, per configuration and setting, and
-    the overlap/normal speedup with its 95% interval over the repeats (paired by repeat).
+    the overlap/normal speedup with its 95% interval over the repeats (paired by repeat), and the
+    share of the scheduler's CPU time hidden behind a forward (``hidden_cpu_share``: the median
+    of the runs, and the prediction's).
 
     With host speed probes in the profile and every session (:mod:`calibrate.hostspeed`), the
     result also holds ``drift_corrected``: the same comparison with each session predicted from
@@ -261,6 +266,7 @@ def compare(out: Path, plan: Plan, profile: Path) -> dict:
     Python probe's ratio, forward by the torch probe's), the prediction of a setting the median
     of its sessions' predictions, the predicted speedup the mean of the per-repeat ratios."""
     import sim
+    from sim.trace.metrics import hidden_cpu_share, measured_window
 
     drifts = session_drift(out, plan, json.loads(Path(profile).read_text()))
     cases, corrected = [], []
@@ -277,12 +283,15 @@ def compare(out: Path, plan: Plan, profile: Path) -> dict:
         case = {"name": config.name, "config": asdict(config), "settings": {}}
         fixed = {"name": config.name, "settings": {}}
         for setting in plan.settings:
-            pred = sim.simulate(sc, setting).summary()
+            res = sim.simulate(sc, setting)
+            pred = res.summary()
             meas = {m: statistics.median(run[m] for run in runs[setting]) for m in METRICS}
             case["settings"][setting] = {
                 "measured": meas, "predicted": {m: pred[m] for m in METRICS},
                 "error": {m: pred[m] / meas[m] - 1 for m in METRICS},
-                "runs": [{m: run[m] for m in METRICS} for run in runs[setting]]}
+                "runs": [{m: run[m] for m in METRICS} for run in runs[setting]],
+                "hidden_cpu_share": {"measured": statistics.median(run["hidden_cpu_share"] for run in runs[setting]),
+                                     "predicted": hidden_cpu_share(res.steps, *measured_window(res.requests))}}
             if drifts:
                 scales = [drifts[(r, setting)] for r in range(plan.repeats)]
                 preds[setting] = [sim.simulate(_scaled(sc, x), setting).summary() for x in scales]

@@ -127,3 +127,37 @@ def summarize(steps: pd.DataFrame, requests: pd.DataFrame, itl: pd.DataFrame) ->
                    p99_gap_ms=math.nan, mean_sync_wait_ms=math.nan, mean_decode_batch_size=math.nan,
                    overshoot_tokens=0)
     return {k: out[k] for k in SUMMARY_KEYS}
+
+
+def hidden_cpu_share(steps: pd.DataFrame, start: float = -math.inf, end: float = math.inf) -> float:
+    """The share of the scheduler's CPU time that ran while a forward was running: the summed
+    overlap of every step's ``schedule_start..schedule_end`` and ``process_start..process_end``
+    with the union of all steps' ``forward_start..forward_end``, over those phases' summed length,
+    for phases that start in ``[start, end)`` (s). What overlap scheduling exists to raise: 0 in a
+    synchronous loop, near 1 when the CPU work hides behind the forward (vLLM's async scheduling
+    measured 89% on a CPU host). NaN when no such phase has a positive length.
+
+    Args:
+        steps: a steps table (:mod:`sim.trace.recorder` columns), simulated or measured.
+    """
+    fs, fe = steps["forward_start"].to_numpy(float), steps["forward_end"].to_numpy(float)
+    ok = np.isfinite(fs) & np.isfinite(fe) & (fe > fs)
+    order = np.argsort(fs[ok], kind="stable")
+    busy: list[list[float]] = []  # the union of the forwards, sorted, disjoint
+    for a, b in zip(fs[ok][order], fe[ok][order]):
+        if busy and a <= busy[-1][1]:
+            busy[-1][1] = max(busy[-1][1], b)
+        else:
+            busy.append([a, b])
+    starts = np.array([b[0] for b in busy])
+    total = hidden = 0.0
+    for a_col, b_col in (("schedule_start", "schedule_end"), ("process_start", "process_end")):
+        for a, b in zip(steps[a_col].to_numpy(float), steps[b_col].to_numpy(float)):
+            if not (math.isfinite(a) and math.isfinite(b) and b > a and start <= a < end):
+                continue
+            total += b - a
+            i = max(int(np.searchsorted(starts, a, side="right")) - 1, 0)
+            while i < len(busy) and busy[i][0] < b:
+                hidden += max(0.0, min(b, busy[i][1]) - max(a, busy[i][0]))
+                i += 1
+    return hidden / total if total > 0 else math.nan

@@ -18,6 +18,7 @@ Ratios measured in one run (interleaved, repeated, each run a fresh process; med
         # | tar -x -C /tmp/old`), closed loop at concurrency 64, one setting per --settings
     python benchmarks/sim_speed.py --cli-modes 20000 --repeats 3
         # `overlap-sim run` wall time, default mode (tables, CSVs, plots) over --tables none
+        # (add --tree DIR to run another checkout's command line)
 """
 
 from __future__ import annotations
@@ -95,9 +96,9 @@ def run_case(args: tuple) -> dict:
     simulate_module.simpy.Environment = factory  # count events without touching the simulator
     scenario = sim.load_scenario(reference_scenario(num_requests, arrival, concurrency))
     kwargs = {"tables": tables} if tables else {}
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     res = sim.simulate(scenario, setting, **kwargs)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     summ = res.summary()
     stats = getattr(res, "stats", {}) or {}
     sim_s = stats.get("sim_time_s")
@@ -112,6 +113,7 @@ def run_case(args: tuple) -> dict:
         "concurrency": concurrency,
         "wall_s": wall, "sim_s": sim_s, "x_real_time": sim_s / wall, "steps": steps,
         "decode_steps": decode_steps, "decode_steps_per_wall_s": decode_steps / wall,
+        "cpu_s": cpu, "decode_steps_per_cpu_s": decode_steps / cpu,
         "events_per_step": envs[0].events / max(steps, 1),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "output_throughput": summ["output_throughput"], "completed": summ["completed"],
@@ -124,8 +126,9 @@ def spread(values: list[float], fmt: str = ".2f") -> str:
 
 
 def compare_trees(against: Path, sizes: list[int], settings: list[str], tables: str | None, repeats: int) -> None:
-    """Decode steps per wall second of this tree and of ``against`` on the closed-loop reference
-    workload, each case run alternately in both trees (a fresh process each), ``repeats`` times."""
+    """Decode steps per CPU second (the process's own, less sensitive than wall time to other load
+    on the machine) of this tree and of ``against`` on the closed-loop reference workload, each
+    case run alternately in both trees (a fresh process each), ``repeats`` times."""
     for n in sizes:
         for setting in settings:
             rate: dict[str, list[float]] = {"this": [], "against": []}
@@ -134,9 +137,9 @@ def compare_trees(against: Path, sizes: list[int], settings: list[str], tables: 
                     case = json.dumps([n, "closed_loop", setting, tables, 64])
                     out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--case", case, "--tree", str(tree)],
                                          capture_output=True, text=True, check=True).stdout
-                    rate[name].append(json.loads(out.splitlines()[-1])["decode_steps_per_wall_s"])
+                    rate[name].append(json.loads(out.splitlines()[-1])["decode_steps_per_cpu_s"])
             ratios = [a / b for a, b in zip(rate["this"], rate["against"])]
-            print(f"{n:>7} closed_loop c=64 {setting:<12} tables={tables or 'steps':<7} decode steps/s: this "
+            print(f"{n:>7} closed_loop c=64 {setting:<12} tables={tables or 'steps':<7} decode steps/CPU s: this "
                   f"{spread(rate['this'], '.0f')}, against {spread(rate['against'], '.0f')}; this/against "
                   f"{spread(ratios)}", flush=True)
 
@@ -156,8 +159,8 @@ def compare_cli_modes(num_requests: int, repeats: int) -> None:
             for mode, extra in modes.items():
                 t0 = time.perf_counter()
                 subprocess.run([sys.executable, "-m", "sim.cli", "run", str(scenario), "--out", str(Path(tmp) / "out"),
-                                *extra], cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                *extra], cwd=TREE, check=True, stdout=subprocess.DEVNULL,
+                               env={**os.environ, "PYTHONPATH": str(TREE)})
                 wall[mode].append(time.perf_counter() - t0)
     for mode, values in wall.items():
         print(f"overlap-sim run, {num_requests} requests, overlap + normal, {mode:<32} wall {spread(values)} s")

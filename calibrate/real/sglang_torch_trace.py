@@ -49,8 +49,10 @@ Simplifications (stated in the profile's ``metadata.timing``):
   for one request or no prefix, which is how the simulator prices them (``sim.model.profile_costs``).
 - The profile's phases were measured under the trace's loop only and apply to both settings.
 - Python stacks cost time: ``torch.profiler``'s Python tracer slows every Python call, so host
-  phases (and on a CPU engine the forward) are longer than without the profiler. On this project's
-  VM (SGLang 0.5.23 CPU engine), see docs/real-engines.md for the measured factor.
+  phases are longer than without the profiler, and so is the forward on a CPU engine, or on a GPU
+  whose kernels wait for their launches (eager mode, a small model; CUDA graphs launch a decode in
+  one call). Kernel durations themselves are not slowed. docs/real-engines.md gives the factor
+  measured on this project's VM (SGLang 0.5.23 CPU engine); :func:`log_check` measures it.
 """
 
 from __future__ import annotations
@@ -687,7 +689,7 @@ def run_from_trace(args) -> int:
         if check["profiler_slowdown"] is not None:
             print(f"server log: outside the profiled window the same batches took "
                   f"{check['period_unprofiled_median_s'] * 1e3:.3f} ms a step: the profiler slowed the server "
-                  f"x{check['profiler_slowdown']:.2f} (host phases and, on a CPU engine, the forward are measured "
-                  "slowed; GPU kernel times are not)", file=err)
+                  f"x{check['profiler_slowdown']:.2f} (the host phases are measured slowed, and the forward on a "
+                  "CPU engine, or on a GPU when its kernels wait for their launches)", file=err)
     print(f"profile written to {args.out}")
     return 0

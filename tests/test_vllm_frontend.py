@@ -4,6 +4,7 @@ FIFO server, a request's latency through it, and invariants."""
 from __future__ import annotations
 
 import pytest
+import simpy
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -13,44 +14,74 @@ from tests.vllm_helpers import CONSTANT, vllm_scenario, write_profile
 
 
 class Costs:
-    def __init__(self, c_in: float, c_out: float):
-        self.c = {"in": c_in, "out": c_out}
+    """Constant front-end costs: ``L`` latency, ``w`` work per request, ``out`` per step's request."""
+
+    def __init__(self, latency_s: float, work_s: float, out_s: float = 0.0):
+        self.line, self.out = (latency_s, work_s), out_s
+
+    def frontend_in_line(self):
+        return self.line
 
     def frontend_s(self, kind: str, num_reqs: int) -> float:
-        return self.c[kind] * (num_reqs if kind == "out" else 1)
+        assert kind == "out"
+        return self.out * num_reqs
 
 
-def test_an_idle_api_server_adds_its_service_time():
-    api = ApiServer(Costs(0.005, 0.001))
-    assert api.ingress(1.0) == pytest.approx(1.005)
-    assert api.egress(2.0, 3) == pytest.approx(2.003)
+def serve(sends: list[float], latency_s: float, work_s: float) -> dict[int, float]:
+    """Request id -> when it reached the engine core, for requests sent at ``sends``."""
+    env = simpy.Environment()
+    got: dict[int, float] = {}
+    api = ApiServer(env, Costs(latency_s, work_s), lambda rid, at, sent: got.setdefault(rid, at))
+    for rid, t in enumerate(sends):
+        api.ingress(rid, t)
+    env.run()
+    return got
 
 
-def test_a_request_waits_behind_a_steps_outputs_and_the_other_way_round():
-    api = ApiServer(Costs(0.005, 0.001))
-    assert api.egress(1.0, 4) == pytest.approx(1.004)  # busy until 1.004
-    assert api.ingress(1.001) == pytest.approx(1.009)  # waits 3 ms, then 5 ms
-    assert api.egress(1.002, 2) == pytest.approx(1.011)  # behind the request
+def test_a_lone_request_takes_the_latency_and_its_work():
+    assert serve([1.0], 0.004, 0.002) == {0: pytest.approx(1.006)}
+
+
+def test_a_burst_reaches_the_engine_together():
+    """n requests sent together share the event loop: all arrive L + n w after the send."""
+    got = serve([0.0] * 8, 0.004, 0.002)
+    assert list(got.values()) == pytest.approx([0.004 + 8 * 0.002] * 8)
+
+
+def test_a_later_request_shares_what_is_left():
+    """r0 alone for w/2, then both at half speed: r0 done at L + 1.5 w, r1 at L + 2 w."""
+    L, w = 0.004, 0.002
+    got = serve([0.0, w / 2], L, w)
+    assert got[0] == pytest.approx(L + 1.5 * w) and got[1] == pytest.approx(L + 2 * w)
 
 
 def test_a_front_end_of_no_cost_changes_no_time():
-    """A profile without the front-end curves: every job passes at once, whatever the call order."""
-    api = ApiServer(Costs(0.0, 0.0))
-    assert api.egress(0.5, 8) == 0.5 and api.ingress(0.25) == 0.25
+    """A profile without the front-end curves: a request reaches the engine when sent, a token
+    the client when the update ends."""
+    assert serve([0.5, 0.25], 0.0, 0.0) == {0: 0.5, 1: 0.25}
+    api = ApiServer(simpy.Environment(), Costs(0.0, 0.0), lambda *a: None)
+    assert api.egress(0.5, 8) == 0.5
 
 
-times = st.lists(st.floats(min_value=0, max_value=1e4, allow_nan=False), min_size=1, max_size=30)
+def test_step_outputs_are_handled_one_after_the_other():
+    api = ApiServer(simpy.Environment(), Costs(0.0, 0.0, out_s=0.001), lambda *a: None)
+    assert api.egress(1.0, 4) == pytest.approx(1.004)
+    assert api.egress(1.002, 2) == pytest.approx(1.006)  # waits for the first
+    assert api.egress(2.0, 1) == pytest.approx(2.001)
 
 
-@given(times, st.floats(min_value=1e-9, max_value=1.0), st.floats(min_value=1e-9, max_value=1.0))
-def test_jobs_end_no_earlier_than_they_arrive_and_in_order(ts, c_in, c_out):
-    api = ApiServer(Costs(c_in, c_out))
-    ends = []
-    for i, t in enumerate(sorted(ts)):
-        end = api.ingress(t) if i % 2 else api.egress(t, 2)
-        assert end >= t
-        ends.append(end)
-    assert ends == sorted(ends)
+sends = st.lists(st.floats(min_value=0, max_value=1.0, allow_nan=False), min_size=1, max_size=25)
+
+
+@given(sends, st.floats(min_value=0, max_value=0.01), st.floats(min_value=1e-6, max_value=0.01))
+def test_every_request_arrives_within_its_share_and_none_is_lost(ts, latency_s, work_s):
+    """Each request reaches the engine no sooner than L + w after its send and no later than
+    L + (requests in the loop with it) w; all of them arrive."""
+    got = serve(ts, latency_s, work_s)
+    assert sorted(got) == list(range(len(ts)))
+    for rid, t in enumerate(ts):
+        assert got[rid] >= t + latency_s + work_s - 1e-9
+        assert got[rid] <= t + latency_s + len(ts) * work_s + 1e-9
 
 
 @pytest.mark.parametrize("setting", ["sync", "async"])

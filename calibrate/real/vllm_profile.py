@@ -133,10 +133,12 @@ def frontend_samples(folder: Path, engine_records: list[dict], steps: list[vllm_
     in ``folder``: send time and each token's arrival, ``perf_counter``) joined with the engine
     core's trace (same clock):
 
-    - ``vllm.frontend_in`` (num_reqs 1): from the client's send to ``EngineCore.add_request``, for
-      the requests of the loads that run one request at a time (the engine idle when it is sent,
-      no other request in the API server): HTTP handling, ``OpenAIServingCompletion``, the input
-      processor and the trip to the engine core's input queue;
+    - ``vllm.frontend_in`` (num_reqs n): from the client's send to ``EngineCore.add_request``:
+      HTTP handling, ``OpenAIServingCompletion``, the input processor and the trip to the engine
+      core's input queue. n = 1: the requests of the loads that run one request at a time (the
+      engine idle when each is sent, no other request in the API server); n > 1: the first
+      ``add_request`` after a burst of the load's first n requests, sent together to an idle
+      server (the handlers interleave, so the first of them reaches the engine core late);
     - ``vllm.frontend_out`` (num_reqs n): from the end of ``update_from_output`` of a step that
       ran the load's full concurrency n (n in ``sizes``, default any) to the client's receipt of
       each of that step's tokens: the engine core's output thread,
@@ -148,7 +150,9 @@ def frontend_samples(folder: Path, engine_records: list[dict], steps: list[vllm_
       client falls behind the stream, its delays grow token by token (a backlog: up to 150 ms
       here): that is queueing, which the simulator's API server produces itself, not the service
       time; delays above :data:`BACKLOG_FACTOR` times the point's median are left out (in the
-      shipped profile's sessions 13-47% of a point's samples, the most at batch 1 and 16).
+      shipped profile's sessions 13-47% of a point's samples, the most at batch 1 and 16). The
+      same cut applies to ``frontend_in``: a lone request that took 5-15 times the median (the
+      session's first, up to 104 ms) waited behind something else.
     """
     prompt = {vllm_trace.client_rid(r["rid"]): r["prompt"] for r in engine_records if r["ph"] == "add"}
     added = {vllm_trace.client_rid(r["rid"]): r["t0"] for r in engine_records if r["ph"] == "add"}
@@ -167,6 +171,10 @@ def frontend_samples(folder: Path, engine_records: list[dict], steps: list[vllm_
         if not path.exists():
             continue
         recs = json.loads(path.read_text()).get("requests", [])
+        burst = sorted(recs, key=lambda r: r["send_s"])[:load["concurrency"]]
+        if load["concurrency"] > 1 and all(r["rid"] in added and not r.get("error") for r in burst):
+            acc["vllm.frontend_in"].setdefault(load["concurrency"], []).append(
+                min(added[r["rid"]] for r in burst) - burst[0]["send_s"])
         for r in recs:
             if r.get("error") or r["rid"] not in added:
                 continue
@@ -181,7 +189,7 @@ def frontend_samples(folder: Path, engine_records: list[dict], steps: list[vllm_
     for c, by in acc.items():
         for n, ts in sorted(by.items()):
             ts = [x for x in ts if x >= 0]
-            if c == "vllm.frontend_out" and ts:  # a backlog's queueing is not the service time
+            if ts:  # a backlog's queueing (or a wait behind what the loads did not show) is not the latency
                 cap = BACKLOG_FACTOR * statistics.median(ts)
                 ts = [x for x in ts if x <= cap]
             if ts:

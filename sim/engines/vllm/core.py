@@ -56,7 +56,7 @@ class EngineCore:
     """
 
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, specs: RequestSpecs, warmup_requests: int,
-                 costs, cpu_jitter: Jitter, recorder, frontend: ApiServer | None = None):
+                 costs, cpu_jitter: Jitter, recorder):
         self.env = env
         self.scheduler = scheduler
         self.specs = specs
@@ -64,7 +64,7 @@ class EngineCore:
         self.costs = costs
         self.cpu_jitter = cpu_jitter
         self.recorder = recorder
-        self.frontend = frontend or ApiServer(costs)
+        self.frontend = ApiServer(env, costs, self._enqueue)
         self.inbox: list[tuple[float, int, float]] = []  # (at the engine s, rid, sent s), in submission order
         self._head = 0
         self._wakeup: simpy.Event | None = None
@@ -75,10 +75,15 @@ class EngineCore:
 
     # --- input ---------------------------------------------------------------------------
     def submit(self, rid: int, arrival_s: float) -> None:
-        """A client sends a request at ``arrival_s``; it reaches the engine core's input queue
-        when the API server has handled it (:meth:`ApiServer.ingress`). Wakes an idle core."""
-        self.inbox.append((self.frontend.ingress(arrival_s), rid, arrival_s))
+        """A client sends a request at ``arrival_s`` (now or later); it reaches the engine core's
+        input queue when the API server has handled it (:meth:`ApiServer.ingress`)."""
         self.recorder.arrival(rid, arrival_s)
+        self.frontend.ingress(rid, arrival_s)
+
+    def _enqueue(self, rid: int, at_engine_s: float, sent_s: float) -> None:
+        """Request ``rid`` (sent at ``sent_s``) reaches the input queue at ``at_engine_s``
+        (now or later; in order); wakes an idle core."""
+        self.inbox.append((at_engine_s, rid, sent_s))
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
 

@@ -40,8 +40,9 @@ curve                axes             the time of (process)
                                       of ``Scheduler.update_from_output`` for that step (the reply
                                       travelling back and ``future.result()`` returning) (sync runs)
 ``vllm.update``      num_reqs         ``Scheduler.update_from_output`` (E)
-``vllm.frontend_in``  num_reqs (1)   optional: from the client's send to ``EngineCore.add_request``
-                                      of a request sent to an idle server (the API server)
+``vllm.frontend_in``  num_reqs       optional: from the client's send to the first
+                                      ``EngineCore.add_request`` of num_reqs requests sent together
+                                      to an idle server (the API server; 1: a lone request)
 ``vllm.frontend_out`` num_reqs        optional: from the end of ``update_from_output`` to the
                                       client's receipt of the step's tokens (engine core output
                                       thread, API server, stream) (:mod:`sim.engines.vllm.frontend`)
@@ -119,10 +120,25 @@ class VllmProfileCosts:
         self._frontend = {k: self.curves.get(f"vllm.frontend_{k}") for k in ("in", "out")}
 
     def frontend_s(self, kind: str, num_reqs: int) -> float:
-        """The API server's time for a request (``kind`` "in") or a step's outputs for
-        ``num_reqs`` requests ("out"); 0 when the profile has no such curve."""
+        """The API server's latency for ``num_reqs`` requests sent together (``kind`` "in") or a
+        step's outputs for ``num_reqs`` requests ("out"); 0 when the profile has no such curve."""
         curve = self._frontend[kind]
         return curve(num_reqs) * self.cpu_scale if curve is not None else 0.0
+
+    def frontend_in_line(self) -> tuple[float, float]:
+        """``(L, w)`` seconds of :mod:`sim.engines.vllm.frontend`: the line through
+        ``frontend_in`` at 1 and at the largest measured burst n (``L + w``, ``L + n w``), each
+        at least 0; one measured point: ``(0, frontend_in(1))``; no curve: ``(0, 0)``."""
+        curve = self._frontend["in"]
+        if curve is None:
+            return 0.0, 0.0
+        one = self.frontend_s("in", 1)
+        n = max(curve.grid[0]) if len(curve.grid[0]) > 1 else 1
+        if n <= 1:
+            return 0.0, one
+        w = max(0.0, (self.frontend_s("in", n) - one) / (n - 1))
+        w = min(w, one)
+        return one - w, w
 
     def phase_s(self, name: str, num_reqs: int) -> float:
         """CPU (or latency) time of phase ``name`` (one of :data:`PHASES`) for ``num_reqs`` requests."""
@@ -155,6 +171,9 @@ class VllmInlineCosts:
     def frontend_s(self, kind: str, num_reqs: int) -> float:
         """The inline terms have no API server: 0."""
         return 0.0
+
+    def frontend_in_line(self) -> tuple[float, float]:
+        return 0.0, 0.0
 
     def phase_s(self, name: str, num_reqs: int) -> float:
         lin = self._linear

@@ -8,52 +8,110 @@ ZMQ send to the engine core's input thread) run on it; so does ``output_handler`
 each step's outputs from the engine core (``get_output_async``), runs
 ``OutputProcessor.process_outputs`` and hands each request's tokens to its streaming response.
 
-Modelled as one FIFO server on its own core (:class:`ApiServer`): each request costs
-``vllm.frontend_in`` before it reaches the engine core's input queue, each step's outputs cost
-``vllm.frontend_out(num_reqs)`` before its tokens reach the clients; a request that arrives while
-a step's outputs are being handled waits behind them, and the other way round.
+Modelled (:class:`ApiServer`), from what the calibration measured (``vllm.frontend_in``,
+``vllm.frontend_out``, :func:`calibrate.real.vllm_profile.frontend_samples`):
 
-Simplifications, stated: the service times are latencies measured end to end from the client
-(:func:`calibrate.real.vllm_profile.frontend_samples`), so they include the trips through ZMQ
-and the loopback HTTP connection, counted here as the event loop's busy time; the asyncio loop
-interleaves requests at ``await`` points, modelled as whole jobs in arrival order; the API
-server shares a core with the engine core on the CPU build (vLLM pins the worker to one core,
-the rest float), and that contention is in the engine core's measured phases, not added here.
-A profile without these curves (calibrated before they existed) gives a front end of zero cost.
+- **in**: a request reaches the engine core's input queue after a fixed latency ``L`` plus its
+  share of the event loop: the handlers of requests sent together interleave at their
+  ``await`` points, so they are served side by side (processor sharing) with ``w`` seconds of
+  work each. A burst of n requests reaches the engine core together, about ``L + n w`` after it
+  was sent, and the engine core prefills them in one step, as the real server does (the
+  calibration's bursts of 4 to 16 requests: the first ``add_request`` 6-37 ms after the send,
+  the rest at the next step boundary). ``L`` and ``w`` are the line through the measured
+  latencies of a lone request (``frontend_in(1) = L + w``) and of the largest measured burst
+  (``frontend_in(n) = L + n w``).
+- **out**: a step's tokens reach the clients ``frontend_out(num_reqs)`` after its
+  ``update_from_output`` ends, the steps' outputs handled one after the other (FIFO).
+
+Simplifications, stated: the two directions do not slow each other (one event loop in the real
+server); the latencies are measured end to end from the client, so they include the trips
+through ZMQ and the loopback HTTP connection; the API server shares a core with the engine core
+on the CPU build (vLLM pins the worker to one core, the rest float), and that contention is in
+the engine core's measured phases, not added here. A profile without these curves (calibrated
+before they existed) gives a front end of zero cost: a request reaches the input queue when it
+is sent, a token the client when ``update_from_output`` ends.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
+import simpy
+
+EPS_S = 1e-12  # work left below this is done (float sums)
+
 
 class ApiServer:
-    """The API server's event loop as a FIFO single server.
-
-    Jobs are charged in call order, which is simulated-time order up to one update: SimPy runs
-    events in time order, a closed-loop client sends its next request when its last token was
-    delivered (after every job charged so far), and a step's outputs are charged when its
-    ``update_from_output`` starts, for its end (a fraction of a millisecond later), so a request
-    sent during an update waits behind that step's outputs. A job of no cost (a profile without
-    the front-end curves) passes at once and moves nothing.
+    """The API server's event loop: requests in (processor sharing), step outputs out (FIFO).
 
     Args:
-        costs: a vLLM cost model with ``frontend_s(kind, num_reqs)`` (seconds; ``kind`` "in" or "out").
+        env: the SimPy environment.
+        costs: a vLLM cost model with ``frontend_s(kind, num_reqs)`` (seconds; ``kind`` "in" or
+            "out") and ``frontend_in_line()`` -> ``(L, w)`` seconds.
+        enqueue: ``enqueue(rid, at_engine_s, sent_s)``, called when a request reaches the engine
+            core's input queue.
     """
 
-    def __init__(self, costs):
-        self.costs = costs
-        self.free_s = 0.0  # when the event loop has finished every job charged so far (s)
+    def __init__(self, env: simpy.Environment, costs, enqueue: Callable[[int, float, float], None]):
+        self.env, self.costs, self.enqueue = env, costs, enqueue
+        self.latency_s, self.work_s = costs.frontend_in_line()
+        self.free_s = 0.0  # when the output side has finished every step charged so far (s)
+        self._jobs: dict[int, list[float]] = {}  # rid -> [work left s, sent s]
+        self._last_s = 0.0
+        self._changed: simpy.Event | None = None
+        if self.work_s > 0:
+            env.process(self._serve_requests())
 
-    def _serve(self, at_s: float, cost_s: float) -> float:
-        if cost_s <= 0.0:
-            return at_s
-        self.free_s = max(at_s, self.free_s) + cost_s
-        return self.free_s
+    # --- in ------------------------------------------------------------------------------
+    def ingress(self, rid: int, send_s: float) -> None:
+        """A client sends request ``rid`` at ``send_s`` (now or later): it reaches the engine
+        core's input queue after ``L`` and its share of the event loop."""
+        if self.work_s <= 0:
+            self.enqueue(rid, send_s + self.latency_s, send_s)
+            return
+        self.env.process(self._arrive(rid, send_s))
 
-    def ingress(self, send_s: float) -> float:
-        """A request sent at ``send_s``: when it reaches the engine core's input queue (s)."""
-        return self._serve(send_s, self.costs.frontend_s("in", 1))
+    def _arrive(self, rid: int, send_s: float):
+        enter = send_s + self.latency_s
+        if enter > self.env.now:
+            yield self.env.timeout(enter - self.env.now)
+        self._advance()
+        self._jobs[rid] = [self.work_s, send_s]
+        self._poke()
 
+    def _advance(self) -> None:
+        """Every job in the pool got an equal share of the time since the last change."""
+        now = self.env.now
+        if self._jobs:
+            share = (now - self._last_s) / len(self._jobs)
+            for job in self._jobs.values():
+                job[0] -= share
+        self._last_s = now
+
+    def _poke(self) -> None:
+        if self._changed is not None and not self._changed.triggered:
+            self._changed.succeed()
+
+    def _serve_requests(self):
+        while True:
+            self._changed = self.env.event()
+            if not self._jobs:
+                yield self._changed
+                continue
+            left = min(job[0] for job in self._jobs.values())
+            yield self._changed | self.env.timeout(max(left, 0.0) * len(self._jobs))
+            self._advance()
+            for rid in [r for r, job in self._jobs.items() if job[0] <= EPS_S]:
+                _, sent = self._jobs.pop(rid)
+                self.enqueue(rid, self.env.now, sent)
+
+    # --- out -----------------------------------------------------------------------------
     def egress(self, update_end_s: float, num_reqs: int) -> float:
         """A step's outputs for ``num_reqs`` requests, out of ``update_from_output`` at
-        ``update_end_s``: when its tokens reach the clients (s)."""
-        return self._serve(update_end_s, self.costs.frontend_s("out", num_reqs))
+        ``update_end_s``: when its tokens reach the clients (s). Charged in call order (steps
+        end in order); a step of no cost passes at once."""
+        cost = self.costs.frontend_s("out", num_reqs)
+        if cost <= 0.0:
+            return update_end_s
+        self.free_s = max(update_end_s, self.free_s) + cost
+        return self.free_s

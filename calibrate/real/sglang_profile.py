@@ -222,7 +222,7 @@ def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, folder: 
         CalibrationInputError: a grid the server cannot run, or points without samples.
         RuntimeError: the driver failed in the SGLang environment.
     """
-    from calibrate.hostspeed import mean_reading, to_reference
+    from calibrate.hostspeed import mean_reading
     from calibrate.profile import build_profile
 
     grid.check()
@@ -237,8 +237,6 @@ def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, folder: 
         meta, records, _ = sglang_trace.read_records(trace)
         got = samples(sglang_trace.iterations(records), d)
         check_coverage(got, grid)
-        if reference:  # the runs took minutes apiece: price them at the mean host speed
-            got = to_reference(got, mean_reading(probes[setting]), reference, ("forward.",))
         for smp in got:
             if smp["curve"].startswith("forward"):
                 key = (smp["curve"], tuple(sorted(smp["point"].items())))

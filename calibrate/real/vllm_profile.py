@@ -234,7 +234,7 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
         ProfileError: a curve without samples or a grid with holes (the message names it).
         RuntimeError: the server failed in the vLLM environment.
     """
-    from calibrate.hostspeed import mean_reading, to_reference
+    from calibrate.hostspeed import mean_reading
     from calibrate.measure import host_cpu
     from calibrate.profile import build_profile
     from sim.engines.vllm.costs import VLLM_CURVES
@@ -250,8 +250,6 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
         steps_ = vllm_trace.steps(eng, wrk)
         got = (samples(steps_, grid, setting) + add_request_samples(eng)
                + frontend_samples(out, eng, steps_, design(grid), set(grid.decode_batch_sizes)))
-        if reference:  # the sessions ran minutes apart: price both at the mean host speed
-            got = to_reference(got, mean_reading(probes[setting]), reference, ("vllm.forward",))
         for smp in got:
             if i == 0:
                 merged[(smp["curve"], tuple(sorted(smp["point"].items())), setting)] = smp

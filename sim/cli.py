@@ -99,6 +99,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     results = [simulate(scenario, s, tables=args.tables) for s in scenario.server.settings]
     summaries = {r.setting: r.summary() for r in results}
     payload = run_payload(scenario.name, scenario.seed, summaries)
+    found = verdict(summaries, *resolve_run_cv(args.run_cv, scenario.costs.noise))
+    payload["verdict"] = found.as_json() if found is not None else None
     payload["scenario_config"] = scenario.model_dump(mode="json")
     clean_run_folder(out_dir)
     write_results(out_dir, payload, results, args.format, args.tables)
@@ -108,12 +110,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         save_run_plots(out_dir, scenario.name, {r.setting: r.steps for r in results}, summaries,
                        {r.setting: r.requests for r in results})
     if args.json:
-        print(json.dumps({k: payload[k] for k in ("scenario", "seed", "settings", "ratios")}))
+        print(json.dumps({k: payload[k] for k in ("scenario", "seed", "settings", "ratios", "verdict")}))
     else:
         meta = profile_metadata(scenario.resolve_path(scenario.costs.profile)) if scenario.costs.profile else None
         print_table(run_title(scenario.name, scenario.seed, scenario.server.device, meta), summaries,
                     streamed=args.tables != "steps")
-        found = verdict(summaries, *resolve_run_cv(args.run_cv, scenario.costs.noise))
         if found is not None:
             print(found.line())
         if args.tables != "steps" and not args.no_plots:

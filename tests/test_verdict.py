@@ -135,3 +135,20 @@ def test_visible_cv_inverts_the_threshold(cv):
     t = threshold_ratio(cv)
     assert visible_cv(t) == pytest.approx(cv, rel=1e-9)
     assert decide(t * 1.0001, cv) == KEEP and decide(t / 1.0001, cv) == UNSEEN
+
+
+def test_the_verdict_is_in_summary_json_and_run_json(tmp_path, capsys):
+    import json
+    from pathlib import Path
+
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "quickstart.yaml"
+    assert main(["run", str(scenario), "--no-plots", "--json", "--out", str(tmp_path / "r")]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    saved = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert printed["verdict"] == saved["verdict"]
+    v = saved["verdict"]
+    assert v["answer"] == KEEP and v["settings"] == ["overlap", "normal"]
+    ratio = saved["settings"]["overlap"]["output_throughput"] / saved["settings"]["normal"]["output_throughput"]
+    assert v["throughput_ratio"] == pytest.approx(ratio)
+    assert v["threshold_ratio"] == pytest.approx(math.exp(1.96 * math.sqrt(2 * math.log(1 + DEFAULT_RUN_CV ** 2))), rel=1e-5)
+    assert v["line"].startswith("verdict: keep overlap on")

@@ -116,6 +116,15 @@ class Verdict:
     def threshold(self) -> float:
         return threshold_ratio(self.run_cv)
 
+    def as_json(self) -> dict:
+        """The verdict for ``summary.json`` and ``run --json``: answer, settings compared, ratio
+        (None when a setting failed), TPOT ms (the two settings), run-to-run CV and its source, threshold, the line."""
+        def finite(x: float):
+            return float(x) if math.isfinite(x) else None
+        return {"answer": self.answer, "settings": list(self.pair[:2]), "throughput_ratio": finite(self.throughput_ratio),
+                "tpot_ms": [finite(t) for t in self.tpot_ms], "run_cv": self.run_cv, "cv_source": self.cv_source,
+                "threshold_ratio": finite(self.threshold), "failed": self.failed, "line": self.line()}
+
     def line(self) -> str:
         """The verdict as one line of text."""
         num, den, loop, flag, keep_note = self.pair

@@ -166,13 +166,7 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
                    faults=[f.id for f in faults], extrapolated_steps=costs.extrapolated_steps)
     stats = {"sim_time_s": env.now, "steps": scheduler.next_step_seq, "decode_steps": scheduler.next_decode_seq,
              "wall_s": time.perf_counter() - wall0}
-    if tables == "steps":
-        return Result(scenario, setting, recorder.steps_frame(), recorder.requests_frame(), recorder.itl_frame(),
-                      outcome, stats=stats)
-    recorder.finish()
-    return Result(scenario, setting, partial(_empty_frame, STEP_COLUMNS),
-                  recorder.requests_frame() if tables == "summary" else recorder.requests_frame,
-                  partial(_empty_frame, ITL_COLUMNS), outcome, metrics=recorder.summary(), stats=stats)
+    return _result(scenario, setting, recorder, tables, outcome, stats)
 
 
 def _simulate_vllm(scenario: Scenario, setting: str, tables: str) -> Result:
@@ -188,6 +182,12 @@ def _simulate_vllm(scenario: Scenario, setting: str, tables: str) -> Result:
     recorder = TraceRecorder() if tables == "steps" else StreamingRecorder(warmup, keep_requests=tables == "summary")
     outcome, stats = run_vllm(_run_noise_applied(scenario, setting), setting, specs, warmup, recorder)
     stats["wall_s"] = time.perf_counter() - wall0
+    return _result(scenario, setting, recorder, tables, outcome, stats)
+
+
+def _result(scenario: Scenario, setting: str, recorder, tables: str, outcome: dict, stats: dict) -> Result:
+    """The :class:`Result` of a finished run: the recorder's tables (``tables == "steps"``), or
+    its streamed summary with the tables built only if read."""
     if tables == "steps":
         return Result(scenario, setting, recorder.steps_frame(), recorder.requests_frame(), recorder.itl_frame(),
                       outcome, stats=stats)

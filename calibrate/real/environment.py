@@ -138,7 +138,7 @@ def run_probed(engine: Engine, probe_path: Path, run) -> None:
     probe_path.write_text(json.dumps({"before": before, "after": after}) + "\n")
 
 
-def read_probes(paths) -> list[dict]:
+def _read_probes(paths) -> list[dict]:
     """The readings (before and after) of every probe file of ``paths`` that exists."""
     import json
 
@@ -148,6 +148,17 @@ def read_probes(paths) -> list[dict]:
             d = json.loads(Path(path).read_text())
             out += [d["before"], d["after"]]
     return out
+
+
+def mean_probe(paths) -> dict | None:
+    """The mean reading (:func:`calibrate.hostspeed.mean_reading`) of the probe files ``paths``,
+    or None when any of them is missing (a run recorded before probes existed)."""
+    paths = [Path(p) for p in paths]
+    if not paths or not all(p.exists() for p in paths):
+        return None
+    from calibrate.hostspeed import mean_reading
+
+    return mean_reading(_read_probes(paths))
 
 
 def _kill_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:

@@ -33,7 +33,7 @@ from typing import Callable
 
 from calibrate.errors import CalibrationInputError
 from calibrate.real import sglang_trace
-from calibrate.real.environment import Engine, model_metadata, read_probes, run_module, run_probed
+from calibrate.real.environment import Engine, mean_probe, model_metadata, run_module, run_probed
 from calibrate.real.jobs import Prompts, request
 
 
@@ -222,7 +222,6 @@ def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, folder: 
         CalibrationInputError: a grid the server cannot run, or points without samples.
         RuntimeError: the driver failed in the SGLang environment.
     """
-    from calibrate.hostspeed import mean_reading
     from calibrate.profile import build_profile
 
     grid.check()
@@ -231,8 +230,7 @@ def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, folder: 
     meta: dict = {}
     traces = [run_job(engine, d.job(str(model_dir), setting == "overlap", grid), folder, f"calibrate-{setting}",
                       report) for setting in settings]
-    probes = {s: read_probes([folder / f"calibrate-{s}.hostspeed.json"]) for s in settings}
-    reference = mean_reading(sum(probes.values(), [])) if all(probes.values()) else None
+    reference = mean_probe(folder / f"calibrate-{s}.hostspeed.json" for s in settings)
     for n, (setting, trace) in enumerate(zip(settings, traces)):
         meta, records, _ = sglang_trace.read_records(trace)
         got = samples(sglang_trace.iterations(records), d)

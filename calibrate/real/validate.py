@@ -22,7 +22,7 @@ from typing import Callable
 
 from calibrate.errors import CalibrationInputError
 from calibrate.real import server_runs, sglang_trace
-from calibrate.real.environment import Engine, read_probes, run_module, run_probed
+from calibrate.real.environment import Engine, mean_probe, run_module, run_probed
 from calibrate.real.jobs import Workload
 
 SERVER_ARGS = ("--context-length", "2048", "--max-running-requests", "16", "--mem-fraction-static", "0.05")
@@ -234,17 +234,17 @@ def session_drift(out: Path, plan: Plan, profile: dict) -> dict[tuple[int, str],
     ``{"cpu": x, "gpu": y}`` (:func:`calibrate.hostspeed.drift` of the mean of the session's
     probes before and after it, against the profile's ``metadata.host_speed``). None when the
     profile or a session has no probe readings (recorded before probes existed)."""
-    from calibrate.hostspeed import drift, mean_reading
+    from calibrate.hostspeed import drift
 
     reference = profile.get("metadata", {}).get("host_speed")
     if not reference:
         return None
     out_: dict[tuple[int, str], dict] = {}
     for r, setting in plan.order():
-        readings = read_probes([out / "sessions" / f"{setting}-{r}" / PROBE_FILE])
-        if not readings:
+        reading = mean_probe([out / "sessions" / f"{setting}-{r}" / PROBE_FILE])
+        if reading is None:
             return None
-        out_[(r, setting)] = drift(mean_reading(readings), reference)
+        out_[(r, setting)] = drift(reading, reference)
     return out_
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Callable
 
 from calibrate.real import vllm_trace
-from calibrate.real.environment import Engine, model_metadata, read_probes, run_module, run_probed
+from calibrate.real.environment import Engine, mean_probe, model_metadata, run_module, run_probed
 from calibrate.real.jobs import Prompts, request
 
 SESSION_TIMEOUT_S = 3600
@@ -234,7 +234,6 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
         ProfileError: a curve without samples or a grid with holes (the message names it).
         RuntimeError: the server failed in the vLLM environment.
     """
-    from calibrate.hostspeed import mean_reading
     from calibrate.measure import host_cpu
     from calibrate.profile import build_profile
     from sim.engines.vllm.costs import VLLM_CURVES
@@ -242,8 +241,7 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
     merged: dict[tuple, dict] = {}
     versions: dict = {}
     outs = [run_session(engine, model_dir, grid, setting, folder, report) for setting in settings]
-    probes = {s: read_probes([folder / f"{s}.hostspeed.json"]) for s in settings}
-    reference = mean_reading(sum(probes.values(), [])) if all(probes.values()) else None
+    reference = mean_probe(folder / f"{s}.hostspeed.json" for s in settings)
     for i, (setting, out) in enumerate(zip(settings, outs)):
         versions = json.loads((out / "session.json").read_text()).get("versions", {})
         eng, wrk = vllm_trace.read_files(sorted(out.glob("trace.*.jsonl")))

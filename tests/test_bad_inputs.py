@@ -801,6 +801,16 @@ for _id, _args, _words in CALIBRATE:
     case(f"calibrate-{_id}")(lambda ctx, a=_args, w=_words: ([*CAL, *a, "--out", str(ctx.tmp / "o" / "p.json")], w))
 
 
+@case("calibrate-sessions-without-vllm")
+def _(ctx):
+    return [*CAL, "--sessions", "2", "--out", str(ctx.tmp / "p.json")], ["--sessions", "--engine vllm"]
+
+
+@case("calibrate-sessions-zero")
+def _(ctx):
+    return ["calibrate", "--engine", "vllm", "--sessions", "0", "--out", str(ctx.tmp / "p.json")], ["--sessions", "0"]
+
+
 @case("calibrate-no-backend")
 def _(ctx):
     return ["calibrate", "--device", "cpu", "--out", str(ctx.tmp / "p.json")], ["--backend", "required"]

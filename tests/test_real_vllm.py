@@ -72,7 +72,23 @@ def test_the_calibration_reads_phase_samples_from_the_steps(setting):
     curves = {s["curve"] for s in got}
     assert {"vllm.schedule", "vllm.prepare", "vllm.sample", "vllm.update"} <= curves
     assert ("vllm.dispatch" in curves) == (setting == "sync")
+    assert ("vllm.pickup" in curves) == (setting == "async")  # the worker's queued RPCs
     assert all(t >= 0 for s in got for t in s["times_s"])
+    if setting == "async":  # taking a queued RPC is much shorter than a synchronous round trip
+        pickup = [t for s in got if s["curve"] == "vllm.pickup" for t in s["times_s"]]
+        sync_got = samples(_steps("sync")[0], VllmGrid(decode_batch_sizes=(1, 2), contexts=(128,)), "sync")
+        roundtrip = [t for s in sync_got if s["curve"] == "vllm.roundtrip" for t in s["times_s"]]
+        assert sorted(pickup)[len(pickup) // 2] < sorted(roundtrip)[len(roundtrip) // 2]
+
+
+def test_calibration_sessions_alternate_the_settings():
+    from calibrate.real.vllm_profile import session_order
+
+    assert session_order(("sync", "async"), 1) == [("sync", "sync"), ("async", "async")]
+    assert session_order(("sync", "async"), 3) == [("sync", "sync-0"), ("async", "async-0"), ("async", "async-1"),
+                                                   ("sync", "sync-1"), ("sync", "sync-2"), ("async", "async-2")]
+    with pytest.raises(ValueError, match="sessions"):
+        session_order(("sync", "async"), 0)
 
 
 def test_files_that_do_not_hold_both_processes_are_refused(tmp_path):
@@ -179,3 +195,28 @@ def test_a_recorded_session_gives_front_end_latencies_of_milliseconds(setting):
     ts = out[0]["times_s"]
     assert len(ts) >= 20 and all(0 < t < 0.05 for t in ts)
     assert 0.0005 < sorted(ts)[len(ts) // 2] < 0.02
+
+
+def test_the_forward_is_one_curve_from_both_settings_and_the_phases_stay_apart(monkeypatch, tmp_path):
+    """calibrate_vllm over recorded sessions (fixtures standing in for the server runs): the model
+    forward's samples are those of both settings (the same code under both loops); async keeps
+    its own worker phases, collect and pickup."""
+    from calibrate.real import vllm_profile
+    from calibrate.real.environment import Engine
+
+    monkeypatch.setattr(vllm_profile, "run_session",
+                        lambda engine, model_dir, grid, setting, folder, report, name=None: DATA / setting)
+    monkeypatch.setattr(vllm_profile, "frontend_samples", lambda *a, **k: [])
+    grid = VllmGrid(decode_batch_sizes=(1, 2), contexts=(88,), prefill_tokens=())  # the fixtures' decode contexts
+    profile = vllm_profile.calibrate_vllm(Engine("vllm", Path("python"), "0.32.0"), tmp_path, grid, tmp_path,
+                                          report=lambda _m: None)
+    own = profile["setting_curves"]["async"]
+    assert "vllm.forward" not in own and {"vllm.prepare", "vllm.sample", "vllm.pickup"} <= set(own)
+    assert "vllm.pickup" not in profile["curves"]
+    by_setting = {st: samples(_steps(st)[0], grid, st) for st in ("sync", "async")}
+    for smp in profile["samples"]:
+        if smp["curve"] == "vllm.forward":
+            assert not smp.get("setting")
+            parts = [t for st in ("sync", "async") for s in by_setting[st]
+                     if s["curve"] == "vllm.forward" and s["point"] == smp["point"] for t in s["times_s"]]
+            assert sorted(smp["times_s"]) == sorted(parts)

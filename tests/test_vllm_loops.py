@@ -3,10 +3,12 @@ c equal requests, decode steps away from the prefill and the end.
 
 Engine core per step: S (schedule) + D (dispatch) + U (update); the worker: P (prepare) + F
 (forward) + Sa (sample); latencies: R (the synchronous round trip between execute_model and
-sample_tokens), L (collect: the output back in the engine core).
+sample_tokens), L (collect: the output back in the engine core); K (pickup: under async
+scheduling, the worker taking an RPC already queued for it; 0 in these profiles unless a test
+sets it).
 
 sync, CPU platform:   step = S + D + P + F + R + Sa + L + U                  (CPU + forward)
-async, CPU platform:  step = max(P + F + Sa, S + D + U [+ L])                (max(CPU, forward) + residue)
+async, CPU platform:  step = max(K + P + F + K + Sa, S + D + U [+ L])      (max(CPU, forward) + residue)
 sync, GPU:            step = S + D + P + max(F, R + Sa) + L + U
 async, GPU:           step = F when the rest fits behind it
 """
@@ -127,3 +129,18 @@ def test_settings_share_requests_and_runs_repeat_exactly(tmp_path):
     s = sim.simulate(scen, "sync")
     assert (s.requests["output_len"] == a.requests["output_len"]).all()
     assert (s.requests["output_tokens"] == a.requests["output_tokens"]).all()
+
+
+def test_async_worker_picks_up_its_queued_rpcs(tmp_path):
+    """Under async scheduling the worker takes two queued RPCs per step (the next execute_model,
+    then sample_tokens behind it): K twice per worker cycle; the synchronous loop has none."""
+    k = 1.5e-4
+    pickup = {"vllm.pickup": {"axes": ["num_reqs"], "grid": [[0, 100000]], "values_s": [k, k]}}
+    path = write_profile(tmp_path, setting_curves={"async": pickup})
+    c = CONSTANT
+    step, gap = steady(sim.simulate(vllm_scenario(profile=path), "async"))
+    np.testing.assert_allclose(step, total(c, "prepare", "forward", "sample") + 2 * k, rtol=1e-9)
+    np.testing.assert_allclose(gap, c["prepare"] + c["sample"] + 2 * k, rtol=1e-9)
+    sync_step, _ = steady(sim.simulate(vllm_scenario(profile=path), "sync"))
+    cpu = total(c, "schedule", "dispatch", "prepare", "roundtrip", "sample", "collect", "update")
+    np.testing.assert_allclose(sync_step, cpu + c["forward"], rtol=1e-9)

@@ -88,8 +88,11 @@ def _calibrate_vllm(args: argparse.Namespace) -> int:
 
     engine, model = _engine(args)
     work = args.work or Path("results") / "calibrate-vllm"
+    sessions = args.sessions or 1
     argv = ["overlap-sim", "calibrate", "--engine", "vllm", "--out", str(args.out)]
-    profile = calibrate_vllm(engine, model, VllmGrid(), work, command=shlex.join(argv), report=_report)
+    argv += ["--sessions", str(sessions)] if sessions > 1 else []
+    profile = calibrate_vllm(engine, model, VllmGrid(), work, command=shlex.join(argv), report=_report,
+                             sessions=sessions)
     save_profile(args.out, profile)
     for curve, point, med in phase_table(profile):
         _report(f"  {curve:24s} {point:>8s}  median {med:8.3f} ms")

@@ -16,13 +16,24 @@ closed-loop loads (:func:`design`) and prices the curves of
   the CPU platform's block size) that a warm-up request put in the prefix cache.
 
 Times are wall seconds (``perf_counter``) of each call, so what the engine core loses to the API
-server on the core they share is in them; ``dispatch``, ``roundtrip`` and ``collect`` are the
-intervals between one process's call and the other's (see :mod:`sim.engines.vllm.costs`).
-The base curves come from ``sync``; ``async`` keeps its own curves in ``setting_curves``, the
-forward included: in the interleaved validation sessions of 2026-12-01 (5 per setting), the
-worker's forward of a decode step of 4 to 16 requests ran x1.01-1.27 slower under async
-scheduling than under the synchronous loop (median per session), its ``execute_model`` outside
-the forward x1.1 and ``sample_tokens`` x1.8 (the worker's async output copy shares its core).
+server on the core they share is in them; ``dispatch``, ``roundtrip``, ``collect`` and ``pickup``
+are intervals between one process's call and the other's (see :mod:`sim.engines.vllm.costs`).
+The base curves come from ``sync``; ``async`` keeps its own curves in ``setting_curves`` for the
+phases whose code or timing differs under async scheduling: the worker's ``execute_model``
+outside the forward and ``sample_tokens`` (the worker's async output copy shares its core:
+``sample_tokens`` measured x1.8), ``vllm.collect`` (sampled only where the engine core was
+already waiting for the output) and ``vllm.pickup`` (the worker taking an RPC that was already
+queued: ``sample_tokens`` behind ``execute_model``, and the next step's ``execute_model``).
+
+The model forward (``vllm.forward``) is one curve priced from the steps of both settings: it is
+the same code under both loops. Two calibrations on 2026-12-01 (one sync-then-async, one
+sync-async-async-sync) measured the async session's forward x1.1-1.5 slower, thread CPU time
+included, at nearly every point; the interleaved validation sessions of the same day (5 per
+setting, 6 loads each) and a later one-server check measured it x0.95-1.19 by load and about
+x1.0 on decode overall. The cause was not found (no correlation with the engine core's
+activity during the forward); a per-setting forward curve would carry whichever it was into
+every async prediction, and it left prefills of more than 128 tokens unmeasured under async
+(priced at a third of their real time by extrapolation: 32 ms for a real 104 ms).
 The front end (``vllm.frontend_in``/``frontend_out``, :func:`frontend_samples`) is measured from
 the client's records of each session. Simplification: ``vllm.add_request`` is priced per call at
 ``num_reqs`` 1 (the tracer times each ``EngineCore.add_request``).
@@ -65,6 +76,9 @@ class VllmGrid:
         return ["--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs)]
 
 
+# curves priced from the steps of every setting: the model forward is the same code under both
+# loops (see the module docstring)
+POOLED_CURVES = ("vllm.forward",)
 BACKLOG_FACTOR = 2.0  # frontend_out: a delivery delay above this x the median is a backlog
 
 
@@ -101,12 +115,14 @@ def samples(steps: list[vllm_trace.VllmStep], grid: VllmGrid, setting: str) -> l
             acc.setdefault((curve, tuple(sorted(point.items()))), []).append(t)
 
     sizes = set(grid.decode_batch_sizes)
+    by_k = {s.k: s for s in steps}
     for s in steps:
         if not s.num_reqs or s.execute is None or s.sample is None or s.update is None:
             continue
         sched_end = s.schedule["t0"] + s.schedule["dur"]
         ex_end = s.execute["t0"] + s.execute["dur"]
         sa_end = s.sample["t0"] + s.sample["dur"]
+        nxt = by_k.get(s.k + 1)
         if s.is_decode and s.num_reqs in sizes:
             c = min(grid.contexts, key=lambda x: abs(x - s.ctx))
             if abs(c - s.ctx) <= grid.decode_steps // 2:
@@ -123,6 +139,15 @@ def samples(steps: list[vllm_trace.VllmStep], grid: VllmGrid, setting: str) -> l
         if setting == "sync":
             add("vllm.dispatch", n, s.execute["t0"] - sched_end)
             add("vllm.roundtrip", n, s.sample["t0"] - ex_end)
+            add("vllm.collect", n, s.update["t0"] - sa_end)
+            continue
+        # async: sample_tokens was queued behind execute_model; the next step's execute_model was
+        # queued (scheduled) before this sample_tokens began; the engine core was waiting (it
+        # had scheduled the next step) before this step's output came back
+        add("vllm.pickup", n, s.sample["t0"] - ex_end)
+        if nxt is not None and nxt.execute is not None and nxt.schedule["t0"] + nxt.schedule["dur"] < s.sample["t0"]:
+            add("vllm.pickup", n, nxt.execute["t0"] - sa_end)
+        if nxt is not None and nxt.schedule["t0"] + nxt.schedule["dur"] < sa_end:
             add("vllm.collect", n, s.update["t0"] - sa_end)
     return [{"curve": c, "point": dict(p), "times_s": ts} for (c, p), ts in sorted(acc.items())]
 
@@ -202,37 +227,59 @@ def add_request_samples(engine_records: list[dict]) -> list[dict]:
     return [{"curve": "vllm.add_request", "point": {"num_reqs": 1}, "times_s": times}] if times else []
 
 
+def session_order(settings: tuple[str, ...], sessions: int) -> list[tuple[str, str]]:
+    """``(setting, name)`` of each calibration session in the order they run. One session per
+    setting is named after it (``sync``, ``async``); with ``sessions`` > 1 each setting runs that
+    many times, named ``<setting>-<i>``, the settings' order reversed every other round (sync-0,
+    async-0, async-1, sync-1, ...) so that a slow drift of the host weighs on both alike.
+
+    Raises:
+        ValueError: ``sessions`` below 1."""
+    if sessions < 1:
+        raise ValueError(f"sessions: at least 1 (got {sessions})")
+    if sessions == 1:
+        return [(s, s) for s in settings]
+    return [(s, f"{s}-{i}") for i in range(sessions) for s in (settings if i % 2 == 0 else settings[::-1])]
+
+
 def run_session(engine: Engine, model_dir: Path, grid: VllmGrid, setting: str, folder: Path,
-                report: Callable[[str], None]) -> Path:
-    """Run (or reuse a finished) calibration session of ``setting``; returns its folder."""
-    out = folder / setting
+                report: Callable[[str], None], name: str | None = None) -> Path:
+    """Run (or reuse a finished) calibration session of ``setting`` in ``folder/name`` (``name``:
+    the setting by default); returns its folder."""
+    name = name or setting
+    out = folder / name
     spec = {"engine": "vllm", "model_dir": str(model_dir), "setting": setting, "port": 30300,
             "server_args": grid.server_args(), "trace": True, "ready_timeout_s": 900, "loads": design(grid),
             "pause_between_loads_s": 1.0}
-    spec_path = folder / f"{setting}.json"
+    spec_path = folder / f"{name}.json"
     text = json.dumps(spec)
     if (out / "session.json").exists() and spec_path.exists() and spec_path.read_text() == text:
-        report(f"{setting}: reusing {out}")
+        report(f"{name}: reusing {out}")
         return out
     folder.mkdir(parents=True, exist_ok=True)
     spec_path.write_text(text)
     if out.exists():
         for old in out.glob("*"):
             old.unlink()
-    report(f"{setting}: real vLLM server, {len(spec['loads'])} loads")
-    run_probed(engine, folder / f"{setting}.hostspeed.json",
+    report(f"{name}: real vLLM server ({setting}), {len(spec['loads'])} loads")
+    run_probed(engine, folder / f"{name}.hostspeed.json",
                lambda: run_module(engine, "realengines.server", [str(spec_path), str(out)],
-                                  folder / f"{setting}.log", timeout_s=SESSION_TIMEOUT_S))
+                                  folder / f"{name}.log", timeout_s=SESSION_TIMEOUT_S))
     return out
 
 
 def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path, command: str = "",
-                   settings: tuple[str, ...] = ("sync", "async"), report: Callable[[str], None] = print) -> dict:
-    """Run the sessions and build the vLLM profile (base curves from the first setting).
+                   settings: tuple[str, ...] = ("sync", "async"), report: Callable[[str], None] = print,
+                   sessions: int = 1) -> dict:
+    """Run the sessions (``sessions`` per setting, :func:`session_order`) and build the vLLM
+    profile: base curves from the first setting, the other settings' own curves in
+    ``setting_curves``, the curves of :data:`POOLED_CURVES` from every session; a point's
+    samples are those of every session that measured it.
 
     Raises:
         ProfileError: a curve without samples or a grid with holes (the message names it).
         RuntimeError: the server failed in the vLLM environment.
+        ValueError: ``sessions`` below 1.
     """
     from calibrate.measure import host_cpu
     from calibrate.profile import build_profile
@@ -240,21 +287,23 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
 
     merged: dict[tuple, dict] = {}
     versions: dict = {}
-    outs = [run_session(engine, model_dir, grid, setting, folder, report) for setting in settings]
-    reference = mean_probe(folder / f"{s}.hostspeed.json" for s in settings)
-    for i, (setting, out) in enumerate(zip(settings, outs)):
+    order = session_order(settings, sessions)
+    outs = [run_session(engine, model_dir, grid, setting, folder, report, name) for setting, name in order]
+    reference = mean_probe(folder / f"{name}.hostspeed.json" for _, name in order)
+    for (setting, _), out in zip(order, outs):
         versions = json.loads((out / "session.json").read_text()).get("versions", {})
         eng, wrk = vllm_trace.read_files(sorted(out.glob("trace.*.jsonl")))
         steps_ = vllm_trace.steps(eng, wrk)
         got = (samples(steps_, grid, setting) + add_request_samples(eng)
                + frontend_samples(out, eng, steps_, design(grid), set(grid.decode_batch_sizes)))
         for smp in got:
-            if i == 0:
-                merged[(smp["curve"], tuple(sorted(smp["point"].items())), setting)] = smp
-            elif smp["curve"] not in ("vllm.dispatch", "vllm.roundtrip", "vllm.collect"):
-                merged[(smp["curve"], tuple(sorted(smp["point"].items())), setting)] = {**smp, "setting": setting}
-    for setting in settings:
-        _drop_incomplete_rows(merged, grid, report, setting)
+            own = setting != settings[0] and smp["curve"] not in POOLED_CURVES
+            if own and smp["curve"] in ("vllm.dispatch", "vllm.roundtrip"):
+                continue  # measured synchronously only
+            key = (smp["curve"], tuple(sorted(smp["point"].items())), setting if own else settings[0])
+            into = merged.setdefault(key, {**smp, "times_s": [], **({"setting": setting} if own else {})})
+            into["times_s"] = into["times_s"] + smp["times_s"]
+    _drop_incomplete_rows(merged, grid, report, settings[0])
     smp_list = list(merged.values())
     meta = {"backend": "vllm", "device": "cpu", "engine": "vllm", "engine_version": engine.version,
             "device_name": f"cpu (vLLM {engine.version} CPU build, worker on its own core)",
@@ -263,8 +312,9 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "grid": {k: v for k, v in grid.__dict__.items()}, "repeats": min(len(s["times_s"]) for s in smp_list),
             "warmup": 0, "quick": False, "settings": list(settings), "base_setting": settings[0],
+            "sessions": [name for _, name in order],
             "command": command, "timing": "wall seconds (perf_counter) of vLLM's own functions in the server's "
-            "processes; dispatch, roundtrip and collect are the intervals between them (sync)"}
+            "processes; dispatch, roundtrip, collect and pickup are the intervals between them"}
     if reference:
         meta["host_speed"] = reference
     return build_profile(meta, smp_list, VLLM_CURVES)

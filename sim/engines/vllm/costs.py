@@ -38,8 +38,15 @@ curve                axes             the time of (process)
                                       ``_bookkeeping_sync``, the output) (W)
 ``vllm.collect``     num_reqs         from the end of the worker's ``sample_tokens`` to the start
                                       of ``Scheduler.update_from_output`` for that step (the reply
-                                      travelling back and ``future.result()`` returning) (sync runs)
+                                      travelling back and ``future.result()`` returning) (sync
+                                      runs; async keeps its own, from the steps whose output the
+                                      engine core was already waiting for)
 ``vllm.update``      num_reqs         ``Scheduler.update_from_output`` (E)
+``vllm.pickup``      num_reqs         optional, async only: the worker taking an RPC that was
+                                      already queued for it (``sample_tokens`` behind
+                                      ``execute_model``; the next step's ``execute_model``): from
+                                      the end of its previous call to the start of the next (W);
+                                      synchronously this is inside ``dispatch`` and ``roundtrip``
 ``vllm.frontend_in``  num_reqs       optional: from the client's send to the first
                                       ``EngineCore.add_request`` of num_reqs requests sent together
                                       to an idle server (the API server; 1: a lone request)
@@ -83,8 +90,10 @@ VLLM_CURVE_AXES: dict[str, tuple[str, ...]] = {
     "vllm.collect": ("num_reqs",),
     "vllm.update": ("num_reqs",),
 }
-# the API server (:mod:`sim.engines.vllm.frontend`); a profile without them: a front end of no cost
+# the worker's pickup, and the API server (:mod:`sim.engines.vllm.frontend`); a profile without
+# the front end's curves: a front end of no cost
 VLLM_OPTIONAL_CURVE_AXES: dict[str, tuple[str, ...]] = {
+    "vllm.pickup": ("num_reqs",),  # a profile without it (or a sync run): 0
     "vllm.frontend_in": ("num_reqs",),
     "vllm.frontend_out": ("num_reqs",),
 }
@@ -118,6 +127,11 @@ class VllmProfileCosts:
         self._cpu = {name: self.curves[f"vllm.{name}"] for name in PHASES}
         self._forward = self.curves["vllm.forward"]
         self._frontend = {k: self.curves.get(f"vllm.frontend_{k}") for k in ("in", "out")}
+        self._pickup = self.curves.get("vllm.pickup")
+
+    def pickup_s(self, num_reqs: int) -> float:
+        """The worker taking an already queued RPC (``vllm.pickup``); 0 without the curve."""
+        return self._pickup(num_reqs) * self.cpu_scale if self._pickup is not None else 0.0
 
     def frontend_s(self, kind: str, num_reqs: int) -> float:
         """The API server's latency for ``num_reqs`` requests sent together (``kind`` "in") or a
@@ -174,6 +188,10 @@ class VllmInlineCosts:
 
     def frontend_in_line(self) -> tuple[float, float]:
         return 0.0, 0.0
+
+    def pickup_s(self, num_reqs: int) -> float:
+        """The inline terms have no RPC pickup: 0."""
+        return 0.0
 
     def phase_s(self, name: str, num_reqs: int) -> float:
         lin = self._linear

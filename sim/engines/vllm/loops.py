@@ -84,8 +84,9 @@ def async_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store)
 def worker_loop(env: simpy.Environment, worker: Worker, rpcs: simpy.Store):
     """The worker process: each step's ``execute_model`` then ``sample_tokens``, in order."""
     while True:
+        queued = bool(rpcs.items)
         step, done = yield rpcs.get()
-        yield env.timeout(worker.prepare(step))
+        yield env.timeout(worker.pickup(step, queued) + worker.prepare(step))
         if step.num_reqs:
             yield env.timeout(worker.forward(step, env.now))
             yield env.timeout(worker.roundtrip(step))

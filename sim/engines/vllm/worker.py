@@ -10,7 +10,9 @@ The worker runs the RPCs of the engine core in order, on its own core:
   enqueued on the device stream and the call returns at once; the device runs it in order.
 - ``sample_tokens`` (:meth:`Worker.sample`): synchronously it is a second RPC that the engine core
   sends when ``execute_model``'s None reply reaches it (``vllm.roundtrip`` later); under async
-  scheduling it was sent right behind ``execute_model``. Its output is ready when its CPU part has
+  scheduling it was sent right behind ``execute_model`` and the worker takes it from its queue
+  (``vllm.pickup``, as it takes a next step's ``execute_model`` that was queued before it was
+  free: :meth:`Worker.pickup`). Its output is ready when its CPU part has
   ended and (on a GPU) the forward has ended; it is back in the engine core ``vllm.collect`` later.
 - A step with no scheduled token only updates the worker's state (``execute_model`` returns
   ``EMPTY_MODEL_RUNNER_OUTPUT``; no forward, no ``sample_tokens``).
@@ -56,10 +58,19 @@ class Worker:
         self.stream.enqueue(step, at, dur)
         return step.forward_end - at if self.blocking_forward else 0.0
 
-    def roundtrip(self, step: Batch) -> float:
-        """Synchronous scheduling: the wait between ``execute_model`` and ``sample_tokens``."""
-        if self.async_scheduling:
+    def pickup(self, step: Batch, queued: bool) -> float:
+        """Async scheduling: the worker taking ``step``'s ``execute_model`` RPC when it was already
+        queued (``queued``; one that arrives while the worker waits is inside ``dispatch``)."""
+        if not (self.async_scheduling and queued):
             return 0.0
+        return self.costs.pickup_s(step.num_reqs) * self.cpu_jitter()
+
+    def roundtrip(self, step: Batch) -> float:
+        """Between ``execute_model`` and ``sample_tokens``: synchronously the None reply's round
+        trip to the engine core (``vllm.roundtrip``); under async scheduling the pickup of the
+        ``sample_tokens`` RPC queued behind it (``vllm.pickup``)."""
+        if self.async_scheduling:
+            return self.costs.pickup_s(step.num_reqs) * self.cpu_jitter()
         return self.costs.phase_s("roundtrip", step.num_reqs) * self.cpu_jitter()
 
     def sample(self, step: Batch) -> float:

@@ -7,10 +7,13 @@ the start-up patch that lets async scheduling through on the CPU platform."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from calibrate.errors import CalibrationInputError
 from calibrate.real import vllm_trace
@@ -220,3 +223,49 @@ def test_the_forward_is_one_curve_from_both_settings_and_the_phases_stay_apart(m
             parts = [t for st in ("sync", "async") for s in by_setting[st]
                      if s["curve"] == "vllm.forward" and s["point"] == smp["point"] for t in s["times_s"]]
             assert sorted(smp["times_s"]) == sorted(parts)
+
+
+def test_the_shared_prefix_saving_inverts_the_forward_curve():
+    """With a forward linear in the context, a step measured at F(m, C - f (m-1) p / m) gives back
+    f; a step no faster than the full context gives 0, one faster than the repeats removed 1."""
+    from calibrate.real.vllm_profile import shared_prefix_saving
+
+    def line(_n, ctx):
+        return 1e-3 + 1e-5 * ctx
+
+    p = 384
+    steps = [(m, 512.0, line(m, 512.0 - f * (m - 1) * p / m)) for m, f in ((4, 0.25), (8, 0.5), (8, 0.5), (16, 0.75))]
+    got = shared_prefix_saving(line, steps, p)
+    assert got["by_batch"] == {"4": 0.25, "8": 0.5, "16": 0.75} and got["saving"] == pytest.approx(0.5, abs=1e-6)
+    assert got["steps"] == 4
+    edges = shared_prefix_saving(line, [(8, 512.0, 1.0), (4, 512.0, 0.0)], p)
+    assert edges["by_batch"] == {"4": 1.0, "8": 0.0}
+    assert shared_prefix_saving(line, [], p) is None
+
+
+def test_the_shared_prefix_loads_share_whole_blocks_at_a_mean_context_of_512():
+    from calibrate.real.vllm_profile import SHARED_LOAD, SHARED_PREFIX_TOKENS
+
+    loads = {ld["name"]: ld for ld in design(VllmGrid())}
+    shared = [ld for n, ld in loads.items() if n.startswith(SHARED_LOAD)]
+    assert [ld["concurrency"] for ld in shared] == [4, 8, 16]
+    for ld in shared:
+        warm, *rest = ld["requests"]
+        assert ld["warmup_requests"] == 1 and SHARED_PREFIX_TOKENS % 128 == 0
+        assert all(r["input_ids"][:SHARED_PREFIX_TOKENS] == warm["input_ids"][:SHARED_PREFIX_TOKENS] for r in rest)
+        assert {len(r["input_ids"]) + r["max_new_tokens"] // 2 for r in rest} == {512}  # mean context 512
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 64), st.floats(allow_nan=True, allow_infinity=True, width=32),
+                          st.floats(allow_nan=True, allow_infinity=True, width=32)), max_size=20),
+       st.floats(1e-9, 1e-2), st.floats(0.0, 1e-4))
+def test_the_shared_prefix_saving_is_a_share(steps, base, per_ctx):
+    """Whatever the steps (NaN, infinities, negative times), the saving is a share in [0, 1]."""
+    from calibrate.real.vllm_profile import shared_prefix_saving
+
+    got = shared_prefix_saving(lambda _n, ctx: base + per_ctx * ctx, steps)
+    finite = [s for s in steps if s[0] >= 2 and math.isfinite(s[1]) and math.isfinite(s[2])]
+    assert (got is None) == (not finite)
+    if got is not None:
+        assert 0.0 <= got["saving"] <= 1.0 and all(0.0 <= v <= 1.0 for v in got["by_batch"].values())

@@ -144,3 +144,38 @@ def test_async_worker_picks_up_its_queued_rpcs(tmp_path):
     sync_step, _ = steady(sim.simulate(vllm_scenario(profile=path), "sync"))
     cpu = total(c, "schedule", "dispatch", "prepare", "roundtrip", "sample", "collect", "update")
     np.testing.assert_allclose(sync_step, cpu + c["forward"], rtol=1e-9)
+
+
+def _ctx_profile(tmp_path, saving: float | None, per_ctx: float = 1e-5) -> str:
+    """A test profile whose forward grows linearly with the mean context: F = 2 ms + per_ctx x ctx;
+    ``saving``: its ``metadata.shared_prefix.saving`` (None: absent)."""
+    import json
+
+    from tests.vllm_helpers import make_profile
+
+    prof = make_profile()
+    prof["curves"]["vllm.forward"]["values_s"] = [[2e-3, 2e-3 + per_ctx * 1e5], [2e-3, 2e-3 + per_ctx * 1e5]]
+    if saving is not None:
+        prof["metadata"]["shared_prefix"] = {"saving": saving, "by_batch": {}, "prefix_tokens": 0, "steps": 0}
+    path = tmp_path / f"ctx-{saving}.json"
+    path.write_text(json.dumps(prof))
+    return str(path)
+
+
+@pytest.mark.parametrize("saving", [0.0, 0.5, 1.0])
+def test_a_shared_prefix_is_priced_once_by_the_measured_share(tmp_path, saving):
+    """c requests holding the same cached prefix of p tokens: each decode forward is priced at the
+    mean context less saving x (c - 1) p / c; private prefixes (or no measured saving) in full."""
+    c, p, per_ctx = 4, 128, 1e-5
+    base = dict(c=c, input_len=200, cached_len=p, output_len=12, server__block_size=128, settings=("sync",))
+    path = _ctx_profile(tmp_path, saving, per_ctx)
+    fwd = {}
+    for sharing in ("private", "shared"):
+        steps = sim.simulate(vllm_scenario(profile=path, workload__prefix_sharing=sharing, **base), "sync").steps
+        dec = steps[steps["kind"] == "decode"]
+        fwd[sharing] = (dec["forward_end"] - dec["forward_start"]).to_numpy()
+    np.testing.assert_allclose(fwd["private"] - fwd["shared"], per_ctx * saving * (c - 1) * p / c, rtol=1e-6, atol=1e-12)
+    without = _ctx_profile(tmp_path, None, per_ctx)
+    steps = sim.simulate(vllm_scenario(profile=without, workload__prefix_sharing="shared", **base), "sync").steps
+    dec = steps[steps["kind"] == "decode"]
+    np.testing.assert_allclose((dec["forward_end"] - dec["forward_start"]).to_numpy(), fwd["private"], rtol=1e-12)

@@ -185,7 +185,7 @@ def scenario(config: Workload, rows: list[dict], profile: Path, settings: tuple[
     trace.write_text("".join(json.dumps({"arrival_s": 0.0, **r}) + "\n" for r in rows))
     workload = {"arrival": "closed_loop", "trace": str(trace.resolve()), "concurrency": config.concurrency,
                 "num_requests": len(rows), "warmup_requests": config.warmup_requests,
-                "warmup_before_benchmark": True}
+                "warmup_before_benchmark": True, "prefix_sharing": "shared" if config.shared_prefix else "private"}
     if engine == "vllm":
         args = dict(zip(VLLM_SERVER_ARGS[::2], VLLM_SERVER_ARGS[1::2]))
         server = {"engine": "vllm", "device": "cpu", "settings": list(settings), "version": "0.32.0",

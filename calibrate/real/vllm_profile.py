@@ -13,7 +13,12 @@ closed-loop loads (:func:`design`) and prices the curves of
 - prefills: ``vllm.forward(N, C)`` for N >= 128 new tokens at mean context C: N / C clients
   with C-token prompts and one output token (one step prefills them together) when C <= N,
   else one client whose prompt repeats a cached (C - N)-token prefix (whole 128-token blocks:
-  the CPU platform's block size) that a warm-up request put in the prefix cache.
+  the CPU platform's block size) that a warm-up request put in the prefix cache;
+- shared-prefix decode waves: B = 4, 8, 16 clients whose prompts share a cached 384-token prefix
+  (a warm-up request put it in the prefix cache) and continue with their own tokens to a mean
+  context of 512: their forward, against the forward curve of distinct contexts, gives the share
+  of a shared prefix's attention cost a step saves (``metadata.shared_prefix``,
+  :func:`shared_prefix_saving`); their steps price no forward point.
 
 Times are wall seconds (``perf_counter``) of each call, so what the engine core loses to the API
 server on the core they share is in them; ``dispatch``, ``roundtrip``, ``collect`` and ``pickup``
@@ -42,6 +47,7 @@ the client's records of each session. Simplification: ``vllm.add_request`` is pr
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -68,6 +74,7 @@ class VllmGrid:
     decode_steps: int = 32
     waves: int = 2
     prefill_repeats: int = 5
+    shared_batch_sizes: tuple[int, ...] = (4, 8, 16)
     max_num_seqs: int = 16
     max_model_len: int = 1024
     seed: int = 0
@@ -80,6 +87,10 @@ class VllmGrid:
 # loops (see the module docstring)
 POOLED_CURVES = ("vllm.forward",)
 BACKLOG_FACTOR = 2.0  # frontend_out: a delivery delay above this x the median is a backlog
+
+
+SHARED_PREFIX_TOKENS = 384  # the shared-prefix loads: 3 whole blocks of 128 that every request holds
+SHARED_LOAD = "shared-"  # their name (and their requests' ids) start with this
 
 
 def design(grid: VllmGrid) -> list[dict]:
@@ -103,6 +114,18 @@ def design(grid: VllmGrid) -> list[dict]:
                 reqs = [request(f"{name}-w", shared + prompts.new(BLOCK_SIZE), 1)]
                 reqs += [request(f"{name}-{i}", shared + prompts.new(n), 1) for i in range(grid.prefill_repeats)]
                 loads.append({"name": name, "concurrency": 1, "warmup_requests": 1, "requests": reqs})
+    # decode waves whose B requests share a cached prefix (a warm-up request puts it in the
+    # prefix cache): the forward against distinct contexts of the same length (the grid's 512)
+    shared_ctx = 512 if 512 in grid.contexts else max(grid.contexts)
+    if shared_ctx - grid.decode_steps // 2 > SHARED_PREFIX_TOKENS:
+        for b in grid.shared_batch_sizes:
+            name = f"{SHARED_LOAD}b{b}"
+            prefix = prompts.new(SHARED_PREFIX_TOKENS)
+            private = shared_ctx - grid.decode_steps // 2 - SHARED_PREFIX_TOKENS
+            reqs = [request(f"{name}-w", prefix + prompts.new(BLOCK_SIZE), 1)]
+            reqs += [request(f"{name}-{i}", prefix + prompts.new(private), grid.decode_steps)
+                     for i in range(b * grid.waves)]
+            loads.append({"name": name, "concurrency": b, "warmup_requests": 1, "requests": reqs})
     return loads
 
 
@@ -123,7 +146,10 @@ def samples(steps: list[vllm_trace.VllmStep], grid: VllmGrid, setting: str) -> l
         ex_end = s.execute["t0"] + s.execute["dur"]
         sa_end = s.sample["t0"] + s.sample["dur"]
         nxt = by_k.get(s.k + 1)
-        if s.is_decode and s.num_reqs in sizes:
+        shared = any(vllm_trace.client_rid(r).startswith(SHARED_LOAD) for r in s.reqs)
+        if shared:
+            pass  # a shared prefix's forward is not a distinct context's (shared_prefix_saving)
+        elif s.is_decode and s.num_reqs in sizes:
             c = min(grid.contexts, key=lambda x: abs(x - s.ctx))
             if abs(c - s.ctx) <= grid.decode_steps // 2:
                 add("vllm.forward", {"num_tokens": s.num_tokens, "ctx": c}, s.forward)
@@ -150,6 +176,55 @@ def samples(steps: list[vllm_trace.VllmStep], grid: VllmGrid, setting: str) -> l
         if nxt is not None and nxt.schedule["t0"] + nxt.schedule["dur"] < sa_end:
             add("vllm.collect", n, s.update["t0"] - sa_end)
     return [{"curve": c, "point": dict(p), "times_s": ts} for (c, p), ts in sorted(acc.items())]
+
+
+def shared_prefix_steps(steps: list[vllm_trace.VllmStep], grid: VllmGrid) -> list[tuple[int, float, float]]:
+    """``(num_reqs, mean context, forward s)`` of the decode steps of the shared-prefix loads
+    (every request of the step holds the shared prefix), at the loads' batch sizes."""
+    out = []
+    for s in steps:
+        if (s.is_decode and s.num_reqs in grid.shared_batch_sizes and s.forward == s.forward
+                and all(vllm_trace.client_rid(r).startswith(SHARED_LOAD) for r in s.reqs)):
+            out.append((s.num_reqs, s.ctx, s.forward))
+    return out
+
+
+def shared_prefix_saving(forward: Callable[[float, float], float], measured: list[tuple[int, float, float]],
+                         prefix: int = SHARED_PREFIX_TOKENS) -> dict | None:
+    """The share ``f`` of a shared prefix's attention cost that a step saves
+    (:mod:`sim.engines.vllm.costs`): per measured step of m requests at mean context C, the ``f``
+    in [0, 1] for which ``forward(m, C - f (m - 1) p / m)`` equals its forward (bisection; the
+    curve of distinct contexts rises with the context; a step slower than the full context
+    gives 0, one faster than the context without the repeats gives 1); the median per batch
+    size, and their median. None without steps (steps of one request, or of a non-finite
+    context or forward, are left out).
+
+    Args:
+        forward: the forward curve of distinct contexts, ``(num_tokens, ctx) -> s``.
+        measured: :func:`shared_prefix_steps`' tuples.
+        prefix: the shared prefix (tokens).
+    """
+    by_batch: dict[int, list[float]] = {}
+    for m, ctx, fwd in measured:
+        if m < 2 or not (math.isfinite(fwd) and math.isfinite(ctx)):
+            continue
+        repeat = (m - 1) * prefix / m
+        lo, hi = 0.0, 1.0
+        if fwd >= forward(m, ctx):
+            f = 0.0
+        elif fwd <= forward(m, ctx - repeat):
+            f = 1.0
+        else:
+            for _ in range(40):
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if forward(m, ctx - mid * repeat) > fwd else (lo, mid)
+            f = (lo + hi) / 2
+        by_batch.setdefault(m, []).append(f)
+    if not by_batch:
+        return None
+    per = {m: statistics.median(v) for m, v in sorted(by_batch.items())}
+    return {"saving": statistics.median(per.values()), "by_batch": {str(m): round(v, 4) for m, v in per.items()},
+            "prefix_tokens": prefix, "steps": sum(len(v) for v in by_batch.values())}
 
 
 def frontend_samples(folder: Path, engine_records: list[dict], steps: list[vllm_trace.VllmStep],
@@ -284,9 +359,11 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
     from calibrate.measure import host_cpu
     from calibrate.profile import build_profile
     from sim.engines.vllm.costs import VLLM_CURVES
+    from sim.model.profile import profile_curves
 
     merged: dict[tuple, dict] = {}
     versions: dict = {}
+    shared: list[tuple[int, float, float]] = []
     order = session_order(settings, sessions)
     outs = [run_session(engine, model_dir, grid, setting, folder, report, name) for setting, name in order]
     reference = mean_probe(folder / f"{name}.hostspeed.json" for _, name in order)
@@ -294,6 +371,7 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
         versions = json.loads((out / "session.json").read_text()).get("versions", {})
         eng, wrk = vllm_trace.read_files(sorted(out.glob("trace.*.jsonl")))
         steps_ = vllm_trace.steps(eng, wrk)
+        shared += shared_prefix_steps(steps_, grid)
         got = (samples(steps_, grid, setting) + add_request_samples(eng)
                + frontend_samples(out, eng, steps_, design(grid), set(grid.decode_batch_sizes)))
         for smp in got:
@@ -317,7 +395,13 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
             "processes; dispatch, roundtrip, collect and pickup are the intervals between them"}
     if reference:
         meta["host_speed"] = reference
-    return build_profile(meta, smp_list, VLLM_CURVES)
+    profile = build_profile(meta, smp_list, VLLM_CURVES)
+    saving = shared_prefix_saving(profile_curves(profile, "median", None, VLLM_CURVES)["vllm.forward"], shared)
+    if saving is not None:
+        profile["metadata"]["shared_prefix"] = saving
+        report(f"shared prefix: {saving['saving']:.2f} of its attention cost saved per repeat "
+               f"(by batch size {saving['by_batch']}, {saving['steps']} steps)")
+    return profile
 
 
 def _drop_incomplete_rows(merged: dict, grid: VllmGrid, report: Callable[[str], None], setting: str) -> None:

@@ -137,7 +137,11 @@ class Workload(StrictModel):
     ``ignore_eos`` whether the client asked the server to ignore EOS (bench_serving does by
     default; SGLang's admission reserves such requests' whole remaining output). With
     ``arrival: closed_loop`` a ``trace`` file supplies the requests' lengths in order (its
-    ``arrival_s`` ignored) and ``num_requests`` is its length."""
+    ``arrival_s`` ignored) and ``num_requests`` is its length. ``prefix_sharing``: whether the
+    requests' cached prefixes are one prefix they all share (``shared``: a system prompt; the
+    requests of a step read the same KV blocks) or each request's own (``private``: e.g. a
+    conversation's earlier turns); the vLLM model prices a step's forward by it
+    (:mod:`sim.engines.vllm.costs`)."""
 
     arrival: Literal["closed_loop", "poisson", "trace"] = "closed_loop"
     concurrency: int = Field(default=8, ge=1, le=MAX_REQUESTS)
@@ -147,6 +151,7 @@ class Workload(StrictModel):
     warmup_requests: int = Field(default=0, ge=0, le=MAX_REQUESTS)
     input_len: Length = 512
     cached_len: Length = 0
+    prefix_sharing: Literal["private", "shared"] = "private"
     output_len: Length = 256
     finish: Literal["length", "eos"] = "length"
     # what the client sends: SamplingParams.max_new_tokens (None: output_len for finish: length,

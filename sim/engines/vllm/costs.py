@@ -63,6 +63,15 @@ id); with them every curve's samples and axes follow. ``EngineCore.step`` /
 ``schedule + dispatch + prepare + forward + roundtrip + sample + collect + update`` plus what is
 left of ``step`` (grammar bitmask, output queue put: not modelled).
 
+A shared prefix (``workload.prefix_sharing: shared``): when m requests of a decode step hold the
+same cached prefix of p tokens, the forward is priced at the mean context
+``(sum_ctx - f (m - 1) p) / num_reqs``: a share ``f`` of the attention over the prefix's KV is
+counted once rather than m times. ``f`` is the profile's ``metadata.shared_prefix.saving``,
+measured by the calibration (decode waves whose requests share a cached prefix, against the
+forward curve of distinct contexts; :mod:`calibrate.real.vllm_profile`); 0 without it (each
+request's context priced in full, the model before this was measured). Steps that prefill are
+priced in full (not measured; a prefill's many queries per request reuse what they read).
+
 The inline model (no ``costs.profile``) maps the scenario's linear terms onto these: the forward
 is ``costs.gpu.decode`` for a step of single decode tokens, else ``costs.gpu.prefill``
 (``num_reqs``, ``num_tokens``, ``sum_ctx``); ``add_request`` is ``costs.cpu.recv``,
@@ -128,6 +137,7 @@ class VllmProfileCosts:
         self._forward = self.curves["vllm.forward"]
         self._frontend = {k: self.curves.get(f"vllm.frontend_{k}") for k in ("in", "out")}
         self._pickup = self.curves.get("vllm.pickup")
+        self.shared_prefix_saving = float(profile["metadata"].get("shared_prefix", {}).get("saving", 0.0))
 
     def pickup_s(self, num_reqs: int) -> float:
         """The worker taking an already queued RPC (``vllm.pickup``); 0 without the curve."""
@@ -158,10 +168,12 @@ class VllmProfileCosts:
         """CPU (or latency) time of phase ``name`` (one of :data:`PHASES`) for ``num_reqs`` requests."""
         return self._cpu[name](num_reqs) * self.cpu_scale
 
-    def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
-        """The model forward of a step; counts the step in :attr:`extrapolated_steps` when it or
-        any phase curve at ``num_reqs`` lies outside the measured grid."""
-        ctx = sum_ctx / num_reqs
+    def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int, shared_kv: int = 0) -> float:
+        """The model forward of a step; ``shared_kv``: tokens of the step's contexts that repeat a
+        prefix another of its requests holds ((m - 1) p, module docstring). Counts the step in
+        :attr:`extrapolated_steps` when it or any phase curve at ``num_reqs`` lies outside the
+        measured grid."""
+        ctx = (sum_ctx - self.shared_prefix_saving * shared_kv) / num_reqs
         # add_request is priced per drained request, not at the step's num_reqs
         step_phases = (c for name, c in self._cpu.items() if name != "add_request")
         if not (self._forward.inside(num_tokens, ctx) and all(c.inside(num_reqs) for c in step_phases)):
@@ -202,7 +214,9 @@ class VllmInlineCosts:
             return term(DECODE, num_reqs, num_reqs, 0)
         return 0.0
 
-    def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
+    shared_prefix_saving = 0.0  # the inline terms price each request's context in full
+
+    def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int, shared_kv: int = 0) -> float:
         return self._linear.forward_s(kind, num_reqs, num_tokens, sum_ctx)
 
     def describe(self) -> dict:

@@ -49,7 +49,7 @@ def run_vllm(scenario, setting: str, specs: RequestSpecs, warmup: int, recorder)
                       recorder)
     worker = Worker(costs, DeviceStream(), Jitter(noise.gpu_cv, np.random.default_rng([scenario.seed, 2])),
                     Jitter(noise.cpu_cv, np.random.default_rng([scenario.seed, 5])), srv.blocking_forward,
-                    setting == "async")
+                    setting == "async", srv.resolved_block_size if w.prefix_sharing == "shared" else 0)
     rpcs = simpy.Store(env)
     if clients is not None:
         clients.start()

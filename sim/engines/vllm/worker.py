@@ -23,7 +23,7 @@ Costs from the cost model (:mod:`sim.engines.vllm.costs`), times per-step jitter
 from __future__ import annotations
 
 from sim.model.batch import Batch
-from sim.model.costs import Jitter
+from sim.model.costs import DECODE, Jitter
 from sim.model.device import DeviceStream
 
 
@@ -36,11 +36,16 @@ class Worker:
         gpu_jitter, cpu_jitter: per-step multiplicative noise of the forward and of the CPU phases.
         blocking_forward: the forward occupies the worker (the CPU platform).
         async_scheduling: ``sample_tokens`` follows ``execute_model`` without a round trip.
+        shared_prefix_block_size: the KV block size when the workload's cached prefixes are one
+            shared prefix (``prefix_sharing: shared``); 0: each request's own.
     """
 
     def __init__(self, costs, stream: DeviceStream, gpu_jitter: Jitter, cpu_jitter: Jitter,
-                 blocking_forward: bool, async_scheduling: bool):
+                 blocking_forward: bool, async_scheduling: bool, shared_prefix_block_size: int = 0):
         self.costs = costs
+        # a shared prefix is priced only when the workload's prefixes are shared and the profile
+        # measured a saving; then the block size turns hit blocks into tokens
+        self.shared_block_size = shared_prefix_block_size if costs.shared_prefix_saving else 0
         self.stream = stream
         self.gpu_jitter = gpu_jitter
         self.cpu_jitter = cpu_jitter
@@ -54,7 +59,8 @@ class Worker:
     def forward(self, step: Batch, at: float) -> float:
         """Start the model forward at ``at`` (sets ``forward_start``/``forward_end``). Returns how
         long the worker is held: the forward itself on the CPU platform, 0 on a GPU."""
-        dur = self.costs.forward_s(step.kind, step.num_reqs, step.num_tokens, step.sum_ctx) * self.gpu_jitter()
+        shared = self.shared_kv(step) if self.shared_block_size and step.kind == DECODE else 0
+        dur = self.costs.forward_s(step.kind, step.num_reqs, step.num_tokens, step.sum_ctx, shared) * self.gpu_jitter()
         self.stream.enqueue(step, at, dur)
         return step.forward_end - at if self.blocking_forward else 0.0
 
@@ -64,6 +70,14 @@ class Worker:
         if not (self.async_scheduling and queued):
             return 0.0
         return self.costs.pickup_s(step.num_reqs) * self.cpu_jitter()
+
+    def shared_kv(self, step: Batch) -> int:
+        """Tokens of ``step``'s contexts that repeat the shared prefix another of its requests
+        holds: (m - 1) p for the m requests with a prefix-cache hit, p the smallest hit (tokens).
+        Used for decode steps only: the saving was measured on decode steps, and a prefill's
+        queries reuse what they read of the prefix anyway."""
+        hits = [entry[0].num_hit_blocks for entry in step.chunks if entry[0].num_hit_blocks]
+        return (len(hits) - 1) * min(hits) * self.shared_block_size if len(hits) > 1 else 0
 
     def roundtrip(self, step: Batch) -> float:
         """Between ``execute_model`` and ``sample_tokens``: synchronously the None reply's round

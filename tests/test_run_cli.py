@@ -101,7 +101,8 @@ def test_csv_writer_writes_to_csv_bytes(tmp_path):
     odd = pd.DataFrame({"x": [1.5, np.nan, -0.0, np.inf, 1e16, 1e-5, 0.1 + 0.2], "s": ["a,b", 'q"', "", "l\nm", "z", "1", "-"],
                         "b": [True, False, True, True, False, False, True], "k": pd.Categorical(list("uvuvuvu")),
                         "i": np.arange(7, dtype=np.int64)})
-    for i, frame in enumerate([res.steps, res.requests, res.itl, odd, odd.iloc[:0]]):
+    plain = pd.DataFrame({"s": ["a", "", "b c"], "x": [1.0, np.nan, 2.0]})  # text that needs no quotes
+    for i, frame in enumerate([res.steps, res.requests, res.itl, odd, odd.iloc[:0], plain, plain[["s"]], odd[["x"]]]):
         want, got = tmp_path / f"want{i}.csv", tmp_path / f"got{i}.csv"
         frame.to_csv(want, index=False)
         write_csv(frame, got)

@@ -29,6 +29,23 @@ A card without a published compute figure (Apple) is given ``C' = C BW' / BW``. 
 records the transfer (``metadata.transfer``) with its stated relative uncertainty
 (:data:`UNCERTAINTY_REL`, docs/transfer.md gives the reasoning) and how far the two methods are
 apart on this profile's grid (``method_spread_rel``).
+
+A vLLM profile (``metadata.engine: "vllm"``, :data:`sim.engines.vllm.costs.VLLM_CURVES`) has one
+forward curve, ``vllm.forward`` over ``num_tokens`` x ``ctx`` (scheduled tokens of the step x the
+mean over its requests of the context after the step), which does not say how many requests the
+step held. :func:`vllm_forward_point` maps a node onto the two shapes above by the fewest and the
+most requests the point allows, as vLLM's calibration (:mod:`calibrate.real.vllm_profile`)
+measured it: ``n`` tokens up to the largest decode batch of the profile (``metadata.grid``'s
+``decode_batch_sizes``, else ``max_num_seqs``) are a decode of ``n`` requests over ``ctx`` keys
+(``forward.decode`` at ``n x ctx``); more tokens are prefills of ``r = max(1, n / ctx)`` requests
+of ``t = min(n, ctx)`` new tokens after ``p = ctx - t`` cached each (``forward.extend`` at
+``t x p``, ``r`` of them in one step: flops and cache traffic ``r`` times, the weights read once).
+Simplification: a step that mixes decodes and a prefill chunk, or a short prefill of no more tokens
+than the decode batch, is moved as the curve's node it falls on, which is one of these two shapes.
+Every other vLLM curve (``vllm.schedule``, ``dispatch``, ``prepare``, ``roundtrip``, ``sample``,
+``collect``, ``update``, ``add_request``, ``pickup``, ``frontend_in``, ``frontend_out``: the engine
+core's, the worker's and the API server's host time, IPC latencies included) is divided by
+``host_speed``, in ``setting_curves`` too.
 """
 
 from __future__ import annotations
@@ -39,13 +56,14 @@ from typing import Optional
 
 from sim.errors import ProfileError
 from sim.model.cards import CARDS, Card, find_card
-from sim.model.profile import SGLANG_CURVES, validate_profile
+from sim.model.profile import SGLANG_CURVES, CurveTable, validate_profile
 
 EFFICIENCY = 0.8
 UNCERTAINTY_REL = 0.3
 METHODS = ("roofline", "ratio")
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-FORWARD_AXES = {"forward.decode": ("num_reqs", "ctx"), "forward.extend": ("num_tokens", "prefix")}
+# the engines whose profiles move, and what the error says when the curves given are not the profile's
+ENGINES = {"sglang": "an SGLang profile (forward.decode, forward.extend)", "vllm": "a vLLM profile (vllm.forward)"}
 
 
 def model_terms(meta: dict, source: str) -> dict:
@@ -79,13 +97,51 @@ def model_terms(meta: dict, source: str) -> dict:
             "kv": 2 * sizes["layers"] * sizes["kv_heads"] * d * w}
 
 
-def work(curve: str, a: float, b: float, m: dict) -> tuple[float, float]:
+def work(curve: str, a: float, b: float, m: dict, requests: float = 1.0) -> tuple[float, float]:
     """(flops, bytes) of one forward point (``curve``: ``forward.decode`` at ``a`` requests x ``b``
-    keys, ``forward.extend`` at ``a`` new tokens after ``b`` cached); ``m`` from :func:`model_terms`."""
+    keys, ``forward.extend`` at ``a`` new tokens after ``b`` cached); ``m`` from :func:`model_terms`.
+    ``requests``: an extend of that many such requests in one step (each one's flops and cache
+    traffic, the weights read once; a vLLM prefill, :func:`vllm_forward_point`)."""
     attn = 4 * m["L"] * m["H"] * m["d"]
     if curve == "forward.decode":
         return 2 * m["P"] * a + attn * a * b, m["P"] * m["w"] + a * b * m["kv"]
-    return 2 * m["P"] * a + attn * a * (b + (a + 1) / 2), m["P"] * m["w"] + (a + b) * m["kv"]
+    return (requests * (2 * m["P"] * a + attn * a * (b + (a + 1) / 2)),
+            m["P"] * m["w"] + requests * (a + b) * m["kv"])
+
+
+def vllm_decode_max(meta: dict, source: str) -> float:
+    """The largest decode batch of a vLLM profile: ``metadata.grid.decode_batch_sizes``' largest,
+    else ``metadata.grid.max_num_seqs`` (``vllm.forward`` nodes of up to that many tokens are
+    decode steps, :func:`vllm_forward_point`).
+
+    Raises:
+        ProfileError: neither is there (a positive number)."""
+    grid = meta.get("grid") if isinstance(meta.get("grid"), dict) else {}
+    sizes = grid.get("decode_batch_sizes")
+    if isinstance(sizes, list) and sizes and all(_is_positive(v) for v in sizes):
+        return max(sizes)
+    if _is_positive(grid.get("max_num_seqs")):
+        return grid["max_num_seqs"]
+    raise ProfileError(source, "metadata.grid.max_num_seqs", "the largest decode batch (vllm.forward nodes of up "
+                       "to that many tokens are decode steps), or metadata.grid.decode_batch_sizes")
+
+
+def _is_positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def vllm_forward_point(num_tokens: float, ctx: float, decode_max: float) -> tuple[str, float, float, float]:
+    """``(curve, a, b, requests)``: the SGLang-shaped forward a ``vllm.forward`` node of ``num_tokens``
+    scheduled tokens at mean context ``ctx`` is moved as (see the module docstring): up to
+    ``decode_max`` tokens a decode of ``num_tokens`` requests over ``ctx`` keys
+    (``("forward.decode", n, ctx, 1)``), beyond it ``r = max(1, n / ctx)`` prefills of
+    ``t = min(n, ctx)`` tokens after ``ctx - t`` cached (``("forward.extend", t, ctx - t, r)``)."""
+    if num_tokens <= decode_max:
+        return "forward.decode", num_tokens, ctx, 1.0
+    if ctx <= 0:
+        return "forward.extend", num_tokens, 0.0, 1.0
+    t = min(num_tokens, ctx)
+    return "forward.extend", t, ctx - t, num_tokens / t
 
 
 def roofline_s(flops: float, nbytes: float, bandwidth_bytes_s: float, flops_s: float,
@@ -105,14 +161,15 @@ def _compute(card: Card, other: Card) -> float:
 
 
 def forward_time_s(t_s: float, curve: str, a: float, b: float, m: dict, src: Card, dst: Card,
-                   method: str = "roofline", efficiency: float = EFFICIENCY) -> float:
-    """One measured forward time ``t_s`` on ``src`` moved to ``dst`` (see the module docstring)."""
+                   method: str = "roofline", efficiency: float = EFFICIENCY, requests: float = 1.0) -> float:
+    """One measured forward time ``t_s`` on ``src`` moved to ``dst`` (see the module docstring;
+    ``requests``: see :func:`work`)."""
     c_src, c_dst = _compute(src, dst), _compute(dst, src)
     if method == "ratio":
         if curve == "forward.decode":
             return t_s * src.bandwidth_bytes_s / dst.bandwidth_bytes_s
         return t_s * c_src / c_dst
-    flops, nbytes = work(curve, a, b, m)
+    flops, nbytes = work(curve, a, b, m, requests)
     r_src = roofline_s(flops, nbytes, src.bandwidth_bytes_s, c_src, efficiency)
     r_dst = roofline_s(flops, nbytes, dst.bandwidth_bytes_s, c_dst, efficiency)
     if t_s < r_src:
@@ -133,11 +190,15 @@ def _scale_curve(c: dict, name: str, fn) -> dict:
 
 
 def transfer_profile(profile: dict, to: str, *, source: str = "<profile>", from_card: Optional[str] = None,
-                     host_speed: float = 1.0, method: str = "roofline", efficiency: float = EFFICIENCY) -> dict:
-    """A copy of a validated SGLang ``profile`` moved to card ``to`` (a key of
+                     host_speed: float = 1.0, method: str = "roofline", efficiency: float = EFFICIENCY,
+                     curves: CurveTable = SGLANG_CURVES) -> dict:
+    """A copy of a validated SGLang or vLLM ``profile`` moved to card ``to`` (a key of
     :data:`sim.model.cards.CARDS` or a card name).
 
     Args:
+        curves: the profile's engine's curves (SGLang's by default; a vLLM profile:
+            :data:`sim.engines.vllm.costs.VLLM_CURVES`, which this engine-neutral module does not
+            import: ``overlap-sim transfer`` picks it by ``metadata.engine``).
         from_card: the card it was measured on (default: ``metadata.device_name`` looked up).
         host_speed: target host single-thread speed / source host's (> 0; 2 = phases take half).
         method: ``roofline`` or ``ratio``. efficiency: ``eta``, in (0, 1].
@@ -148,7 +209,8 @@ def transfer_profile(profile: dict, to: str, *, source: str = "<profile>", from_
 
     Raises:
         ProfileError: unknown card names (``--to``, ``--from``, or ``metadata.device_name``
-            without ``--from``), a profile of another engine, model sizes missing; ValueError: bad
+            without ``--from``), a profile of another engine, model sizes missing (a vLLM profile:
+            its largest decode batch too, :func:`vllm_decode_max`); ValueError: bad
             ``host_speed``, ``method`` or ``efficiency``.
     """
     if not (math.isfinite(host_speed) and host_speed > 0):
@@ -158,9 +220,10 @@ def transfer_profile(profile: dict, to: str, *, source: str = "<profile>", from_
     if not 0 < efficiency <= 1:
         raise ValueError(f"efficiency must be in (0, 1] (got {efficiency!r})")
     meta = profile["metadata"]
-    if meta.get("engine", "sglang") != "sglang":
-        raise ProfileError(source, "metadata.engine", f"an SGLang profile (forward.decode, forward.extend); got "
-                           f"{meta.get('engine')!r}")
+    table = curves
+    if meta.get("engine", "sglang") != table.engine or table.engine not in ENGINES:
+        raise ProfileError(source, "metadata.engine", f"{ENGINES.get(table.engine, 'an SGLang or vLLM profile')}; "
+                           f"got {meta.get('engine', 'sglang')!r}")
     dst = find_card(to)
     if dst is None:
         raise ProfileError("--to", "", f"one of {', '.join(CARDS)} (got {to!r})")
@@ -174,15 +237,20 @@ def transfer_profile(profile: dict, to: str, *, source: str = "<profile>", from_
             raise ProfileError(source, "metadata.device_name", f"a card of the table ({', '.join(CARDS)}); got "
                                f"{meta.get('device_name')!r}: pass --from CARD")
     m = model_terms(meta, source)
-    cpu_curves = [n for n in SGLANG_CURVES.all if n not in FORWARD_AXES]
+    point = _point_map(table, meta, source)
+    forward_curves = table.forward
+    cpu_curves = [n for n in table.all if n not in forward_curves]
 
     def fwd(name, method_):
-        return lambda t, a, b: forward_time_s(t, name, a, b, m, src, dst, method_, efficiency)
+        def moved(t, a, b):
+            curve, x, y, r = point(name, a, b)
+            return forward_time_s(t, curve, x, y, m, src, dst, method_, efficiency, r)
+        return moved
 
     def scale_set(curves: dict) -> dict:
         out = {}
         for name, c in curves.items():
-            if name in FORWARD_AXES:
+            if name in forward_curves:
                 out[name] = _scale_curve(c, name, fwd(name, method))
             elif name in cpu_curves:
                 out[name] = _scale_curve(c, name, lambda t, *_: t / host_speed)
@@ -196,13 +264,13 @@ def transfer_profile(profile: dict, to: str, *, source: str = "<profile>", from_
         new["setting_curves"] = {s: scale_set(c) for s, c in profile["setting_curves"].items()}
     for smp in new["samples"]:
         name = smp["curve"]
-        if name in FORWARD_AXES:
-            a, b = (smp["point"][k] for k in FORWARD_AXES[name])
+        if name in forward_curves:
+            a, b = (smp["point"][k] for k in table.all[name])
             f = fwd(name, method)
             smp["times_s"] = [f(t, a, b) for t in smp["times_s"]]
         elif name in cpu_curves:
             smp["times_s"] = [t / host_speed for t in smp["times_s"]]
-    spread = _method_spread(profile["curves"], m, src, dst, efficiency)
+    spread = _method_spread(profile["curves"], forward_curves, point, m, src, dst, efficiency)
     new["metadata"] = {**meta, "device_name": dst.name, "transfer": {
         "from_device_name": src.name, "from_card": src.key, "to_card": dst.key, "method": method,
         "efficiency": efficiency, "bandwidth_ratio": dst.bandwidth_gb_s / src.bandwidth_gb_s,
@@ -213,18 +281,28 @@ def transfer_profile(profile: dict, to: str, *, source: str = "<profile>", from_
         "from_host_cpu": meta.get("host_cpu"),
         "note": "forward times moved by public peak specs (sim.model.transfer), not measured on this card; "
                 "host phases divided by host_speed (1: the source host's speed assumed)"}}
-    validate_profile(new, source)
+    validate_profile(new, source, table)
     return new
 
 
-def _method_spread(curves: dict, m: dict, src: Card, dst: Card, efficiency: float) -> float:
+def _point_map(table: CurveTable, meta: dict, source: str):
+    """``(curve, x, y) -> (shape, a, b, requests)``: what a forward node is moved as (a vLLM node:
+    :func:`vllm_forward_point`; an SGLang one: itself)."""
+    if table.engine == "vllm":
+        decode_max = vllm_decode_max(meta, source)
+        return lambda name, x, y: vllm_forward_point(x, y, decode_max)
+    return lambda name, x, y: (name, x, y, 1.0)
+
+
+def _method_spread(curves: dict, names, point, m: dict, src: Card, dst: Card, efficiency: float) -> float:
     """The largest relative difference between the two methods' forward times over the grid."""
     worst = 0.0
-    for name in FORWARD_AXES:
+    for name in names:
         c = curves[name]
         for x, row in zip(c["grid"][0], c["values_s"]):
             for y, t in zip(c["grid"][1], row):
-                a = forward_time_s(t, name, x, y, m, src, dst, "roofline", efficiency)
-                b = forward_time_s(t, name, x, y, m, src, dst, "ratio", efficiency)
+                shape, a_, b_, r = point(name, x, y)
+                a = forward_time_s(t, shape, a_, b_, m, src, dst, "roofline", efficiency, r)
+                b = forward_time_s(t, shape, a_, b_, m, src, dst, "ratio", efficiency, r)
                 worst = max(worst, abs(b - a) / a)
     return worst

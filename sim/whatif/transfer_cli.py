@@ -15,7 +15,7 @@ from sim.errors import UserInputError
 def _args(p: argparse.ArgumentParser) -> None:
     from sim.model.transfer import EFFICIENCY
 
-    p.add_argument("profile", nargs="?", type=Path, help="a measured SGLang calibration profile (JSON)")
+    p.add_argument("profile", nargs="?", type=Path, help="a measured SGLang or vLLM calibration profile (JSON)")
     p.add_argument("--to", default=None, metavar="CARD", help="the target card (see --list), e.g. l4")
     p.add_argument("--out", type=Path, default=None, help="the new profile to write (JSON)")
     p.add_argument("--from", dest="from_card", default=None, metavar="CARD",
@@ -79,6 +79,27 @@ def host_speed_from_probe(profile: dict, profile_path: Path, reading_path: Path)
     return speed
 
 
+def curve_table(path: Path):
+    """The curves of the profile at ``path`` by its ``metadata.engine`` (absent: SGLang's; vLLM's).
+
+    Raises:
+        ProfileError: an engine other than SGLang and vLLM."""
+    from sim.errors import ProfileError
+    from sim.model.profile import SGLANG_CURVES
+
+    try:
+        engine = json.loads(Path(path).read_text()).get("metadata").get("engine", "sglang")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return SGLANG_CURVES  # unreadable or not a profile: load_profile says why
+    if engine == "vllm":
+        from sim.engines.vllm.costs import VLLM_CURVES
+
+        return VLLM_CURVES
+    if engine == "sglang":
+        return SGLANG_CURVES
+    raise ProfileError(str(path), "metadata.engine", f"an SGLang or vLLM profile ('sglang' or 'vllm'); got {engine!r}")
+
+
 @command("transfer", "move a measured calibration profile to another card by public specs (bandwidth, compute, "
                      "host speed)", _args)
 def cmd_transfer(args: argparse.Namespace) -> int:
@@ -94,28 +115,36 @@ def cmd_transfer(args: argparse.Namespace) -> int:
         raise UserInputError("--efficiency", "", f"a share of peak from 0.05 to 1 (got {args.efficiency!r})")
     from sim.atomic import check_output_file
     from sim.model.profile import load_profile
-    from sim.model.transfer import transfer_profile
+    from sim.model.transfer import transfer_profile, vllm_decode_max
     from sim.output.report import atomic_write_text
 
-    profile = load_profile(args.profile)
+    curves = curve_table(args.profile)
+    profile = load_profile(args.profile, curves)
     if args.host_probe is not None:
         args.host_speed = host_speed_from_probe(profile, args.profile, args.host_probe)
     out = check_output_file(args.out, "--out")
     new = transfer_profile(profile, args.to, source=str(args.profile), from_card=args.from_card,
-                           host_speed=args.host_speed, method=args.method, efficiency=args.efficiency)
+                           host_speed=args.host_speed, method=args.method, efficiency=args.efficiency, curves=curves)
     atomic_write_text(out, json.dumps(new, indent=1, allow_nan=False) + "\n")
     rec = new["metadata"]["transfer"]
     print(f"{args.profile}: {rec['from_device_name']} -> {new['metadata']['device_name']} ({rec['method']}, "
           f"eta {rec['efficiency']:g}): bandwidth x{rec['bandwidth_ratio']:.3g}, compute x{rec['compute_ratio']:.3g}"
           f"{'' if rec['compute_published'] else ' (no published compute figure: same balance assumed)'}, "
           f"host phases / {rec['host_speed']:g}")
-    for name in ("forward.decode", "forward.extend"):
+    vllm = new["metadata"].get("engine") == "vllm"
+    for name in ("vllm.forward",) if vllm else ("forward.decode", "forward.extend"):
         old, moved = profile["curves"][name], new["curves"][name]
         g = old["grid"]
         corners = [(0, 0), (len(g[0]) - 1, len(g[1]) - 1)]
+        if vllm:  # the largest decode node too (the rows beyond it are prefills)
+            top = max((i for i, n in enumerate(g[0]) if n <= vllm_decode_max(profile["metadata"], "")), default=0)
+            corners.insert(1, (top, len(g[1]) - 1))
         cells = "; ".join(f"{g[0][i]:g} x {g[1][j]:g}: {old['values_s'][i][j] * 1e3:.3f} -> "
-                          f"{moved['values_s'][i][j] * 1e3:.3f} ms" for i, j in corners)
+                          f"{moved['values_s'][i][j] * 1e3:.3f} ms" for i, j in dict.fromkeys(corners))
         print(f"  {name} ({' x '.join(old['axes'])}) {cells}")
     print(f"stated uncertainty ±{rec['uncertainty_rel']:.0%} (the ratio and roofline methods differ by up to "
           f"{rec['method_spread_rel']:.0%} on this grid); written to {out}")
+    if vllm:
+        print("a vLLM scenario on it: server.device: cuda (the forward runs on the card while the worker's CPU goes "
+              "on; cpu would charge it to the worker's CPU)")
     return 0

@@ -27,6 +27,23 @@ line names calibration's subcommand modules in :data:`sim.cli.COMMAND_MODULES` a
 only to build its parser).
 """
 
+import os as _os
+import sys as _sys
+
+# numpy's bundled OpenBLAS starts a thread per core when it loads, and each idle thread spins
+# for about 0.1 s of CPU before it sleeps. The simulator does no linear algebra, so when sim is
+# what first imports numpy and no thread count was chosen, numpy loads with one BLAS thread (the
+# variable is removed again at once: child processes do not inherit it).
+_BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+if "numpy" not in _sys.modules and not any(v in _os.environ for v in _BLAS_THREAD_VARS):
+    _os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        import numpy as _numpy  # noqa: F401
+    except ModuleNotFoundError:
+        pass
+    finally:
+        del _os.environ["OPENBLAS_NUM_THREADS"]
+
 try:
     from sim.scenario import Scenario, load_scenario
     from sim.simulate import Result, compare, simulate

@@ -8,7 +8,6 @@ measured requests completed (see :data:`sim.errors.EXIT_RUN_FAILED`).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib
 import json
 import re
@@ -30,6 +29,9 @@ COMMAND_MODULES: tuple[str, ...] = (
     "calibrate.validate.cli",
     "calibrate.real.cli",
 )
+# subcommands registered by this module: a command line that names one builds only its parser
+# (the same parse) and imports none of COMMAND_MODULES
+OWN_COMMANDS = ("run",)
 
 
 RUN_EPILOG = ("Writes into the results folder: summary.json, steps_/requests_/itl_<setting>.<format> (the tables "
@@ -67,6 +69,8 @@ def default_run_folder(name: str, overrides: list[str]) -> Path:
     text = ",".join(o.strip() for o in overrides)
     if len(text) <= 80 and re.fullmatch(r"[A-Za-z0-9_.,=+-]+", text):
         return Path("results") / f"{name}-{text}"
+    import hashlib  # only here: it loads OpenSSL
+
     return Path("results") / f"{name}-set-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
 
@@ -127,25 +131,31 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand, or with ``command`` one of :data:`OWN_COMMANDS`, of that
+    one only (the other command modules are then not imported: start-up)."""
     parser = OneLineParser(
         prog="overlap-sim",
         description="Predict what SGLang's overlap scheduler (and vLLM's async scheduling) does on your device, "
                     "against the synchronous loop.",
         epilog="Exit status: 0 done; 2 bad input (one line on stderr naming the file or flag and the field, "
                "nothing written); 3 'run' finished but a setting's server died or all its requests failed.")
-    for module in COMMAND_MODULES:
-        importlib.import_module(module)
+    only = command if command in OWN_COMMANDS else None
+    if only is None:
+        for module in COMMAND_MODULES:
+            importlib.import_module(module)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_text, arguments, _run) in COMMANDS.items():
-        arguments(sub.add_parser(name, help=help_text, description=help_text))
+        if only in (None, name):
+            arguments(sub.add_parser(name, help=help_text, description=help_text))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point. Returns the exit status (0 ok, 2 bad input, 3 a run whose server died or
     whose requests all failed)."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv[0] if argv else None)
     try:
         args = parser.parse_args(argv)
     except UsageError as err:

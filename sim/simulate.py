@@ -15,7 +15,6 @@ from sim.engines.sglang.loops import LOOPS
 from sim.engines.sglang.phases import Phases
 from sim.engines.sglang.rules.loop_rules import setting_faults
 from sim.engines.sglang.policy.scheduler import Scheduler, ServerDied
-from sim.engines.vllm.run import run_vllm
 from sim.engines.vllm.server import SETTINGS as VLLM_SETTINGS, VllmServer
 from sim.model.costs import Jitter, make_cost_model
 from sim.model.device import DeviceStream
@@ -176,6 +175,8 @@ def _simulate_vllm(scenario: Scenario, setting: str, tables: str) -> Result:
         raise ValueError(f"unknown setting {setting!r} for a vLLM scenario; expected one of {sorted(VLLM_SETTINGS)}")
     if tables not in TABLES:
         raise ValueError(f"unknown tables mode {tables!r}; expected one of {TABLES}")
+    from sim.engines.vllm.run import run_vllm  # vLLM's engine modules: imported for a vLLM scenario only
+
     wall0 = time.perf_counter()
     specs = make_requests(scenario)
     warmup = min(scenario.workload.warmup_requests, len(specs) - 1)

@@ -10,14 +10,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
-from rich.console import Console
-from rich.table import Table
-
 from sim.atomic import atomic_path
 from sim.trace.metrics import SUMMARY_KEYS
 
 if TYPE_CHECKING:  # tables arrive as DataFrames; a streamed run need not import pandas
     import pandas as pd
+    from rich.console import Console  # rich: imported when a table is printed (not by run --json)
 
 RATIO_BASELINE = "normal"
 # (the setting that overlaps CPU work with the forward, its synchronous baseline), per engine:
@@ -136,6 +134,9 @@ def print_table(title: str, summaries: dict[str, dict], console: Console | None 
     """A rich table: one column per setting plus the ratio to ``normal`` (vLLM: ``sync``; latency
     ratios: medians). ``streamed``: the medians and p99s come from a streaming sketch
     (``--tables summary|none``)."""
+    from rich.console import Console
+    from rich.table import Table
+
     console = console or Console(width=console_width())
     rat = ratios(summaries)
     caption = (f"ratios: setting / {baseline_of(summaries)}; on mean / median / p99 rows, the ratio of the medians "

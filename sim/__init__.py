@@ -31,11 +31,14 @@ import os as _os
 import sys as _sys
 
 # numpy's bundled OpenBLAS starts a thread per core when it loads, and each idle thread spins
-# for about 0.1 s of CPU before it sleeps. The simulator does no linear algebra, so when sim is
-# what first imports numpy and no thread count was chosen, numpy loads with one BLAS thread (the
-# variable is removed again at once: child processes do not inherit it).
+# for about 0.1 s of CPU before it sleeps. The simulator does no linear algebra, so in the
+# command-line process (the ``overlap-sim`` script, or ``python -m sim.<module>``, whose argv[0]
+# is still "-m" while its package imports), when no thread count was chosen, numpy loads with
+# one BLAS thread (the variable is removed again at once: child processes do not inherit it). A
+# program or notebook that imports sim keeps numpy's own choice.
 _BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
-if "numpy" not in _sys.modules and not any(v in _os.environ for v in _BLAS_THREAD_VARS):
+_COMMAND_LINE = bool(_sys.argv) and (_sys.argv[0] == "-m" or _os.path.basename(_sys.argv[0]) == "overlap-sim")
+if _COMMAND_LINE and "numpy" not in _sys.modules and not any(v in _os.environ for v in _BLAS_THREAD_VARS):
     _os.environ["OPENBLAS_NUM_THREADS"] = "1"
     try:
         import numpy as _numpy  # noqa: F401

@@ -363,7 +363,7 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
 
     merged: dict[tuple, dict] = {}
     versions: dict = {}
-    shared: list[tuple[int, float, float]] = []
+    shared: dict[str, list[tuple[int, float, float]]] = {}
     order = session_order(settings, sessions)
     outs = [run_session(engine, model_dir, grid, setting, folder, report, name) for setting, name in order]
     reference = mean_probe(folder / f"{name}.hostspeed.json" for _, name in order)
@@ -371,7 +371,7 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
         versions = json.loads((out / "session.json").read_text()).get("versions", {})
         eng, wrk = vllm_trace.read_files(sorted(out.glob("trace.*.jsonl")))
         steps_ = vllm_trace.steps(eng, wrk)
-        shared += shared_prefix_steps(steps_, grid)
+        shared.setdefault(setting, []).extend(shared_prefix_steps(steps_, grid))
         got = (samples(steps_, grid, setting) + add_request_samples(eng)
                + frontend_samples(out, eng, steps_, design(grid), set(grid.decode_batch_sizes)))
         for smp in got:
@@ -396,11 +396,14 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
     if reference:
         meta["host_speed"] = reference
     profile = build_profile(meta, smp_list, VLLM_CURVES)
-    saving = shared_prefix_saving(profile_curves(profile, "median", None, VLLM_CURVES)["vllm.forward"], shared)
-    if saving is not None:
+    forward = profile_curves(profile, "median", None, VLLM_CURVES)["vllm.forward"]
+    saving = shared_prefix_saving(forward, [x for steps_ in shared.values() for x in steps_])
+    if saving is not None:  # each setting's own where its sessions measured it
+        own = {st: shared_prefix_saving(forward, steps_) for st, steps_ in shared.items()}
+        saving["by_setting"] = {st: round(v["saving"], 4) for st, v in own.items() if v is not None}
         profile["metadata"]["shared_prefix"] = saving
         report(f"shared prefix: {saving['saving']:.2f} of its attention cost saved per repeat "
-               f"(by batch size {saving['by_batch']}, {saving['steps']} steps)")
+               f"(by batch size {saving['by_batch']}, by setting {saving['by_setting']}, {saving['steps']} steps)")
     return profile
 
 

@@ -66,8 +66,12 @@ left of ``step`` (grammar bitmask, output queue put: not modelled).
 A shared prefix (``workload.prefix_sharing: shared``): when m requests of a decode step hold the
 same cached prefix of p tokens, the forward is priced at the mean context
 ``(sum_ctx - f (m - 1) p) / num_reqs``: a share ``f`` of the attention over the prefix's KV is
-counted once rather than m times. ``f`` is the profile's ``metadata.shared_prefix.saving``,
-measured by the calibration (decode waves whose requests share a cached prefix, against the
+counted once rather than m times. ``f`` is the profile's ``metadata.shared_prefix.by_setting``
+for the simulated setting (else its ``saving``, both settings' steps together; per setting
+because the calibration of 1 December 2026 measured 1.0 synchronously and 0.72 under async
+scheduling, and both validations of that day saw async's decode forward over a shared prefix
+x1.15-1.2 slower than sync's, where over distinct contexts the two were alike), measured by the
+calibration (decode waves whose requests share a cached prefix, against the
 forward curve of distinct contexts; :mod:`calibrate.real.vllm_profile`); 0 without it (each
 request's context priced in full, the model before this was measured). Steps that prefill are
 priced in full (not measured; a prefill's many queries per request reuse what they read).
@@ -137,7 +141,8 @@ class VllmProfileCosts:
         self._forward = self.curves["vllm.forward"]
         self._frontend = {k: self.curves.get(f"vllm.frontend_{k}") for k in ("in", "out")}
         self._pickup = self.curves.get("vllm.pickup")
-        self.shared_prefix_saving = float(profile["metadata"].get("shared_prefix", {}).get("saving", 0.0))
+        shared = profile["metadata"].get("shared_prefix", {})
+        self.shared_prefix_saving = float(shared.get("by_setting", {}).get(setting, shared.get("saving", 0.0)))
 
     def pickup_s(self, num_reqs: int) -> float:
         """The worker taking an already queued RPC (``vllm.pickup``); 0 without the curve."""

@@ -310,7 +310,7 @@ def load_scenario(path_or_dict: Union[str, Path, dict, Scenario], overrides: Opt
 def _check_files(scenario: Scenario) -> None:
     """The trace and the calibration profile the scenario names exist and are usable (read and
     checked now, before anything runs), and a trace's requests agree with the rest."""
-    from sim.model.profile import load_profile
+    from sim.model.profile import load_profile_read_only
     from sim.model.workload import read_trace
 
     w, srv = scenario.workload, scenario.server
@@ -335,6 +335,6 @@ def _check_files(scenario: Scenario) -> None:
         if isinstance(srv, VllmServer):
             from sim.engines.vllm.costs import load_vllm_profile
 
-            load_vllm_profile(path)
+            load_vllm_profile(path, read_only=True)  # the run's cost models reuse it
         else:
-            load_profile(path)
+            load_profile_read_only(path)

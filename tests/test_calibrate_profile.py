@@ -112,3 +112,29 @@ def test_shipped_profiles_load_and_are_measured(path):
         counts = [len(s["times_s"]) for s in prof["samples"] if s["curve"] == name]
         assert counts and min(counts) >= m["repeats"]
     assert all(t > 0 for s in prof["samples"] if s["curve"] in table.forward for t in s["times_s"])
+
+
+def test_a_read_only_profile_is_loaded_once_per_file_version(tmp_path):
+    """load_profile_read_only hands back the same validated dict while the file is unchanged (a
+    run's scenario check and its settings' cost models share it), and reads the file again once
+    it changes; a bad file still fails as load_profile does."""
+    import os
+
+    from sim.model.profile import load_profile_read_only
+
+    path = tmp_path / "p.json"
+    save_profile(path, synthetic_profile())
+    first = load_profile_read_only(path)
+    assert load_profile_read_only(path) is first and first == load_profile(path)
+    changed = synthetic_profile()
+    changed["metadata"]["note"] = "changed"
+    save_profile(path, changed)
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # a new version even within one clock tick
+    second = load_profile_read_only(path)
+    assert second is not first and second["metadata"]["note"] == "changed"
+    path.write_text("{")
+    with pytest.raises(ProfileError, match="not valid JSON"):
+        load_profile_read_only(path)
+    with pytest.raises(ProfileError, match="no such profile file"):
+        load_profile_read_only(tmp_path / "missing.json")

@@ -29,7 +29,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim.model.costs import DECODE, EXTEND
-from sim.model.profile import load_profile, profile_curves
+from sim.model.profile import load_profile_read_only, profile_curves
 
 
 class ProfileCostModel:
@@ -74,7 +74,7 @@ class ProfileCostModel:
     @classmethod
     def from_file(cls, path: str | Path, **kwargs) -> "ProfileCostModel":
         """Load ``path`` (raises :class:`sim.errors.ProfileError` if it is unusable)."""
-        return cls(load_profile(path), source=str(path), **kwargs)
+        return cls(load_profile_read_only(path), source=str(path), **kwargs)
 
     def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
         """The forward's device time; also counts the step in :attr:`extrapolated_steps` when

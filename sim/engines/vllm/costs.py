@@ -90,7 +90,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim.model.costs import DECODE, LinearCostModel
-from sim.model.profile import CurveTable, load_profile, profile_curves
+from sim.model.profile import CurveTable, load_profile, load_profile_read_only, profile_curves
 
 VLLM_CURVE_AXES: dict[str, tuple[str, ...]] = {
     "vllm.add_request": ("num_reqs",),
@@ -114,10 +114,11 @@ VLLM_CURVES = CurveTable("vllm", VLLM_CURVE_AXES, VLLM_OPTIONAL_CURVE_AXES, ("vl
 PHASES = ("add_request", "schedule", "dispatch", "prepare", "roundtrip", "sample", "collect", "update")
 
 
-def load_vllm_profile(path: str | Path) -> dict:
+def load_vllm_profile(path: str | Path, read_only: bool = False) -> dict:
     """Read and validate a vLLM profile (raises :class:`sim.errors.ProfileError` naming the file
-    and field, e.g. an SGLang profile given to a vLLM scenario)."""
-    return load_profile(path, VLLM_CURVES)
+    and field, e.g. an SGLang profile given to a vLLM scenario). ``read_only``: the process's
+    shared copy (:func:`sim.model.profile.load_profile_read_only`), which must not be changed."""
+    return load_profile_read_only(path, VLLM_CURVES) if read_only else load_profile(path, VLLM_CURVES)
 
 
 class VllmProfileCosts:
@@ -237,6 +238,6 @@ def make_vllm_costs(scenario, setting: str):
     c = scenario.costs
     if c.profile:
         path = scenario.resolve_path(c.profile)
-        return VllmProfileCosts(load_vllm_profile(path), setting, c.gpu.scale, c.cpu.scale, c.profile_statistic,
+        return VllmProfileCosts(load_vllm_profile(path, read_only=True), setting, c.gpu.scale, c.cpu.scale, c.profile_statistic,
                                 str(path))
     return VllmInlineCosts(c)

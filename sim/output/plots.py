@@ -143,8 +143,8 @@ def draw_gap_panels(fig, series: dict[str, np.ndarray], colors: dict[str, str], 
                  transform=ax1.transAxes, ha="center", va="center")
     ax1.set_xlabel("GPU gap between consecutive forwards (ms, log scale)")
     ax1.grid(axis="y", alpha=0.3)
+    ax0.set_ylim(bottom=floor, top=top * 3)  # before the log scale: no autoscale over an empty panel
     ax0.set_yscale("log")
-    ax0.set_ylim(bottom=floor, top=top * 3)
     plain_log_ticks(ax0.yaxis)
     ax0.set_ylabel("share of gaps (log scale)" if share else "gaps (log scale)")
     handles = [plt.Rectangle((0, 0), 1, 1, facecolor=colors[n]) for n in names]

@@ -1,5 +1,5 @@
 """``overlap-sim calibrate --from-trace``: a calibration profile from an SGLang server's own
-torch.profiler trace (:mod:`calibrate.real.sglang_torch_trace`).
+torch.profiler trace (:mod:`calibrate.real.sglang_torch_trace`, :mod:`calibrate.real.sglang_trace_profile`).
 
 Recorded traces (``tests/data/sglang/profile/``, SGLang 0.5.23's CPU engine on this kind of
 machine, ``realengines.sglang.record_profile``; how they were made: the folder's README) and
@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.real.sglang_torch_trace import log_check, read_trace
+from calibrate.real.sglang_torch_trace import read_trace
+from calibrate.real.sglang_trace_profile import log_check
 from sim.cli import main
 from sim.model.profile import load_profile, profile_curves
 

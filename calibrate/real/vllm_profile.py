@@ -146,14 +146,14 @@ def samples(steps: list[vllm_trace.VllmStep], grid: VllmGrid, setting: str) -> l
         ex_end = s.execute["t0"] + s.execute["dur"]
         sa_end = s.sample["t0"] + s.sample["dur"]
         nxt = by_k.get(s.k + 1)
-        shared = any(vllm_trace.client_rid(r).startswith(SHARED_LOAD) for r in s.reqs)
-        if shared:
-            pass  # a shared prefix's forward is not a distinct context's (shared_prefix_saving)
-        elif s.is_decode and s.num_reqs in sizes:
+        # a shared prefix's forward is not a distinct context's (shared_prefix_saving prices it)
+        distinct = not any(vllm_trace.client_rid(r).startswith(SHARED_LOAD) for r in s.reqs)
+        if distinct and s.is_decode and s.num_reqs in sizes:
             c = min(grid.contexts, key=lambda x: abs(x - s.ctx))
             if abs(c - s.ctx) <= grid.decode_steps // 2:
                 add("vllm.forward", {"num_tokens": s.num_tokens, "ctx": c}, s.forward)
-        elif not any(t == 1 for t in s.tok) and s.num_tokens in grid.prefill_tokens and s.ctx in grid.contexts:
+        elif (distinct and not any(t == 1 for t in s.tok) and s.num_tokens in grid.prefill_tokens
+              and s.ctx in grid.contexts):
             add("vllm.forward", {"num_tokens": s.num_tokens, "ctx": int(s.ctx)}, s.forward)
         if s.num_reqs not in sizes:
             continue

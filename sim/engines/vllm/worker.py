@@ -67,8 +67,9 @@ class Worker:
     def pickup(self, step: Batch, queued: bool) -> float:
         """Async scheduling: the worker taking ``step``'s ``execute_model`` RPC when it was already
         queued (``queued``; one that arrives while the worker waits is inside ``dispatch``)."""
-        if not (self.async_scheduling and queued):
-            return 0.0
+        return self._pickup_s(step) if self.async_scheduling and queued else 0.0
+
+    def _pickup_s(self, step: Batch) -> float:
         return self.costs.pickup_s(step.num_reqs) * self.cpu_jitter()
 
     def shared_kv(self, step: Batch) -> int:
@@ -84,7 +85,7 @@ class Worker:
         trip to the engine core (``vllm.roundtrip``); under async scheduling the pickup of the
         ``sample_tokens`` RPC queued behind it (``vllm.pickup``)."""
         if self.async_scheduling:
-            return self.costs.pickup_s(step.num_reqs) * self.cpu_jitter()
+            return self._pickup_s(step)
         return self.costs.phase_s("roundtrip", step.num_reqs) * self.cpu_jitter()
 
     def sample(self, step: Batch) -> float:

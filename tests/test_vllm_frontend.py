@@ -1,5 +1,5 @@
 """The API server in front of vLLM's engine core (sim.engines.vllm.frontend): closed forms of the
-FIFO server, a request's latency through it, and invariants."""
+server, a request's latency through it, and invariants."""
 
 from __future__ import annotations
 
@@ -42,17 +42,27 @@ def test_a_lone_request_takes_the_latency_and_its_work():
     assert serve([1.0], 0.004, 0.002) == {0: pytest.approx(1.006)}
 
 
-def test_a_burst_reaches_the_engine_together():
-    """n requests sent together share the event loop: all arrive L + n w after the send."""
-    got = serve([0.0] * 8, 0.004, 0.002)
-    assert list(got.values()) == pytest.approx([0.004 + 8 * 0.002] * 8)
+def test_a_burst_reaches_the_engine_one_at_a_time():
+    """n requests sent together share the event loop, then leave one at a time (the renderer's
+    one tokenizer thread): the first L + n w after the send, each next one w later."""
+    L, w = 0.004, 0.002
+    got = serve([0.0] * 8, L, w)
+    assert [got[r] for r in range(8)] == pytest.approx([L + 8 * w + i * w for i in range(8)])
+
+
+def test_a_request_long_after_the_last_leaves_at_once():
+    """The one-at-a-time spacing applies only to requests leaving within w of each other."""
+    L, w = 0.004, 0.002
+    got = serve([0.0, 1.0], L, w)
+    assert got == {0: pytest.approx(L + w), 1: pytest.approx(1.0 + L + w)}
 
 
 def test_a_later_request_shares_what_is_left():
-    """r0 alone for w/2, then both at half speed: r0 done at L + 1.5 w, r1 at L + 2 w."""
+    """r0 alone for w/2, then both at half speed: r0 done at L + 1.5 w; r1's share is done at
+    L + 2 w, but it leaves w after r0, at L + 2.5 w."""
     L, w = 0.004, 0.002
     got = serve([0.0, w / 2], L, w)
-    assert got[0] == pytest.approx(L + 1.5 * w) and got[1] == pytest.approx(L + 2 * w)
+    assert got[0] == pytest.approx(L + 1.5 * w) and got[1] == pytest.approx(L + 2.5 * w)
 
 
 def test_a_front_end_of_no_cost_changes_no_time():
@@ -76,12 +86,15 @@ sends = st.lists(st.floats(min_value=0, max_value=1.0, allow_nan=False), min_siz
 @given(sends, st.floats(min_value=0, max_value=0.01), st.floats(min_value=1e-6, max_value=0.01))
 def test_every_request_arrives_within_its_share_and_none_is_lost(ts, latency_s, work_s):
     """Each request reaches the engine no sooner than L + w after its send and no later than
-    L + (requests in the loop with it) w; all of them arrive."""
+    L + (2 x requests in the loop with it - 1) w (its share, then one w behind each other
+    leaving); all of them arrive, and no two reach it less than w apart."""
     got = serve(ts, latency_s, work_s)
     assert sorted(got) == list(range(len(ts)))
     for rid, t in enumerate(ts):
         assert got[rid] >= t + latency_s + work_s - 1e-9
-        assert got[rid] <= t + latency_s + len(ts) * work_s + 1e-9
+        assert got[rid] <= t + latency_s + (2 * len(ts) - 1) * work_s + 1e-9
+    times = sorted(got.values())
+    assert all(b - a >= work_s * (1 - 1e-9) - 1e-12 for a, b in zip(times, times[1:]))
 
 
 @pytest.mark.parametrize("setting", ["sync", "async"])

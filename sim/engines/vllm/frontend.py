@@ -11,15 +11,24 @@ each step's outputs from the engine core (``get_output_async``), runs
 Modelled (:class:`ApiServer`), from what the calibration measured (``vllm.frontend_in``,
 ``vllm.frontend_out``, :func:`calibrate.real.vllm_profile.frontend_samples`):
 
-- **in**: a request reaches the engine core's input queue after a fixed latency ``L`` plus its
-  share of the event loop: the handlers of requests sent together interleave at their
-  ``await`` points, so they are served side by side (processor sharing) with ``w`` seconds of
-  work each. A burst of n requests reaches the engine core together, about ``L + n w`` after it
-  was sent, and the engine core prefills them in one step, as the real server does (the
-  calibration's bursts of 4 to 16 requests: the first ``add_request`` 6-37 ms after the send,
-  the rest at the next step boundary). ``L`` and ``w`` are the line through the measured
-  latencies of a lone request (``frontend_in(1) = L + w``) and of the largest measured burst
-  (``frontend_in(n) = L + n w``).
+- **in**: a request's handler takes a fixed latency ``L`` plus its share of the event loop: the
+  handlers of requests sent together interleave at their ``await`` points, so they are served
+  side by side (processor sharing) with ``w`` seconds of work each. They then reach the engine
+  core **one at a time**, ``w`` apart: the renderer tokenizes prompts on a pool of
+  ``renderer_num_workers`` threads, one by default (``BaseRenderer.__init__``,
+  ``vllm/renderers/base.py``, ``ModelConfig.renderer_num_workers``), so the handlers leave the
+  API server in turn. Measured in every burst of the calibration and validation sessions
+  (bursts of 4 to 16 requests sent to an idle server): the first request reaches
+  ``EngineCore.add_request`` alone, 5-37 ms after the send, and the engine core prefills it
+  alone; the others arrive during that prefill and are added together at the next step
+  boundary (c8-len: 1 request of 128 tokens, then 7 of 128 with it decoding). So the first of
+  a burst of n reaches the input queue ``L + n w`` after the send, the i-th ``(i - 1) w`` after
+  the first. ``L`` and ``w`` are the line through the measured latencies of a lone request
+  (``frontend_in(1) = L + w``) and of the first of the largest measured burst
+  (``frontend_in(n) = L + n w``); the spacing of the others is not measured on its own (the
+  engine core adds them at a step boundary, which hides when each arrived): ``w`` is an
+  assumption, and what it moves (whether a burst's tail joins the second prefill step or a
+  later one) depends only on its being shorter than the first request's prefill step.
 - **out**: a step's tokens reach the clients ``frontend_out(num_reqs)`` after its
   ``update_from_output`` ends, the steps' outputs handled one after the other (FIFO).
 
@@ -42,7 +51,8 @@ EPS_S = 1e-12  # work left below this is done (float sums)
 
 
 class ApiServer:
-    """The API server's event loop: requests in (processor sharing), step outputs out (FIFO).
+    """The API server's event loop: requests in (processor sharing, then one at a time through
+    the renderer), step outputs out (FIFO).
 
     Args:
         env: the SimPy environment.
@@ -56,6 +66,7 @@ class ApiServer:
         self.env, self.costs, self.enqueue = env, costs, enqueue
         self.latency_s, self.work_s = costs.frontend_in_line()
         self.free_s = 0.0  # when the output side has finished every step charged so far (s)
+        self._left_s = -float("inf")  # when the last request left the API server (s)
         self._jobs: dict[int, list[float]] = {}  # rid -> [work left s, sent s]
         self._last_s = 0.0
         self._changed: simpy.Event | None = None
@@ -103,7 +114,8 @@ class ApiServer:
             self._advance()
             for rid in [r for r, job in self._jobs.items() if job[0] <= EPS_S]:
                 _, sent = self._jobs.pop(rid)
-                self.enqueue(rid, self.env.now, sent)
+                self._left_s = max(self.env.now, self._left_s + self.work_s)  # one at a time
+                self.enqueue(rid, self._left_s, sent)
 
     # --- out -----------------------------------------------------------------------------
     def egress(self, update_end_s: float, num_reqs: int) -> float:

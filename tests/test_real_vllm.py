@@ -111,8 +111,26 @@ def test_the_design_prefills_whole_blocks_after_a_cached_prefix():
     warm, *rest = ld["requests"]
     assert ld["warmup_requests"] == 1 and all(r["input_ids"][:384] == warm["input_ids"][:384] for r in rest)
     assert {len(r["input_ids"]) for r in rest} == {512} and {r["max_new_tokens"] for r in rest} == {1}
-    assert loads["prefill-n512-c128"]["concurrency"] == 4  # four 128-token prompts in one step
+    assert loads["prefill-n128-c128"]["concurrency"] == 1
     assert {ld["concurrency"] for n, ld in loads.items() if n.startswith("decode-b16")} == {16}
+
+
+def test_the_design_sends_each_prefill_group_behind_a_blocker():
+    """Four 128-token prompts for one 512-token step: each group of four goes out behind a lone
+    blocker the engine core prefills while the group arrives; the blocker's step (384 tokens)
+    is no prefill point, so it prices nothing."""
+    from calibrate.real.vllm_profile import BLOCKER_TOKENS
+
+    grid = VllmGrid()
+    ld = {ld["name"]: ld for ld in design(grid)}["prefill-n512-c128"]
+    assert ld["concurrency"] == 5 and ld["warmup_requests"] == 0
+    reqs = ld["requests"]
+    assert len(reqs) == 5 * grid.prefill_repeats
+    for i in range(grid.prefill_repeats):
+        blocker, *group = reqs[5 * i:5 * i + 5]
+        assert len(blocker["input_ids"]) == BLOCKER_TOKENS and [len(r["input_ids"]) for r in group] == [128] * 4
+    assert BLOCKER_TOKENS not in grid.prefill_tokens and BLOCKER_TOKENS not in grid.contexts
+    assert {r["max_new_tokens"] for r in reqs} == {1}
 
 
 VLLM_PYTHON = REPO / ".venvs" / "vllm" / "bin" / "python"

@@ -11,9 +11,14 @@ closed-loop loads (:func:`design`) and prices the curves of
   steps price ``vllm.forward(B, C)`` (steps whose mean context is within 16 tokens of C) and
   the phase curves at ``num_reqs`` B;
 - prefills: ``vllm.forward(N, C)`` for N >= 128 new tokens at mean context C: N / C clients
-  with C-token prompts and one output token (one step prefills them together) when C <= N,
-  else one client whose prompt repeats a cached (C - N)-token prefix (whole 128-token blocks:
-  the CPU platform's block size) that a warm-up request put in the prefix cache;
+  with C-token prompts and one output token when C <= N, else one client whose prompt repeats a
+  cached (C - N)-token prefix (whole 128-token blocks: the CPU platform's block size) that a
+  warm-up request put in the prefix cache. Requests sent together reach the engine core one at
+  a time (:mod:`sim.engines.vllm.frontend`): the first alone, the others during its prefill. So
+  each group of N / C > 1 prompts is sent behind a blocker, a lone request of
+  :data:`BLOCKER_TOKENS` tokens that the engine core prefills alone while the group arrives; the
+  group is then prefilled in one step of N tokens (without the blocker, the first calibration
+  measured 512-token steps at no context below 512, and the curve stopped at 256 tokens);
 - shared-prefix decode waves: B = 4, 8, 16 clients whose prompts share a cached 384-token prefix
   (a warm-up request put it in the prefix cache) and continue with their own tokens to a mean
   context of 512: their forward, against the forward curve of distinct contexts, gives the share
@@ -62,6 +67,10 @@ from calibrate.real.jobs import Prompts, request
 
 SESSION_TIMEOUT_S = 3600
 BLOCK_SIZE = 128  # vllm/platforms/cpu.py: the CPU platform's default block size
+# a prefill group's blocker: long enough that the group's requests all reach the engine core
+# during its prefill (about 60 ms here, against about 1 ms per request through the API server),
+# and a token count no prefill point uses, so its step prices nothing
+BLOCKER_TOKENS = 384
 
 
 @dataclass(frozen=True)
@@ -70,7 +79,9 @@ class VllmGrid:
 
     decode_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
     contexts: tuple[int, ...] = (128, 256, 512, 768)
-    prefill_tokens: tuple[int, ...] = (128, 256, 512)
+    # 1536: a multiple of every context (so each is N / C whole prompts), inside the server's
+    # 2048-token step budget: the validation's bursts prefill 900-2000 tokens in one step
+    prefill_tokens: tuple[int, ...] = (128, 256, 512, 1536)
     decode_steps: int = 32
     waves: int = 2
     prefill_repeats: int = 5
@@ -107,8 +118,16 @@ def design(grid: VllmGrid) -> list[dict]:
             name = f"prefill-n{n}-c{c}"
             if c <= n:
                 k = n // c
-                reqs = [request(f"{name}-{i}", prompts.new(c), 1) for i in range(k * grid.prefill_repeats)]
-                loads.append({"name": name, "concurrency": k, "warmup_requests": 0, "requests": reqs})
+                if k == 1:
+                    reqs = [request(f"{name}-{i}", prompts.new(c), 1) for i in range(grid.prefill_repeats)]
+                    loads.append({"name": name, "concurrency": 1, "warmup_requests": 0, "requests": reqs})
+                    continue
+                # per repeat: the blocker, then the group (the clients send in list order; the
+                # blocker ends first, so the next blocker goes out while the group is prefilled)
+                reqs = [r for i in range(grid.prefill_repeats)
+                        for r in [request(f"{name}-b{i}", prompts.new(BLOCKER_TOKENS), 1)]
+                        + [request(f"{name}-{i}-{j}", prompts.new(c), 1) for j in range(k)]]
+                loads.append({"name": name, "concurrency": k + 1, "warmup_requests": 0, "requests": reqs})
             elif (c - n) % BLOCK_SIZE == 0:
                 shared = prompts.new(c - n)
                 reqs = [request(f"{name}-w", shared + prompts.new(BLOCK_SIZE), 1)]

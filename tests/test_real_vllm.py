@@ -180,7 +180,7 @@ def _step(k: int, rids: list[str], tok: list[int], done: list[int], update_end_s
 def test_the_front_end_latencies_are_read_from_the_client_and_the_engine_core(tmp_path):
     """Hand-made: one request alone (send 10.000 s, add_request 10.006 s: 6 ms in), then two
     requests decoding together whose tokens arrive 3 and 4 ms after each update ends."""
-    from calibrate.real.vllm_frontend import frontend_samples
+    from calibrate.real.vllm_trace import frontend_samples
 
     eng = [{"ph": "add", "t0": 10.006, "dur": 1e-5, "rid": "cmpl-one-0-0-aa", "prompt": 4},
            {"ph": "add", "t0": 20.0, "dur": 1e-5, "rid": "cmpl-two-0-0-bb", "prompt": 4},
@@ -205,7 +205,7 @@ def test_a_recorded_session_gives_front_end_latencies_of_milliseconds(setting):
     """The recorded sessions (2 clients): every token's delivery delay after its step's update
     is positive and a few milliseconds (the API server and the stream)."""
     from calibrate.real import vllm_trace
-    from calibrate.real.vllm_frontend import frontend_samples
+    from calibrate.real.vllm_trace import frontend_samples
 
     folder = DATA / setting
     eng, wrk = vllm_trace.read_files(sorted(folder.glob("trace.*.jsonl")))

@@ -45,7 +45,7 @@ activity during the forward); a per-setting forward curve would carry whichever 
 every async prediction, and it left prefills of more than 128 tokens unmeasured under async
 (priced at a third of their real time by extrapolation: 32 ms for a real 104 ms).
 The front end (``vllm.frontend_in``/``frontend_out``,
-:func:`calibrate.real.vllm_frontend.frontend_samples`) is measured from the client's records of
+:func:`calibrate.real.vllm_trace.frontend_samples`) is measured from the client's records of
 each session. Simplification: ``vllm.add_request`` is priced per call at
 ``num_reqs`` 1 (the tracer times each ``EngineCore.add_request``).
 """
@@ -65,7 +65,7 @@ from typing import Callable
 from calibrate.real import vllm_trace
 from calibrate.real.environment import Engine, mean_probe, model_metadata, run_module, run_probed
 from calibrate.real.jobs import Prompts, request
-from calibrate.real.vllm_frontend import frontend_samples
+from calibrate.real.vllm_trace import frontend_samples
 
 SESSION_TIMEOUT_S = 3600
 BLOCK_SIZE = 128  # vllm/platforms/cpu.py: the CPU platform's default block size

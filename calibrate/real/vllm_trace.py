@@ -25,6 +25,7 @@ from calibrate.errors import CalibrationInputError
 
 ENGINE_PHASES = {"schedule", "update", "add", "step", "step_bq"}
 WORKER_PHASES = {"execute", "forward", "sample"}
+BACKLOG_FACTOR = 2.0  # frontend samples: a delivery delay above this x the median is a backlog
 
 
 @dataclass
@@ -153,9 +154,6 @@ def steps(engine: list[dict], worker: list[dict]) -> list[VllmStep]:
 def steps_of_session(folder: Path) -> list[VllmStep]:
     """The steps of one traced server session (``folder/trace.*.jsonl``)."""
     return steps(*read_files(sorted(Path(folder).glob("trace.*.jsonl"))))
-
-
-BACKLOG_FACTOR = 2.0  # frontend_out: a delivery delay above this x the median is a backlog
 
 
 def frontend_samples(folder: Path, engine_records: list[dict], steps: list[VllmStep],

@@ -17,11 +17,12 @@ Modelled (:class:`ApiServer`), from what the calibration measured (``vllm.fronte
   core **one at a time**, ``w`` apart: the renderer tokenizes prompts on a pool of
   ``renderer_num_workers`` threads, one by default (``BaseRenderer.__init__``,
   ``vllm/renderers/base.py``, ``ModelConfig.renderer_num_workers``), so the handlers leave the
-  API server in turn. Measured in every burst of the calibration and validation sessions
-  (bursts of 4 to 16 requests sent to an idle server): the first request reaches
+  API server in turn. Measured in nearly every burst of the calibration and validation
+  sessions (bursts of 2 to 16 requests sent to an idle server): the first request reaches
   ``EngineCore.add_request`` alone, 5-37 ms after the send, and the engine core prefills it
   alone; the others arrive during that prefill and are added together at the next step
-  boundary (c8-len: 1 request of 128 tokens, then 7 of 128 with it decoding). So the first of
+  boundary (c8-len: 1 request of 128 tokens, then 7 of 128 with it decoding). The exceptions
+  seen: a load's very first burst, now and then, all added at once. So the first of
   a burst of n reaches the input queue ``L + n w`` after the send, the i-th ``(i - 1) w`` after
   the first. ``L`` and ``w`` are the line through the measured latencies of a lone request
   (``frontend_in(1) = L + w``) and of the first of the largest measured burst

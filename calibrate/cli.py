@@ -45,8 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work", type=Path, default=None, metavar="DIR",
                    help="with --engine: where the engine's runs are kept (resume); default results/calibrate-<engine>/")
     p.add_argument("--sessions", type=int, default=None, metavar="N",
-                   help="with --engine vllm: N server sessions per setting, in an alternating order (sync-0, "
-                        "async-0, async-1, sync-1, ...), every curve from all of them (default 1)")
+                   help="with --engine: N runs per setting (vLLM: server sessions; SGLang: in-process runs), in an "
+                        "alternating order (sync-0, async-0, async-1, sync-1, ...), every curve from all of "
+                        "them; a larger N adds runs to the finished ones (default 1)")
     p.add_argument("--from-trace", type=Path, default=None, metavar="TRACE",
                    help="read the profile from an SGLang server's torch.profiler trace (/start_profile, .json or "
                         ".json.gz) instead of timing anything (docs/real-engines.md)")
@@ -164,8 +165,8 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("server_log", "trace_context", "trace_prefix"):
         if getattr(args, flag, None) is not None:
             raise CalibrationInputError("--" + flag.replace("_", "-"), "", "only with --from-trace")
-    if args.sessions is not None and args.engine != "vllm":
-        raise CalibrationInputError("--sessions", "", "only with --engine vllm")
+    if args.sessions is not None and not args.engine:
+        raise CalibrationInputError("--sessions", "", "only with --engine")
     if args.sessions is not None and not 1 <= args.sessions <= MAX_SESSIONS:
         raise CalibrationInputError("--sessions", "", f"expected an integer from 1 to {MAX_SESSIONS} (got {args.sessions})")
     if args.engine:

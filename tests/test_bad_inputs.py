@@ -801,9 +801,9 @@ for _id, _args, _words in CALIBRATE:
     case(f"calibrate-{_id}")(lambda ctx, a=_args, w=_words: ([*CAL, *a, "--out", str(ctx.tmp / "o" / "p.json")], w))
 
 
-@case("calibrate-sessions-without-vllm")
+@case("calibrate-sessions-without-engine")
 def _(ctx):
-    return [*CAL, "--sessions", "2", "--out", str(ctx.tmp / "p.json")], ["--sessions", "--engine vllm"]
+    return [*CAL, "--sessions", "2", "--out", str(ctx.tmp / "p.json")], ["--sessions", "--engine"]
 
 
 @case("calibrate-sessions-zero")

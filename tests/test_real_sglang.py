@@ -174,3 +174,44 @@ def test_a_session_whose_trace_names_other_requests_is_refused(tmp_path):
                       output_len=(6, 10), seed=9)
     with pytest.raises(CalibrationInputError, match="names none of the load's requests"):
         measured_run(folder, config)
+
+
+def test_calibration_sessions_pool_each_settings_runs(tmp_path, monkeypatch):
+    """``sessions`` = 2: four runs in the alternating order, the forward from all four, each
+    setting's CPU phases from its own two runs (the samples stand in for the runs' traces)."""
+    from types import SimpleNamespace
+
+    from calibrate.real import sglang_profile
+
+    ran = []
+
+    def fake_run(engine, job, folder, name, report):
+        ran.append(name)
+        return folder / f"{name}.jsonl"
+
+    def fake_samples(its, d):
+        k = len(ran_read)
+        return [{"curve": "forward.decode", "point": {"batch": 1, "ctx": 64}, "times_s": [0.010 + k / 1000]},
+                {"curve": "schedule.decode", "point": {"batch": 1}, "times_s": [0.001 * (k + 1)]}]
+
+    ran_read = []
+    monkeypatch.setattr(sglang_profile, "run_job", fake_run)
+    monkeypatch.setattr(sglang_profile.sglang_trace, "read_records",
+                        lambda path: (ran_read.append(path.stem) or {}, [], None))
+    monkeypatch.setattr(sglang_profile.sglang_trace, "iterations", lambda records: [])
+    monkeypatch.setattr(sglang_profile, "samples", fake_samples)
+    monkeypatch.setattr(sglang_profile, "check_coverage", lambda got, grid: None)
+    import calibrate.profile
+
+    monkeypatch.setattr(calibrate.profile, "build_profile", lambda meta, smp: {"metadata": meta, "samples": smp})
+    engine = SimpleNamespace(version="0.5.23")
+    out = sglang_profile.calibrate_sglang(engine, tmp_path / "model", SglangGrid(), tmp_path, sessions=2,
+                                          report=lambda m: None)
+    assert ran == ["calibrate-normal-0", "calibrate-overlap-0", "calibrate-overlap-1", "calibrate-normal-1"]
+    by = {(s["curve"], s.get("setting")): s["times_s"] for s in out["samples"]}
+    assert by[("forward.decode", None)] == pytest.approx([0.011, 0.012, 0.013, 0.014])
+    assert by[("schedule.decode", None)] == pytest.approx([0.002, 0.005])  # normal: runs 1 and 4
+    assert by[("schedule.decode", "overlap")] == pytest.approx([0.003, 0.004])
+    assert out["metadata"]["sessions"] == ran
+    with pytest.raises(ValueError, match="sessions"):
+        sglang_profile.calibrate_sglang(engine, tmp_path / "model", SglangGrid(), tmp_path, sessions=0)

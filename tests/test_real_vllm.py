@@ -85,7 +85,7 @@ def test_the_calibration_reads_phase_samples_from_the_steps(setting):
 
 
 def test_calibration_sessions_alternate_the_settings():
-    from calibrate.real.vllm_profile import session_order
+    from calibrate.real.environment import session_order
 
     assert session_order(("sync", "async"), 1) == [("sync", "sync"), ("async", "async")]
     assert session_order(("sync", "async"), 3) == [("sync", "sync-0"), ("async", "async-0"), ("async", "async-1"),

@@ -4,6 +4,7 @@ object, resume, the error summary, and its input errors."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -137,3 +138,24 @@ def test_mlx_smoke_grid(tmp_path, capsys, no_wait):
     assert len(rows) == 4 and {r["setting"] for r in rows} == {"normal", "overlap_mlx"}
     for r in rows:
         assert r["measured_output_throughput"] > 0 and r["predicted_output_throughput"] > 0
+
+
+def _interleaved():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "validate_interleaved.py"
+    spec = importlib.util.spec_from_file_location("validate_interleaved", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_interleaved_validation_alternates_calibration_rounds_and_repeats(capsys):
+    mod = _interleaved()
+    assert mod.interleaved_order(4, 3) == [("calibrate", 0), ("calibrate", 1), ("validate", 0), ("calibrate", 2),
+                                           ("validate", 1), ("calibrate", 3), ("validate", 2)]
+    assert mod.interleaved_order(2, 2) == [("calibrate", 0), ("calibrate", 1), ("validate", 0), ("validate", 1)]
+    assert mod.interleaved_order(5, 1) == [("calibrate", 0), ("calibrate", 1), ("validate", 0), ("calibrate", 2),
+                                           ("calibrate", 3), ("calibrate", 4)]
+    assert mod.main(["--rounds", "1"]) == 2  # before any engine is looked for
+    assert "--rounds" in capsys.readouterr().err

@@ -72,8 +72,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
     grid.check()
     engine, model = _engine(args)
     work = args.work or Path("results") / f"calibrate-{args.engine}"
+    sessions = args.sessions or 1
     argv = ["overlap-sim", "calibrate", "--engine", args.engine, "--out", str(args.out)]
-    profile = calibrate_sglang(engine, model, grid, work, command=shlex.join(argv), report=_report)
+    argv += ["--sessions", str(sessions)] if sessions > 1 else []
+    profile = calibrate_sglang(engine, model, grid, work, command=shlex.join(argv), report=_report,
+                               sessions=sessions)
     save_profile(args.out, profile)
     for curve, point, med, mean in phase_table(profile):
         _report(f"  {curve:16s} {point:>8s}  median {med:7.3f} ms  mean {mean:7.3f} ms")

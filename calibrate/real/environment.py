@@ -150,6 +150,21 @@ def _read_probes(paths) -> list[dict]:
     return out
 
 
+def session_order(settings: tuple[str, ...], sessions: int) -> list[tuple[str, str]]:
+    """``(setting, name)`` of each calibration session in the order they run. One session per
+    setting is named after it (``sync``, ``async``); with ``sessions`` > 1 each setting runs that
+    many times, named ``<setting>-<i>``, the settings' order reversed every other round (sync-0,
+    async-0, async-1, sync-1, ...) so that a slow drift of the host weighs on both alike.
+
+    Raises:
+        ValueError: ``sessions`` below 1."""
+    if sessions < 1:
+        raise ValueError(f"sessions: at least 1 (got {sessions})")
+    if sessions == 1:
+        return [(s, s) for s in settings]
+    return [(s, f"{s}-{i}") for i in range(sessions) for s in (settings if i % 2 == 0 else settings[::-1])]
+
+
 def mean_probe(paths) -> dict | None:
     """The mean reading (:func:`calibrate.hostspeed.mean_reading`) of the probe files ``paths``,
     or None when any of them is missing (a run recorded before probes existed)."""

@@ -33,7 +33,7 @@ from typing import Callable
 
 from calibrate.errors import CalibrationInputError
 from calibrate.real import sglang_trace
-from calibrate.real.environment import Engine, mean_probe, model_metadata, run_module, run_probed
+from calibrate.real.environment import Engine, mean_probe, model_metadata, run_module, run_probed, session_order
 from calibrate.real.jobs import Prompts, request
 
 
@@ -210,17 +210,22 @@ def run_job(engine: Engine, job: dict, folder: Path, name: str, report: Callable
 
 def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, folder: Path,
                      settings: tuple[str, ...] = ("normal", "overlap"), command: str = "",
-                     report: Callable[[str], None] = print) -> dict:
-    """Run the calibration job under each of ``settings`` and build one profile.
+                     report: Callable[[str], None] = print, sessions: int = 1) -> dict:
+    """Run the calibration job ``sessions`` times under each of ``settings`` (in the alternating
+    order of :func:`calibrate.real.environment.session_order`; runs named ``calibrate-<name>``)
+    and build one profile.
 
     The base curves hold the forward (the same model on the same thread under every loop: its
     samples pooled over the runs) and the CPU phases measured under the first setting; each
-    further setting's CPU phases go into ``setting_curves`` (:mod:`sim.model.profile`). A
-    finished run's trace is reused (``folder``), so an interrupted calibration resumes.
+    further setting's CPU phases go into ``setting_curves`` (:mod:`sim.model.profile`); a point's
+    samples are those of every run of its setting. A finished run's trace is reused
+    (``folder``), so an interrupted calibration resumes, and a larger ``sessions`` adds runs to
+    the ones already there.
 
     Raises:
         CalibrationInputError: a grid the server cannot run, or points without samples.
         RuntimeError: the driver failed in the SGLang environment.
+        ValueError: ``sessions`` below 1.
     """
     from calibrate.profile import build_profile
 
@@ -228,26 +233,30 @@ def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, folder: 
     d = design(grid)
     merged: dict[tuple, dict] = {}
     meta: dict = {}
-    traces = [run_job(engine, d.job(str(model_dir), setting == "overlap", grid), folder, f"calibrate-{setting}",
-                      report) for setting in settings]
-    reference = mean_probe(folder / f"calibrate-{s}.hostspeed.json" for s in settings)
-    for n, (setting, trace) in enumerate(zip(settings, traces)):
+    order = session_order(settings, sessions)
+    traces = [run_job(engine, d.job(str(model_dir), setting == "overlap", grid), folder, f"calibrate-{name}",
+                      report) for setting, name in order]
+    reference = mean_probe(folder / f"calibrate-{name}.hostspeed.json" for _, name in order)
+    for (setting, _), trace in zip(order, traces):
         meta, records, _ = sglang_trace.read_records(trace)
         got = samples(sglang_trace.iterations(records), d)
         check_coverage(got, grid)
         for smp in got:
             if smp["curve"].startswith("forward"):
                 key = (smp["curve"], tuple(sorted(smp["point"].items())))
-                merged.setdefault(key, {**smp, "times_s": []})["times_s"].extend(smp["times_s"])
+                tag = {}
             else:
-                tag = {} if n == 0 else {"setting": setting}
-                merged[(smp["curve"], tuple(sorted(smp["point"].items())), setting)] = {**smp, **tag}
+                key = (smp["curve"], tuple(sorted(smp["point"].items())), setting)
+                tag = {} if setting == settings[0] else {"setting": setting}
+            merged.setdefault(key, {**smp, **tag, "times_s": []})["times_s"].extend(smp["times_s"])
     metadata_ = metadata(engine, grid, meta or {}, settings, command)
     # the fewest samples any point has (a prefill point is measured extend_repeats times, a
     # decode point once per decode step of its waves)
     metadata_["repeats"] = min(len(s["times_s"]) for s in merged.values())
     if reference:
         metadata_["host_speed"] = reference
+    if sessions > 1:
+        metadata_["sessions"] = [f"calibrate-{name}" for _, name in order]
     return build_profile(metadata_, list(merged.values()))
 
 

@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Callable
 
 from calibrate.real import vllm_trace
-from calibrate.real.environment import Engine, mean_probe, model_metadata, run_module, run_probed
+from calibrate.real.environment import Engine, mean_probe, model_metadata, run_module, run_probed, session_order
 from calibrate.real.jobs import Prompts, request
 from calibrate.real.vllm_trace import frontend_samples
 
@@ -250,21 +250,6 @@ def shared_prefix_saving(forward: Callable[[float, float], float], measured: lis
 def add_request_samples(engine_records: list[dict]) -> list[dict]:
     times = [r["dur"] for r in engine_records if r["ph"] == "add"]
     return [{"curve": "vllm.add_request", "point": {"num_reqs": 1}, "times_s": times}] if times else []
-
-
-def session_order(settings: tuple[str, ...], sessions: int) -> list[tuple[str, str]]:
-    """``(setting, name)`` of each calibration session in the order they run. One session per
-    setting is named after it (``sync``, ``async``); with ``sessions`` > 1 each setting runs that
-    many times, named ``<setting>-<i>``, the settings' order reversed every other round (sync-0,
-    async-0, async-1, sync-1, ...) so that a slow drift of the host weighs on both alike.
-
-    Raises:
-        ValueError: ``sessions`` below 1."""
-    if sessions < 1:
-        raise ValueError(f"sessions: at least 1 (got {sessions})")
-    if sessions == 1:
-        return [(s, s) for s in settings]
-    return [(s, f"{s}-{i}") for i in range(sessions) for s in (settings if i % 2 == 0 else settings[::-1])]
 
 
 def run_session(engine: Engine, model_dir: Path, grid: VllmGrid, setting: str, folder: Path,

@@ -92,7 +92,8 @@ def run_failures(summaries: dict[str, dict]) -> list[str]:
 @command("run", "simulate a scenario under each scheduling setting and compare them", _add_run_args)
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.atomic import check_output_dir
-    from sim.output.report import clean_run_folder, print_table, profile_metadata, run_payload, run_title, write_results
+    from sim.output.report import (clean_run_folder, device_mismatch, print_table, profile_metadata, run_payload,
+                                   run_title, write_results)
     from sim.scenario import load_scenario
     from sim.simulate import simulate
     from sim.whatif.verdict import check_run_cv, resolve_run_cv, verdict
@@ -119,6 +120,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         meta = profile_metadata(scenario.resolve_path(scenario.costs.profile)) if scenario.costs.profile else None
         print_table(run_title(scenario.name, scenario.seed, scenario.server.device, meta), summaries,
                     streamed=args.tables != "steps")
+        if mismatch := device_mismatch(scenario.server.device, meta):
+            print(mismatch)
         if found is not None:
             print(found.line())
         if args.tables != "steps" and not args.no_plots:

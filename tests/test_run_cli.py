@@ -107,3 +107,16 @@ def test_csv_writer_writes_to_csv_bytes(tmp_path):
         frame.to_csv(want, index=False)
         write_csv(frame, got)
         assert got.read_bytes() == want.read_bytes(), i
+
+
+def test_a_profile_of_another_kind_of_device_is_named_in_a_warning():
+    from sim.output.report import device_mismatch
+
+    cuda = {"device": "cuda", "device_name": "NVIDIA H200"}
+    cpu = {"device": "cpu", "device_name": "cpu (SGLang 0.5.23 CPU engine, 1 torch thread)"}
+    assert device_mismatch("cuda", cuda) is None and device_mismatch("cpu", cpu) is None
+    assert device_mismatch("mlx", {"device": "gpu", "device_name": "Apple M2 (Metal)"}) is None
+    assert device_mismatch("cuda", None) is None and device_mismatch("cuda", {"device": 3}) is None
+    line = device_mismatch("cuda", cpu)
+    assert line.startswith("warning:") and "measured on cpu" in line and "server.device is cuda" in line
+    assert "NVIDIA H200" in device_mismatch("cpu", cuda)

@@ -191,6 +191,22 @@ def run_title(name: str, seed: int, device: str, meta: dict | None) -> str:
     return f"{head}: {card}, {model_name or 'unknown model'}"
 
 
+def device_mismatch(device: str, meta: dict | None) -> str | None:
+    """A warning when the scenario's ``server.device`` and the device its calibration profile was
+    measured on (``metadata.device``) differ in whether they are a CUDA GPU: a CUDA profile
+    priced for a ``cpu``/``mlx``/``mps`` loop, or a CPU or Metal profile for a ``cuda`` one.
+    The run goes on (a what-if may mean it); the line says what the numbers then are. None when
+    they agree or there is no profile."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("device"), str):
+        return None
+    measured = meta["device"]
+    if (measured == "cuda") == (device == "cuda"):
+        return None
+    return (f"warning: costs.profile was measured on {measured} ({meta.get('device_name', 'unknown device')}) but "
+            f"server.device is {device}: the forward and CPU phases are that device's and host's, the loop is "
+            f"the {device} one")
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (see :func:`sim.atomic.atomic_path`)."""
     with atomic_path(path) as tmp:

@@ -120,3 +120,4 @@ def test_a_profile_of_another_kind_of_device_is_named_in_a_warning():
     line = device_mismatch("cuda", cpu)
     assert line.startswith("warning:") and "measured on cpu" in line and "server.device is cuda" in line
     assert "NVIDIA H200" in device_mismatch("cpu", cuda)
+    assert device_mismatch("cuda", {**cpu, "transfer": {"to_card": "l4"}}) is None  # moved to a card

@@ -451,3 +451,12 @@ def test_the_curves_must_be_the_profiles_engine():
         transfer_profile(_vllm_profile(), "l4")
     with pytest.raises(ProfileError, match="metadata.engine.*a vLLM profile.*'sglang'"):
         transfer_profile(PROFILE, "l4", curves=_vllm_curves())
+
+
+def test_a_transferred_vllm_profile_drops_the_cpu_rule_for_mixed_steps():
+    """``metadata.mixed_steps: sum_of_parts`` is the CPU kernel's; a card's forward reads the
+    weights once per step, so the moved profile prices a mixed step as one step."""
+    p = _vllm_profile()
+    p["metadata"]["mixed_steps"] = "sum_of_parts"
+    new = transfer_profile(p, "l4", curves=_vllm_curves())
+    assert "mixed_steps" not in new["metadata"] and p["metadata"]["mixed_steps"] == "sum_of_parts"

@@ -179,3 +179,49 @@ def test_a_shared_prefix_is_priced_once_by_the_measured_share(tmp_path, saving):
     steps = sim.simulate(vllm_scenario(profile=without, workload__prefix_sharing="shared", **base), "sync").steps
     dec = steps[steps["kind"] == "decode"]
     np.testing.assert_allclose((dec["forward_end"] - dec["forward_start"]).to_numpy(), fwd["private"], rtol=1e-12)
+
+
+def test_a_mixed_step_is_priced_by_its_parts_when_the_profile_says_so():
+    """Forward f(n) = F + k n (the test profile's curve, any context). A step of 3 prefill tokens
+    for one request and 2 decodes: f(5) by default; f(3) + f(2) = 2F + 5k with
+    ``metadata.mixed_steps: sum_of_parts``; a pure decode or prefill step is priced the same."""
+    from sim.engines.vllm.costs import VllmProfileCosts
+    from sim.model.costs import DECODE, EXTEND
+    from tests.vllm_helpers import make_profile
+
+    k, f0 = 1e-4, CONSTANT["forward"]
+    plain = make_profile(prefill_per_token=k)
+    parts = make_profile(prefill_per_token=k)
+    parts["metadata"]["mixed_steps"] = "sum_of_parts"
+    a, b = VllmProfileCosts(plain, "sync"), VllmProfileCosts(parts, "sync")
+    mixed = dict(kind=EXTEND, num_reqs=3, num_tokens=5, sum_ctx=(3 + 0) + (40 + 1) + (60 + 1), decode_reqs=2,
+                 decode_sum_ctx=102)
+    assert a.forward_s(**mixed) == pytest.approx(f0 + 5 * k)
+    assert b.forward_s(**mixed) == pytest.approx(2 * f0 + 5 * k)
+    for costs in (a, b):
+        assert costs.forward_s(DECODE, 2, 2, 102, decode_reqs=0) == pytest.approx(f0 + 2 * k)  # a decode step
+        assert costs.forward_s(EXTEND, 1, 3, 3) == pytest.approx(f0 + 3 * k)  # a prefill step
+
+
+def test_the_worker_splits_a_mixed_step_into_its_decodes_and_its_prefill():
+    """The worker passes how many of a step's entries run one token, and their context
+    (computed before the step + 1), to the cost model."""
+    from types import SimpleNamespace
+
+    from sim.engines.vllm.worker import Worker
+    from sim.model.batch import Batch
+    from sim.model.costs import DECODE, EXTEND
+
+    seen = []
+    costs = SimpleNamespace(shared_prefix_saving=0.0,
+                            forward_s=lambda *a: seen.append(a) or 0.01)
+    stream = SimpleNamespace(enqueue=lambda step, at, dur: setattr(step, "forward_end", at + dur))
+    w = Worker(costs, stream, lambda: 1.0, lambda: 1.0, blocking_forward=True, async_scheduling=False)
+    step = Batch(0, EXTEND, 3, 52, 0)
+    step.chunks = [["r1", 1, 40, True], ["r2", 50, 0, True], ["r3", 1, 60, True]]
+    step.sum_ctx = 41 + 50 + 61
+    assert w.forward(step, 1.0) == pytest.approx(0.01)
+    assert seen[-1] == (EXTEND, 3, 52, 152, 0, 2, 41 + 61)
+    dec = Batch(1, DECODE, 2, 2, 102)
+    w.forward(dec, 2.0)
+    assert seen[-1][-2:] == (0, 0)  # a decode step is not split

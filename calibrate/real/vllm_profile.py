@@ -293,7 +293,7 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
     """
     from calibrate.measure import host_cpu
     from calibrate.profile import build_profile
-    from sim.engines.vllm.costs import VLLM_CURVES
+    from sim.engines.vllm.costs import MIXED_SUM_OF_PARTS, VLLM_CURVES
     from sim.model.profile import profile_curves
 
     merged: dict[tuple, dict] = {}
@@ -330,6 +330,7 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
             "processes; dispatch, roundtrip, collect and pickup are the intervals between them"}
     if reference:
         meta["host_speed"] = reference
+    meta["mixed_steps"] = MIXED_SUM_OF_PARTS  # the CPU forward prices each request's own part
     profile = build_profile(meta, smp_list, VLLM_CURVES)
     forward = profile_curves(profile, "median", None, VLLM_CURVES)["vllm.forward"]
     saving = shared_prefix_saving(forward, [x for steps_ in shared.values() for x in steps_])

@@ -281,6 +281,9 @@ def transfer_profile(profile: dict, to: str, *, source: str = "<profile>", from_
         "from_host_cpu": meta.get("host_cpu"),
         "note": "forward times moved by public peak specs (sim.model.transfer), not measured on this card; "
                 "host phases divided by host_speed (1: the source host's speed assumed)"}}
+    # the parts' rule for mixed steps is the CPU kernel's (sim.engines.vllm.costs); a card's forward
+    # reads the weights once per step, which the sum of two parts would count twice
+    new["metadata"].pop("mixed_steps", None)
     validate_profile(new, source, table)
     return new
 

@@ -196,8 +196,9 @@ def device_mismatch(device: str, meta: dict | None) -> str | None:
     measured on (``metadata.device``) differ in whether they are a CUDA GPU: a CUDA profile
     priced for a ``cpu``/``mlx``/``mps`` loop, or a CPU or Metal profile for a ``cuda`` one.
     The run goes on (a what-if may mean it); the line says what the numbers then are. None when
-    they agree or there is no profile."""
-    if not isinstance(meta, dict) or not isinstance(meta.get("device"), str):
+    they agree, when there is no profile, or when ``overlap-sim transfer`` moved the profile to a
+    card (``metadata.transfer``: its forward is that card's, which the table's title names)."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("device"), str) or isinstance(meta.get("transfer"), dict):
         return None
     measured = meta["device"]
     if (measured == "cuda") == (device == "cuda"):

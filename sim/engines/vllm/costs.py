@@ -76,6 +76,24 @@ forward curve of distinct contexts; :mod:`calibrate.real.vllm_profile`); 0 witho
 request's context priced in full, the model before this was measured). Steps that prefill are
 priced in full (not measured; a prefill's many queries per request reuse what they read).
 
+A mixed step (vLLM V1 schedules the running requests' decode tokens and new prompts' prefill
+tokens into one step): by default priced like any step, at (``num_tokens``, the mean context over
+all its requests). A profile with ``metadata.mixed_steps: "sum_of_parts"`` (the CPU
+calibration writes it) prices it as its prefill part, (prefill tokens, their requests' mean
+context), plus its decode part, (decode requests, their mean context), each read from the forward
+curve as a step of its own. vLLM 0.32's CPU attention runs one kernel over the requests' own query
+ranges and KV lengths (``CPUAttentionBackendImpl.forward`` -> ``ops.cpu_attention_with_kv_cache``
+with ``query_start_loc`` and ``seq_lens``, ``vllm/v1/attention/backends/cpu_attn.py``), so what a
+request costs follows its own query and context, which a mean over a mixed step's requests does
+not keep: the calibration's prefill points are one or a few prompts of 128 or more tokens, and a
+step of one 170-token prompt and 7 decodes sits among them as about 1.4 prompts. Found in the
+validation traces of 1 December 2026 (21:00 UTC, interleaved run): such steps took 1.03 to 1.21
+times (ratio of sums, by load) what the mean-context price gave; priced by parts, 0.94 to 1.07.
+The sum counts the forward's fixed cost (about 4 ms here, the decode curve's intercept) twice and
+still comes out about right, so mixed steps cost more than the per-token and per-request terms
+alone explain; why is not known. A transfer to a GPU drops the rule (a GPU forward reads the
+weights once per step, so the parts' sum would count that twice).
+
 The inline model (no ``costs.profile``) maps the scenario's linear terms onto these: the forward
 is ``costs.gpu.decode`` for a step of single decode tokens, else ``costs.gpu.prefill``
 (``num_reqs``, ``num_tokens``, ``sum_ctx``); ``add_request`` is ``costs.cpu.recv``,
@@ -111,6 +129,7 @@ VLLM_OPTIONAL_CURVE_AXES: dict[str, tuple[str, ...]] = {
     "vllm.frontend_out": ("num_reqs",),
 }
 VLLM_CURVES = CurveTable("vllm", VLLM_CURVE_AXES, VLLM_OPTIONAL_CURVE_AXES, ("vllm.forward",))
+MIXED_SUM_OF_PARTS = "sum_of_parts"  # metadata.mixed_steps of a profile whose mixed steps are priced by parts
 PHASES = ("add_request", "schedule", "dispatch", "prepare", "roundtrip", "sample", "collect", "update")
 
 
@@ -144,6 +163,7 @@ class VllmProfileCosts:
         self._pickup = self.curves.get("vllm.pickup")
         shared = profile["metadata"].get("shared_prefix", {})
         self.shared_prefix_saving = float(shared.get("by_setting", {}).get(setting, shared.get("saving", 0.0)))
+        self.mixed_sum_of_parts = profile["metadata"].get("mixed_steps") == MIXED_SUM_OF_PARTS
 
     def pickup_s(self, num_reqs: int) -> float:
         """The worker taking an already queued RPC (``vllm.pickup``); 0 without the curve."""
@@ -174,17 +194,26 @@ class VllmProfileCosts:
         """CPU (or latency) time of phase ``name`` (one of :data:`PHASES`) for ``num_reqs`` requests."""
         return self._cpu[name](num_reqs) * self.cpu_scale
 
-    def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int, shared_kv: int = 0) -> float:
+    def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int, shared_kv: int = 0,
+                  decode_reqs: int = 0, decode_sum_ctx: int = 0) -> float:
         """The model forward of a step; ``shared_kv``: tokens of the step's contexts that repeat a
-        prefix another of its requests holds ((m - 1) p, module docstring). Counts the step in
-        :attr:`extrapolated_steps` when it or any phase curve at ``num_reqs`` lies outside the
-        measured grid."""
-        ctx = (sum_ctx - self.shared_prefix_saving * shared_kv) / num_reqs
+        prefix another of its requests holds ((m - 1) p, module docstring). ``decode_reqs``,
+        ``decode_sum_ctx``: how many of the step's requests run one token and their summed
+        context; when some do and others prefill (a mixed step) and the profile says
+        ``metadata.mixed_steps: "sum_of_parts"``, the step costs its prefill part plus its decode
+        part, each priced as a step of its own (module docstring). Counts the step in
+        :attr:`extrapolated_steps` when it (or a part) or any phase curve at ``num_reqs`` lies
+        outside the measured grid."""
+        if self.mixed_sum_of_parts and 0 < decode_reqs < num_reqs:
+            parts = ((num_tokens - decode_reqs, (sum_ctx - decode_sum_ctx) / (num_reqs - decode_reqs)),
+                     (decode_reqs, decode_sum_ctx / decode_reqs))
+        else:
+            parts = ((num_tokens, (sum_ctx - self.shared_prefix_saving * shared_kv) / num_reqs),)
         # add_request is priced per drained request, not at the step's num_reqs
         step_phases = (c for name, c in self._cpu.items() if name != "add_request")
-        if not (self._forward.inside(num_tokens, ctx) and all(c.inside(num_reqs) for c in step_phases)):
+        if not (all(self._forward.inside(n, c) for n, c in parts) and all(c.inside(num_reqs) for c in step_phases)):
             self.extrapolated_steps += 1
-        return self._forward(num_tokens, ctx) * self.gpu_scale
+        return sum(self._forward(n, c) for n, c in parts) * self.gpu_scale
 
     def describe(self) -> dict:
         m = self.profile["metadata"]
@@ -222,7 +251,9 @@ class VllmInlineCosts:
 
     shared_prefix_saving = 0.0  # the inline terms price each request's context in full
 
-    def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int, shared_kv: int = 0) -> float:
+    def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int, shared_kv: int = 0,
+                  decode_reqs: int = 0, decode_sum_ctx: int = 0) -> float:
+        """The inline prefill or decode term over the whole step (a mixed step is a prefill)."""
         return self._linear.forward_s(kind, num_reqs, num_tokens, sum_ctx)
 
     def describe(self) -> dict:

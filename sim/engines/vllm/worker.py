@@ -60,7 +60,14 @@ class Worker:
         """Start the model forward at ``at`` (sets ``forward_start``/``forward_end``). Returns how
         long the worker is held: the forward itself on the CPU platform, 0 on a GPU."""
         shared = self.shared_kv(step) if self.shared_block_size and step.kind == DECODE else 0
-        dur = self.costs.forward_s(step.kind, step.num_reqs, step.num_tokens, step.sum_ctx, shared) * self.gpu_jitter()
+        decode_reqs = decode_sum_ctx = 0
+        if step.kind != DECODE:  # a mixed step's requests that run one token (entry: req, new, computed, ...)
+            for entry in step.chunks:
+                if entry[1] == 1:
+                    decode_reqs += 1
+                    decode_sum_ctx += entry[2] + 1
+        dur = self.costs.forward_s(step.kind, step.num_reqs, step.num_tokens, step.sum_ctx, shared,
+                                   decode_reqs, decode_sum_ctx) * self.gpu_jitter()
         self.stream.enqueue(step, at, dur)
         return step.forward_end - at if self.blocking_forward else 0.0
 

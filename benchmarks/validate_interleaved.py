@@ -124,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     inside = sum(1 for c in result["cases"] if "speedup" in c
                  and c["speedup"]["ci95"][0] <= c["speedup"]["predicted"] <= c["speedup"]["ci95"][1])
     print(f"speedup inside the measured 95% interval: {inside} of {sum('speedup' in c for c in result['cases'])}")
+    if pooled := result.get("speedup_pooled"):
+        print(f"speedup over all {pooled['pairs']} pairs: measured {pooled['measured_mean']:.3f}, predicted "
+              f"{pooled['predicted_mean']:.3f}; error {pooled['error_pp']:+.1f} pp "
+              f"[{pooled['ci95_pp'][0]:+.1f}, {pooled['ci95_pp'][1]:+.1f}]")
     if fixed := result.get("drift_corrected"):
         print("drift-corrected: " + ", ".join(f"{k} {v * 100:.1f}%" for k, v in fixed["median_abs_error"].items()))
     print(f"results: {result_path}")

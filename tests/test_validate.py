@@ -159,3 +159,24 @@ def test_the_interleaved_validation_alternates_calibration_rounds_and_repeats(ca
                                            ("calibrate", 3), ("calibrate", 4)]
     assert mod.main(["--rounds", "1"]) == 2  # before any engine is looked for
     assert "--rounds" in capsys.readouterr().err
+
+
+def test_the_speedup_pooled_over_configurations_and_repeats():
+    """Two configurations of two repeats: errors (predicted - measured ratio) 0, -10, +10, 0
+    points: mean 0, a t-interval of 3.182 x 8.165 / 2 either side."""
+    from calibrate.real.validate import pooled_speedup
+
+    def case(pred, a, b):
+        return {"speedup": {"predicted": pred},
+                "settings": {"async": {"runs": [{"output_throughput": x} for x in a]},
+                             "sync": {"runs": [{"output_throughput": x} for x in b]}}}
+
+    cases = [case(1.1, [110, 120], [100, 100]), case(1.0, [90, 100], [100, 100]), {"name": "no speedup"}]
+    got = pooled_speedup(cases, ("async", "sync"))
+    assert got["pairs"] == 4 and got["of"] == "async/sync"
+    assert got["measured_mean"] == pytest.approx(1.05) and got["predicted_mean"] == pytest.approx(1.05)
+    assert got["error_pp"] == pytest.approx(0.0, abs=1e-9)
+    half = 3.1824463 * (200 / 3) ** 0.5 / 2
+    assert got["ci95_pp"] == pytest.approx([-half, half], rel=1e-6)
+    assert pooled_speedup(cases, ("async",)) is None
+    assert pooled_speedup(cases[:1][:0], ("async", "sync")) is None

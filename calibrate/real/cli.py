@@ -180,6 +180,10 @@ def run_validate(args: argparse.Namespace) -> int:
                   f"[{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}], predicted {s['predicted']:.3f}")
     errs = result["median_abs_error"]
     print("median |error|: " + ", ".join(f"{k} {v * 100:.1f}%" for k, v in errs.items()))
+    if pooled := result.get("speedup_pooled"):
+        print(f"speedup over all {pooled['pairs']} pairs: measured {pooled['measured_mean']:.3f}, predicted "
+              f"{pooled['predicted_mean']:.3f}; error {pooled['error_pp']:+.1f} pp "
+              f"[{pooled['ci95_pp'][0]:+.1f}, {pooled['ci95_pp'][1]:+.1f}]")
     if fixed := result.get("drift_corrected"):
         errs = fixed["median_abs_error"]
         print("median |error| with the host's drift since calibration corrected (host speed probes): "

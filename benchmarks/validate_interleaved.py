@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from calibrate.profile import save_profile
     from calibrate.real.environment import REPO, find_engine, session_order, test_model
-    from calibrate.real.validate import Plan, run_sessions, validate
+    from calibrate.real.validate import Plan, pooled_line, run_sessions, validate
 
     def report(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -121,13 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     errs = result["median_abs_error"]
     print("median |error|: " + ", ".join(f"{k} {v * 100:.1f}%" for k, v in errs.items())
           + f"; speedup max |error| {result['speedup_max_abs_error_pp']:.1f} pp")
-    inside = sum(1 for c in result["cases"] if "speedup" in c
-                 and c["speedup"]["ci95"][0] <= c["speedup"]["predicted"] <= c["speedup"]["ci95"][1])
-    print(f"speedup inside the measured 95% interval: {inside} of {sum('speedup' in c for c in result['cases'])}")
+    inside = [c["speedup"]["inside_ci"] for c in result["cases"] if "speedup" in c]
+    print(f"speedup inside the measured 95% interval: {sum(map(bool, inside))} of {len(inside)}")
     if pooled := result.get("speedup_pooled"):
-        print(f"speedup over all {pooled['pairs']} pairs: measured {pooled['measured_mean']:.3f}, predicted "
-              f"{pooled['predicted_mean']:.3f}; error {pooled['error_pp']:+.1f} pp "
-              f"[{pooled['ci95_pp'][0]:+.1f}, {pooled['ci95_pp'][1]:+.1f}]")
+        print(pooled_line(pooled))
     if fixed := result.get("drift_corrected"):
         print("drift-corrected: " + ", ".join(f"{k} {v * 100:.1f}%" for k, v in fixed["median_abs_error"].items()))
     print(f"results: {result_path}")

@@ -145,7 +145,7 @@ def run_validate(args: argparse.Namespace) -> int:
     """``validate --engine sglang``: the simulator against the real server."""
     from dataclasses import replace
 
-    from calibrate.real.validate import CONFIGS, Plan, validate
+    from calibrate.real.validate import CONFIGS, Plan, pooled_line, validate
 
     if args.profile is None:
         raise CalibrationInputError("--profile", "", "a calibration profile of this engine (calibrate --engine "
@@ -181,9 +181,7 @@ def run_validate(args: argparse.Namespace) -> int:
     errs = result["median_abs_error"]
     print("median |error|: " + ", ".join(f"{k} {v * 100:.1f}%" for k, v in errs.items()))
     if pooled := result.get("speedup_pooled"):
-        print(f"speedup over all {pooled['pairs']} pairs: measured {pooled['measured_mean']:.3f}, predicted "
-              f"{pooled['predicted_mean']:.3f}; error {pooled['error_pp']:+.1f} pp "
-              f"[{pooled['ci95_pp'][0]:+.1f}, {pooled['ci95_pp'][1]:+.1f}]")
+        print(pooled_line(pooled))
     if fixed := result.get("drift_corrected"):
         errs = fixed["median_abs_error"]
         print("median |error| with the host's drift since calibration corrected (host speed probes): "

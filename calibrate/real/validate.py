@@ -249,6 +249,13 @@ def pooled_speedup(cases: list[dict], settings: tuple[str, ...]) -> dict | None:
             "predicted_mean": statistics.fmean(predicted), "error_pp": mean, "ci95_pp": [lo, hi]}
 
 
+def pooled_line(pooled: dict) -> str:
+    """One line for a :func:`pooled_speedup` result."""
+    lo, hi = pooled["ci95_pp"]
+    return (f"speedup over all {pooled['pairs']} pairs: measured {pooled['measured_mean']:.3f}, predicted "
+            f"{pooled['predicted_mean']:.3f}; error {pooled['error_pp']:+.1f} pp [{lo:+.1f}, {hi:+.1f}]")
+
+
 def _summary(cases: list[dict], settings: tuple[str, ...]) -> dict:
     out = {"median_abs_error": {m: statistics.median(abs(c["settings"][s]["error"][m]) for c in cases
                                                       for s in settings) for m in METRICS},
@@ -372,4 +379,4 @@ def validate(engine: Engine, model_dir: Path, profile: Path, out: Path, plan: Pl
     return result
 
 
-__all__ = ["CONFIGS", "Plan", "validate", "compare", "run_sessions", "replace"]
+__all__ = ["CONFIGS", "Plan", "validate", "compare", "run_sessions", "pooled_speedup", "pooled_line", "replace"]

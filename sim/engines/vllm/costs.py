@@ -202,18 +202,22 @@ class VllmProfileCosts:
         context; when some do and others prefill (a mixed step) and the profile says
         ``metadata.mixed_steps: "sum_of_parts"``, the step costs its prefill part plus its decode
         part, each priced as a step of its own (module docstring). Counts the step in
-        :attr:`extrapolated_steps` when it (or a part) or any phase curve at ``num_reqs`` lies
-        outside the measured grid."""
+        :attr:`extrapolated_steps` when it (or a part of it) or any phase curve at ``num_reqs``
+        lies outside the measured grid."""
         if self.mixed_sum_of_parts and 0 < decode_reqs < num_reqs:
             parts = ((num_tokens - decode_reqs, (sum_ctx - decode_sum_ctx) / (num_reqs - decode_reqs)),
                      (decode_reqs, decode_sum_ctx / decode_reqs))
-        else:
-            parts = ((num_tokens, (sum_ctx - self.shared_prefix_saving * shared_kv) / num_reqs),)
-        # add_request is priced per drained request, not at the step's num_reqs
-        step_phases = (c for name, c in self._cpu.items() if name != "add_request")
-        if not (all(self._forward.inside(n, c) for n, c in parts) and all(c.inside(num_reqs) for c in step_phases)):
+            if not (all(self._forward.inside(n, c) for n, c in parts) and self._phases_inside(num_reqs)):
+                self.extrapolated_steps += 1
+            return sum(self._forward(n, c) for n, c in parts) * self.gpu_scale
+        ctx = (sum_ctx - self.shared_prefix_saving * shared_kv) / num_reqs
+        if not (self._forward.inside(num_tokens, ctx) and self._phases_inside(num_reqs)):
             self.extrapolated_steps += 1
-        return sum(self._forward(n, c) for n, c in parts) * self.gpu_scale
+        return self._forward(num_tokens, ctx) * self.gpu_scale
+
+    def _phases_inside(self, num_reqs: int) -> bool:
+        # add_request is priced per drained request, not at the step's num_reqs
+        return all(c.inside(num_reqs) for name, c in self._cpu.items() if name != "add_request")
 
     def describe(self) -> dict:
         m = self.profile["metadata"]

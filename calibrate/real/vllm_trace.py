@@ -173,15 +173,15 @@ def frontend_samples(folder: Path, engine_records: list[dict], steps: list[VllmS
       each of that step's tokens: the engine core's output thread,
       ``OutputProcessor.process_outputs`` in the API server, the streamed chunk.
 
-    ``loads``: the session's loads (``name``, ``concurrency``), as its spec lists them. A request's j-th token is paired with the j-th step that
-      sampled for it (its prompt complete), for the requests whose client received as many
-      chunks as steps sampled for them (no two tokens in one chunk, no preemption). When the
-      client falls behind the stream, its delays grow token by token (a backlog: up to 150 ms
-      here): that is queueing, which the simulator's API server produces itself, not the service
-      time; delays above :data:`BACKLOG_FACTOR` times the point's median are left out (in the
-      shipped profile's sessions 13-47% of a point's samples, the most at batch 1 and 16). The
-      same cut applies to ``frontend_in``: a lone request that took 5-15 times the median (the
-      session's first, up to 104 ms) waited behind something else.
+    ``loads``: the session's loads (``name``, ``concurrency``), as its spec lists them. A request's
+    j-th token is paired with the j-th step that sampled for it (its prompt complete), for the
+    requests whose client received as many chunks as steps sampled for them (no two tokens in one
+    chunk, no preemption). When the client falls behind the stream, its delays grow token by token
+    (a backlog: up to 150 ms here): that is queueing, which the simulator's API server produces
+    itself, not the service time; delays above :data:`BACKLOG_FACTOR` times the point's median are
+    left out (in the shipped profile's sessions 13-47% of a point's samples, the most at batch 1 and
+    16). The same cut applies to ``frontend_in``: a lone request that took 5-15 times the median
+    (the session's first, up to 104 ms) waited behind something else.
     """
     prompt = {client_rid(r["rid"]): r["prompt"] for r in engine_records if r["ph"] == "add"}
     added = {client_rid(r["rid"]): r["t0"] for r in engine_records if r["ph"] == "add"}

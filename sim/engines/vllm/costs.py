@@ -254,6 +254,7 @@ class VllmInlineCosts:
         return 0.0
 
     shared_prefix_saving = 0.0  # the inline terms price each request's context in full
+    mixed_sum_of_parts = False  # and a mixed step as one prefill
 
     def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int, shared_kv: int = 0,
                   decode_reqs: int = 0, decode_sum_ctx: int = 0) -> float:

@@ -46,6 +46,7 @@ class Worker:
         # a shared prefix is priced only when the workload's prefixes are shared and the profile
         # measured a saving; then the block size turns hit blocks into tokens
         self.shared_block_size = shared_prefix_block_size if costs.shared_prefix_saving else 0
+        self.split_mixed = costs.mixed_sum_of_parts  # a mixed step is priced by its parts
         self.stream = stream
         self.gpu_jitter = gpu_jitter
         self.cpu_jitter = cpu_jitter
@@ -61,7 +62,7 @@ class Worker:
         long the worker is held: the forward itself on the CPU platform, 0 on a GPU."""
         shared = self.shared_kv(step) if self.shared_block_size and step.kind == DECODE else 0
         decode_reqs = decode_sum_ctx = 0
-        if step.kind != DECODE:  # a mixed step's requests that run one token (entry: req, new, computed, ...)
+        if self.split_mixed and step.kind != DECODE:  # the requests that run one token (entry: req, new, computed, ...)
             for entry in step.chunks:
                 if entry[1] == 1:
                     decode_reqs += 1

@@ -113,13 +113,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         from sim.output.plots import save_run_plots  # matplotlib only when plots are drawn
 
         save_run_plots(out_dir, scenario.name, {r.setting: r.steps for r in results}, summaries,
-                       {r.setting: r.requests for r in results})
+                       {r.setting: r.requests for r in results}, device=scenario.server.device)
     if args.json:
         print(json.dumps({k: payload[k] for k in ("scenario", "seed", "settings", "ratios", "verdict")}))
     else:
         meta = profile_metadata(scenario.resolve_path(scenario.costs.profile)) if scenario.costs.profile else None
         print_table(run_title(scenario.name, scenario.seed, scenario.server.device, meta), summaries,
-                    streamed=args.tables != "steps")
+                    streamed=args.tables != "steps", device=scenario.server.device)
         if mismatch := device_mismatch(scenario.server.device, meta):
             print(mismatch)
         if found is not None:

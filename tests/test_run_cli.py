@@ -121,3 +121,25 @@ def test_a_profile_of_another_kind_of_device_is_named_in_a_warning():
     assert line.startswith("warning:") and "measured on cpu" in line and "server.device is cuda" in line
     assert "NVIDIA H200" in device_mismatch("cpu", cuda)
     assert device_mismatch("cuda", {**cpu, "transfer": {"to_card": "l4"}}) is None  # moved to a card
+
+
+def test_on_a_cpu_device_the_idle_row_and_the_gap_plots_name_the_cpu(tmp_path):
+    """The forward runs on a CPU core when ``server.device`` is cpu: the table's idle row and the
+    gap plots say so; on a GPU they keep "GPU"."""
+    import io
+
+    from rich.console import Console
+
+    from sim.output.plots import device_word
+    from sim.output.report import CPU_IDLE_LABEL, print_table
+
+    from collections import defaultdict
+
+    one = defaultdict(lambda: float("nan"), completed=1, failed=0, num_steps=2, gpu_idle_fraction=0.25)
+    summ = {"normal": one}  # (every other metric NaN: printed "-")
+    for device, want, other in (("cpu", CPU_IDLE_LABEL, "GPU idle fraction"), ("cuda", "GPU idle fraction", CPU_IDLE_LABEL)):
+        buf = io.StringIO()
+        print_table("t", summ, console=Console(file=buf, width=200), device=device)
+        text = buf.getvalue()
+        assert want in text and other not in text and "0.250" in text
+    assert device_word("cpu") == "CPU forward" and device_word("cuda") == device_word("mlx") == "GPU"

@@ -101,11 +101,12 @@ def measured_gaps(steps: pd.DataFrame, requests: Optional[pd.DataFrame] = None) 
 
 
 def draw_gap_panels(fig, series: dict[str, np.ndarray], colors: dict[str, str], labels: dict[str, str],
-                    share: bool = False):
+                    share: bool = False, word: str = "GPU"):
     """Two panels side by side, sharing a log count axis: the zero gaps (forwards back to back) as
     one bar per series, and a histogram of the non-zero gaps on a log ms axis, the series' bars
     side by side within each bin (none hides another). ``share``: fractions of each series' gaps
-    instead of counts (series of different lengths). Returns the two axes."""
+    instead of counts (series of different lengths); ``word``: what the forwards run on (the
+    axis label). Returns the two axes."""
     ax0, ax1 = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [1, 5], "wspace": 0.05})
     names = list(series)
     nonzero = {n: g[g > ZERO_GAP_MS] for n, g in series.items()}
@@ -141,7 +142,7 @@ def draw_gap_panels(fig, series: dict[str, np.ndarray], colors: dict[str, str], 
     else:
         ax1.text(0.5, 0.5, "every gap is zero" if any(len(g) for g in series.values()) else "no gaps",
                  transform=ax1.transAxes, ha="center", va="center")
-    ax1.set_xlabel("GPU gap between consecutive forwards (ms, log scale)")
+    ax1.set_xlabel(f"{word} gap between consecutive forwards (ms, log scale)")
     ax1.grid(axis="y", alpha=0.3)
     ax0.set_ylim(bottom=floor, top=top * 3)  # before the log scale: no autoscale over an empty panel
     ax0.set_yscale("log")
@@ -154,9 +155,16 @@ def draw_gap_panels(fig, series: dict[str, np.ndarray], colors: dict[str, str], 
     return ax0, ax1
 
 
+def device_word(device: str) -> str:
+    """What the forwards run on, as the plots name it: "GPU", or "CPU forward" when ``device`` is
+    ``cpu`` (the forward runs on a CPU core: SGLang's CPU engine, vLLM's worker)."""
+    return "CPU forward" if device == "cpu" else "GPU"
+
+
 def gap_histogram(steps: dict[str, pd.DataFrame], title: str,
-                  requests: Optional[dict[str, pd.DataFrame]] = None):
-    """The GPU gaps of each setting, as the summary counts them (see :func:`measured_gaps`)."""
+                  requests: Optional[dict[str, pd.DataFrame]] = None, device: str = "cuda"):
+    """The GPU gaps of each setting, as the summary counts them (see :func:`measured_gaps`);
+    ``device`` the scenario's ``server.device`` (:func:`device_word` names the axis)."""
     fig = plt.figure(figsize=(8, 4.2))
     data = {n: measured_gaps(df, (requests or {}).get(n)) for n, df in steps.items()}
     colors = {n: setting_color(n, i) for i, n in enumerate(data)}
@@ -168,7 +176,7 @@ def gap_histogram(steps: dict[str, pd.DataFrame], title: str,
         mean = fmt_value(float(g.mean())) if len(g) else "n/a"
         labels[n] = (f"{n}: {len(g):,} gaps, one before each forward in the window ({d['forwards']:,}, the "
                      f"summary's num_steps){idle}; {zero:,} zero; mean {mean} ms")
-    draw_gap_panels(fig, {n: d["gaps_ms"] for n, d in data.items()}, colors, labels)
+    draw_gap_panels(fig, {n: d["gaps_ms"] for n, d in data.items()}, colors, labels, word=device_word(device))
     windowed = all(d["windowed"] for d in data.values())
     what = ("measured window only (warm-up excluded), gaps after an idle scheduler left out: the gaps of the "
             "summary's gap metrics" if windowed else "the whole run (no requests table: warm-up included)")
@@ -183,7 +191,7 @@ SUMMARY_PANELS = (("output_throughput", "output throughput", "tok/s", "higher is
                   ("mean_gap_ms", "mean GPU gap", "ms", "lower is better"))
 
 
-def metric_bars(summaries: dict[str, dict], title: str, baseline: str | None = None):
+def metric_bars(summaries: dict[str, dict], title: str, baseline: str | None = None, device: str = "cuda"):
     """Bars per setting: output throughput, median TTFT, TPOT, p99 ITL and mean GPU gap, each
     labelled with its value and unit and, for settings other than ``baseline`` (None: ``normal``,
     or vLLM's ``sync``), its ratio to it."""
@@ -192,6 +200,7 @@ def metric_bars(summaries: dict[str, dict], title: str, baseline: str | None = N
     baseline = baseline_of(names) if baseline is None else baseline
     colors = [setting_color(n, i) for i, n in enumerate(names)]
     for ax, (key, label, unit, better) in zip(axes, SUMMARY_PANELS):
+        label = label.replace("GPU", device_word(device))
         raw = [summaries[n].get(key) for n in names]
         vals = [float(v) if v is not None and not (isinstance(v, float) and math.isnan(v)) else math.nan
                 for v in raw]
@@ -254,17 +263,21 @@ def timeline(steps: dict[str, pd.DataFrame], title: str, window_s: float = 0.03,
 
 
 def save_run_plots(out_dir: Path, scenario_name: str, steps: dict[str, pd.DataFrame],
-                   summaries: dict[str, dict], requests: Optional[dict[str, pd.DataFrame]] = None) -> list[Path]:
+                   summaries: dict[str, dict], requests: Optional[dict[str, pd.DataFrame]] = None,
+                   device: str = "cuda") -> list[Path]:
     """Write gaps.png, metrics.png and timeline.png into ``out_dir``. Returns the paths.
-    ``requests`` (per setting) gives the measured window of gaps.png; without it the whole run."""
+    ``requests`` (per setting) gives the measured window of gaps.png; without it the whole run.
+    ``device``: the scenario's ``server.device`` (the gaps' name, :func:`device_word`)."""
     out_dir = Path(out_dir)
     # a strip of about 6 decode steps of the slowest setting, capped at a few hundred ms
     step_s = max((float((df["forward_end"] - df["forward_start"]).median()) for df in steps.values() if len(df)),
                  default=0.01)
     window = float(min(0.3, max(0.005, 6 * step_s * 1.5)))
     return [
-        _save(gap_histogram(steps, f"{scenario_name}: GPU gaps", requests), out_dir / "gaps.png"),
-        _save(metric_bars(summaries, f"{scenario_name}: throughput and latency"), out_dir / "metrics.png"),
+        _save(gap_histogram(steps, f"{scenario_name}: {device_word(device)} gaps", requests, device),
+              out_dir / "gaps.png"),
+        _save(metric_bars(summaries, f"{scenario_name}: throughput and latency", device=device),
+              out_dir / "metrics.png"),
         _save(timeline(steps, f"{scenario_name}: timeline (CPU phases above, device forwards below)", window),
               out_dir / "timeline.png"),
     ]

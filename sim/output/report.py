@@ -50,6 +50,7 @@ TABLE_ROWS = [
     ("peak KV token usage", "peak_token_usage", "{:.3f}"),
     ("retracted / re-prefilled tok / skipped", None, None),
 ]
+CPU_IDLE_LABEL = "device idle fraction (CPU)"  # the idle row's label when the forward runs on a CPU core
 
 
 def ratios(summaries: dict[str, dict], baseline: str | None = None) -> dict[str, dict]:
@@ -130,10 +131,12 @@ def console_width() -> int | None:
     return 110
 
 
-def print_table(title: str, summaries: dict[str, dict], console: Console | None = None, streamed: bool = False) -> None:
+def print_table(title: str, summaries: dict[str, dict], console: Console | None = None, streamed: bool = False,
+                device: str = "cuda") -> None:
     """A rich table: one column per setting plus the ratio to ``normal`` (vLLM: ``sync``; latency
     ratios: medians). ``streamed``: the medians and p99s come from a streaming sketch
-    (``--tables summary|none``)."""
+    (``--tables summary|none``). ``device``: the scenario's ``server.device``; on ``cpu`` the
+    forward runs on a CPU core, and the idle fraction is labelled as that device's."""
     from rich.console import Console
     from rich.table import Table
 
@@ -150,6 +153,8 @@ def print_table(title: str, summaries: dict[str, dict], console: Console | None 
     for rname in rat:
         table.add_column(rname, justify="right")
     for label, key, fmt in TABLE_ROWS:
+        if key == "gpu_idle_fraction" and device == "cpu":
+            label = CPU_IDLE_LABEL
         cells = [_cell(s, key, fmt, label) for s in summaries.values()]
         cells += [_ratio_cell(r, key, label) for r in rat.values()]
         table.add_row(label, *cells)

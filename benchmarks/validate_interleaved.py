@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from calibrate.profile import save_profile
     from calibrate.real.environment import REPO, find_engine, session_order, test_model
-    from calibrate.real.validate import Plan, pooled_line, run_sessions, validate
+    from calibrate.real.validate import Plan, noise_floor_line, pooled_line, run_sessions, validate
 
     def report(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"speedup inside the measured 95% interval: {sum(map(bool, inside))} of {len(inside)}")
     if pooled := result.get("speedup_pooled"):
         print(pooled_line(pooled))
+    if floors := result.get("noise_floor"):
+        print(noise_floor_line(floors))
     if fixed := result.get("drift_corrected"):
         print("drift-corrected: " + ", ".join(f"{k} {v * 100:.1f}%" for k, v in fixed["median_abs_error"].items()))
     print(f"results: {result_path}")

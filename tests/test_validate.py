@@ -180,3 +180,26 @@ def test_the_speedup_pooled_over_configurations_and_repeats():
     assert got["ci95_pp"] == pytest.approx([-half, half], rel=1e-6)
     assert pooled_speedup(cases, ("async",)) is None
     assert pooled_speedup(cases[:1][:0], ("async", "sync")) is None
+
+
+def test_the_noise_floor_of_one_configuration_is_a_half_normal():
+    """One configuration, one setting, repeats 90, 100, 110: median 100, stdev 10, n 3, so the
+    relative standard error is sqrt(pi/2) 10 / (sqrt(3) 100) = 0.0724; a perfect model's |error|
+    is half-normal: median 0.6745 x 0.0724 = 0.0488, 90th percentile 1.645 x 0.0724 = 0.119,
+    and P(|error| <= 5%) = erf(0.05 / (0.0724 sqrt 2)) = 0.51 (Monte Carlo: within 2%)."""
+    import math
+
+    from calibrate.real.validate import noise_floor
+
+    se = math.sqrt(math.pi / 2) * 10 / (math.sqrt(3) * 100)
+    cases = [{"settings": {"sync": {"runs": [{"output_throughput": x} for x in (90, 110, 100)]}}}]
+    got = noise_floor(cases, ("sync",), "output_throughput")
+    assert got["pairs"] == 1 and got["se_median"] == pytest.approx(se)
+    assert got["expected"] == pytest.approx(0.67449 * se, rel=0.02)
+    assert got["p90"] == pytest.approx(1.64485 * se, rel=0.02)
+    assert got["p_within"] == pytest.approx(math.erf(0.05 / (se * math.sqrt(2))), abs=0.02)
+    assert noise_floor(cases, ("sync",), "output_throughput") == got  # a fixed seed: the same every time
+    same = [{"settings": {"sync": {"runs": [{"output_throughput": 5.0}] * 4}}}]
+    assert noise_floor(same, ("sync",), "output_throughput")["expected"] == 0.0  # no spread, no floor
+    one = [{"settings": {"sync": {"runs": [{"output_throughput": 5.0}]}}}]
+    assert noise_floor(one, ("sync",), "output_throughput") is None  # one repeat: no spread to read

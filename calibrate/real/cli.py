@@ -145,7 +145,7 @@ def run_validate(args: argparse.Namespace) -> int:
     """``validate --engine sglang``: the simulator against the real server."""
     from dataclasses import replace
 
-    from calibrate.real.validate import CONFIGS, Plan, pooled_line, validate
+    from calibrate.real.validate import CONFIGS, Plan, noise_floor_line, pooled_line, validate
 
     if args.profile is None:
         raise CalibrationInputError("--profile", "", "a calibration profile of this engine (calibrate --engine "
@@ -182,6 +182,8 @@ def run_validate(args: argparse.Namespace) -> int:
     print("median |error|: " + ", ".join(f"{k} {v * 100:.1f}%" for k, v in errs.items()))
     if pooled := result.get("speedup_pooled"):
         print(pooled_line(pooled))
+    if floors := result.get("noise_floor"):
+        print(noise_floor_line(floors))
     if fixed := result.get("drift_corrected"):
         errs = fixed["median_abs_error"]
         print("median |error| with the host's drift since calibration corrected (host speed probes): "

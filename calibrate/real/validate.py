@@ -256,6 +256,48 @@ def pooled_line(pooled: dict) -> str:
             f"{pooled['predicted_mean']:.3f}; error {pooled['error_pp']:+.1f} pp [{lo:+.1f}, {hi:+.1f}]")
 
 
+NOISE_FLOOR_DRAWS = 20_000  # Monte Carlo draws of :func:`noise_floor` (fixed seed: the same result every time)
+
+
+def noise_floor(cases: list[dict], settings: tuple[str, ...], metric: str, bar: float = 0.05) -> dict | None:
+    """How large the median |error| over configurations and settings would be for a model that
+    knew every configuration's true value, given only how the measured repeats spread.
+
+    Each (configuration, setting) is measured as the median of its n repeats; its relative
+    standard error is taken as ``sqrt(pi / 2) * stdev / (sqrt(n) * median)`` (the large-sample
+    standard error of a median of normal values). A perfect model's error there is drawn as
+    normal with that standard error, and the median of the absolute errors over all K pairs is
+    taken as :func:`_summary` takes it; over :data:`NOISE_FLOOR_DRAWS` draws (numpy, seed 0)
+    that gives ``expected`` (the median), ``p90`` and ``p_within`` (the share of draws at most
+    ``bar``). A lower bound: the calibration's own noise, which moves every prediction, is not
+    counted. Returns ``{"metric", "pairs", "se_median", "expected", "p90", "bar", "p_within"}``
+    (``se_median``: the median of the K relative standard errors), or None when a pair has fewer
+    than two repeats."""
+    import numpy as np
+
+    ses = []
+    for c in cases:
+        for s in settings:
+            values = [run[metric] for run in c["settings"][s].get("runs", [])]
+            if len(values) < 2:
+                return None
+            ses.append(math.sqrt(math.pi / 2) * statistics.stdev(values)
+                       / (math.sqrt(len(values)) * abs(statistics.median(values))))
+    draws = np.random.default_rng(0).normal(0.0, ses, (NOISE_FLOOR_DRAWS, len(ses)))
+    medians = np.median(np.abs(draws), axis=1)
+    return {"metric": metric, "pairs": len(ses), "se_median": statistics.median(ses),
+            "expected": float(np.median(medians)), "p90": float(np.quantile(medians, 0.9)), "bar": bar,
+            "p_within": float(np.mean(medians <= bar))}
+
+
+def noise_floor_line(floors: dict) -> str:
+    """One line for the :func:`noise_floor` results of several metrics (``{metric: result}``)."""
+    cells = ", ".join(f"{m} {f['expected'] * 100:.1f}% (90%: {f['p90'] * 100:.1f}%; "
+                      f"<= {f['bar'] * 100:g}% in {f['p_within']:.0%} of draws)" for m, f in floors.items())
+    return ("noise floor, median |error| of a model that knew the true values (the repeats' spread only; "
+            f"the calibration's noise not counted): {cells}")
+
+
 def _summary(cases: list[dict], settings: tuple[str, ...]) -> dict:
     out = {"median_abs_error": {m: statistics.median(abs(c["settings"][s]["error"][m]) for c in cases
                                                       for s in settings) for m in METRICS},
@@ -263,6 +305,9 @@ def _summary(cases: list[dict], settings: tuple[str, ...]) -> dict:
                                            default=math.nan)}
     if pooled := pooled_speedup(cases, settings):
         out["speedup_pooled"] = pooled
+    floors = {m: noise_floor(cases, settings, m) for m in ("output_throughput", "median_tpot_ms")}
+    if all(floors.values()):
+        out["noise_floor"] = floors
     return out
 
 
@@ -379,4 +424,5 @@ def validate(engine: Engine, model_dir: Path, profile: Path, out: Path, plan: Pl
     return result
 
 
-__all__ = ["CONFIGS", "Plan", "validate", "compare", "run_sessions", "pooled_speedup", "pooled_line", "replace"]
+__all__ = ["CONFIGS", "Plan", "validate", "compare", "run_sessions", "pooled_speedup", "pooled_line", "noise_floor",
+           "noise_floor_line", "replace"]

@@ -374,3 +374,17 @@ def test_a_trace_without_token_counts_takes_them_from_the_flags(tmp_path, capsys
     assert main(["calibrate", "--trace-context", "100", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and err[0].count("--trace-context") >= 1 and "only with --from-trace" in err[1]
+
+
+def test_the_model_is_read_from_the_server_logs_server_args(tmp_path):
+    """SGLang logs its ServerArgs at start-up: the profile's model is the served name, a local
+    directory shortened to its last part; a log without the line names none."""
+    from calibrate.real.sglang_trace_profile import server_log_model
+
+    assert server_log_model(Path(__file__).parent / "data" / "sglang" / "session" / "server.log") == "tiny-llama"
+    log = tmp_path / "s.log"
+    log.write_text("[2026-12-01 11:10:44] server_args={'model_path': 'meta-llama/Llama-3.2-1B', 'port': 30000}\n")
+    assert server_log_model(log) == "meta-llama/Llama-3.2-1B"  # a hub id is kept whole
+    log.write_text("[t] server_args={'model_path': '/m/x', 'served_model_name': 'my-model'}\n")
+    assert server_log_model(log) == "my-model"
+    assert server_log_model(DATA / "normal-c4.server.log") is None  # (this recorded log starts after the line)

@@ -22,6 +22,7 @@ Simplifications (stated in the profile's ``metadata.timing``):
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from datetime import datetime, timezone
 from pathlib import Path
@@ -275,6 +276,25 @@ def log_check(read: TraceRead, log_path: Path) -> dict:
             "profiler_slowdown": slowdown}
 
 
+_SERVED_NAME = re.compile(r"""['"]served_model_name['"]: ['"]([^'"]+)['"]""")
+_MODEL_PATH = re.compile(r"""['"]model_path['"]: ['"]([^'"]+)['"]""")
+
+
+def server_log_model(log_path: Path) -> str | None:
+    """The model an SGLang server log names, or None: SGLang 0.5.23 logs its ``ServerArgs`` at
+    start-up (``server_args={'model_path': ..., 'served_model_name': ...}``, ``launch_server`` ->
+    ``ServerArgs.__post_init__`` logging); ``served_model_name`` (defaults to ``model_path``),
+    a local directory shortened to its last part (a Hugging Face id such as ``org/name`` is
+    kept whole)."""
+    text = Path(log_path).read_text(encoding="utf-8", errors="replace")
+    line = next((ln for ln in text.splitlines() if "server_args=" in ln), "")
+    found = _SERVED_NAME.search(line) or _MODEL_PATH.search(line)
+    if not found:
+        return None
+    name = found.group(1)
+    return Path(name).name if Path(name).is_absolute() else name
+
+
 def summary_rows(read: TraceRead) -> list[tuple[str, str, int, float, float]]:
     """(kind, point, steps, forward median ms, schedule + launch + process median ms) per kind and
     batch (medians over the steps; NaN without Python stacks)."""
@@ -326,6 +346,8 @@ def run_from_trace(args) -> int:
             argv += ["--" + flag.replace("_", "-"), f"{getattr(args, flag):g}"]
     argv += ["--out", str(args.out)]
     model = args.model if getattr(args, "model", "tiny") not in (None, "tiny") else ""
+    if not model and args.server_log is not None:
+        model = server_log_model(Path(args.server_log)) or ""
     profile = build_trace_profile(read, shlex.join(argv), model=model, note=getattr(args, "note", "") or "",
                                   log_check=check)
     save_profile(args.out, profile)

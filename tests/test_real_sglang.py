@@ -215,3 +215,21 @@ def test_calibration_sessions_pool_each_settings_runs(tmp_path, monkeypatch):
     assert out["metadata"]["sessions"] == ran
     with pytest.raises(ValueError, match="sessions"):
         sglang_profile.calibrate_sglang(engine, tmp_path / "model", SglangGrid(), tmp_path, sessions=0)
+
+
+def test_a_receive_records_request_ids_and_names_control_messages():
+    """The tracer's recv record: the generate requests' ids; a control message (no rid, e.g. the
+    cache flush between loads) by its type, not as a null id."""
+    from types import SimpleNamespace
+
+    from realengines.sglang.tracer import _recv_info
+
+    class FlushCacheReqInput:
+        pass
+
+    rec = {}
+    _recv_info(rec, None, (), {}, [SimpleNamespace(rid="a"), FlushCacheReqInput(), SimpleNamespace(rid="b")])
+    assert rec == {"n": 3, "rids": ["a", "b"], "other": ["FlushCacheReqInput"]}
+    rec = {}
+    _recv_info(rec, None, (), {}, [])
+    assert rec == {"n": 0}

@@ -21,7 +21,8 @@ record ``ph``       wrapped function                            what the simulat
 A record is ``{"ph", "t0", "dur", "cpu", ...}``: ``t0`` from ``time.perf_counter`` (the
 machine's monotonic clock, comparable across processes), ``dur`` wall seconds, ``cpu`` the
 calling thread's CPU seconds (``time.thread_time``). ``recv`` records carry the request ids
-received (``rids``); ``schedule``, ``run_batch`` and ``process`` records carry the batch (``batch``: ``iter`` (SGLang's ``forward_iter``, set by run_batch),
+received (``rids``) and the type names of the control messages received with them (``other``:
+``FlushCacheReqInput`` between loads, the profiler's requests); ``schedule``, ``run_batch`` and ``process`` records carry the batch (``batch``: ``iter`` (SGLang's ``forward_iter``, set by run_batch),
 ``mode``, ``rids``, ``ctx`` (prompt plus output tokens, summed over the requests), ``ext`` (new
 tokens per request), ``pre`` (cached prefix per request)), and
 ``schedule`` the queue state after it (``running``, ``waiting``, ``kv_free`` tokens available in
@@ -108,7 +109,12 @@ def _kv_free(scheduler) -> int | None:
 def _recv_info(rec, self, args, kwargs, out):
     rec["n"] = len(out) if out else 0
     if out:
-        rec["rids"] = [getattr(r, "rid", None) for r in out]
+        # generate requests carry a rid; control messages (the cache flush between loads,
+        # profiler start/stop) do not: they are named by their type
+        rec["rids"] = [r.rid for r in out if getattr(r, "rid", None) is not None]
+        other = [type(r).__name__ for r in out if getattr(r, "rid", None) is None]
+        if other:
+            rec["other"] = other
 
 
 def _input_info(rec, self, args, kwargs, out):

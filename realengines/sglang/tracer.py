@@ -22,8 +22,9 @@ A record is ``{"ph", "t0", "dur", "cpu", ...}``: ``t0`` from ``time.perf_counter
 machine's monotonic clock, comparable across processes), ``dur`` wall seconds, ``cpu`` the
 calling thread's CPU seconds (``time.thread_time``). ``recv`` records carry the request ids
 received (``rids``) and the type names of the control messages received with them (``other``:
-``FlushCacheReqInput`` between loads, the profiler's requests); ``schedule``, ``run_batch`` and ``process`` records carry the batch (``batch``: ``iter`` (SGLang's ``forward_iter``, set by run_batch),
-``mode``, ``rids``, ``ctx`` (prompt plus output tokens, summed over the requests), ``ext`` (new
+``FlushCacheReqInput`` between loads, the profiler's requests); ``schedule``, ``run_batch`` and
+``process`` records carry the batch (``batch``: ``iter`` (SGLang's ``forward_iter``, set by
+run_batch), ``mode``, ``rids``, ``ctx`` (prompt plus output tokens, summed over the requests), ``ext`` (new
 tokens per request), ``pre`` (cached prefix per request)), and
 ``schedule`` the queue state after it (``running``, ``waiting``, ``kv_free`` tokens available in
 the KV pool plus evictable radix-cache tokens). The wrappers add about 10 us per call; the

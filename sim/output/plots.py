@@ -163,7 +163,8 @@ def device_word(device: str) -> str:
 
 def gap_histogram(steps: dict[str, pd.DataFrame], title: str,
                   requests: Optional[dict[str, pd.DataFrame]] = None, device: str = "cuda"):
-    """The GPU gaps of each setting, as the summary counts them (see :func:`measured_gaps`);
+    """The gaps between forwards of each setting (a GPU's, or a CPU core's on ``cpu``), as the
+    summary counts them (see :func:`measured_gaps`);
     ``device`` the scenario's ``server.device`` (:func:`device_word` names the axis)."""
     fig = plt.figure(figsize=(8, 4.2))
     data = {n: measured_gaps(df, (requests or {}).get(n)) for n, df in steps.items()}

@@ -104,7 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     results = [simulate(scenario, s, tables=args.tables) for s in scenario.server.settings]
     summaries = {r.setting: r.summary() for r in results}
     payload = run_payload(scenario.name, scenario.seed, summaries)
-    found = verdict(summaries, *resolve_run_cv(args.run_cv, scenario.costs.noise))
+    found = verdict(summaries, *resolve_run_cv(args.run_cv, scenario.costs.noise, scenario.server.device))
     payload["verdict"] = found.as_json() if found is not None else None
     payload["scenario_config"] = scenario.model_dump(mode="json")
     clean_run_folder(out_dir)

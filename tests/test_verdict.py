@@ -77,6 +77,7 @@ def test_a_failed_setting_loses():
 def test_run_cv_source():
     quiet = SimpleNamespace(run_gpu_cv=0.0, run_cpu_cv=0.0)
     assert resolve_run_cv(None, quiet) == (DEFAULT_RUN_CV, "a clock-locked card on a quiet host")
+    assert resolve_run_cv(None, quiet, "cpu") == (DEFAULT_RUN_CV, "a dedicated CPU host with nothing else running")
     assert resolve_run_cv(0.1, quiet)[0] == 0.1
     cv, source = resolve_run_cv(None, SimpleNamespace(run_gpu_cv=0.03, run_cpu_cv=0.04))
     assert cv == pytest.approx(0.05) and "costs.noise" in source

@@ -109,7 +109,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         table = sweep(scenario, grid, args.repeats, out=out, executor=args.executor, workers=args.workers,
                       scheduler=args.scheduler, on_progress=on_progress)
     _print_sweep(table, scenario.name, Console())
-    line = sweep_verdict_line(table, scenario.costs.noise, args.run_cv)
+    line = sweep_verdict_line(table, scenario.costs.noise, args.run_cv, scenario.server.device)
     if line:
         print(line)
     if not args.no_plots:

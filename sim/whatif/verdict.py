@@ -172,14 +172,16 @@ def verdict(summaries: dict[str, dict], run_cv: float, cv_source: str) -> Option
     return Verdict(decide(ratio, run_cv), pair, ratio, tpot, run_cv, cv_source)
 
 
-def resolve_run_cv(flag: Optional[float], noise) -> tuple[float, str]:
+def resolve_run_cv(flag: Optional[float], noise, device: str = "cuda") -> tuple[float, str]:
     """(cv, its source in words): ``--run-cv`` if given, else the scenario's run-level noise, else
-    :data:`DEFAULT_RUN_CV`."""
+    :data:`DEFAULT_RUN_CV` (said of a card, or of a CPU host when ``device`` is ``cpu``)."""
     if flag is not None:
         return float(flag), "--run-cv"
     stated = scenario_run_cv(noise)
     if stated is not None:
         return stated, "the scenario's costs.noise"
+    if device == "cpu":
+        return DEFAULT_RUN_CV, "a dedicated CPU host with nothing else running"
     return DEFAULT_RUN_CV, "a clock-locked card on a quiet host"
 
 
@@ -215,7 +217,7 @@ def _point_summaries(rows) -> dict[str, dict]:
     return out
 
 
-def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None) -> Optional[str]:
+def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device: str = "cuda") -> Optional[str]:
     """The verdict of a sweep table (:func:`sim.whatif.sweeps.sweep`) as one line: points grouped by
     answer, each with its throughput ratio (geometric mean over repeats). ``noise``: the scenario's
     ``costs.noise``; a grid over ``costs.noise.run_gpu_cv``/``run_cpu_cv`` sets each point's CV.
@@ -228,7 +230,7 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None) -> Opt
         values = {k: rows[k].iloc[0] for k in keys}
         point_noise = SimpleNamespace(**{f: float(values.get(f"costs.noise.{f}", getattr(noise, f)))
                                          for f in ("run_gpu_cv", "run_cpu_cv")})
-        cv, source = resolve_run_cv(run_cv_flag, point_noise)
+        cv, source = resolve_run_cv(run_cv_flag, point_noise, device)
         v = verdict(_point_summaries(rows), cv, source)
         if v is None:
             return None

@@ -22,7 +22,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from sim.atomic import atomic_path  # noqa: E402
-from sim.output.report import baseline_of  # noqa: E402
+from sim.output.report import baseline_of, device_word  # noqa: E402
 from sim.trace.metrics import measured_window, step_gaps  # noqa: E402
 
 PHASE_COLORS = {"recv": "#9e9e9e", "schedule": "#1f77b4", "launch": "#ff7f0e", "sync wait": "#d62728",
@@ -153,12 +153,6 @@ def draw_gap_panels(fig, series: dict[str, np.ndarray], colors: dict[str, str], 
     fig.legend(handles, [labels[n] for n in names], loc="lower center", bbox_to_anchor=(0.5, 0.0), fontsize=8,
                ncol=1, frameon=False)
     return ax0, ax1
-
-
-def device_word(device: str) -> str:
-    """What the forwards run on, as the plots name it: "GPU", or "CPU forward" when ``device`` is
-    ``cpu`` (the forward runs on a CPU core: SGLang's CPU engine, vLLM's worker)."""
-    return "CPU forward" if device == "cpu" else "GPU"
 
 
 def gap_histogram(steps: dict[str, pd.DataFrame], title: str,

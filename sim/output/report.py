@@ -53,6 +53,13 @@ TABLE_ROWS = [
 CPU_IDLE_LABEL = "device idle fraction (CPU)"  # the idle row's label when the forward runs on a CPU core
 
 
+def device_word(device: str) -> str:
+    """What the forwards run on, as the plots name it: "GPU", or "CPU forward" when ``device`` is
+    ``cpu`` (the forward runs on a CPU core: SGLang's CPU engine, vLLM's worker; the table's idle
+    row is then :data:`CPU_IDLE_LABEL`)."""
+    return "CPU forward" if device == "cpu" else "GPU"
+
+
 def ratios(summaries: dict[str, dict], baseline: str | None = None) -> dict[str, dict]:
     """``{"X/normal": {key: X[key] / normal[key]}}`` for every numeric key and every other setting
     (baseline None: :func:`baseline_of` the settings, ``normal`` or vLLM's ``sync``)."""
@@ -153,7 +160,7 @@ def print_table(title: str, summaries: dict[str, dict], console: Console | None 
     for rname in rat:
         table.add_column(rname, justify="right")
     for label, key, fmt in TABLE_ROWS:
-        if key == "gpu_idle_fraction" and device == "cpu":
+        if key == "gpu_idle_fraction" and device_word(device) != "GPU":
             label = CPU_IDLE_LABEL
         cells = [_cell(s, key, fmt, label) for s in summaries.values()]
         cells += [_ratio_cell(r, key, label) for r in rat.values()]

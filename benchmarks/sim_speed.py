@@ -17,7 +17,8 @@ Ratios measured in one run (interleaved, repeated, each run a fresh process; med
         # decode steps per second of this tree over another checkout's (e.g. `git archive <commit>
         # | tar -x -C /tmp/old`), closed loop at concurrency 64, one setting per --settings
     python benchmarks/sim_speed.py --cli-modes 20000 --repeats 3
-        # `overlap-sim run` wall time, default mode (tables, CSVs, plots) over --tables none
+        # `overlap-sim run` wall time, default mode (tables, CSVs, plots) over --tables none, then
+        # the CPU time of each part of the default mode beyond the streamed one
         # (add --tree DIR to run another checkout's command line)
 """
 
@@ -39,9 +40,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import pandas as pd
 import simpy
 import yaml
+
+if "--parts" not in sys.argv:  # --parts times pandas' import itself
+    import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 # --tree DIR (internal, for --against): import the simulator of another checkout
@@ -166,6 +169,55 @@ def compare_cli_modes(num_requests: int, repeats: int) -> None:
         print(f"overlap-sim run, {num_requests} requests, overlap + normal, {mode:<32} wall {spread(values)} s")
     ratios = [a / b for a, b in zip(*wall.values())]
     print(f"default / --tables none: {spread(ratios)}")
+    print(f"where the default mode's extra time goes (CPU seconds, one fresh process each, median of {repeats}):")
+    parts: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--parts", str(num_requests),
+                              "--tree", str(TREE)], capture_output=True, text=True, check=True, cwd=TREE,
+                             env={**os.environ, "OPENBLAS_NUM_THREADS": "1"}).stdout
+        for name, value in json.loads(out.splitlines()[-1]).items():
+            parts.setdefault(name, []).append(value)
+    streamed = statistics.median(parts.pop("simulate, --tables none (both settings)"))
+    print(f"  {'simulate, --tables none (both settings)':<58} {streamed:6.2f} s  (the streamed mode's core)")
+    for name, values in parts.items():
+        print(f"  {name:<58} {statistics.median(values):6.2f} s  {statistics.median(values) / streamed:5.2f}x of it")
+
+
+def default_mode_parts(num_requests: int) -> dict[str, float]:
+    """CPU seconds (this process's) of each part of ``overlap-sim run``'s default mode beyond the
+    streamed one, on the closed-loop reference workload with settings overlap and normal, in
+    ``cmd_run``'s order: simulating with and without tables, the summaries, importing pandas,
+    writing the tables, importing matplotlib, drawing the plots."""
+    clock = time.process_time
+    scenario = sim.load_scenario({**reference_scenario(num_requests, "closed_loop"),
+                                  "server": {"settings": ["overlap", "normal"], "max_running_requests": 256}})
+    parts: dict[str, float] = {}
+    t = clock()
+    for setting in scenario.server.settings:
+        sim.simulate(scenario, setting, tables="none").summary()
+    parts["simulate, --tables none (both settings)"] = clock() - t
+    t = clock()
+    import pandas  # noqa: F401  (what building the tables imports first)
+    parts["import pandas"] = clock() - t
+    t = clock()
+    results = [sim.simulate(scenario, s) for s in scenario.server.settings]
+    parts["simulate with tables (rows kept, tables built), both settings"] = clock() - t
+    t = clock()
+    summaries = {r.setting: r.summary() for r in results}
+    parts["summaries from the tables"] = clock() - t
+    from sim.output.report import write_results
+    with tempfile.TemporaryDirectory() as tmp:
+        t = clock()
+        write_results(Path(tmp), {"settings": summaries}, results)
+        parts["write the CSVs (steps, requests, ITL per setting)"] = clock() - t
+        t = clock()
+        from sim.output.plots import save_run_plots  # imports matplotlib
+        parts["import matplotlib (and the plot module)"] = clock() - t
+        t = clock()
+        save_run_plots(Path(tmp), scenario.name, {r.setting: r.steps for r in results}, summaries,
+                       {r.setting: r.requests for r in results})
+        parts["draw and save the three plots"] = clock() - t
+    return parts
 
 
 def baseline_rss(_=None) -> float:
@@ -188,10 +240,14 @@ def main() -> None:
                     help="instead: `overlap-sim run` wall time, default mode over --tables none, at N requests")
     ap.add_argument("--repeats", type=int, default=3, help="repeats of each case with --against or --cli-modes")
     ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # internal: one case, JSON in and out
+    ap.add_argument("--parts", type=int, default=None, help=argparse.SUPPRESS)  # internal: default_mode_parts
     ap.add_argument("--tree", default=None, help=argparse.SUPPRESS)  # internal: read before the imports
     args = ap.parse_args()
     if args.case:
         print(json.dumps(run_case(tuple(json.loads(args.case)))))
+        return
+    if args.parts:
+        print(json.dumps(default_mode_parts(args.parts)))
         return
     if args.against:
         compare_trees(args.against.resolve(), args.sizes, args.settings, args.tables, args.repeats)

@@ -12,7 +12,9 @@ heavy libraries each mode imported (``-X importtime``).
 
 ``--against DIR`` runs the same commands from another checkout of the project (e.g. ``git
 archive <commit> | tar -x -C DIR``), interleaved with this one, and prints the ratio of their
-costs beyond the bare interpreter. CPython writes no ``.pyc`` files when
+costs beyond the bare interpreter. It also times a process that only imports the third-party
+modules a streamed run imports (found with ``-X importtime``): the libraries' share, which no
+change to this project's code removes. CPython writes no ``.pyc`` files when
 ``PYTHONDONTWRITEBYTECODE`` is set; every run then compiles the project's modules again
 (about 0.1 s): the script reports whether it is set.
 """
@@ -65,6 +67,22 @@ def heavy_imports(tree: Path, out: Path, extra: list[str]) -> list[str]:
     return [h for h in HEAVY if h in names]
 
 
+def third_party_modules(tree: Path, out: Path) -> list[str]:
+    """Every module outside the standard library and this project that a streamed run
+    (``--tables none --no-plots``) in ``tree`` imports, in the order ``-X importtime`` lists
+    them: what a process importing only these pays is the libraries' share of start-up."""
+    def imported(args: list[str]) -> list[str]:
+        proc = subprocess.run([sys.executable, "-X", "importtime", *args], cwd=tree, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(tree)})
+        return [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()
+                if line.startswith("import time:") and "self [us]" not in line]
+
+    at_start = set(imported(["-c", "pass"]))  # what site imports (.pth files) is in the bare run too
+    names = imported(run_cmd(tree, out, MODES["run --tables none --no-plots"])[1:])
+    return [n for n in names if n not in at_start and n.split(".")[0] not in sys.stdlib_module_names
+            and n.split(".")[0] not in ("sim", "calibrate")]
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):6.3f} s ({min(values):.3f}-{max(values):.3f})"
 
@@ -80,13 +98,23 @@ def main() -> None:
     cpu: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "results"
+        libraries = third_party_modules(ROOT, out)
+        # numpy loads with one BLAS thread, as the command line has it load (sim/__init__.py)
+        # (-X importtime also lists optional imports that failed: those fail here too)
+        import_only = [sys.executable, "-c", "import importlib, os\nos.environ['OPENBLAS_NUM_THREADS'] = '1'\n"
+                       f"for m in {libraries!r}:\n try: importlib.import_module(m)\n except ImportError: pass"]
         for _ in range(args.repeats):
             cpu.setdefault(("", "python -c pass"), []).append(child_cpu_s([sys.executable, "-c", "pass"], ROOT))
+            cpu.setdefault(("", "libraries"), []).append(child_cpu_s(import_only, ROOT))
             for tree_name, tree in trees.items():
                 for mode, extra in MODES.items():
                     cpu.setdefault((tree_name, mode), []).append(child_cpu_s(run_cmd(tree, out, extra), tree))
         bare = cpu[("", "python -c pass")]
         print(f"{'python -c pass':<44} {spread(bare)}")
+        tops = sorted({m.split(".")[0] for m in libraries})
+        print(f"{'the libraries a streamed run imports, alone':<44} {spread(cpu[('', 'libraries')])}; beyond bare python "
+              f"{spread([v - b for v, b in zip(cpu[('', 'libraries')], bare)])} ({len(libraries)} modules of "
+              f"{', '.join(tops)})")
         beyond: dict[tuple[str, str], list[float]] = {}
         for (tree_name, mode), values in cpu.items():
             if not tree_name:

@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from sim.cli import main
 from sim.engines.sglang.rules.launch_args import parse_launch_args, rules_table
 from sim.engines.sglang.rules.loop_rules import admission_policy, advise, retraction_policy, setting_faults
+from sim.engines.sglang.rules.specifiers import parse_specifiers, version_in
 from sim.engines.sglang.server import SETTINGS
 from sim.errors import ScenarioError, UserInputError
 from sim.scenario import load_scenario
@@ -132,7 +136,8 @@ def test_rules_table_is_well_formed():
     assert len({r["id"] for r in rows}) == len(rows)
     for r in rows:
         assert r["kind"] in {"disable_overlap", "loop", "hazard", "retraction", "admission"}, r["id"]
-        SpecifierSet(r["versions"])  # parses
+        SpecifierSet(r["versions"])  # parses as PEP 440
+        parse_specifiers(r["versions"])  # and as the plain-release ranges the simulator matches
         assert r.get("source"), r["id"]
         if r["kind"] == "loop":
             assert r["setting"] in (*SETTINGS, None)
@@ -213,3 +218,56 @@ def test_cli_advise_text_and_errors(capsys):
     assert main(["advise", "--version", "x.y", "--", "--model-path", "X"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--version" in err[0]
+
+
+# --- the table's release ranges, matched without packaging.specifiers --------------------------
+
+EDGE_VERSIONS = ["0.5.3", "0.5.4.dev0", "0.5.4a1", "0.5.4rc1", "0.5.4", "0.5.4+cpu", "0.5.4.post1",
+                 "0.5.4.post1.dev2", "0.5.9", "0.5.10rc0", "0.5.10", "0.5.16.post3", "0.5.17.dev1", "0.5.17rc2",
+                 "0.5.17", "0.5.17+cu128", "0.5.17.post1", "0.5.22", "0.5.23", "0.5.23+cpu", "0.6", "1!0.1"]
+
+
+def test_every_range_of_the_table_matches_as_pep_440_does():
+    for spec in sorted({r["versions"] for r in rules_table()["rules"]}):
+        for text in EDGE_VERSIONS:
+            v = Version(text)
+            assert version_in(spec, v) == SpecifierSet(spec).contains(v, prereleases=True), (spec, text)
+
+
+def test_hand_checked_edges():
+    # PEP 440: <V leaves out V's pre-releases, >V its post-releases and local versions
+    assert not version_in("<0.5.17", Version("0.5.17rc2"))
+    assert version_in("<0.5.17", Version("0.5.16.post3"))
+    assert not version_in(">0.5.4", Version("0.5.4.post1"))
+    assert not version_in(">0.5.4", Version("0.5.4+cpu"))
+    assert version_in(">=0.5.4", Version("0.5.4+cpu")) and version_in("==0.5.4", Version("0.5.4+cpu"))
+    assert version_in("", Version("0.0.1")) and version_in(" , ", Version("9"))
+
+
+@pytest.mark.parametrize("spec", ["~=0.5", "0.5.4", ">=0.5.*", "===0.5.4", ">=0.5.4rc1", "<0.5.4.post1",
+                                  ">=", ">=0.5.4+cpu", "=>0.5.4"])
+def test_unsupported_ranges_are_refused(spec):
+    with pytest.raises(ValueError, match="unsupported version range"):
+        parse_specifiers(spec)
+
+
+_releases = st.lists(st.integers(0, 3), min_size=1, max_size=3).map(lambda r: ".".join(map(str, r)))
+
+
+@st.composite
+def _versions(draw):
+    text = draw(_releases)
+    label = draw(st.sampled_from(["", "a", "b", "rc", ".post", ".dev"]))
+    if label:
+        text += f"{label}{draw(st.integers(0, 2))}"
+    if draw(st.booleans()):
+        text += f"+{draw(st.sampled_from(['cpu', 'cu128', '1']))}"
+    return Version(text)
+
+
+@given(ops=st.lists(st.tuples(st.sampled_from([">=", "<=", ">", "<", "==", "!="]), _releases), max_size=3),
+       version=_versions())
+@settings(max_examples=400, deadline=None)
+def test_generated_ranges_match_as_pep_440_does(ops, version):
+    spec = ",".join(f"{op}{bound}" for op, bound in ops)
+    assert version_in(spec, version) == SpecifierSet(spec).contains(version, prereleases=True)

@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from sim.engines.sglang.rules.launch_args import LaunchConfig, env_truthy, parse_launch_args, rules_table
+from sim.engines.sglang.rules.specifiers import version_in
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def _holds(cond: dict | None, ctx: dict) -> bool:
 
 
 def _applies(row: dict, ctx: dict, version: Version) -> bool:
-    if not SpecifierSet(row.get("versions", "")).contains(version, prereleases=True):
+    if not version_in(row.get("versions", ""), version):
         return False
     if not _holds(row.get("when"), ctx):
         return False

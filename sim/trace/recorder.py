@@ -18,6 +18,7 @@ itl (weighted inter-token latencies of measured requests):
 
 from __future__ import annotations
 
+from array import array
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -41,11 +42,24 @@ REQUEST_COLUMNS = [
 ]
 
 
+# each step column's type in the steps table: int64, float64 (seconds), bool, or the step's kind
+# (int8 codes of :data:`sim.model.costs.KIND_NAMES`, a categorical column)
+STEP_TYPES = dict.fromkeys(STEP_COLUMNS, "int64") | dict.fromkeys(
+    ["recv_start", "schedule_start", "schedule_end", "launch_start", "launch_end", "forward_start", "forward_end",
+     "sync_start", "process_start", "process_end"], "float64") | {"kind": "kind", "after_idle": "bool"}
+
+
 class TraceRecorder:
-    """Collects rows as the simulation runs (tuples, turned into DataFrames once at the end)."""
+    """Collects rows as the simulation runs, turned into DataFrames once at the end.
+
+    A step's 22 values go into one flat array of doubles (``array('d')``: ints and bools up to
+    2**53 are exact there), a row at a time, so a long run keeps 8 bytes per value rather than a
+    Python object each, and the steps table is a reshape of that buffer, not a walk over
+    millions of objects; the requests table (strings among its columns) keeps tuples.
+    """
 
     def __init__(self):
-        self._steps: list[tuple] = []
+        self._step_values = array("d")
         self._requests: list[tuple] = []
         self._itl_values: list[float] = []
         self._itl_weights: list[int] = []
@@ -54,7 +68,7 @@ class TraceRecorder:
         """A request was sent (the full trace gets arrivals from the request rows instead)."""
 
     def step(self, b: Batch) -> None:
-        self._steps.append((
+        self._step_values.extend((
             b.seq, b.kind, b.num_reqs, b.num_tokens, b.sum_ctx, b.num_warmup, len(b.overshoot), b.finished,
             b.after_idle, b.kv_used_after_alloc, b.num_running, b.num_queued, b.recv_start, b.schedule_start, b.schedule_end, b.launch_start, b.launch_end,
             b.forward_start, b.forward_end, b.sync_start, b.process_start, b.process_end,
@@ -72,8 +86,20 @@ class TraceRecorder:
         self._itl_weights.append(weight)
 
     def steps_frame(self) -> pd.DataFrame:
-        """The steps table, in launch order (``seq``), one typed column at a time."""
-        return _frame(self._steps, STEP_COLUMNS, "seq", {"kind": list(KIND_NAMES)})
+        """The steps table, in launch order (``seq``): each column of :data:`STEP_COLUMNS` typed
+        as :data:`STEP_TYPES` says."""
+        import pandas as pd  # deferred: a streamed run never builds a table
+
+        values = np.frombuffer(self._step_values, dtype=np.float64).reshape(-1, len(STEP_COLUMNS))
+        columns = {}
+        for i, name in enumerate(STEP_COLUMNS):
+            kind = STEP_TYPES[name]
+            column = values[:, i]
+            if kind == "kind":
+                columns[name] = pd.Categorical.from_codes(column.astype(np.int8), categories=list(KIND_NAMES))
+            else:
+                columns[name] = column.copy() if kind == "float64" else column.astype(kind)
+        return _in_order(pd.DataFrame(columns, columns=STEP_COLUMNS), "seq")
 
     def requests_frame(self) -> pd.DataFrame:
         """The requests table, by request id."""
@@ -99,6 +125,11 @@ def _frame(rows: list[tuple], columns: list[str], order: str, categories: dict |
         frame = pd.DataFrame({name: _column(values) for name, values in zip(columns, zip(*rows))}, columns=columns)
     for name, names in (categories or {}).items():
         frame[name] = pd.Categorical.from_codes(frame[name].to_numpy(dtype=np.int8), categories=names)
+    return _in_order(frame, order)
+
+
+def _in_order(frame: pd.DataFrame, order: str) -> pd.DataFrame:
+    """``frame`` sorted by its column ``order`` (stable), with a fresh 0..n-1 index."""
     keys = frame[order].to_numpy()
     if len(keys) > 1 and not (keys[1:] > keys[:-1]).all():  # already in order: nothing to sort
         frame = frame.sort_values(order, kind="stable")

@@ -102,7 +102,12 @@ def test_csv_writer_writes_to_csv_bytes(tmp_path):
                         "b": [True, False, True, True, False, False, True], "k": pd.Categorical(list("uvuvuvu")),
                         "i": np.arange(7, dtype=np.int64)})
     plain = pd.DataFrame({"s": ["a", "", "b c"], "x": [1.0, np.nan, 2.0]})  # text that needs no quotes
-    for i, frame in enumerate([res.steps, res.requests, res.itl, odd, odd.iloc[:0], plain, plain[["s"]], odd[["x"]]]):
+    # long columns (each distinct value converted once): values repeated within and across columns
+    rng = np.random.default_rng(0)
+    a = rng.choice(np.array([0.1 + 0.2, 1e-300, 5e-324, 1e300, np.inf, -np.inf, np.nan, 3.0, 1 / 3]), 3000)
+    long = pd.DataFrame({"a": a, "b": np.roll(a, 1), "i": rng.integers(-5, 5, 3000), "u": np.arange(3000, dtype=np.uint64)})
+    for i, frame in enumerate([res.steps, res.requests, res.itl, odd, odd.iloc[:0], plain, plain[["s"]], odd[["x"]],
+                               long, long.assign(z=-0.0)]):
         want, got = tmp_path / f"want{i}.csv", tmp_path / f"got{i}.csv"
         frame.to_csv(want, index=False)
         write_csv(frame, got)

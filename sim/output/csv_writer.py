@@ -3,7 +3,8 @@ at a fraction of its time.
 
 The run's tables are long (a row per step: about 3.7 per request at concurrency 64) and mostly
 floats (seconds); ``to_csv`` spends most of its time converting them to text. Here each column
-is converted once, with Python's own shortest round-trip ``repr`` for floats (what pandas
+is converted once (the float columns together, each distinct value once), with Python's own
+shortest round-trip ``repr`` for floats (what pandas
 writes for a float64 column without ``float_format``), the empty string for NaN (pandas'
 default ``na_rep``), ``str`` for integers, bools and strings, and the rows go through
 :mod:`csv`'s writer with pandas' defaults (comma, ``"`` quoting when needed, ``\\n`` line ends),
@@ -20,6 +21,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -29,6 +32,7 @@ def write_csv(frame: pd.DataFrame, path: str | Path) -> None:
     import pandas as pd
 
     columns = [_column_text(frame.iloc[:, i], pd) for i in range(frame.shape[1])]
+    _float_texts(frame, columns)
     if not columns or any(c is None for c in columns) or os.linesep != "\n":
         frame.to_csv(path, index=False)
         return
@@ -45,6 +49,38 @@ def write_csv(frame: pd.DataFrame, path: str | Path) -> None:
         writer.writerows(zip(*columns))
 
 
+def _float_texts(frame: pd.DataFrame, columns: list) -> None:
+    """Fill in ``columns`` (None where :func:`_column_text` left a float64 column) with the text
+    of every float64 column, converted together: a run's steps table holds each time about
+    twice (a phase's end is the next one's start, a forward's end the next one's start when
+    they run back to back), and each distinct value is converted once. NaN is the empty cell."""
+    floats = [i for i, c in enumerate(columns) if c is _FLOAT]
+    if not floats:
+        return
+    values = np.concatenate([frame.iloc[:, i].to_numpy() for i in floats])
+    if (values == 0).any() and np.signbit(values[values == 0]).any():
+        text = list(map(repr, values.tolist()))  # -0.0: np.unique would merge it with 0.0
+    else:
+        text = _by_distinct_value(values, repr)
+    for i in np.isnan(values).nonzero()[0].tolist():
+        text[i] = ""
+    n = len(frame)
+    for k, i in enumerate(floats):
+        columns[i] = text[k * n:(k + 1) * n]
+
+
+def _by_distinct_value(values: np.ndarray, to_text) -> list[str]:
+    """``list(map(to_text, values.tolist()))``, converting each distinct value once
+    (``np.unique`` and a gather)."""
+    if len(values) < 1024:
+        return list(map(to_text, values.tolist()))
+    distinct, where = np.unique(values, return_inverse=True)
+    texts = np.array(list(map(to_text, distinct.tolist())), dtype=object)
+    return texts[where.reshape(-1)].tolist()
+
+
+_FLOAT = object()  # :func:`_column_text`'s mark of a float64 column, converted by :func:`_float_texts`
+
 _QUOTED = re.compile(r'[,"\r\n]')  # a cell holding one of these is quoted by csv's writer
 
 
@@ -53,8 +89,9 @@ def _needs_quotes(cells: list[str]) -> bool:
     return any(map(_QUOTED.search, set(cells)))
 
 
-def _column_text(series: pd.Series, pd) -> list[str] | None:
-    """The column's cells as pandas writes them, or None for a type left to pandas."""
+def _column_text(series: pd.Series, pd) -> list[str] | object | None:
+    """The column's cells as pandas writes them, :data:`_FLOAT` for a float64 column (converted
+    with the others by :func:`_float_texts`), or None for a type left to pandas."""
     dtype = series.dtype
     if isinstance(dtype, pd.CategoricalDtype):
         if series.isna().any():
@@ -62,11 +99,10 @@ def _column_text(series: pd.Series, pd) -> list[str] | None:
         return list(map(str, series.astype(object).tolist()))
     kind = getattr(dtype, "kind", "")
     if kind == "f" and dtype.itemsize == 8:
-        text = list(map(repr, series.tolist()))
-        for i in series.isna().to_numpy().nonzero()[0].tolist():
-            text[i] = ""
-        return text
-    if kind in ("i", "u", "b"):
+        return _FLOAT
+    if kind in ("i", "u"):
+        return _by_distinct_value(series.to_numpy(), str)  # counters: few distinct values
+    if kind == "b":
         return list(map(str, series.tolist()))
     if kind in ("O", "U", "T") or str(dtype) == "str":
         values = series.tolist()

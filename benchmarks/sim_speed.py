@@ -178,9 +178,9 @@ def compare_cli_modes(num_requests: int, repeats: int) -> None:
         for name, value in json.loads(out.splitlines()[-1]).items():
             parts.setdefault(name, []).append(value)
     streamed = statistics.median(parts.pop("simulate, --tables none (both settings)"))
-    print(f"  {'simulate, --tables none (both settings)':<58} {streamed:6.2f} s  (the streamed mode's core)")
+    print(f"  {'simulate, --tables none (both settings)':<64} {streamed:6.2f} s  (the streamed mode's core)")
     for name, values in parts.items():
-        print(f"  {name:<58} {statistics.median(values):6.2f} s  {statistics.median(values) / streamed:5.2f}x of it")
+        print(f"  {name:<64} {statistics.median(values):6.2f} s  {statistics.median(values) / streamed:5.2f}x of it")
 
 
 def default_mode_parts(num_requests: int) -> dict[str, float]:

@@ -32,10 +32,10 @@ def write_csv(frame: pd.DataFrame, path: str | Path) -> None:
     import pandas as pd
 
     columns = [_column_text(frame.iloc[:, i], pd) for i in range(frame.shape[1])]
-    _float_texts(frame, columns)
     if not columns or any(c is None for c in columns) or os.linesep != "\n":
         frame.to_csv(path, index=False)
         return
+    _float_texts(frame, columns)
     header = [str(name) for name in frame.columns]
     with open(path, "w", newline="", encoding="utf-8") as f:
         texts = [c for c, kind in zip(columns, frame.dtypes) if getattr(kind, "kind", "O") not in "fiub"]
@@ -50,8 +50,8 @@ def write_csv(frame: pd.DataFrame, path: str | Path) -> None:
 
 
 def _float_texts(frame: pd.DataFrame, columns: list) -> None:
-    """Fill in ``columns`` (None where :func:`_column_text` left a float64 column) with the text
-    of every float64 column, converted together: a run's steps table holds each time about
+    """Fill in ``columns`` (:data:`_FLOAT` where :func:`_column_text` left a float64 column) with
+    the text of every float64 column, converted together: a run's steps table holds each time about
     twice (a phase's end is the next one's start, a forward's end the next one's start when
     they run back to back), and each distinct value is converted once. NaN is the empty cell."""
     floats = [i for i, c in enumerate(columns) if c is _FLOAT]

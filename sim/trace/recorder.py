@@ -112,19 +112,16 @@ class TraceRecorder:
                              "weight": np.asarray(self._itl_weights, dtype=np.int64)})
 
 
-def _frame(rows: list[tuple], columns: list[str], order: str, categories: dict | None = None) -> pd.DataFrame:
+def _frame(rows: list[tuple], columns: list[str], order: str) -> pd.DataFrame:
     """A DataFrame of ``rows`` (tuples in ``columns`` order) sorted by ``order`` (stable), built
     column by column (numpy infers each column's type once: int64, float64, bool or object, as
-    ``pd.DataFrame(rows)`` does, at a fraction of its time); ``categories``: column -> category
-    names of a column of integer codes."""
+    ``pd.DataFrame(rows)`` does, at a fraction of its time)."""
     import pandas as pd  # deferred: a streamed run never builds a table
 
     if not rows:
         frame = pd.DataFrame(rows, columns=columns)
     else:
         frame = pd.DataFrame({name: _column(values) for name, values in zip(columns, zip(*rows))}, columns=columns)
-    for name, names in (categories or {}).items():
-        frame[name] = pd.Categorical.from_codes(frame[name].to_numpy(dtype=np.int8), categories=names)
     return _in_order(frame, order)
 
 

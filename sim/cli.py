@@ -96,7 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                    run_title, write_results)
     from sim.scenario import load_scenario
     from sim.simulate import simulate
-    from sim.whatif.verdict import check_run_cv, resolve_run_cv, verdict
+    from sim.whatif.verdict import check_run_cv, resolve_run_cv, verdict, verdict_platform_note
 
     check_run_cv(args.run_cv)
     scenario = load_scenario(args.scenario, args.overrides)
@@ -106,6 +106,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     payload = run_payload(scenario.name, scenario.seed, summaries)
     found = verdict(summaries, *resolve_run_cv(args.run_cv, scenario.costs.noise, scenario.server.device))
     payload["verdict"] = found.as_json() if found is not None else None
+    note = verdict_platform_note(scenario.server) if found is not None else None
+    if note:
+        payload["verdict"]["platform_note"] = note
     payload["scenario_config"] = scenario.model_dump(mode="json")
     clean_run_folder(out_dir)
     write_results(out_dir, payload, results, args.format, args.tables)
@@ -124,6 +127,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(mismatch)
         if found is not None:
             print(found.line())
+        if note:
+            print(note)
         if args.tables != "steps" and not args.no_plots:
             print("no plots: they are drawn from the steps tables (--tables steps)")
         print(f"results written to {out_dir}/")

@@ -3,7 +3,9 @@ failed settings, the table's title, and invariants of the rule."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
@@ -14,7 +16,7 @@ from hypothesis import strategies as st
 from sim.cli import main
 from sim.output.report import run_title
 from sim.whatif.verdict import (DEFAULT_RUN_CV, KEEP, OFF, UNSEEN, decide, pair_of, resolve_run_cv,
-                                sweep_verdict_line, threshold_ratio, verdict, visible_cv)
+                                sweep_verdict_line, threshold_ratio, verdict, verdict_platform_note, visible_cv)
 
 Z = 1.959963984540054
 
@@ -153,3 +155,24 @@ def test_the_verdict_is_in_summary_json_and_run_json(tmp_path, capsys):
     assert v["throughput_ratio"] == pytest.approx(ratio)
     assert v["threshold_ratio"] == pytest.approx(math.exp(1.96 * math.sqrt(2 * math.log(1 + DEFAULT_RUN_CV ** 2))), rel=1e-5)
     assert v["line"].startswith("verdict: keep overlap on")
+
+
+def test_vllm_on_cpu_says_the_flag_is_ignored_there(tmp_path, capsys):
+    """vLLM 0.32's CPU platform turns async scheduling off whatever the command says
+    (platforms/cpu.py:329-331): the run says so under its verdict, and only there."""
+    from sim.engines.sglang.server import Server
+    from sim.engines.vllm.server import VllmServer
+
+    cpu = VllmServer(engine="vllm", device="cpu", settings=["async", "sync"])
+    note = verdict_platform_note(cpu)
+    assert note.startswith("note: vLLM 0.32.0 on cpu runs the synchronous loop") and "platforms/cpu.py" in note
+    assert verdict_platform_note(VllmServer(engine="vllm", device="cuda", settings=["async", "sync"])) is None
+    assert verdict_platform_note(Server(device="cpu")) is None  # SGLang's CPU engine runs its overlap loop
+
+    root = Path(__file__).resolve().parents[1]
+    assert main(["run", str(root / "scenarios/vllm-cpu.yaml"), "--out", str(tmp_path / "r"), "--no-plots",
+                 "--tables", "none"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("verdict: keep async scheduling on"))
+    assert lines[at + 1] == note
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["verdict"]["platform_note"] == note

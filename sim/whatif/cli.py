@@ -16,7 +16,7 @@ from rich.table import Table
 from sim.commands import command
 from sim.errors import UserInputError
 from sim.output.report import jsonable, ratio_pair
-from sim.whatif.verdict import add_run_cv_argument, check_run_cv, sweep_verdict_line
+from sim.whatif.verdict import add_run_cv_argument, check_run_cv, sweep_verdict_line, verdict_platform_note
 from sim.whatif import transfer_cli  # noqa: F401  registers `overlap-sim transfer`
 
 _err = Console(stderr=True)
@@ -112,6 +112,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     line = sweep_verdict_line(table, scenario.costs.noise, args.run_cv, scenario.server.device)
     if line:
         print(line)
+        if note := verdict_platform_note(scenario.server):
+            print(note)
     if not args.no_plots:
         save_sweep_plots(out, table, scenario.name)
     print(f"{len(table)} rows written to {out}/sweep.parquet and sweep.csv")

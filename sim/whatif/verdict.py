@@ -172,6 +172,17 @@ def verdict(summaries: dict[str, dict], run_cv: float, cv_source: str) -> Option
     return Verdict(decide(ratio, run_cv), pair, ratio, tpot, run_cv, cv_source)
 
 
+def verdict_platform_note(server) -> Optional[str]:
+    """A line to print under the verdict when the engine on ``server.device`` ignores the flag the
+    verdict names (vLLM 0.32 on CPU turns async scheduling off whatever the command says:
+    :func:`sim.engines.vllm.rules.async_rules.platform_note`); None otherwise."""
+    if getattr(server, "engine", "sglang") != "vllm":
+        return None
+    from sim.engines.vllm.rules.async_rules import platform_note  # vLLM's rules: for a vLLM scenario only
+
+    return platform_note(server.device, server.version)
+
+
 def resolve_run_cv(flag: Optional[float], noise, device: str = "cuda") -> tuple[float, str]:
     """(cv, its source in words): ``--run-cv`` if given, else the scenario's run-level noise, else
     :data:`DEFAULT_RUN_CV` (said of a card, or of a CPU host when ``device`` is ``cpu``)."""

@@ -183,3 +183,20 @@ def advise(args: list[str], platform: str = "cuda", version: str | None = None) 
         UserInputError: bad platform, version or flag value.
     """
     return evaluate(parse_launch_args(args, platform, version))
+
+
+def platform_note(platform: str, version: str | None = None) -> str | None:
+    """The line ``run`` prints under its verdict where vLLM ``version`` on ``platform`` turns async
+    scheduling off whatever the command says (a ``platform_off`` row: the CPU platform, vLLM 0.32);
+    None where ``--async-scheduling`` takes effect.
+
+    Raises:
+        UserInputError: a platform or version :func:`advise` refuses.
+    """
+    advice = advise(["--async-scheduling"], platform, version)
+    row = next((r for r in advice.decided_by if r.kind == "platform_off"), None)
+    if row is None:
+        return None
+    return (f"note: vLLM {advice.config.version} on {platform} runs the synchronous loop whatever its command says "
+            f"({row.source}: --async-scheduling is accepted and ignored); the async column predicts a server "
+            "started with that assignment skipped, as this project's real-engine harness does (docs/vllm.md)")

@@ -22,6 +22,7 @@ change to this project's code removes. CPython writes no ``.pyc`` files when
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import resource
 import statistics
@@ -111,7 +112,10 @@ def main() -> None:
                     cpu.setdefault((tree_name, mode), []).append(child_cpu_s(run_cmd(tree, out, extra), tree))
         bare = cpu[("", "python -c pass")]
         print(f"{'python -c pass':<44} {spread(bare)}")
-        tops = sorted({m.split(".")[0] for m in libraries})
+        # (named: the importable top-level packages; a private module such as _sysconfigdata or
+        # an optional import that failed is still timed, not named)
+        tops = sorted({t for t in (m.split(".")[0] for m in libraries)
+                       if not t.startswith("_") and importlib.util.find_spec(t) is not None})
         print(f"{'the libraries a streamed run imports, alone':<44} {spread(cpu[('', 'libraries')])}; beyond bare python "
               f"{spread([v - b for v, b in zip(cpu[('', 'libraries')], bare)])} ({len(libraries)} modules of "
               f"{', '.join(tops)})")

@@ -227,7 +227,7 @@ def sized_config(cfg, args: argparse.Namespace, console):
     g = cfg.grid
     budget = f"{sized.budget_bytes / GIB:.1f} GiB ({share:.0%} of {available / GIB:.1f} GiB, {source})"
     console.print(f"memory: {cfg.shape.name} {cfg.resolved_dtype} needs {sized.need_bytes / GIB:.1f} GiB of {budget}"
-                  + (f"; cut to fit: {'; '.join(sized.dropped)}" if sized.dropped else ""),
+                  + (f"; cut to fit, left out: {'; '.join(sized.dropped)}" if sized.dropped else ""),
                   highlight=False, soft_wrap=True)
     points = len(plan(cfg))
     if card is not None or cfg.device == "cpu":

@@ -100,7 +100,7 @@ def test_dry_run_plans_without_a_gpu(tmp_path, capsys):
     assert main(["calibrate", "--backend", "torch", "--device", "cuda", "--model", "llama-3.1-8b", "--out", str(out),
                  "--device-memory-gib", "22", "--card", "l4", "--dry-run"]) == 0
     err = capsys.readouterr().err
-    assert "memory: llama-3.1-8b bfloat16 needs" in err and "cut to fit: decode batch sizes 16,32,64,128,256" in err
+    assert "memory: llama-3.1-8b bfloat16 needs" in err and "cut to fit, left out: decode batch sizes 16,32,64,128,256" in err
     assert "estimated" in err and "on NVIDIA L4" in err and not out.exists()
 
 

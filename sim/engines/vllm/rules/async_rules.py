@@ -198,5 +198,6 @@ def platform_note(platform: str, version: str | None = None) -> str | None:
     if row is None:
         return None
     return (f"note: vLLM {advice.config.version} on {platform} runs the synchronous loop whatever its command says "
-            f"({row.source}: --async-scheduling is accepted and ignored); the async column predicts a server "
-            "started with that assignment skipped, as this project's real-engine harness does (docs/vllm.md)")
+            f"({row.source}: --async-scheduling is accepted and ignored), so the verdict holds for a server patched "
+            "to keep async scheduling on (its `async_scheduling = False` skipped at start-up, as this project's "
+            "real-engine harness does; docs/vllm.md)")

@@ -176,7 +176,7 @@ def verdict_platform_note(server) -> Optional[str]:
     """A line to print under the verdict when the engine on ``server.device`` ignores the flag the
     verdict names (vLLM 0.32 on CPU turns async scheduling off whatever the command says:
     :func:`sim.engines.vllm.rules.async_rules.platform_note`); None otherwise."""
-    if getattr(server, "engine", "sglang") != "vllm":
+    if server.engine != "vllm":
         return None
     from sim.engines.vllm.rules.async_rules import platform_note  # vLLM's rules: for a vLLM scenario only
 

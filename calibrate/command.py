@@ -6,3 +6,8 @@ from calibrate.cli import HELP, add_arguments, run
 from sim.commands import command
 
 command("calibrate", HELP, add_arguments)(run)
+
+from calibrate.host import compose  # noqa: E402
+
+command("compose", "build a device profile from parts: a device's forward curves and a real engine's host costs",
+        compose.add_arguments)(compose.run)

@@ -284,13 +284,15 @@ def metadata(cfg: CalibrationConfig, described: dict, command: str) -> dict:
     """The profile's metadata object."""
     import tokenizers
 
+    from calibrate.bookkeeping import version
+
     libs = {"python": platform.python_version(), "tokenizers": tokenizers.__version__, **described.pop("libraries")}
     return {"backend": cfg.backend, "device": cfg.device, "device_name": described.pop("device_name"),
             "host_cpu": host_cpu(), "host_cores": os.cpu_count(), "platform": platform.platform(),
             "libraries": libs, "model": cfg.shape.to_dict(), "params": cfg.shape.num_params,
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "grid": cfg.grid.to_dict(),
             "repeats": cfg.grid.repeats, "warmup": cfg.grid.warmup, "quick": cfg.quick, "seed": cfg.seed,
-            "note": cfg.note, "command": command, "timing": _TIMING[cfg.backend if cfg.device == "cpu" else cfg.device],
+            "note": cfg.note, "command": command, "yardstick_version": version(), "timing": _TIMING[cfg.backend if cfg.device == "cpu" else cfg.device],
             **described}
 
 

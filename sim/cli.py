@@ -13,6 +13,7 @@ import json
 import re
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from sim.commands import COMMANDS, OneLineParser, UsageError, command
@@ -105,6 +106,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     summaries = {r.setting: r.summary() for r in results}
     payload = run_payload(scenario.name, scenario.seed, summaries)
     found = verdict(summaries, *resolve_run_cv(args.run_cv, scenario.costs.noise, scenario.server.device))
+    meta = profile_metadata(scenario.resolve_path(scenario.costs.profile)) if scenario.costs.profile else None
+    if found is not None and not found.failed:
+        from sim.whatif.host_range import host_range, host_uncertainty
+
+        if stated := host_uncertainty(meta):
+            found = replace(found, host_range=(*host_range(scenario, found.pair, stated[0]), *stated))
     payload["verdict"] = found.as_json() if found is not None else None
     note = verdict_platform_note(scenario.server) if found is not None else None
     if note:
@@ -120,7 +127,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({k: payload[k] for k in ("scenario", "seed", "settings", "ratios", "verdict")}))
     else:
-        meta = profile_metadata(scenario.resolve_path(scenario.costs.profile)) if scenario.costs.profile else None
         print_table(run_title(scenario.name, scenario.seed, scenario.server.device, meta), summaries,
                     streamed=args.tables != "steps", device=scenario.server.device)
         if mismatch := device_mismatch(scenario.server.device, meta):

@@ -20,3 +20,15 @@ def write_trace(tmp_path):
                                 for a, i, o in rows))
         return str(path)
     return write
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """Run ``overlap-sim ARGV`` in this process; returns (exit status, stdout, stderr)."""
+    def run(argv):
+        from sim.cli import main
+
+        code = main([str(a) for a in argv])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+    return run

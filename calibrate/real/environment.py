@@ -65,7 +65,10 @@ def find_engine(name: str, python: str | Path | None = None, flag: str = "--engi
     python = python or os.environ.get(f"OVERLAP_SIM_{name.upper()}_PYTHON")
     if not python:
         python, source = REPO / ".venvs" / name / "bin" / "python", "the default environment"
-    python = Path(python)
+    # absolute, not resolved: a venv's python is a symlink to the base interpreter, and the
+    # modules run with the repository as their working directory (a relative path would then
+    # name another file, or none)
+    python = Path(python).expanduser().absolute()
     how = f"build it with {SETUP[name]} (about 2-10 minutes, 3 GB) or name one with --engine-python"
     if not python.exists():
         raise CalibrationInputError(source, "", f"no {name} environment at {python}: {how}")

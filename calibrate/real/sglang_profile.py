@@ -61,6 +61,11 @@ class SglangGrid:
         return ["--context-length", str(self.context_length), "--max-running-requests", str(self.max_running_requests),
                 "--mem-fraction-static", str(self.mem_fraction_static)]
 
+    def wave_fits(self, batch: int, ctx: int) -> bool:
+        """Whether the design has a decode wave of ``batch`` requests at context ``ctx`` (all do
+        here; the host grid cuts the largest)."""
+        return True
+
     def check(self) -> None:
         """Raises CalibrationInputError for a grid the server cannot run."""
         if max(self.decode_batch_sizes) > self.max_running_requests:
@@ -108,6 +113,8 @@ def design(grid: SglangGrid) -> Design:
     for _ in range(grid.decode_waves):
         for ctx in grid.decode_contexts:
             for b in grid.decode_batch_sizes:
+                if not grid.wave_fits(b, ctx):
+                    continue
                 wave = [stop(request(rid(), prompts.new(ctx - grid.decode_steps // 2), grid.decode_steps))
                         for _ in range(b)]
                 for r in wave:

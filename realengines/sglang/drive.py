@@ -23,7 +23,10 @@ JOB (JSON)::
                    "stop_token_ids": [int] (optional), "stop": [str] (optional),
                    "temperature": float (default 0: greedy), "sampling_seed": int (optional)}],
      "wait_before_process_s": float (optional: a blocking sleep after each sampling, before the
-                                     result is processed, as a GPU host blocks on its copy)}
+                                     result is processed, as a GPU host blocks on its copy),
+     "stub_forward": bool (optional: the model's forward replaced by a stub, :func:`_stub_forward`),
+     "stub_touch_bytes": int (optional, with stub_forward: the stub also reads this many bytes, as a
+                              CPU forward streams its weights through the host's caches)}
 
 OUT (JSON lines): ``{"kind": "meta", ...}`` (versions, the scheduler's resolved limits), then
 the tracer's phase records (:mod:`realengines.sglang.tracer`) interleaved with one
@@ -163,6 +166,46 @@ def _wait_after_sample(wait_s: float):
     model_runner.ModelRunner.sample = sample
 
 
+def _stub_forward(touch_bytes: int = 0):
+    """Replace the model's forward by a stub that returns well-formed outputs at once: every host
+    function of the scheduler (receive, ``get_next_batch_to_run``, ``run_batch`` with its
+    ``ForwardBatch`` building, ``ModelRunner.forward``'s own wrapper, the real sampler,
+    ``process_batch_result``) runs as in a server, on any batch size and context, with no model
+    compute.
+
+    What is replaced: ``ModelRunner._forward_raw`` (``srt/model_executor/model_runner.py``,
+    0.5.23), the part of ``ModelRunner.forward`` that runs the model (graph replay or the eager
+    runner, and the attention backend's ``init_forward_metadata`` inside it). The stub returns
+    ``ModelRunnerOutput(logits_output=LogitsProcessorOutput(next_token_logits=zeros[rows,
+    vocab]))``, one row per request (decode, and a prefill without logprobs: its last token), as
+    the logits processor does. The greedy sampler then picks token 0 for every request: the
+    requests must stop by length (``ignore_eos``), as the calibration's do. SGLang's own
+    ``tools/sglang-simulator`` replaces the forward at the same place.
+
+    What it cannot see: the KV writes and cache pollution of a real forward (the host phases
+    after it run on a warmer cache here), the attention backend's metadata planning (FlashInfer
+    plans on the host; the CPU engine's torch_native backend does nothing there), and the wait
+    for the device, which the simulator prices from the device curves. ``touch_bytes`` > 0 makes
+    the stub read a buffer of that size (a sum over it) before it returns: the cache pollution of
+    a forward that runs on the host's CPU (the CPU engine), to measure how much of the host phases'
+    cost is that (docs/real-engines.md).
+    """
+    import torch
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+    from sglang.srt.model_executor import model_runner
+
+    buffer = torch.ones(max(int(touch_bytes) // 4, 1), dtype=torch.float32)
+
+    def forward_raw(self, forward_batch, *args, **kwargs):
+        if touch_bytes:
+            buffer.sum()
+        logits = torch.zeros((forward_batch.batch_size, self.model_config.vocab_size), dtype=torch.float32)
+        return model_runner.ModelRunnerOutput(logits_output=LogitsProcessorOutput(next_token_logits=logits),
+                                              can_run_graph=False)
+
+    model_runner.ModelRunner._forward_raw = forward_raw
+
+
 def _meta(s, job: dict, init_s: float) -> dict:
     import sglang
     import torch
@@ -176,15 +219,22 @@ def _meta(s, job: dict, init_s: float) -> dict:
             "limits": {**{n: attr(n) for n in ("max_running_requests", "max_total_num_tokens", "chunked_prefill_size",
                                                "page_size", "max_prefill_tokens", "max_req_len", "max_req_input_len")},
                        "init_new_token_ratio": getattr(getattr(s, "new_token_ratio_tracker", None), "init", None)},
-            "server_args": job.get("server_args", []), "torch_threads": torch.get_num_threads()}
+            "server_args": job.get("server_args", []), "torch_threads": torch.get_num_threads(),
+            "stub_forward": bool(job.get("stub_forward"))}
 
 
 def run(job: dict, out_path: str) -> None:
     from realengines.sglang import tracer
 
+    if job.get("stub_forward"):
+        # no model runs, so a context past the tiny model's max_position_embeddings (4096) is
+        # only bookkeeping: let SGLang accept it (model_config.py's own override switch)
+        os.environ["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] = "1"
     t = time.perf_counter()
     scheduler = build_scheduler(job["model_dir"], bool(job.get("overlap")), list(job.get("server_args", [])))
     init_s = time.perf_counter() - t
+    if job.get("stub_forward"):
+        _stub_forward(int(job.get("stub_touch_bytes", 0)))
     if job.get("wait_before_process_s"):
         _wait_after_sample(float(job["wait_before_process_s"]))
     sink = tracer.ListSink()

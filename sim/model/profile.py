@@ -84,6 +84,9 @@ class CurveTable:
 
 
 SGLANG_CURVES = CurveTable("sglang", CURVE_AXES, OPTIONAL_CURVE_AXES, ("forward.decode", "forward.extend"))
+# a host-costs file (``metadata.kind == "host"``): SGLang's host curves only, no forward
+# (calibrate --engine sglang --host-only writes one; overlap-sim compose joins it to a device's)
+SGLANG_HOST_CURVES = CurveTable("sglang", {}, {k: v for k, v in CURVE_AXES.items() if not k.startswith("forward")}, ())
 REQUIRED_METADATA = ("backend", "device", "device_name", "host_cpu", "libraries", "model", "date",
                      "grid", "repeats")
 # optional metadata times the simulator reads (seconds)

@@ -190,7 +190,9 @@ def profile_metadata(path) -> dict | None:
 def run_title(name: str, seed: int, device: str, meta: dict | None) -> str:
     """The run table's title: scenario, seed, device kind, and the card and model the numbers
     describe (the profile's ``metadata.device_name`` and ``metadata.model.name``; a profile moved
-    to another card by ``overlap-sim transfer`` says from which card and with what uncertainty)."""
+    to another card by ``overlap-sim transfer`` says from which card and with what uncertainty; one
+    built from parts by ``overlap-sim compose`` says where its host phases were timed and how far
+    they were moved)."""
     head = f"{name} (seed {seed}, {device})"
     if meta is None:
         return f"{head}: inline cost terms (no calibration profile)"
@@ -200,7 +202,13 @@ def run_title(name: str, seed: int, device: str, meta: dict | None) -> str:
     moved = meta.get("transfer")
     if isinstance(moved, dict):
         card += f" (transferred from {moved.get('from_device_name', '?')}, ±{moved.get('uncertainty_rel', 0):.0%})"
-    return f"{head}: {card}, {model_name or 'unknown model'}"
+    tail = ""
+    composed = meta.get("composed")
+    if isinstance(composed, dict):
+        u = (composed.get("move") or {}).get("uncertainty_rel")
+        tail = f"; host phases {composed.get('host_engine', 'a real engine')} on {composed.get('host_cpu', '?')}" + (
+            f", moved ±{u:.0%}" if isinstance(u, (int, float)) else "")
+    return f"{head}: {card}, {model_name or 'unknown model'}{tail}"
 
 
 def device_mismatch(device: str, meta: dict | None) -> str | None:

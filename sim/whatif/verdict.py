@@ -111,6 +111,7 @@ class Verdict:
     run_cv: float
     cv_source: str
     failed: str = ""
+    host_range: Optional[tuple] = None  # (lowest ratio, highest ratio, u, what): sim.whatif.host_range
 
     @property
     def threshold(self) -> float:
@@ -121,9 +122,15 @@ class Verdict:
         (None when a setting failed), TPOT ms (the two settings), run-to-run CV and its source, threshold, the line."""
         def finite(x: float):
             return float(x) if math.isfinite(x) else None
-        return {"answer": self.answer, "settings": list(self.pair[:2]), "throughput_ratio": finite(self.throughput_ratio),
-                "tpot_ms": [finite(t) for t in self.tpot_ms], "run_cv": self.run_cv, "cv_source": self.cv_source,
-                "threshold_ratio": finite(self.threshold), "failed": self.failed, "line": self.line()}
+        out = {"answer": self.answer, "settings": list(self.pair[:2]), "throughput_ratio": finite(self.throughput_ratio),
+               "tpot_ms": [finite(t) for t in self.tpot_ms], "run_cv": self.run_cv, "cv_source": self.cv_source,
+               "threshold_ratio": finite(self.threshold), "failed": self.failed, "line": self.line()}
+        if self.host_range is not None:
+            lo, hi, u, what = self.host_range
+            out["host_range"] = {"ratio_low": finite(lo), "ratio_high": finite(hi), "uncertainty_rel": u,
+                                 "source": what, "answer_low": decide(lo, self.run_cv) if math.isfinite(lo) else None,
+                                 "answer_high": decide(hi, self.run_cv) if math.isfinite(hi) else None}
+        return out
 
     def line(self) -> str:
         """The verdict as one line of text."""
@@ -148,7 +155,18 @@ class Verdict:
                 see += f"; {n} runs of each setting detect it (80% power)"
             except ValueError:
                 pass
-        return f"verdict: {head}: {gain}; {see}"
+        return f"verdict: {head}: {gain}; {see}{self._range_clause()}"
+
+    def _range_clause(self) -> str:
+        """What the host phases' stated uncertainty does to the answer (empty without one)."""
+        if self.host_range is None:
+            return ""
+        lo, hi, u, what = self.host_range
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return f"; host phases ±{u:.0%} ({what}): a setting served nothing at an end of that range"
+        ends = {decide(lo, self.run_cv), decide(hi, self.run_cv)}
+        holds = "the answer holds across it" if ends == {self.answer} else "the answer does not hold across it"
+        return f"; host phases ±{u:.0%} ({what}): ratio {lo:.3f}-{hi:.3f}x, {holds}"
 
 
 def verdict(summaries: dict[str, dict], run_cv: float, cv_source: str) -> Optional[Verdict]:

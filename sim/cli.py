@@ -93,8 +93,8 @@ def run_failures(summaries: dict[str, dict]) -> list[str]:
 @command("run", "simulate a scenario under each scheduling setting and compare them", _add_run_args)
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.atomic import check_output_dir
-    from sim.output.report import (clean_run_folder, device_mismatch, print_table, profile_metadata, run_payload,
-                                   run_title, write_results)
+    from sim.output.report import (clean_run_folder, composed_note, device_mismatch, print_table, profile_metadata,
+                                   run_payload, run_title, write_results)
     from sim.scenario import load_scenario
     from sim.simulate import simulate
     from sim.whatif.verdict import check_run_cv, resolve_run_cv, verdict, verdict_platform_note
@@ -135,6 +135,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(found.line())
         if note:
             print(note)
+        if approx := composed_note(meta):
+            print(approx)
         if args.tables != "steps" and not args.no_plots:
             print("no plots: they are drawn from the steps tables (--tables steps)")
         print(f"results written to {out_dir}/")

@@ -55,6 +55,7 @@ EXPENSIVE = [
     (r"^overlap-sim calibrate\b", "times a real model: seconds to minutes, CUDA or Metal for some"),
     (r"^overlap-sim validate\b", "runs the ground-truth harness: minutes"),
     (r"^overlap-sim conform\b", "runs a real engine's scheduler (its own environment, minutes)"),
+    (r"^overlap-sim compose\b", "joins the files two calibrations write (tests/test_compose.py runs it)"),
     (r"--executor dask", "needs a Dask cluster (tests/test_sweep.py runs the executor on a LocalCluster)"),
 ]
 

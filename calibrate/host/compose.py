@@ -73,10 +73,15 @@ def compose(device: dict, host: dict, *, host_speed: float | None = None, device
     dmeta, hmeta = device["metadata"], host["metadata"]
     if dmeta.get("kind") == "host":
         raise ProfileError(device_source, "metadata.kind", "a device profile (forward curves); this is a host-costs file")
-    if hmeta.get("kind") != "host":
+    if dmeta.get("engine", "sglang") != "sglang":
+        raise ProfileError(device_source, "metadata.engine", "a device profile of forward.decode/forward.extend (a "
+                           "torch or MLX calibration, --from-trace, a transfer), not a profile of engine "
+                           f"{dmeta.get('engine')!r}")
+    vllm = hmeta.get("engine") == "vllm"
+    if not vllm and hmeta.get("kind") != "host":
         raise ProfileError(host_source, "metadata.kind", "'host': a host-costs file (calibrate --engine sglang "
-                           "--host-only writes one)")
-    for name in LAUNCH_CURVES:
+                           "--host-only writes one) or a vLLM profile (calibrate --engine vllm)")
+    for name in () if vllm else LAUNCH_CURVES:
         if name not in device["curves"]:
             raise ProfileError(device_source, f"curves.{name}", "missing: the device part of the launch")
     if host_speed is not None:
@@ -110,6 +115,10 @@ def compose(device: dict, host: dict, *, host_speed: float | None = None, device
                 "yardstick_version": ruler.get("version"), "device_yardstick_version": want,
                 "yardstick_given": host_yardstick is not None, "source_python": ruler.get("python"),
                 "target_python": (dmeta.get("libraries") or {}).get("python")}
+    if vllm:
+        from calibrate.host.compose_vllm import compose_vllm
+
+        return compose_vllm(device, host, move, device_source=device_source, host_source=host_source)
     speed = move["host_speed"]
     # the same host, said so: host costs timed beside the device's own calibration
     same_host = host_speed == 1 and hmeta.get("host_cpu") == dmeta.get("host_cpu")
@@ -159,6 +168,10 @@ def compose(device: dict, host: dict, *, host_speed: float | None = None, device
         "device_profile": device_source, "device_date": dmeta.get("date"), "device_name": dmeta.get("device_name"),
         "host_costs": host_source, "host_date": hmeta.get("date"), "host_cpu": hmeta.get("host_cpu"),
         "host_engine": f"sglang {hmeta.get('engine_version')}", "stub": (hmeta.get("stub") or {}).get("limits"),
+        "approximations": "host phases timed after a stubbed forward, on warm caches (on SGLang's CPU engine the "
+                          "decode-step phases cost 2-3x as much after a real CPU forward; a GPU host's CPU does not "
+                          "run the forward: docs/real-engines.md); no attention-backend planning on the host "
+                          "(FlashInfer's); the launch's device part counts the project's own input building too",
         "move": move,
         "launch": "launch = the host file's run_batch (less forward and sampler), moved, plus the device profile's "
                   "launch at the same point (the host time to queue the step); the project's own input building "
@@ -177,7 +190,7 @@ def run(args) -> int:
     from calibrate.profile import save_profile
     from sim.atomic import check_output_file
     from sim.errors import UserInputError
-    from sim.model.profile import SGLANG_HOST_CURVES, load_profile
+    from sim.model.profile import load_profile
 
     if args.host_speed is not None and not (math.isfinite(args.host_speed) and 0 < args.host_speed <= 1000):
         raise UserInputError("--host-speed", "", f"a number above 0 and at most 1000 (got {args.host_speed!r})")
@@ -186,7 +199,7 @@ def run(args) -> int:
         if Path(path).is_dir():
             raise UserInputError(flag, "", f"{path} is a folder; expected a profile file")
     device = load_profile(args.device)
-    host = load_profile(args.host, SGLANG_HOST_CURVES)
+    host = load_profile(args.host, _host_table(args.host))
     ruler = _read_yardstick(args.host_yardstick) if args.host_yardstick is not None else None
     if ruler is not None and args.host_speed is not None:
         raise UserInputError("--host-yardstick", "", "either it or --host-speed, not both")
@@ -200,6 +213,24 @@ def run(args) -> int:
           + (f" (±{unc:.0%}, {move.get('points')} yardstick points)" if unc is not None else " (given)"))
     print(f"profile written to {args.out}")
     return 0
+
+
+def _host_table(path: Path):
+    """The curves the host file holds: a vLLM profile's (``metadata.engine: "vllm"``) or SGLang's
+    host-costs file's (an unreadable file is left to the loader, which says why)."""
+    import json
+
+    from sim.model.profile import SGLANG_HOST_CURVES
+
+    try:
+        engine = json.loads(Path(path).read_text()).get("metadata", {}).get("engine")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        engine = None
+    if engine == "vllm":
+        from sim.engines.vllm.costs import VLLM_CURVES
+
+        return VLLM_CURVES
+    return SGLANG_HOST_CURVES
 
 
 def _read_yardstick(path: Path) -> dict:
@@ -226,7 +257,8 @@ def _read_yardstick(path: Path) -> dict:
 def add_arguments(p) -> None:
     p.add_argument("device", type=Path, metavar="DEVICE", help="a device profile: its forward curves and the device "
                    "part of the launch (calibrate --backend torch/mlx, --from-trace, or transfer)")
-    p.add_argument("host", type=Path, metavar="HOST", help="a host-costs file (calibrate --engine sglang --host-only)")
+    p.add_argument("host", type=Path, metavar="HOST", help="a host-costs file (calibrate --engine sglang --host-only), "
+                   "or a vLLM profile (calibrate --engine vllm) for a vLLM profile of the card")
     p.add_argument("--out", type=Path, required=True, help="the composed profile (JSON)")
     p.add_argument("--host-speed", type=float, default=None, metavar="X",
                    help="the device host's single-thread speed over the host file's (2: its phases take half the "

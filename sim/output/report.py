@@ -206,9 +206,17 @@ def run_title(name: str, seed: int, device: str, meta: dict | None) -> str:
     composed = meta.get("composed")
     if isinstance(composed, dict):
         u = (composed.get("move") or {}).get("uncertainty_rel")
-        tail = f"; host phases {composed.get('host_engine', 'a real engine')} on {composed.get('host_cpu', '?')}" + (
-            f", moved ±{u:.0%}" if isinstance(u, (int, float)) else "")
+        tail = f"; host phases from {composed.get('host_cpu', '?')}" + (
+            f" ±{u:.0%}" if isinstance(u, (int, float)) else "")
     return f"{head}: {card}, {model_name or 'unknown model'}{tail}"
+
+
+def composed_note(meta: dict | None) -> str | None:
+    """A line on what a profile built from parts (``overlap-sim compose``) approximates beyond its
+    stated host move (``metadata.composed.approximations``); None for any other profile."""
+    composed = meta.get("composed") if isinstance(meta, dict) else None
+    text = composed.get("approximations") if isinstance(composed, dict) else None
+    return f"note: the profile approximates (not in the range above): {text}" if isinstance(text, str) and text else None
 
 
 def device_mismatch(device: str, meta: dict | None) -> str | None:

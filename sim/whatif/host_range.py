@@ -30,7 +30,8 @@ def host_uncertainty(meta: Optional[dict]) -> Optional[tuple[float, str]]:
         u = move.get("uncertainty_rel")
         if isinstance(u, (int, float)) and 0 < u <= MAX_U:
             src = meta["composed"].get("host_cpu") or "another host"
-            return float(u), f"SGLang's scheduler timed on {src}, moved to this host by a yardstick"
+            engine = meta["composed"].get("host_engine") or "the engine"
+            return float(u), f"{engine}'s own functions timed on {src}, moved to this host by a yardstick"
     return None
 
 

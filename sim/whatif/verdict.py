@@ -132,11 +132,16 @@ class Verdict:
                                  "answer_high": decide(hi, self.run_cv) if math.isfinite(hi) else None}
         return out
 
+    def head(self) -> str:
+        """The answer in words (the verdict line's first clause)."""
+        _num, _den, loop, flag, keep_note = self.pair
+        return {KEEP: f"keep {loop} on ({keep_note})", OFF: f"turn {loop} off ({flag})",
+                UNSEEN: f"no difference a single A/B run could see (keep the default: {loop} on)"}[self.answer]
+
     def line(self) -> str:
         """The verdict as one line of text."""
         num, den, loop, flag, keep_note = self.pair
-        head = {KEEP: f"keep {loop} on ({keep_note})", OFF: f"turn {loop} off ({flag})",
-                UNSEEN: f"no difference a single A/B run could see (keep the default: {loop} on)"}[self.answer]
+        head = self.head()
         if self.failed:
             which = f"{flag} ({den})" if self.failed == den else num
             return (f"verdict: {head}: with {which} the server died or all its measured requests failed in this "
@@ -271,12 +276,13 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
         mine = [(values, v) for values, v in found if v.answer == answer]
         if not mine:
             continue
-        head = mine[0][1].line().split(":", 2)[1].strip()
+        head = mine[0][1].head()
         where = ", ".join(
             " ".join(f"{k}={values[k]}" for k in keys) + (f" ({v.throughput_ratio:.3f}x)" if not v.failed
                                                           else f" ({v.failed} failed)")
             for values, v in mine[:8])
-        parts.append(f"{head} at {where}" + (f" and {len(mine) - 8} more points" if len(mine) > 8 else ""))
+        more = len(mine) - 8
+        parts.append(f"{head} at {where}" + (f" and {more} more point{'s' if more > 1 else ''}" if more > 0 else ""))
     cvs = sorted({round(v.run_cv, 6) for _values, v in found})
     sources = sorted({v.cv_source for _values, v in found})
     cv_text = (f"run-to-run CV assumed {cvs[0]:.1%} ({sources[0]}): one A/B run shows a ratio beyond "

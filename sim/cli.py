@@ -94,7 +94,7 @@ def run_failures(summaries: dict[str, dict]) -> list[str]:
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.atomic import check_output_dir
     from sim.output.report import (clean_run_folder, composed_note, device_mismatch, print_table, profile_metadata,
-                                   run_payload, run_title, write_results)
+                                   reimplementation_warning, run_payload, run_title, write_results)
     from sim.scenario import load_scenario
     from sim.simulate import simulate
     from sim.whatif.verdict import check_run_cv, resolve_run_cv, verdict, verdict_platform_note
@@ -131,6 +131,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                     streamed=args.tables != "steps", device=scenario.server.device)
         if mismatch := device_mismatch(scenario.server.device, meta):
             print(mismatch)
+        if reimpl := reimplementation_warning(meta):
+            print(reimpl)
         if found is not None:
             print(found.line())
         if note:

@@ -182,3 +182,97 @@ def test_compose_command_writes_a_profile(tmp_path, run_cli):
     data = json.loads(out.read_text())
     validate_profile(data, str(out))
     assert data["metadata"]["composed"]["move"]["host_speed"] == 1.5
+
+
+# --- a vLLM profile for a card (calibrate.host.compose_vllm) ---
+
+def vllm_host_profile(value_s: float = 1e-4) -> dict:
+    """A vLLM profile whose every curve is ``value_s`` (forward 5 ms) at 1, 4, 16 requests."""
+    from sim.engines.vllm.costs import VLLM_CURVES
+
+    samples = []
+    for name, axes in VLLM_CURVES.all.items():
+        if axes == ("num_reqs",):
+            for n in (1, 4, 16):
+                samples.append({"curve": name, "point": {"num_reqs": n}, "times_s": [value_s]})
+        else:
+            for n in (1, 16, 512):
+                for c in (128, 1024):
+                    samples.append({"curve": name, "point": {"num_tokens": n, "ctx": c}, "times_s": [5e-3]})
+    meta = {**copy.deepcopy(HOST_META), "kind": None, "engine": "vllm", "engine_version": "0.32.0", "backend": "vllm",
+            "device": "cpu", "device_name": "cpu (vLLM)", "settings": ["sync", "async"], "base_setting": "sync",
+            "grid": {"decode_batch_sizes": [1, 4, 16]}, "mixed_steps": "sum_of_parts",
+            "shared_prefix": {"saving": 0.7}}
+    meta.pop("kind")
+    return build_profile(meta, samples, VLLM_CURVES)
+
+
+def test_vllm_forward_is_the_cards_and_host_curves_are_moved():
+    """Hand-computed: decode nodes read forward.decode(n, ctx); prefill nodes forward.extend of
+    all their tokens; every host curve divided by the host speed."""
+    from sim.engines.vllm.costs import VLLM_CURVES
+
+    device = synthetic_profile({"forward.decode": lambda n, c: 1e-3 + 1e-6 * n * c,
+                                "forward.extend": lambda t, p: 2e-3 + 1e-6 * t})
+    out = compose(device, vllm_host_profile(1e-4), host_speed=2.0)
+    validate_profile(out, "<vllm>", VLLM_CURVES)
+    fwd = out["curves"]["vllm.forward"]
+    tokens, ctxs = fwd["grid"]
+    assert tokens[:3] == [1.0, 8.0, 64.0] and max(tokens) == 4096.0  # the device's decode batches, then prefills
+    i, j = tokens.index(8.0), ctxs.index(1024.0)
+    assert fwd["values_s"][i][j] == pytest.approx(1e-3 + 1e-6 * 8 * 1024)
+    i = tokens.index(4096.0)  # 4096 tokens at ctx 1024: 4 prefills of 1024 new tokens, priced as one of 4096
+    assert fwd["values_s"][i][j] == pytest.approx(2e-3 + 1e-6 * 4096)
+    assert out["curves"]["vllm.schedule"]["values_s"] == pytest.approx([5e-5] * 3)
+    meta = out["metadata"]
+    assert meta["engine"] == "vllm" and meta["device"] == "cuda"
+    assert "mixed_steps" not in meta and "shared_prefix" not in meta
+    assert meta["curve_sources"]["vllm.schedule"]["measured_to"] == 16
+    assert "CPU platform" in meta["composed"]["approximations"]
+
+
+def test_vllm_compose_refuses_a_vllm_device_profile():
+    with pytest.raises(ProfileError, match="metadata.engine"):
+        compose(vllm_host_profile(), vllm_host_profile(), host_speed=1.0)
+
+
+def test_shipped_vllm_card_scenario_runs_both_settings_with_a_range(run_cli, tmp_path):
+    from tests.conftest import SCENARIOS
+
+    code, out, err = run_cli(["run", SCENARIOS / "vllm-h200.yaml", "--out", tmp_path, "--no-plots"])
+    assert code == 0, err
+    verdict = next(line for line in out.splitlines() if line.startswith("verdict:"))
+    assert "async/sync" in verdict and "host phases ±" in verdict
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    rng = summary["verdict"]["host_range"]
+    assert rng["ratio_low"] <= summary["verdict"]["throughput_ratio"] <= rng["ratio_high"]
+    assert any(line.startswith("note: the profile approximates") for line in out.splitlines())
+
+
+def test_a_moved_profile_range_is_wider_than_a_tighter_one(run_cli, tmp_path):
+    """The range follows the stated uncertainty: the same profile stated at ±5% gives a narrower range."""
+    from tests.conftest import ROOT, SCENARIOS
+
+    prof = json.loads((ROOT / "scenarios/profiles/h200-llama-3.2-1b.json").read_text())
+    prof["metadata"]["composed"]["move"]["uncertainty_rel"] = 0.05
+    tight = tmp_path / "tight.json"
+    tight.write_text(json.dumps(prof))
+    ranges = {}
+    for name, path in (("shipped", ROOT / "scenarios/profiles/h200-llama-3.2-1b.json"), ("tight", tight)):
+        code, out, err = run_cli(["run", SCENARIOS / "quickstart.yaml", "--set", f"costs.profile={path}", "--out",
+                                  tmp_path / name, "--no-plots", "--json"])
+        assert code == 0, err
+        r = json.loads(out)["verdict"]["host_range"]
+        ranges[name] = r["ratio_high"] - r["ratio_low"]
+    assert 0 < ranges["tight"] < ranges["shipped"]
+
+
+def test_a_gpu_profile_on_the_reimplementation_says_so(run_cli, tmp_path):
+    from tests.conftest import ROOT, SCENARIOS
+
+    old = ROOT / "scenarios/profiles/parts/h200-llama-3.2-1b.device.json"
+    code, out, _ = run_cli(["run", SCENARIOS / "quickstart.yaml", "--set", f"costs.profile={old}", "--out",
+                            tmp_path / "old", "--no-plots"])
+    assert code == 0 and "host phases are the project's re-implementation" in out
+    code, out, _ = run_cli(["run", SCENARIOS / "quickstart.yaml", "--out", tmp_path / "new", "--no-plots"])
+    assert code == 0 and "re-implementation" not in out

@@ -219,6 +219,22 @@ def composed_note(meta: dict | None) -> str | None:
     return f"note: the profile approximates (not in the range above): {text}" if isinstance(text, str) and text else None
 
 
+def reimplementation_warning(meta: dict | None) -> str | None:
+    """A warning for a torch or MLX profile of a GPU or a Mac whose host phases are still the
+    project's re-implementation (``calibrate/bookkeeping``: 3-10x cheaper than SGLang's real
+    scheduler, docs/calibration.md), not SGLang's own functions (``overlap-sim compose``). None
+    for a composed profile, a CPU profile (the project's own harness runs that code), a real
+    engine's, or none."""
+    if not isinstance(meta, dict) or meta.get("composed") or meta.get("backend") not in ("torch", "mlx"):
+        return None
+    if meta.get("device") == "cpu":
+        return None
+    return ("warning: this profile's host phases are the project's re-implementation of the scheduler "
+            "(calibrate/bookkeeping, 3-10x cheaper than SGLang's own functions): the overlap gain is "
+            "under-predicted; join the forward to SGLang's host costs with overlap-sim compose PROFILE "
+            "scenarios/profiles/parts/sglang-0.5.23-host-amd-epyc.json --out NEW.json")
+
+
 def device_mismatch(device: str, meta: dict | None) -> str | None:
     """A warning when the scenario's ``server.device`` and the device its calibration profile was
     measured on (``metadata.device``) differ in whether they are a CUDA GPU: a CUDA profile

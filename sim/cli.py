@@ -24,6 +24,9 @@ from sim.errors import EXIT_BAD_INPUT, EXIT_RUN_FAILED, UserInputError
 # never imports calibrate
 COMMAND_MODULES: tuple[str, ...] = (
     "sim.whatif.cli",
+    "sim.whatif.ask",
+    "sim.engines.sglang.ask",  # registers each engine's server defaults for `ask` (sim.commands.ASKERS)
+    "sim.engines.vllm.ask",
     "sim.engines.vllm.rules.advise",  # registers `advise --engine vllm` (sim.commands.ADVISORS)
     "sim.engines.sglang.rules.advise",
     "calibrate.command",
@@ -75,6 +78,22 @@ def default_run_folder(name: str, overrides: list[str]) -> Path:
     return Path("results") / f"{name}-set-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
 
+def standing(found, scenario, meta: dict | None, summaries: dict[str, dict]):
+    """The verdict with what it stands on: the range over the profile's stated uncertainties
+    (:mod:`sim.whatif.stated_range`), the share of steps priced beyond the profile's grid, or the
+    scenario's placeholder costs."""
+    from sim.whatif.stated_range import stated_range, stated_uncertainties
+
+    pair = [summaries[s] for s in found.pair[:2]]
+    steps = sum(int(s.get("num_steps") or 0) for s in pair)
+    extrapolated = sum(int(s.get("extrapolated_steps") or 0) for s in pair)
+    found = replace(found, extrapolated_share=extrapolated / steps if steps else 0.0,
+                    placeholder=not scenario.costs.profile)
+    if stated := stated_uncertainties(meta):
+        found = found.with_range(*stated_range(scenario, found.pair, stated), [s.what for s in stated])
+    return found
+
+
 def run_failures(summaries: dict[str, dict]) -> list[str]:
     """What went wrong in each failed setting: its server died, or none of its measured
     requests completed (empty when every setting served)."""
@@ -108,10 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     found = verdict(summaries, *resolve_run_cv(args.run_cv, scenario.costs.noise, scenario.server.device))
     meta = profile_metadata(scenario.resolve_path(scenario.costs.profile)) if scenario.costs.profile else None
     if found is not None and not found.failed:
-        from sim.whatif.host_range import host_range, host_uncertainty
-
-        if stated := host_uncertainty(meta):
-            found = replace(found, host_range=(*host_range(scenario, found.pair, stated[0]), *stated))
+        found = standing(found, scenario, meta, summaries)
     payload["verdict"] = found.as_json() if found is not None else None
     note = verdict_platform_note(scenario.server) if found is not None else None
     if note:

@@ -20,6 +20,19 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
 ADVISORS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
 
+# engine -> ask(card, meta, load) of ``overlap-sim ask --engine ENGINE``: the engine's own defaults
+# for a server of that model on that card (registered by sim.engines.<engine>.ask with :func:`asker`)
+ASKERS: dict[str, Callable] = {}
+
+
+def asker(engine: str):
+    """Decorator: register an engine's server defaults for ``overlap-sim ask`` (:data:`ASKERS`)."""
+    def wrap(build):
+        ASKERS[engine] = build
+        return build
+    return wrap
+
+
 def advisor(engine: str):
     """Decorator: register ``run(args) -> exit status`` as ``overlap-sim advise --engine engine``."""
     def wrap(run):

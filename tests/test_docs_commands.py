@@ -6,7 +6,7 @@ in the docs has to be classified here.
 
 - RUN: cheap ``overlap-sim`` subcommands run for real, in the order a page shows them, in a
   temporary workspace whose ``scenarios/`` and ``docs/`` are the repository's. Shrunk without
-  changing what they check (:func:`cheapen`): ``run`` gets ``--no-plots``; ``sweep`` runs in
+  changing what they check (:func:`cheapen`): ``run`` and ``ask`` get ``--no-plots``; ``sweep`` runs in
   process, without plots, with at most 2 repeats and shorter requests; ``calibrate
   --from-trace`` reads a recorded trace (``tests/`` is in the workspace too). Table rows and messages
   shown under a ``$`` line must be in that command's output; the README's quickstart table
@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 # overlap-sim subcommands that run for real (made cheap by cheapen())
-RUN_SUBCOMMANDS = {"run", "sweep", "trace", "gaps", "log", "plots", "advise", "transfer"}
+RUN_SUBCOMMANDS = {"run", "sweep", "trace", "gaps", "log", "plots", "advise", "transfer", "ask"}
 
 # overlap-sim commands that are parsed, not run: (pattern on the command line, reason)
 EXPENSIVE = [
@@ -325,7 +325,7 @@ def cheapen(argv: list[str]) -> list[str]:
     """The same subcommand, flags and inputs, at a fraction of the cost."""
     sub = argv[1]
     argv = list(argv)
-    if sub == "run" and "--no-plots" not in argv:
+    if sub in ("run", "ask") and "--no-plots" not in argv:
         argv.append("--no-plots")
     if sub == "sweep":
         if "--repeats" in argv:

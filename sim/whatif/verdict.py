@@ -47,7 +47,7 @@ PAIRS = (
     ("overlap_mlx", "normal", "overlap", "--disable-overlap-schedule", "do not pass --disable-overlap-schedule"),
     ("async", "sync", "async scheduling", "--no-async-scheduling", "--async-scheduling, vLLM's default"),
 )
-KEEP, OFF, UNSEEN = "keep", "off", "unseen"
+KEEP, OFF, UNSEEN, UNSURE = "keep", "off", "unseen", "unsure"
 
 
 def threshold_ratio(cv: float) -> float:
@@ -111,7 +111,21 @@ class Verdict:
     run_cv: float
     cv_source: str
     failed: str = ""
-    host_range: Optional[tuple] = None  # (lowest ratio, highest ratio, u, what): sim.whatif.host_range
+    # (lowest ratio, highest ratio, [what each stated uncertainty is]): sim.whatif.stated_range
+    stated_range: Optional[tuple] = None
+    extrapolated_share: float = 0.0  # of the steps (both settings), priced beyond the profile's grid
+    placeholder: bool = False  # the scenario's inline cost terms, no measured profile
+
+    def with_range(self, lo: float, hi: float, what: list) -> "Verdict":
+        """This verdict over the stated range: the answer becomes :data:`UNSURE` ("cannot tell")
+        when the ends of the range do not give the central answer."""
+        from dataclasses import replace
+
+        new = replace(self, stated_range=(lo, hi, list(what)))
+        if self.failed or self.answer == UNSURE:
+            return new
+        ends = {decide(lo, self.run_cv), decide(hi, self.run_cv)} if math.isfinite(lo) and math.isfinite(hi) else {None}
+        return replace(new, answer=UNSURE) if ends != {self.answer} else new
 
     @property
     def threshold(self) -> float:
@@ -125,18 +139,23 @@ class Verdict:
         out = {"answer": self.answer, "settings": list(self.pair[:2]), "throughput_ratio": finite(self.throughput_ratio),
                "tpot_ms": [finite(t) for t in self.tpot_ms], "run_cv": self.run_cv, "cv_source": self.cv_source,
                "threshold_ratio": finite(self.threshold), "failed": self.failed, "line": self.line()}
-        if self.host_range is not None:
-            lo, hi, u, what = self.host_range
-            out["host_range"] = {"ratio_low": finite(lo), "ratio_high": finite(hi), "uncertainty_rel": u,
-                                 "source": what, "answer_low": decide(lo, self.run_cv) if math.isfinite(lo) else None,
-                                 "answer_high": decide(hi, self.run_cv) if math.isfinite(hi) else None}
+        if self.stated_range is not None:
+            lo, hi, what = self.stated_range
+            out["stated_range"] = {"ratio_low": finite(lo), "ratio_high": finite(hi), "sources": what,
+                                   "answer_low": decide(lo, self.run_cv) if math.isfinite(lo) else None,
+                                   "answer_high": decide(hi, self.run_cv) if math.isfinite(hi) else None,
+                                   "answer_central": decide(self.throughput_ratio, self.run_cv)
+                                   if math.isfinite(self.throughput_ratio) else None}
+        out["extrapolated_share"] = self.extrapolated_share
+        out["placeholder"] = self.placeholder
         return out
 
     def head(self) -> str:
         """The answer in words (the verdict line's first clause)."""
         _num, _den, loop, flag, keep_note = self.pair
         return {KEEP: f"keep {loop} on ({keep_note})", OFF: f"turn {loop} off ({flag})",
-                UNSEEN: f"no difference a single A/B run could see (keep the default: {loop} on)"}[self.answer]
+                UNSEEN: f"no difference a single A/B run could see (keep the default: {loop} on)",
+                UNSURE: f"cannot tell from what the profile knows (keep the default: {loop} on)"}[self.answer]
 
     def line(self) -> str:
         """The verdict as one line of text."""
@@ -152,7 +171,7 @@ class Verdict:
         gain = f"output throughput {num}/{den} {r:.3f}x ({(r - 1) * 100:+.1f}%){tpot}"
         see = (f"one A/B run shows it when the run-to-run CV is under {visible_cv(r):.1%}"
                f" (assumed {self.run_cv:.1%}, {self.cv_source}: beyond {self.threshold:.3f}x)")
-        if self.answer == UNSEEN and r != 1.0:
+        if self.answer in (UNSEEN, UNSURE) and r != 1.0:
             from sim.whatif.variance import runs_needed  # scipy: only when needed
 
             try:
@@ -160,18 +179,26 @@ class Verdict:
                 see += f"; {n} runs of each setting detect it (80% power)"
             except ValueError:
                 pass
-        return f"verdict: {head}: {gain}; {see}{self._range_clause()}"
+        return f"verdict: {head}: {gain}; {see}{self._standing_clause()}"
 
-    def _range_clause(self) -> str:
-        """What the host phases' stated uncertainty does to the answer (empty without one)."""
-        if self.host_range is None:
-            return ""
-        lo, hi, u, what = self.host_range
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            return f"; host phases ±{u:.0%} ({what}): a setting served nothing at an end of that range"
-        ends = {decide(lo, self.run_cv), decide(hi, self.run_cv)}
-        holds = "the answer holds across it" if ends == {self.answer} else "the answer does not hold across it"
-        return f"; host phases ±{u:.0%} ({what}): ratio {lo:.3f}-{hi:.3f}x, {holds}"
+    def _standing_clause(self) -> str:
+        """What the answer stands on: the stated range, the share of extrapolated steps, or
+        placeholder costs (empty for a measured profile used inside its grid)."""
+        out = ""
+        if self.placeholder:
+            out += "; on the scenario's inline cost terms (placeholders: no device was measured)"
+        if self.stated_range is not None:
+            lo, hi, what = self.stated_range
+            if not (math.isfinite(lo) and math.isfinite(hi)):
+                out += f"; over {'; '.join(what)}: a setting served nothing at a corner of that range"
+            else:
+                holds = ("the answer holds across it" if self.answer != UNSURE else
+                         f"from {decide(lo, self.run_cv)} to {decide(hi, self.run_cv)} across it")
+                out += f"; over {'; '.join(what)}: ratio {lo:.3f}-{hi:.3f}x, {holds}"
+        if self.extrapolated_share > 0:
+            out += (f"; {self.extrapolated_share:.0%} of the steps priced beyond the profile's measured grid "
+                    "(extrapolated)")
+        return out
 
 
 def verdict(summaries: dict[str, dict], run_cv: float, cv_source: str) -> Optional[Verdict]:
@@ -272,7 +299,7 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
     if len(found) == 1:
         return found[0][1].line()
     parts = []
-    for answer in (KEEP, OFF, UNSEEN):
+    for answer in (KEEP, OFF, UNSEEN, UNSURE):
         mine = [(values, v) for values, v in found if v.answer == answer]
         if not mine:
             continue

@@ -1,0 +1,171 @@
+"""``overlap-sim ask``: the user's question in one command.
+
+    overlap-sim ask --engine sglang --card l4 --model llama-3.1-8b --concurrency 16 --input-len 1000 --output-len 300
+
+1. **The profile**: the shipped measured profile of that engine and model (:data:`SHIPPED`: the
+   H200 profiles built from parts); none for another model: the command refuses and prints the
+   calibration that would answer it.
+2. **The card**: on another card than the profile's, the profile is moved by public specs
+   (:func:`sim.model.transfer.transfer_profile`, ±30% stated); ``--host-speed`` says how fast the
+   card's host runs the scheduler against the profile's host (default 1: as fast, stated).
+3. **The server**: the engine's own defaults for that model on that card (the engine's ``ask``
+   module, :data:`sim.commands.ASKERS`: its KV pool and batch limits from the card's memory), no
+   cap from a shipped scenario.
+4. **The load**: a closed loop of ``--concurrency`` clients (or Poisson arrivals at ``--rate``),
+   ``--num-requests`` requests (default: 8 per client, at least 64; the first ``concurrency`` of a
+   closed loop are warm-up), prompts of ``--input-len`` tokens of which ``--cached-len`` hit the
+   prefix cache, ``--output-len`` tokens by length.
+5. **The answer**: ``overlap-sim run`` of the written scenario: every setting the engine's switch
+   selects, the table and the verdict with its range over what the profile does not know
+   (:mod:`sim.whatif.stated_range`). The scenario YAML and the moved profile stay in the results
+   folder, to edit and run again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from pathlib import Path
+
+from sim.commands import ASKERS, COMMANDS, command
+from sim.errors import UserInputError
+
+PROFILES = Path(__file__).resolve().parents[2] / "scenarios" / "profiles"
+# (engine, model) -> the shipped profile that measured it
+SHIPPED = {("sglang", "llama-3.2-1b"): "h200-llama-3.2-1b.json", ("sglang", "llama-3.1-8b"): "h200-llama-3.1-8b.json",
+           ("vllm", "llama-3.2-1b"): "h200-vllm-llama-3.2-1b.json"}
+MAX_COUNT = 1_000_000
+MAX_TOKENS = 1_000_000
+
+HELP = "answer 'should overlap / async scheduling be on?' for an engine, card, model and load in one command"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", choices=["sglang", "vllm"], default="sglang", help="the serving engine (default sglang)")
+    p.add_argument("--card", required=True, help="the card (overlap-sim transfer --list), e.g. l4, h100, m3-max")
+    p.add_argument("--model", required=True, help="the model: " + ", ".join(sorted({m for _, m in SHIPPED})))
+    load = p.add_mutually_exclusive_group(required=True)
+    load.add_argument("--concurrency", type=int, default=None, metavar="N", help="clients in a closed loop")
+    load.add_argument("--rate", type=float, default=None, metavar="REQ_S", help="Poisson arrivals (requests/s)")
+    p.add_argument("--input-len", type=int, required=True, metavar="TOKENS", help="prompt tokens per request")
+    p.add_argument("--output-len", type=int, required=True, metavar="TOKENS", help="output tokens per request")
+    p.add_argument("--cached-len", type=int, default=0, metavar="TOKENS",
+                   help="prompt tokens that hit the prefix cache (default 0)")
+    p.add_argument("--num-requests", type=int, default=None, metavar="N",
+                   help="requests measured (default 8 per client or 8 s of arrivals, at least 64)")
+    p.add_argument("--host-speed", type=float, default=1.0, metavar="X",
+                   help="the card's host's single-thread speed over the profile's host's (default 1)")
+    p.add_argument("--out", type=Path, default=None, help="results folder (default results/ask-<engine>-<card>-<model>-<load>/)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    from sim.whatif.verdict import add_run_cv_argument
+
+    add_run_cv_argument(p)
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Every number in range, before anything is read or written (one line per fault)."""
+    for flag, value, low in (("--concurrency", args.concurrency, 1), ("--input-len", args.input_len, 1),
+                             ("--output-len", args.output_len, 1), ("--num-requests", args.num_requests, 1)):
+        if value is not None and not low <= value <= (MAX_COUNT if "len" not in flag else MAX_TOKENS):
+            raise UserInputError(flag, "", f"an integer from {low} to {MAX_TOKENS if 'len' in flag else MAX_COUNT} "
+                                 f"(got {value})")
+    if not 0 <= args.cached_len < args.input_len:
+        raise UserInputError("--cached-len", "", f"from 0 to --input-len - 1 = {args.input_len - 1} (got "
+                             f"{args.cached_len}): the last prompt token is always computed")
+    if args.rate is not None and not (math.isfinite(args.rate) and 0 < args.rate <= 1e6):
+        raise UserInputError("--rate", "", f"requests per second above 0 and at most 1e6 (got {args.rate!r})")
+    if not (math.isfinite(args.host_speed) and 0 < args.host_speed <= 1000):
+        raise UserInputError("--host-speed", "", f"a number above 0 and at most 1000 (got {args.host_speed!r})")
+    if args.num_requests is not None and args.concurrency is not None and args.num_requests < args.concurrency:
+        raise UserInputError("--num-requests", "", f"at least --concurrency {args.concurrency} (got "
+                             f"{args.num_requests}): a closed loop keeps that many in flight")
+
+
+def _profile(args: argparse.Namespace, card) -> tuple[dict, Path, list[str]]:
+    """(the profile for the card, the shipped file it came from, what was done to it)."""
+    import json
+
+    from sim.model.cards import find_card
+    from sim.model.transfer import transfer_profile
+
+    name = SHIPPED.get((args.engine, args.model))
+    if name is None:
+        have = ", ".join(m for e, m in sorted(SHIPPED) if e == args.engine)
+        recipe = ("overlap-sim calibrate --backend torch --device cuda --model MODEL --out dev.json; overlap-sim "
+                  "calibrate --engine sglang --host-only --out host.json; overlap-sim compose dev.json host.json "
+                  "--out mine.json" if args.engine == "sglang" else
+                  "overlap-sim calibrate --backend torch --device cuda --model MODEL --out dev.json; overlap-sim "
+                  "compose dev.json scenarios/profiles/cpu-vllm-tiny.json --host-speed X --out mine.json")
+        raise UserInputError("--model", "", f"one with a measured {args.engine} profile ({have}); for "
+                             f"{args.model!r} measure it on the card ({recipe}) and run the scenario on it")
+    path = PROFILES / name
+    profile = json.loads(path.read_text())
+    meta = profile["metadata"]
+    steps = [f"profile {path.name} ({meta.get('device_name')}, {meta['model']['name']})"]
+    if find_card(meta.get("device_name", "")) == card and args.host_speed == 1.0:
+        return profile, path, steps
+    if args.engine == "vllm":
+        from sim.engines.vllm.costs import VLLM_CURVES as table
+    else:
+        from sim.model.profile import SGLANG_CURVES as table
+    moved = transfer_profile(profile, card.key, source=str(path), host_speed=args.host_speed, curves=table)
+    t = moved["metadata"]["transfer"]
+    steps.append(f"moved to {card.name} by public specs (bandwidth x{t['bandwidth_ratio']:.2f}, compute "
+                 f"x{t['compute_ratio']:.2f}; ±{t['uncertainty_rel']:.0%} stated)")
+    steps.append(f"the card's host x{args.host_speed:g} as fast as the profile's ({meta.get('host_cpu')})"
+                 + (" (assumed: pass --host-speed)" if args.host_speed == 1.0 else " (--host-speed)"))
+    return moved, path, steps
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")
+
+
+@command("ask", HELP, add_arguments)
+def run(args: argparse.Namespace) -> int:
+    import yaml
+
+    import json
+
+    from sim.atomic import atomic_path, check_output_dir
+    from sim.model.cards import CARDS, find_card
+    from sim.model.transfer import model_terms
+
+    _check(args)
+    card = find_card(args.card)
+    if card is None:
+        raise UserInputError("--card", "", f"one of {', '.join(CARDS)} (got {args.card!r})")
+    if args.engine not in ASKERS:
+        raise UserInputError("--engine", "", f"one of {', '.join(sorted(ASKERS))}")
+    profile, shipped, steps = _profile(args, card)
+    load = {"input_len": args.input_len, "output_len": args.output_len}
+    try:
+        server, notes = ASKERS[args.engine](card, model_terms(profile["metadata"], str(shipped)), load)
+    except ValueError as err:
+        raise UserInputError("--card", "", str(err)) from None
+    closed = args.concurrency is not None
+    n = args.num_requests or max(64, 8 * args.concurrency if closed else int(8 * args.rate))
+    workload = {"arrival": "closed_loop" if closed else "poisson", "num_requests": n + (args.concurrency if closed else 0),
+                "warmup_requests": args.concurrency if closed else 0, "input_len": args.input_len,
+                "cached_len": args.cached_len, "output_len": args.output_len, "finish": "length"}
+    workload.update({"concurrency": args.concurrency} if closed else {"rate_per_s": args.rate})
+    shape = f"c{args.concurrency}" if closed else f"r{args.rate:g}"
+    name = _slug(f"ask-{args.engine}-{card.key}-{args.model}-{shape}-{args.input_len}-{args.output_len}")
+    out = check_output_dir(args.out or Path("results") / name, "--out")
+    scenario = {"name": name, "seed": 0, "workload": workload, "server": server,
+                "costs": {"profile": "profile.json"}}
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out / "profile.json") as tmp:
+        tmp.write_text(json.dumps(profile, indent=1, allow_nan=False) + "\n")
+    head = (f"# overlap-sim ask --engine {args.engine} --card {args.card} --model {args.model} ...: the scenario it ran\n"
+            + "".join(f"#   {line}\n" for line in steps + notes))
+    with atomic_path(out / "scenario.yaml") as tmp:
+        tmp.write_text(head + yaml.safe_dump(scenario, sort_keys=False))
+    print("asked: " + "; ".join(steps + notes))
+    run_args = argparse.Namespace(scenario=str(out / "scenario.yaml"), overrides=[], out=out, json=False,
+                                  format="csv", tables="steps", no_plots=args.no_plots, run_cv=args.run_cv)
+    code = COMMANDS["run"][2](run_args)
+    print(f"scenario written to {out / 'scenario.yaml'} (its profile beside it): edit it and run "
+          f"overlap-sim run {out / 'scenario.yaml'}")
+    return code

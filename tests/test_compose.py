@@ -244,7 +244,7 @@ def test_shipped_vllm_card_scenario_runs_both_settings_with_a_range(run_cli, tmp
     verdict = next(line for line in out.splitlines() if line.startswith("verdict:"))
     assert "async/sync" in verdict and "host phases ±" in verdict
     summary = json.loads((tmp_path / "summary.json").read_text())
-    rng = summary["verdict"]["host_range"]
+    rng = summary["verdict"]["stated_range"]
     assert rng["ratio_low"] <= summary["verdict"]["throughput_ratio"] <= rng["ratio_high"]
     assert any(line.startswith("note: the profile approximates") for line in out.splitlines())
 
@@ -262,7 +262,7 @@ def test_a_moved_profile_range_is_wider_than_a_tighter_one(run_cli, tmp_path):
         code, out, err = run_cli(["run", SCENARIOS / "quickstart.yaml", "--set", f"costs.profile={path}", "--out",
                                   tmp_path / name, "--no-plots", "--json"])
         assert code == 0, err
-        r = json.loads(out)["verdict"]["host_range"]
+        r = json.loads(out)["verdict"]["stated_range"]
         ranges[name] = r["ratio_high"] - r["ratio_low"]
     assert 0 < ranges["tight"] < ranges["shipped"]
 
@@ -276,3 +276,17 @@ def test_a_gpu_profile_on_the_reimplementation_says_so(run_cli, tmp_path):
     assert code == 0 and "host phases are the project's re-implementation" in out
     code, out, _ = run_cli(["run", SCENARIOS / "quickstart.yaml", "--out", tmp_path / "new", "--no-plots"])
     assert code == 0 and "re-implementation" not in out
+
+
+@pytest.mark.parametrize("order, flag, words", [
+    (("host", "dev"), "DEVICE", "the order is DEVICE HOST"),
+    (("dev", "dev"), "HOST", "a device profile"),
+    (("dev", "full"), "HOST", "without --host-only"),
+])
+def test_swapped_or_wrong_kinds_of_file_are_named(run_cli, tmp_path, order, flag, words):
+    full = synthetic_profile()
+    full["metadata"].update({"backend": "sglang", "device": "cpu", "engine": "sglang"})
+    files = {"dev": _write(tmp_path, "dev.json", synthetic_profile()),
+             "host": _write(tmp_path, "host.json", host_file(ALL_HOST)), "full": _write(tmp_path, "full.json", full)}
+    code, _, err = run_cli(["compose", files[order[0]], files[order[1]], "--out", tmp_path / "o.json", "--host-speed", "1"])
+    assert code == 2 and err.count("\n") == 1 and flag in err and words in err

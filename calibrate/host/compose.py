@@ -198,6 +198,7 @@ def run(args) -> int:
     for flag, path in (("DEVICE", args.device), ("HOST", args.host)):
         if Path(path).is_dir():
             raise UserInputError(flag, "", f"{path} is a folder; expected a profile file")
+    _check_kinds(args.device, args.host)
     device = load_profile(args.device)
     host = load_profile(args.host, _host_table(args.host))
     ruler = _read_yardstick(args.host_yardstick) if args.host_yardstick is not None else None
@@ -213,6 +214,32 @@ def run(args) -> int:
           + (f" (±{unc:.0%}, {move.get('points')} yardstick points)" if unc is not None else " (given)"))
     print(f"profile written to {args.out}")
     return 0
+
+
+def _peek(path: Path) -> dict | None:
+    """A file's ``metadata`` object, or None (unreadable or not a profile: the loader says why)."""
+    import json
+
+    try:
+        meta = json.loads(Path(path).read_text()).get("metadata")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _check_kinds(device: Path, host: Path) -> None:
+    """One line when the two files are swapped or of the wrong kind, before they are loaded."""
+    from sim.errors import UserInputError
+
+    dmeta, hmeta = _peek(device), _peek(host)
+    if dmeta is not None and dmeta.get("kind") == "host":
+        raise UserInputError("DEVICE", "", f"{device} is a host-costs file; expected a device profile (calibrate "
+                             "--backend torch/mlx, --from-trace, transfer): the order is DEVICE HOST")
+    if hmeta is not None and hmeta.get("kind") != "host" and hmeta.get("engine") != "vllm":
+        what = ("a full profile of SGLang's CPU engine (calibrate --engine sglang without --host-only)"
+                if hmeta.get("backend") == "sglang" else "a device profile")
+        raise UserInputError("HOST", "", f"{host} is {what}; expected a host-costs file (calibrate --engine sglang "
+                             "--host-only) or a vLLM profile (calibrate --engine vllm)")
 
 
 def _host_table(path: Path):

@@ -216,7 +216,8 @@ def composed_note(meta: dict | None) -> str | None:
     stated host move (``metadata.composed.approximations``); None for any other profile."""
     composed = meta.get("composed") if isinstance(meta, dict) else None
     text = composed.get("approximations") if isinstance(composed, dict) else None
-    return f"note: the profile approximates (not in the range above): {text}" if isinstance(text, str) and text else None
+    return (f"note: the profile approximates (beyond its stated uncertainties): {text}"
+            if isinstance(text, str) and text else None)
 
 
 def reimplementation_warning(meta: dict | None) -> str | None:
@@ -229,10 +230,14 @@ def reimplementation_warning(meta: dict | None) -> str | None:
         return None
     if meta.get("device") == "cpu":
         return None
+    # a profile from before the yardstick had a version ran revision f505e66's code (the shipped
+    # H200 device parts): its readings on the host file's host are shipped beside it
+    ruler = ("" if meta.get("yardstick_version") else
+             " --host-yardstick scenarios/profiles/parts/yardstick-f505e66-amd-epyc.json")
     return ("warning: this profile's host phases are the project's re-implementation of the scheduler "
             "(calibrate/bookkeeping, 3-10x cheaper than SGLang's own functions): the overlap gain is "
             "under-predicted; join the forward to SGLang's host costs with overlap-sim compose PROFILE "
-            "scenarios/profiles/parts/sglang-0.5.23-host-amd-epyc.json --out NEW.json")
+            f"scenarios/profiles/parts/sglang-0.5.23-host-amd-epyc.json{ruler} --out NEW.json")
 
 
 def device_mismatch(device: str, meta: dict | None) -> str | None:

@@ -51,8 +51,9 @@ def stated_uncertainties(meta: Optional[dict]) -> list[Stated]:
         if (u := _u(composed["move"].get("uncertainty_rel"))) is not None:
             engine = composed.get("host_engine") or "the engine"
             src = composed.get("host_cpu") or "another host"
+            dst = composed.get("move", {}).get("to_host") or meta.get("host_cpu") or "the profile's host"
             out.append(Stated("cpu", u, f"host phases ±{u:.0%}: {engine}'s own functions timed on {src}, moved to "
-                                        "this host by a yardstick"))
+                                        f"the device's host ({dst}) by a yardstick"))
     moved = meta.get("transfer")
     if isinstance(moved, dict) and (u := _u(moved.get("uncertainty_rel"))) is not None:
         out.append(Stated("gpu", u, f"forward ±{u:.0%}: moved from {moved.get('from_device_name', 'another card')} "

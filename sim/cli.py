@@ -112,8 +112,8 @@ def run_failures(summaries: dict[str, dict]) -> list[str]:
 @command("run", "simulate a scenario under each scheduling setting and compare them", _add_run_args)
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.atomic import check_output_dir
-    from sim.output.report import (clean_run_folder, composed_note, device_mismatch, print_table, profile_metadata,
-                                   reimplementation_warning, run_payload, run_title, write_results)
+    from sim.output.report import (clean_run_folder, composed_note, device_mismatch, load_warnings, print_table,
+                                   profile_metadata, reimplementation_warning, run_payload, run_title, write_results)
     from sim.scenario import load_scenario
     from sim.simulate import simulate
     from sim.whatif.verdict import check_run_cv, resolve_run_cv, verdict, verdict_platform_note
@@ -133,6 +133,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if note:
         payload["verdict"]["platform_note"] = note
     payload["scenario_config"] = scenario.model_dump(mode="json")
+    warnings = load_warnings(scenario)
+    if warnings:
+        payload["warnings"] = warnings
     clean_run_folder(out_dir)
     write_results(out_dir, payload, results, args.format, args.tables)
     if not args.no_plots and args.tables == "steps":
@@ -149,6 +152,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(mismatch)
         if reimpl := reimplementation_warning(meta):
             print(reimpl)
+        for line in warnings:
+            print(line)
         if found is not None:
             print(found.line())
         if note:

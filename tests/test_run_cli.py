@@ -148,3 +148,18 @@ def test_on_a_cpu_device_the_idle_row_and_the_gap_plots_name_the_cpu(tmp_path):
         text = buf.getvalue()
         assert want in text and other not in text and "0.250" in text
     assert device_word("cpu") == "CPU forward" and device_word("cuda") == device_word("mlx") == "GPU"
+
+
+def test_a_concurrency_the_run_cannot_hold_is_named(tmp_path, capsys):
+    from sim.cli import main
+
+    assert main(["run", "scenarios/quickstart.yaml", "--set", "workload.concurrency=100", "--no-plots",
+                 "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "workload.concurrency 100 exceeds workload.num_requests 64" in out
+    assert main(["run", "scenarios/quickstart.yaml", "--set", "workload.concurrency=100", "--set",
+                 "workload.num_requests=200", "--set", "workload.output_len=8", "--no-plots",
+                 "--out", str(tmp_path / "c")]) == 0
+    assert "workload.concurrency 100 exceeds server.max_running_requests 64" in capsys.readouterr().out
+    assert main(["run", "scenarios/quickstart.yaml", "--no-plots", "--out", str(tmp_path / "b")]) == 0
+    assert "exceeds" not in capsys.readouterr().out

@@ -176,3 +176,8 @@ def test_vllm_on_cpu_says_the_flag_is_ignored_there(tmp_path, capsys):
     at = next(i for i, line in enumerate(lines) if line.startswith("verdict: keep async scheduling on"))
     assert lines[at + 1] == note
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["verdict"]["platform_note"] == note
+
+
+def test_a_percentage_given_as_run_cv_is_refused_with_the_fraction(run_cli, tmp_path):
+    code, _, err = run_cli(["run", "scenarios/quickstart.yaml", "--out", tmp_path / "r", "--run-cv", "10"])
+    assert code == 2 and "0.1 for 10%" in err and err.count("\n") == 1

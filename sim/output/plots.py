@@ -156,10 +156,12 @@ def draw_gap_panels(fig, series: dict[str, np.ndarray], colors: dict[str, str], 
 
 
 def gap_histogram(steps: dict[str, pd.DataFrame], title: str,
-                  requests: Optional[dict[str, pd.DataFrame]] = None, device: str = "cuda"):
+                  requests: Optional[dict[str, pd.DataFrame]] = None, device: str = "cuda",
+                  summaries: Optional[dict[str, dict]] = None):
     """The gaps between forwards of each setting (a GPU's, or a CPU core's on ``cpu``), as the
     summary counts them (see :func:`measured_gaps`);
-    ``device`` the scenario's ``server.device`` (:func:`device_word` names the axis)."""
+    ``device`` the scenario's ``server.device`` (:func:`device_word` names the axis);
+    ``summaries`` (per setting): their ``gpu_idle_fraction`` states the finding in the title."""
     fig = plt.figure(figsize=(8, 4.2))
     data = {n: measured_gaps(df, (requests or {}).get(n)) for n, df in steps.items()}
     colors = {n: setting_color(n, i) for i, n in enumerate(data)}
@@ -169,12 +171,18 @@ def gap_histogram(steps: dict[str, pd.DataFrame], title: str,
         zero = int((g <= ZERO_GAP_MS).sum())
         idle = f" less {d['after_idle']} after an idle scheduler" if d["after_idle"] else ""
         mean = fmt_value(float(g.mean())) if len(g) else "n/a"
-        labels[n] = (f"{n}: {len(g):,} gaps, one before each forward in the window ({d['forwards']:,}, the "
-                     f"summary's num_steps){idle}; {zero:,} zero; mean {mean} ms")
+        share = (summaries or {}).get(n, {}).get("gpu_idle_fraction")
+        idle_share = f"; {device_word(device)} idle {share:.1%} of the window" if isinstance(share, float) else ""
+        labels[n] = (f"{n}: {len(g):,} gaps, one before each of its {d['forwards']:,} forwards{idle}; {zero:,} back to "
+                     f"back; mean {mean} ms{idle_share}")
     draw_gap_panels(fig, {n: d["gaps_ms"] for n, d in data.items()}, colors, labels, word=device_word(device))
     windowed = all(d["windowed"] for d in data.values())
-    what = ("measured window only (warm-up excluded), gaps after an idle scheduler left out: the gaps of the "
-            "summary's gap metrics" if windowed else "the whole run (no requests table: warm-up included)")
+    what = ("the measured window (warm-up excluded), gaps after an idle scheduler left out" if windowed
+            else "the whole run (no requests table: warm-up included)")
+    shares = {n: (summaries or {}).get(n, {}).get("gpu_idle_fraction") for n in data}
+    if all(isinstance(v, float) for v in shares.values()) and shares:
+        finding = ", ".join(f"{v:.1%} under {n}" for n, v in shares.items())
+        title = f"{title}: idle {finding}"
     fig.suptitle(f"{title}\n{what}", fontsize=9)
     return fig
 
@@ -269,7 +277,7 @@ def save_run_plots(out_dir: Path, scenario_name: str, steps: dict[str, pd.DataFr
                  default=0.01)
     window = float(min(0.3, max(0.005, 6 * step_s * 1.5)))
     return [
-        _save(gap_histogram(steps, f"{scenario_name}: {device_word(device)} gaps", requests, device),
+        _save(gap_histogram(steps, f"{scenario_name}: the {device_word(device)}", requests, device, summaries),
               out_dir / "gaps.png"),
         _save(metric_bars(summaries, f"{scenario_name}: throughput and latency", device=device),
               out_dir / "metrics.png"),

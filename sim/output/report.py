@@ -220,6 +220,28 @@ def composed_note(meta: dict | None) -> str | None:
             if isinstance(text, str) and text else None)
 
 
+def load_warnings(scenario) -> list[str]:
+    """Warnings for a closed loop that asks for more clients than the run can have in flight: more
+    than ``workload.num_requests``, or more than the server's running cap (SGLang's
+    ``server.max_running_requests``, vLLM's ``max_num_seqs``: the rest wait in the queue)."""
+    w, server = scenario.workload, scenario.server
+    n = getattr(w, "concurrency", None)
+    if getattr(w, "arrival", None) != "closed_loop" or not isinstance(n, int):
+        return []
+    out = []
+    if n > w.num_requests:
+        out.append(f"warning: workload.concurrency {n} exceeds workload.num_requests {w.num_requests}: at most "
+                   f"{w.num_requests} requests are ever in flight")
+    if hasattr(server, "max_running_requests"):
+        name, cap = "server.max_running_requests", server.max_running_requests
+    else:
+        name, cap = "server.max_num_seqs", getattr(server, "seqs_limit", None)
+    if isinstance(cap, int) and min(n, w.num_requests) > cap:
+        out.append(f"warning: workload.concurrency {n} exceeds {name} {cap}: at most {cap} requests run at once, "
+                   "the others wait in the queue (their TTFT includes the wait)")
+    return out
+
+
 def reimplementation_warning(meta: dict | None) -> str | None:
     """A warning for a torch or MLX profile of a GPU or a Mac whose host phases are still the
     project's re-implementation (``calibrate/bookkeeping``: 3-10x cheaper than SGLang's real

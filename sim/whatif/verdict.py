@@ -38,7 +38,7 @@ from typing import Optional
 
 DEFAULT_RUN_CV = 0.02
 Z_TWO_SIDED_95 = 1.959963984540054
-MAX_RUN_CV = 10.0  # --run-cv above this is not a spread but a mistake
+MAX_RUN_CV = 1.0  # --run-cv is a fraction: above 1 (100%) it is a percentage given by mistake
 
 # (overlapping setting, synchronous setting, engine's name of the loop, flag to turn it off, note on
 # how to keep it on), first match wins
@@ -258,7 +258,9 @@ def check_run_cv(value: Optional[float]) -> None:
     from sim.errors import UserInputError
 
     if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_RUN_CV):
-        raise UserInputError("--run-cv", "", f"a coefficient of variation from 0 to {MAX_RUN_CV:g} (got {value!r})")
+        hint = f": a fraction, {value / 100:g} for {value:g}%" if math.isfinite(value) and 1 < value <= 100 else ""
+        raise UserInputError("--run-cv", "", f"a coefficient of variation as a fraction from 0 to {MAX_RUN_CV:g} "
+                             f"(got {value!r}{hint})")
 
 
 def _point_summaries(rows) -> dict[str, dict]:

@@ -185,7 +185,13 @@ def _sweep_table(repeats: int) -> pd.DataFrame:
 def test_sweep_lines_one_line_per_other_key_value_no_spread_with_one_repeat():
     fig = sweep_lines(_sweep_table(1), "workload.concurrency", "t")
     panels = fig.axes
-    for ax in panels:
+    *metric_panels, ratio = panels
+    # the last panel: the overlap/normal ratio, a line per value of costs.gpu.scale, with
+    # break-even and the single A/B run's thresholds drawn across it
+    ratio_lines = [ln for ln in ratio.get_lines() if len(ln.get_xdata()) > 2]
+    assert len(ratio_lines) == 3 and "overlap/normal" in ratio.get_title()
+    assert {round(ln.get_ydata()[0], 3) for ln in ratio.get_lines() if len(ln.get_xdata()) == 2} >= {1.0, 1.057}
+    for ax in metric_panels:
         lines = [ln for ln in ax.get_lines() if len(ln.get_xdata())]
         assert len(lines) == 2 * 3  # settings x values of costs.gpu.scale, none averaged
         assert {matplotlib.colors.to_hex(ln.get_color()) for ln in lines} == \

@@ -64,7 +64,11 @@ def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
     numeric = _numeric(table[key])
     xs_all = sorted(table[key].unique()) if numeric else list(dict.fromkeys(table[key]))
     settings = list(dict.fromkeys(table["setting"]))
-    fig, axes = plt.subplots(1, len(LINE_METRICS), figsize=(3.7 * len(LINE_METRICS), 3.6))
+    pair = ratio_pair(set(settings))
+    panels = len(LINE_METRICS) + (1 if pair else 0)
+    fig, axes = plt.subplots(1, panels, figsize=(3.7 * panels, 3.6))
+    if pair:
+        _ratio_panel(axes[-1], table, key, others, combos, numeric, xs_all, pair)
     for ax, (metric, label) in zip(axes, LINE_METRICS):
         for si, setting in enumerate(settings):
             color = setting_color(setting, si)
@@ -79,8 +83,10 @@ def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
                 if not numeric:
                     stats = stats.reindex([v for v in xs_all if v in stats.index])
                 x = stats.index.to_numpy() if numeric else np.array([xs_all.index(v) for v in stats.index])
-                ax.plot(x, stats["mean"], color=color, linestyle=_style(ci),
-                        marker=MARKERS[ci % len(MARKERS)], ms=3.5, linewidth=1.3)
+                # a later setting's markers hollow and on top: equal lines stay both visible
+                ax.plot(x, stats["mean"], color=color, linestyle=_style(ci), marker=MARKERS[ci % len(MARKERS)],
+                        ms=3.5 + 2 * si, linewidth=1.3, markerfacecolor=color if si == 0 else "none",
+                        zorder=2 + si)
                 if reps > 1:
                     ax.fill_between(x, stats["min"], stats["max"], color=color, alpha=0.12, linewidth=0)
         if not numeric:
@@ -93,6 +99,15 @@ def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
         if numeric and len(xs_all) <= 12:  # ticks at the grid's own values
             ax.set_xticks(xs_all, [_label(v) for v in xs_all], fontsize=8, rotation=30 if len(xs_all) > 6 else 0)
             ax.minorticks_off()
+    for ax in axes[len(LINE_METRICS):]:
+        if numeric and table[key].min() > 0 and table[key].max() / table[key].min() >= 16:
+            ax.set_xscale("log", base=2)
+        if numeric and len(xs_all) <= 12:
+            ax.set_xticks(xs_all, [_label(v) for v in xs_all], fontsize=8, rotation=30 if len(xs_all) > 6 else 0)
+            ax.minorticks_off()
+        if not numeric:
+            ax.set_xticks(range(len(xs_all)), [_label(v) for v in xs_all], rotation=30, fontsize=7)
+        ax.set_xlabel(key)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     # legends below the panels, covering no data: colour = setting, style = the other keys' values
     handles = [Line2D([], [], color=setting_color(s, i), linewidth=2.5) for i, s in enumerate(settings)]
@@ -110,8 +125,43 @@ def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
         fig.add_artist(leg)
     runs = f"mean of {reps} repeats, band: min to max across them" if reps > 1 else "one run per point"
     per = f"; a line per setting and per {', '.join(_short(k) for k in others)}" if others else ""
-    fig.suptitle(f"{scenario}: sweep over {key}{per} ({runs})", fontsize=10)
+    finding = ""
+    if pair:
+        r = paired_ratios(table, "output_throughput", pair[0], pair[1])["ratio"]
+        if len(r):
+            finding = f": {pair[0]}/{pair[1]} output throughput {r.min():.2f}x to {r.max():.2f}x"
+    fig.suptitle(f"{scenario}: sweep over {key}{finding}{per} ({runs})", fontsize=10)
     return fig
+
+
+def _ratio_panel(ax, table: pd.DataFrame, key: str, others: list, combos: list, numeric: bool, xs_all: list,
+                 pair: tuple) -> None:
+    """The pair's output-throughput ratio against ``key`` (geometric mean over repeats), with the
+    verdict's thresholds: the ratio one A/B run shows beyond noise at the default run-to-run CV
+    (:func:`sim.whatif.verdict.threshold_ratio`), above and below break-even."""
+    from sim.whatif.verdict import DEFAULT_RUN_CV, threshold_ratio
+
+    pr = paired_ratios(table, "output_throughput", pair[0], pair[1])
+    pr["log"] = np.log(pr["ratio"])
+    for ci, combo in enumerate(combos):
+        g = pr
+        for k, v in zip(others, combo):
+            g = g[g[k].isna()] if pd.isna(v) else g[g[k] == v]
+        if g.empty:
+            continue
+        stats = np.exp(g.groupby(key, sort=numeric)["log"].mean())
+        if not numeric:
+            stats = stats.reindex([v for v in xs_all if v in stats.index])
+        x = stats.index.to_numpy() if numeric else np.array([xs_all.index(v) for v in stats.index])
+        ax.plot(x, stats.to_numpy(), color="#333333", linestyle=_style(ci), marker=MARKERS[ci % len(MARKERS)],
+                ms=3.5, linewidth=1.3)
+    t = threshold_ratio(DEFAULT_RUN_CV)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    for level in (t, 1 / t):
+        ax.axhline(level, color="#888888", linewidth=0.8, linestyle=":")
+    ax.set_title(f"{pair[0]}/{pair[1]} output throughput\n(dotted: one A/B run's noise at {DEFAULT_RUN_CV:.0%} CV)",
+                 fontsize=9)
+    ax.grid(alpha=0.3)
 
 
 def _pretty(metric: str) -> str:
@@ -133,6 +183,12 @@ def ratio_heatmap(table: pd.DataFrame, x_key: str, y_key: str, scenario: str, me
     contour = z.shape[0] > 1 and z.shape[1] > 1 and np.nanmin(z) < 1 < np.nanmax(z)
     if contour:
         ax.contour(np.log(z), levels=[0.0], colors="black", linewidths=1.5, zorder=2)
+    from sim.whatif.verdict import DEFAULT_RUN_CV, threshold_ratio
+
+    lt = math.log(threshold_ratio(DEFAULT_RUN_CV))
+    levels = [v for v in (-lt, lt) if z.shape[0] > 1 and z.shape[1] > 1 and np.nanmin(np.log(z)) < v < np.nanmax(np.log(z))]
+    if levels:
+        ax.contour(np.log(z), levels=levels, colors="black", linewidths=1.0, linestyles=":", zorder=2)
     for (i, j), v in np.ndenumerate(z):
         dark = v > 0 and abs(math.log(v)) > 0.6 * span
         # a white halo keeps a value readable where the break-even line passes under it
@@ -149,6 +205,8 @@ def ratio_heatmap(table: pd.DataFrame, x_key: str, y_key: str, scenario: str, me
     cbar.set_label(f"{num}/{den} {_pretty(metric)}")
     better = ">1" if "throughput" in metric else "<1"
     line = "; black line: break-even (ratio 1)" if contour else ""
+    if levels:
+        line += f"; dotted: beyond one A/B run's noise at {DEFAULT_RUN_CV:.0%} CV ({math.exp(lt):.3f}x)"
     ax.set_title(f"{scenario}: {num}/{den} {_pretty(metric)}\n({better}: {num} better{line})", fontsize=9)
     fig.tight_layout()
     return fig
@@ -174,7 +232,10 @@ def ratio_ci_plot(table: pd.DataFrame, scenario: str, metric: str = "output_thro
     ax.set_ylabel(f"{num}/{den} {_pretty(metric)}")
     ax.grid(axis="y", alpha=0.3)
     n = int(ci["n"].max()) if len(ci) else 0
-    ax.set_title(f"{scenario}: paired ratio (point) and its {level:.0%} t-interval over {n} repeats", fontsize=9)
+    flat = len(ci) and bool(((ci["ci_high"] - ci["ci_low"]).fillna(0).abs() < 1e-9).all())
+    why = ("\nno interval: the repeats are identical (the scenario has no run-to-run noise: set costs.noise)"
+           if flat else "")
+    ax.set_title(f"{scenario}: paired ratio (point) and its {level:.0%} t-interval over {n} repeats{why}", fontsize=9)
     fig.tight_layout()
     return fig
 

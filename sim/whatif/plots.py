@@ -47,6 +47,25 @@ def _short(key: str) -> str:
     return ".".join(key.split(".")[-2:])
 
 
+def _select(df: pd.DataFrame, keys: list, values: tuple) -> pd.DataFrame:
+    """The rows of ``df`` whose ``keys`` hold ``values`` (a NaN value matches NaN)."""
+    for k, v in zip(keys, values):
+        df = df[df[k].isna()] if pd.isna(v) else df[df[k] == v]
+    return df
+
+
+def _format_x(ax, table: pd.DataFrame, key: str, numeric: bool, xs_all: list) -> None:
+    """The grid key's axis: its own values as ticks, base-2 log over a wide numeric span."""
+    if not numeric:
+        ax.set_xticks(range(len(xs_all)), [_label(v) for v in xs_all], rotation=30, fontsize=7)
+    ax.set_xlabel(key)
+    if numeric and table[key].min() > 0 and table[key].max() / table[key].min() >= 16:
+        ax.set_xscale("log", base=2)
+    if numeric and len(xs_all) <= 12:  # ticks at the grid's own values
+        ax.set_xticks(xs_all, [_label(v) for v in xs_all], fontsize=8, rotation=30 if len(xs_all) > 6 else 0)
+        ax.minorticks_off()
+
+
 def num_repeats(table: pd.DataFrame) -> int:
     """Runs per grid point and setting (the most of any point)."""
     by = grid_keys(table) + ["setting"]
@@ -74,9 +93,7 @@ def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
             color = setting_color(setting, si)
             sub = table[table["setting"] == setting]
             for ci, combo in enumerate(combos):
-                g = sub
-                for k, v in zip(others, combo):
-                    g = g[g[k].isna()] if pd.isna(v) else g[g[k] == v]
+                g = _select(sub, others, combo)
                 if g.empty:
                     continue
                 stats = g.groupby(key, sort=numeric)[metric].agg(["mean", "min", "max"])
@@ -89,25 +106,10 @@ def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
                         zorder=2 + si)
                 if reps > 1:
                     ax.fill_between(x, stats["min"], stats["max"], color=color, alpha=0.12, linewidth=0)
-        if not numeric:
-            ax.set_xticks(range(len(xs_all)), [_label(v) for v in xs_all], rotation=30, fontsize=7)
-        ax.set_xlabel(key)
         ax.set_title(label, fontsize=9)
         ax.grid(alpha=0.3)
-        if numeric and table[key].min() > 0 and table[key].max() / table[key].min() >= 16:
-            ax.set_xscale("log", base=2)
-        if numeric and len(xs_all) <= 12:  # ticks at the grid's own values
-            ax.set_xticks(xs_all, [_label(v) for v in xs_all], fontsize=8, rotation=30 if len(xs_all) > 6 else 0)
-            ax.minorticks_off()
-    for ax in axes[len(LINE_METRICS):]:
-        if numeric and table[key].min() > 0 and table[key].max() / table[key].min() >= 16:
-            ax.set_xscale("log", base=2)
-        if numeric and len(xs_all) <= 12:
-            ax.set_xticks(xs_all, [_label(v) for v in xs_all], fontsize=8, rotation=30 if len(xs_all) > 6 else 0)
-            ax.minorticks_off()
-        if not numeric:
-            ax.set_xticks(range(len(xs_all)), [_label(v) for v in xs_all], rotation=30, fontsize=7)
-        ax.set_xlabel(key)
+    for ax in axes:
+        _format_x(ax, table, key, numeric, xs_all)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     # legends below the panels, covering no data: colour = setting, style = the other keys' values
     handles = [Line2D([], [], color=setting_color(s, i), linewidth=2.5) for i, s in enumerate(settings)]
@@ -144,9 +146,7 @@ def _ratio_panel(ax, table: pd.DataFrame, key: str, others: list, combos: list, 
     pr = paired_ratios(table, "output_throughput", pair[0], pair[1])
     pr["log"] = np.log(pr["ratio"])
     for ci, combo in enumerate(combos):
-        g = pr
-        for k, v in zip(others, combo):
-            g = g[g[k].isna()] if pd.isna(v) else g[g[k] == v]
+        g = _select(pr, others, combo)
         if g.empty:
             continue
         stats = np.exp(g.groupby(key, sort=numeric)["log"].mean())

@@ -116,6 +116,11 @@ def config_from_args(args: argparse.Namespace):
     except CalibrationInputError as err:
         if err.source != "model shape":
             raise
+        if err.field == "kv_heads" and args.kv_heads is None and args.heads is not None:
+            # the user changed --heads; the shape's own kv_heads no longer divides it
+            kv = err.expected.split("got ")[-1].rstrip(")")
+            raise CalibrationInputError("--heads", "", f"a multiple of the model's {kv} KV heads, or pass --kv-heads "
+                                        f"too (got --heads {args.heads})") from None
         raise CalibrationInputError("--" + err.field.replace("_", "-"), "", err.expected) from None
     grid = default_grid(args.device, args.quick)
     changes = {k: tuple(getattr(args, a)) for k, a in (("decode_batch_sizes", "batch_sizes"), ("decode_contexts", "contexts"),

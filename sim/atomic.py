@@ -20,17 +20,50 @@ def _umask() -> int:
 @contextmanager
 def atomic_path(path: Path | str) -> Iterator[Path]:
     """Yield a temporary path in ``path``'s folder; when the block succeeds it replaces ``path``
-    (with the usual ``0o666 & ~umask`` permissions), when it fails it is removed."""
+    (with the usual ``0o666 & ~umask`` permissions), when it fails it is removed.
+
+    Raises:
+        UserInputError: naming ``path``, when the system refuses the folder, the temporary file,
+            a write into it or the rename (an OSError: a read-only or full file system, a folder
+            that takes no files such as ``/proc``); nothing is left behind."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)
-    os.close(fd)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)
+        os.close(fd)
         yield Path(tmp)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
+    except OSError as err:
+        raise UserInputError(str(path), "", f"a file the system lets this command write ({_reason(err)})") from None
     finally:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            try:
+                Path(tmp).unlink(missing_ok=True)
+            except OSError:
+                pass
+
+
+def _reason(err: OSError) -> str:
+    return err.strerror or type(err).__name__
+
+
+def probe_writable(folder: Path, flag: str, path: Path) -> None:
+    """Create and remove a file in ``folder`` (an existing folder): where the system refuses it
+    although the permission bits allow it (``/proc`` as root, a read-only mount), the command
+    stops now, naming ``flag`` and ``path``, not after its work."""
+    try:
+        before = os.stat(folder)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".overlap-sim-probe.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise UserInputError(flag, "", f"{path}: cannot write into {folder} ({_reason(err)})") from None
+    try:  # leave no trace: the folder's times as they were
+        os.utime(folder, ns=(before.st_atime_ns, before.st_mtime_ns))
+    except OSError:
+        pass
 
 
 def _check_parents(path: Path, flag: str) -> None:
@@ -41,6 +74,7 @@ def _check_parents(path: Path, flag: str) -> None:
                 raise UserInputError(flag, "", f"{path}: {parent} is a file, not a folder")
             if not os.access(parent, os.W_OK | os.X_OK):
                 raise UserInputError(flag, "", f"{path}: the folder {parent} is not writable")
+            probe_writable(parent, flag, path)
             return
 
 
@@ -58,6 +92,7 @@ def check_output_dir(path: Path | str, flag: str) -> Path:
             raise UserInputError(flag, "", f"{path} is a file; expected a folder (it would be overwritten)")
         if not os.access(path, os.W_OK | os.X_OK):
             raise UserInputError(flag, "", f"the folder {path} is not writable")
+        probe_writable(path, flag, path)
         return path
     _check_parents(path, flag)
     return path

@@ -208,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`| head`): what was written stays, no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as err:  # a file the system refused past the up-front checks (writes go through atomic_path)
+        if getattr(err, "filename", None) is None:
+            raise
+        print(f"overlap-sim: error: {err.filename}: {err.strerror or type(err).__name__}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -238,6 +238,11 @@ def _validate(raw: Any, source: str, base_dir: str) -> Scenario:
             msg = prefixed[2]
         elif first["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
+        elif isinstance(got, dict) and got and all(":" in str(k) and v is None for k, v in got.items()):
+            # {dist:lognormal,mean:300}: YAML's flow mapping needs a space after each colon, else
+            # every "key:value" is one key with no value
+            msg = (f"a mapping such as {{dist: lognormal, mean: 300}}; YAML read {', '.join(map(repr, got))} as keys "
+                   "with no values: put a space after each colon")
         elif not isinstance(got, (dict, list)):
             msg = f"{msg} (got {got!r})"
         more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
@@ -290,6 +295,8 @@ def load_scenario(path_or_dict: Union[str, Path, dict, Scenario], overrides: Opt
     else:
         path = Path(path_or_dict)
         source, base_dir = str(path), str(path.parent)
+        if path.is_dir():
+            raise ScenarioError(source, "", "a folder; expected a scenario file (YAML)")
         if not path.is_file():
             raise ScenarioError(source, "", "no such scenario file")
         try:
@@ -331,7 +338,8 @@ def _check_files(scenario: Scenario) -> None:
     if profile:
         path = scenario.resolve_path(profile)
         if not path.is_file():
-            raise ScenarioError(scenario.source, "costs.profile", f"no such calibration profile: {path}")
+            what = "a folder, not a calibration profile" if Path(path).is_dir() else "no such calibration profile"
+            raise ScenarioError(scenario.source, "costs.profile", f"{what}: {path}")
         if isinstance(srv, VllmServer):
             from sim.engines.vllm.costs import load_vllm_profile
 

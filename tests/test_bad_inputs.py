@@ -24,6 +24,7 @@ import yaml
 
 from sim.cli import main
 
+REPO = Path(__file__).resolve().parents[1]  # the cases run in their own folder: repository files by full path
 HANG_S = 60  # a case that takes longer than this hangs (the slowest real case here takes ~2 s)
 
 # A small valid scenario: every bad case changes one thing of it.
@@ -244,7 +245,7 @@ def _(ctx):
 @case("run-folder-as-scenario")
 def _(ctx):
     (ctx.tmp / "d.yaml").mkdir()
-    return ["run", str(ctx.tmp / "d.yaml"), "--out", ctx.out], ["d.yaml", "no such scenario file"]
+    return ["run", str(ctx.tmp / "d.yaml"), "--out", ctx.out], ["d.yaml", "a folder; expected a scenario file"]
 
 
 @case("run-not-yaml")
@@ -630,7 +631,7 @@ def _(ctx):
 @case("gaps-kernels-all-nan")
 def _(ctx):
     path = ctx.chrome([{**KERNEL, "ts": float("nan"), "dur": 5}, {**KERNEL, "ts": 10, "dur": float("nan")}])
-    return ["gaps", path], [path, "no forward steps"]
+    return ["gaps", path], [path, "traceEvents", "2 span(s) are not"]
 
 
 @case("gaps-step-name-missing")
@@ -760,6 +761,70 @@ def _(ctx):
     return ["plots", run], ["summary.json", "settings"]
 
 
+# --- round three: lines that say what is wrong, writes the system refuses -----------------------------------------------
+
+@case("run-version-garbage-names-the-field")
+def _(ctx):
+    return run_scenario(ctx, {"server.version": "banana"}, "server.version", "banana")
+
+
+@case("run-flow-map-without-spaces")
+def _(ctx):
+    path = ctx.file("f.yaml", "name: f\nworkload: {arrival: closed_loop, concurrency: 2, num_requests: 4, input_len: 8, "
+                              "output_len: {dist:lognormal,mean:300}}\n")
+    return ["run", path, "--out", ctx.out], [path, "workload.output_len", "space after each colon"]
+
+
+@case("run-folder-as-profile")
+def _(ctx):
+    (ctx.tmp / "p.json").mkdir()
+    path = ctx.scenario({"costs.profile": "p.json"})
+    return ["run", path, "--out", ctx.out], ["costs.profile", "a folder"]
+
+
+@case("transfer-folder-as-profile")
+def _(ctx):
+    (ctx.tmp / "p.json").mkdir()
+    return ["transfer", str(ctx.tmp / "p.json"), "--to", "l4", "--out", str(ctx.tmp / "o.json")], ["p.json", "a folder"]
+
+
+@case("transfer-host-speed-and-probe")
+def _(ctx):
+    probe = ctx.file("r.json", json.dumps({"python_s": 0.002}))
+    return (["transfer", str(REPO / "scenarios/profiles/cpu-sglang-tiny.json"), "--from", "h200", "--to", "l4", "--host-speed", "2",
+             "--host-probe", probe, "--out", str(ctx.tmp / "o.json")], ["--host-speed", "--host-probe"])
+
+
+@case("transfer-probe-missing-names-the-path")
+def _(ctx):
+    return (["transfer", str(REPO / "scenarios/profiles/cpu-sglang-tiny.json"), "--from", "h200", "--to", "l4", "--host-probe",
+             str(ctx.tmp / "none.json"), "--out", str(ctx.tmp / "o.json")], ["--host-probe", "none.json"])
+
+
+@case("sweep-grid-empty-values")
+def _(ctx):
+    return ["sweep", ctx.scenario(), "--grid", "workload.concurrency=,,", "--out", ctx.out], ["--grid", "two commas"]
+
+
+@case("calibrate-folder-as-server-log")
+def _(ctx):
+    (ctx.tmp / "log").mkdir()
+    return (["calibrate", "--from-trace", str(REPO / "tests/data/sglang/profile/normal-c4.trace.json.gz"), "--server-log",
+             str(ctx.tmp / "log"), "--out", str(ctx.tmp / "p.json")], ["--server-log", "a folder"])
+
+
+# a folder that takes no files although its permission bits allow it (as root): /proc on Linux
+REFUSING = Path("/proc")
+if REFUSING.is_dir():
+    for _cmd in (["run", "{s}", "--out", "/proc/overlap-sim-x"], ["sweep", "{s}", "--grid", "workload.concurrency=1,2",
+                                                                  "--out", "/proc/overlap-sim-x"],
+                 ["transfer", str(REPO / "scenarios/profiles/h200-llama-3.2-1b.json"), "--to", "l4", "--out", "/proc/x.json"],
+                 ["ask", "--card", "h200", "--model", "llama-3.2-1b", "--concurrency", "2", "--input-len", "8",
+                  "--output-len", "4", "--out", "/proc/overlap-sim-x"]):
+        case(f"write-refused-{_cmd[0]}")(lambda ctx, c=_cmd: ([a.replace("{s}", ctx.scenario()) for a in c],
+                                                              ["--out", "/proc", "cannot write"]))
+
+
 # --- advise ---------------------------------------------------------------------------------------------------------------
 
 ADVISE = [
@@ -767,6 +832,18 @@ ADVISE = [
     ("device-unknown", ["--device", "tpu"], ["--device", "invalid choice"]),
     ("flag-needs-value", ["--", "--tp-size"], ["--tp-size", "expected a value"]),
     ("flag-bad-int", ["--", "--pp-size", "two"], ["--pp-size", "integer"]),
+    # the ranges the engines' own argument checks accept (declared once per engine: the rules
+    # table's `min` for SGLang, MIN_INT for vLLM)
+    ("sglang-tp-negative", ["--", "--tp-size", "-1"], ["--tp-size", ">= 1"]),
+    ("sglang-page-size-zero", ["--", "--page-size", "0"], ["--page-size", ">= 1"]),
+    ("vllm-tp-zero", ["--engine", "vllm", "--", "-tp", "0"], ["-tp", ">= 1"]),
+    ("vllm-pp-zero", ["--engine", "vllm", "--", "-pp", "0"], ["-pp", ">= 1"]),
+    ("vllm-pp-negative", ["--engine", "vllm", "--", "-pp", "-1"], ["-pp", ">= 1"]),
+    ("vllm-max-num-seqs-negative", ["--engine", "vllm", "--", "--max-num-seqs", "-4"], ["--max-num-seqs", ">= 1"]),
+    ("vllm-spec-method-list", ["--engine", "vllm", "--", "--speculative-config", '{"method": ["ngram"]}'],
+     ["--speculative-config", "a string"]),
+    ("vllm-spec-method-number", ["--engine", "vllm", "--", "--speculative-config.method", "3"],
+     ["--speculative-config", "a string"]),
 ]
 for _id, _args, _words in ADVISE:
     case(f"advise-{_id}")(lambda ctx, a=_args, w=_words: (["advise", *a], w))
@@ -779,7 +856,8 @@ CALIBRATE = [
     ("torch-gpu", ["--device", "gpu"], ["--device", "cpu, cuda"]),
     ("mlx-cuda", ["--backend", "mlx", "--device", "cuda"], ["--device", "gpu"]),
     ("layers-zero", ["--layers", "0"], ["--layers", "0"]),
-    ("heads-not-dividing", ["--heads", "3"], ["--kv-heads", "divisor"]),
+    ("heads-not-dividing", ["--heads", "3"], ["--heads", "a multiple of the model's", "--kv-heads"]),
+    ("kv-heads-not-dividing", ["--heads", "4", "--kv-heads", "3"], ["--kv-heads", "divisor"]),
     ("hidden-negative", ["--hidden", "-64"], ["--hidden", "-64"]),
     ("repeats-zero", ["--repeats", "0"], ["--repeats", "0"]),
     ("warmup-negative", ["--warmup", "-1"], ["--warmup", "-1"]),

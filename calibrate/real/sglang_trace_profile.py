@@ -329,7 +329,8 @@ def run_from_trace(args) -> int:
 
     check_output_file(args.out, "--out")
     if args.server_log is not None and not Path(args.server_log).is_file():
-        raise UserInputError(str(args.server_log), "", "no such server log (--server-log)")
+        what = "a folder; expected the server's log file" if Path(args.server_log).is_dir() else "no such server log"
+        raise UserInputError(str(args.server_log), "", f"{what} (--server-log)")
     for flag in ("trace_context", "trace_prefix"):
         v = getattr(args, flag, None)
         if v is not None and not (math.isfinite(v) and 0 <= v <= 1e7 and (v >= 1 or flag == "trace_prefix")):

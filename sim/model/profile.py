@@ -133,6 +133,8 @@ def load_profile(path: str | Path, curves: CurveTable = SGLANG_CURVES) -> dict:
     """
     path = Path(path)
     source = str(path)
+    if path.is_dir():
+        raise ProfileError(source, "", "a folder; expected a profile file (JSON)")
     if not path.is_file():
         raise ProfileError(source, "", "no such profile file")
     try:

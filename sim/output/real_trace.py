@@ -57,7 +57,25 @@ def read_trace_events(path: Path) -> list[dict]:
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise UserInputError(str(path), "traceEvents", "expected a list of trace events")
-    return [e for e in events if isinstance(e, dict)]
+    events = [e for e in events if isinstance(e, dict)]
+    bad = [e for e in events if e.get("ph") == "X" and not (_finite(e.get("ts")) and _finite(e.get("dur", 0.0)))]
+    if bad:
+        first = bad[0]
+        raise UserInputError(str(path), "traceEvents", f"every span's ts and dur a finite number of microseconds: "
+                             f"{len(bad)} span(s) are not (first: {first.get('name')!r} with ts {first.get('ts')!r}, "
+                             f"dur {first.get('dur')!r}); the trace is corrupt, and measuring the rest would "
+                             "leave gaps out")
+    return events
+
+
+def _finite(value) -> bool:
+    """A JSON number (or numeric string, as some exporters write) that is finite."""
+    if isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
 
 
 def _spans(events: list[dict], pred) -> list[dict]:

@@ -221,10 +221,20 @@ def composed_note(meta: dict | None) -> str | None:
 
 
 def load_warnings(scenario) -> list[str]:
-    """Warnings for a closed loop that asks for more clients than the run can have in flight: more
-    than ``workload.num_requests``, or more than the server's running cap (SGLang's
-    ``server.max_running_requests``, vLLM's ``max_num_seqs``: the rest wait in the queue)."""
+    """The warnings a run prints under its table and ``summary.json`` carries (``warnings``): what
+    the scenario asks for that is answered only approximately, each naming the value. The engine's
+    own (its server section's ``warnings()``: launch arguments it passed over, a loop on a device
+    its engine does not run it on); an output length of 0 (a request produces at least one token
+    here); a closed loop with more clients than requests or than the server's running cap."""
     w, server = scenario.workload, scenario.server
+    out = list(server.warnings()) if hasattr(server, "warnings") else []
+    if getattr(w, "output_len", None) == 0:
+        out.append("warning: workload.output_len 0: every request produces at least 1 token here (a prefill-only "
+                   "request of max_new_tokens 0 is not modelled): priced as 1")
+    return out + _client_warnings(w, server)
+
+
+def _client_warnings(w, server) -> list[str]:
     n = getattr(w, "concurrency", None)
     if getattr(w, "arrival", None) != "closed_loop" or not isinstance(n, int):
         return []

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import json
 import math
 import os
@@ -30,7 +31,7 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario field for every point (repeatable)")
     p.add_argument("--out", type=Path, default=None,
-                   help="sweep folder (default results/<scenario>-sweep/): points/<id>.json (one per finished run, "
+                   help="sweep folder (default results/<scenario>-sweep-<grid>/): points/<id>.json (one per finished run, "
                         "reused on a rerun), sweep.json, sweep.parquet, sweep.csv, the plots, and with --repeats > 1 "
                         "spread.csv and ratio_ci.csv")
     p.add_argument("--executor", choices=["local", "dask"], default="local",
@@ -75,6 +76,17 @@ def _print_sweep(table, scenario: str, console: Console) -> None:
         console.print(f"... {len(means) - len(shown)} more points in the table")
 
 
+def default_sweep_folder(name: str, grid: list[str], overrides: list[str]) -> Path:
+    """``results/<name>-sweep-<the grid and overrides>/`` (their text when short and plain, else a
+    hash of it): a sweep of another grid never lands in a folder of this one."""
+    text = ",".join(x.strip() for x in [*grid, *overrides])
+    if len(text) <= 80 and re.fullmatch(r"[A-Za-z0-9_.,=+-]*", text):
+        return Path("results") / (f"{name}-sweep-{text}" if text else f"{name}-sweep")
+    import hashlib
+
+    return Path("results") / f"{name}-sweep-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
+
+
 @command("sweep", "run a scenario over a grid of field values, every setting, with repeats (resumable)", _sweep_args)
 def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -94,7 +106,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.workers is not None and not 1 <= args.workers <= max_workers:
         raise UserInputError("--workers", "", f"expected 1 to {max_workers} (4 x this machine's cores; got {args.workers})")
     plan_sweep(scenario, grid, args.repeats)  # bad keys and values fail here, before the progress bar
-    out = check_output_dir(args.out or Path("results") / f"{scenario.name}-sweep", "--out")
+    from sim.output.report import load_warnings
+
+    for line in load_warnings(scenario):  # what the base scenario asks for approximately, as run says
+        print(line)
+    out = check_output_dir(args.out or default_sweep_folder(scenario.name, args.grid, args.overrides), "--out")
+    from sim.whatif.sweeps import other_sweep_note
+
+    if note := other_sweep_note(out, scenario, grid, args.repeats):
+        print(note)
     columns = (TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("points x repeats"),
                TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=_err) as progress:
@@ -286,6 +306,9 @@ def cmd_log(args: argparse.Namespace) -> int:
     _save(log_timeline(df, f"{args.log.name}: SGLang scheduler log ({len(df)} batch lines)"), out / "log.png")
     if parsed.skipped_lines:
         print(f"{args.log}: skipped {parsed.skipped_lines} line(s) that are not scheduler batch lines", file=sys.stderr)
+    if parsed.cut_lines:
+        print(f"warning: {args.log}: {parsed.cut_lines} 'Prefill/Decode batch' line(s) cut short or garbled (a label "
+              "without its value, a number that is not one) left out of the table and the plot", file=sys.stderr)
     if args.json:
         records = [{k: (v.isoformat(sep=" ") if hasattr(v, "isoformat") else v) for k, v in r.items()}
                    for r in parsed.records]

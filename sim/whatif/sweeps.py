@@ -86,6 +86,9 @@ def parse_grid(items: Iterable[str]) -> dict[str, list]:
             raise UserInputError(f"--grid {item}", key, "expected at least one value after '='")
         if key in grid:
             raise UserInputError(f"--grid {item}", key, "key given twice; put all its values in one --grid")
+        if any(v == "" for v in values):
+            raise UserInputError(f"--grid {item}", key, "a value between every two commas (an empty one is given: "
+                                 "two commas in a row, or one at an end)")
         seen = []
         for v in values:
             if v in seen:
@@ -270,6 +273,9 @@ def sweep(scenario: Union[Scenario, str, Path, dict], grid: dict[str, list], rep
         raise UserInputError("--executor", "", f"expected 'local' or 'dask' (got {executor!r})")
     scenario = load_scenario(scenario, overrides)
     tasks = plan_sweep(scenario, grid, repeats)
+    manifest = {"scenario": scenario.name, "scenario_config": scenario.model_dump(mode="json"), "grid": grid,
+                "repeats": repeats, "settings": list(scenario.server.settings), "seed_rule": SEED_RULE,
+                "point_tasks": len(tasks)}
     store = PointStore(Path(out)) if out is not None else None
     results: dict[str, dict] = {}
     for t in tasks:
@@ -283,11 +289,7 @@ def sweep(scenario: Union[Scenario, str, Path, dict], grid: dict[str, list], rep
             unique.setdefault(t.point_id, t)
     total = len(tasks)
     done = sum(t.point_id in results for t in tasks)
-    if out is not None:
-        atomic_write_text(Path(out) / MANIFEST, json.dumps(jsonable({
-            "scenario": scenario.name, "scenario_config": scenario.model_dump(mode="json"), "grid": grid,
-            "repeats": repeats, "settings": list(scenario.server.settings), "seed_rule": SEED_RULE,
-            "point_tasks": total, "resumed": done}), indent=2) + "\n")
+    resumed = done
     if on_progress:
         on_progress(done, total)
     pending = list(unique.values())
@@ -307,7 +309,33 @@ def sweep(scenario: Union[Scenario, str, Path, dict], grid: dict[str, list], rep
     if out is not None:
         atomic_write_frame(table, Path(out) / f"{TABLE_NAME}.parquet")
         atomic_write_frame(table, Path(out) / f"{TABLE_NAME}.csv")
+        # the manifest last: a sweep stopped before its table (an interrupt, an unreachable Dask
+        # scheduler) leaves the folder's manifest and table as they were, describing each other
+        atomic_write_text(Path(out) / MANIFEST, json.dumps(jsonable({**manifest, "resumed": resumed}), indent=2) + "\n")
     return table
+
+
+# the manifest's fields that say which sweep a folder holds
+SAME_SWEEP_KEYS = ("scenario_config", "grid", "repeats")
+
+
+def other_sweep_note(out: Path, scenario: Scenario, grid: dict, repeats: int) -> Optional[str]:
+    """A line saying that ``out`` holds a finished sweep of another scenario, grid or number of
+    repeats, whose table and plots this sweep will replace (its points stay and are reused where
+    they match); None when the folder holds none or the same sweep (a resume)."""
+    try:
+        old = json.loads((Path(out) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None  # no finished sweep there: points are keyed by their own content
+    if not isinstance(old, dict):
+        return None
+    new = jsonable({"scenario_config": scenario.model_dump(mode="json"), "grid": grid, "repeats": repeats})
+    differ = [k for k in SAME_SWEEP_KEYS if old.get(k) != new.get(k)]
+    if not differ:
+        return None
+    return (f"note: {out} holds a finished sweep of another {' and '.join(k.replace('_config', '') for k in differ)}: "
+            "this sweep replaces its sweep.json, table and plots when it finishes (its points stay, and those "
+            "this grid shares are reused)")
 
 
 def load_sweep(out_dir: Union[str, Path]) -> tuple[pd.DataFrame, dict]:

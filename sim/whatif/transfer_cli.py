@@ -20,7 +20,7 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None, help="the new profile to write (JSON)")
     p.add_argument("--from", dest="from_card", default=None, metavar="CARD",
                    help="the card the profile was measured on (default: its metadata.device_name)")
-    p.add_argument("--host-speed", type=float, default=1.0, metavar="X",
+    p.add_argument("--host-speed", type=float, default=None, metavar="X",
                    help="target host's single-thread CPU speed / the measuring host's (default 1: the same; "
                         "2 halves every scheduler phase)")
     p.add_argument("--host-probe", type=Path, default=None, metavar="READING",
@@ -69,7 +69,8 @@ def host_speed_from_probe(profile: dict, profile_path: Path, reading_path: Path)
     try:
         reading = json.loads(Path(reading_path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserInputError("--host-probe", "", f"a readable JSON reading ({err.__class__.__name__})") from None
+        why = getattr(err, "strerror", None) or err.__class__.__name__
+        raise UserInputError("--host-probe", "", f"a readable JSON reading ({reading_path}: {why})") from None
     now_s = reading.get("python_s") if isinstance(reading, dict) else None
     if not (isinstance(now_s, (int, float)) and math.isfinite(now_s) and now_s > 0):
         raise UserInputError(str(reading_path), "python_s", "a positive number of seconds (from calibrate.hostspeed)")
@@ -109,7 +110,7 @@ def cmd_transfer(args: argparse.Namespace) -> int:
     for flag, value in (("PROFILE", args.profile), ("--to", args.to), ("--out", args.out)):
         if value is None:
             raise UserInputError(flag, "", "required (or --list to see the cards)")
-    if not (math.isfinite(args.host_speed) and 0.01 <= args.host_speed <= 100):
+    if args.host_speed is not None and not (math.isfinite(args.host_speed) and 0.01 <= args.host_speed <= 100):
         raise UserInputError("--host-speed", "", f"a speed ratio from 0.01 to 100 (got {args.host_speed!r})")
     if not (math.isfinite(args.efficiency) and 0.05 <= args.efficiency <= 1):
         raise UserInputError("--efficiency", "", f"a share of peak from 0.05 to 1 (got {args.efficiency!r})")
@@ -121,7 +122,12 @@ def cmd_transfer(args: argparse.Namespace) -> int:
     curves = curve_table(args.profile)
     profile = load_profile(args.profile, curves)
     if args.host_probe is not None:
+        if args.host_speed is not None:
+            raise UserInputError("--host-speed", "", "either it or --host-probe, not both (the probe's reading sets the "
+                                 "host speed)")
         args.host_speed = host_speed_from_probe(profile, args.profile, args.host_probe)
+    elif args.host_speed is None:
+        args.host_speed = 1.0
     out = check_output_file(args.out, "--out")
     new = transfer_profile(profile, args.to, source=str(args.profile), from_card=args.from_card,
                            host_speed=args.host_speed, method=args.method, efficiency=args.efficiency, curves=curves)

@@ -59,6 +59,21 @@ class Server(StrictModel):
     version: Optional[str] = None
     forward_on_scheduler_thread: Optional[bool] = None
     _from_launch_args: tuple = PrivateAttr(default=())
+    _launch_notes: tuple = PrivateAttr(default=())  # launch arguments the rules passed over
+
+    def warnings(self) -> list[str]:
+        """What this server section asks for that the simulator answers only approximately, in
+        words that name the value: a launch argument the rules do not read (SGLang would act on
+        it or refuse it), a loop selected on a device its engine does not run it on (the MLX
+        chain on a CUDA card, the thread-era forward thread under MLX)."""
+        out = [f"warning: server.launch_args: {note}" for note in self._launch_notes]
+        if "overlap_mlx" in self.settings and self.device != "mlx":
+            out.append(f"warning: server.settings overlap_mlx on server.device {self.device}: SGLang runs "
+                       "event_loop_overlap_mlx only on MLX; the chain is simulated as asked")
+        if "thread_overlap" in self.settings and self.device in ("mlx", "mps"):
+            out.append(f"warning: server.settings thread_overlap on server.device {self.device}: the forward "
+                       "thread (TpModelWorkerClient) was a CUDA path; it is simulated as asked")
+        return out
 
     @field_validator("settings", mode="before")
     @classmethod
@@ -69,10 +84,11 @@ class Server(StrictModel):
     @classmethod
     def _apply_launch_args(cls, data, handler):
         derived: tuple = ()
+        notes: tuple = ()
         if isinstance(data, dict) and isinstance(data.get("launch_args"), list):
             # YAML reads `--pp-size, 2` as a number: launch arguments are strings
             data = {**data, "launch_args": [a if isinstance(a, str) else str(a) for a in data["launch_args"]]}
-            data, derived = _resolve_launch_args(data)
+            data, derived, notes = _resolve_launch_args(data)
         if isinstance(data, dict) and data.get("version") is not None:
             from sim.engines.sglang.rules.loop_rules import admission_policy, retraction_policy
             from sim.errors import UserInputError
@@ -86,6 +102,7 @@ class Server(StrictModel):
                     pass  # the version check below reports it
         server = handler(data)
         server._from_launch_args = derived
+        server._launch_notes = notes
         return server
 
     @property
@@ -105,15 +122,16 @@ class Server(StrictModel):
             try:
                 parse_version(self.version)
             except UserInputError as err:
-                raise ValueError(err.expected) from None
+                raise ValueError(f"version: {err.expected}") from None
         if self.page_size > 1 and self.kv_pool_tokens % self.page_size:
             raise ValueError(f"kv_pool_tokens: must be a multiple of page_size {self.page_size} "
                              f"(got {self.kv_pool_tokens})")
         return self
 
 
-def _resolve_launch_args(data: dict) -> tuple[dict, tuple]:
-    """Fill server fields from ``launch_args`` (see :class:`Server`); returns (data, derived keys).
+def _resolve_launch_args(data: dict) -> tuple[dict, tuple, tuple]:
+    """Fill server fields from ``launch_args`` (see :class:`Server`); returns (data, derived keys,
+    the notes on arguments the rules passed over).
 
     Raises:
         ValueError: a bad flag, a loop the simulator does not model, or a field set both in
@@ -124,7 +142,7 @@ def _resolve_launch_args(data: dict) -> tuple[dict, tuple]:
 
     args = data["launch_args"]
     if not isinstance(args, list):
-        return data, ()
+        return data, (), ()
     try:
         adv = advise([str(a) for a in args], str(data.get("device", "cuda")), data.get("version"),
                      source="server.launch_args")
@@ -143,4 +161,4 @@ def _resolve_launch_args(data: dict) -> tuple[dict, tuple]:
         if key not in data:
             data[key] = value
             derived.append(key)
-    return data, tuple(derived)
+    return data, tuple(derived), tuple(n for n in adv.config.notes if "passed over" in n)

@@ -78,8 +78,12 @@ def parse_line(line: str) -> Optional[dict]:
     if m is None:
         return None
     fields = {}
+    end = 0
     for fm in _FIELD.finditer(m.group("rest")):
         fields[_column(fm.group(1))] = _value(fm.group(2))
+        end = fm.end()
+    if m.group("rest")[end:].strip():
+        return None  # a line cut short (a label without its value): skipped and counted as cut
     if not fields or any(isinstance(v, float) and not math.isfinite(v) for v in fields.values()):
         return None  # no field, or a garbled number (nan, inf): the line is skipped and counted
     rec: dict = {"time": None, "kind": m.group("kind").lower()}
@@ -106,6 +110,7 @@ class ParsedLog:
     source: str
     records: list[dict] = field(default_factory=list)
     skipped_lines: int = 0
+    cut_lines: int = 0  # of the skipped: batch lines cut short (a label without its value)
 
     def frame(self) -> pd.DataFrame:
         """The records as a DataFrame, with ``t_s``: seconds since the first timestamped record."""
@@ -127,6 +132,8 @@ def parse_lines(lines: Iterable[str], source: str = "<lines>") -> ParsedLog:
         rec = parse_line(line)
         if rec is None:
             out.skipped_lines += 1
+            if _LINE.search(line):
+                out.cut_lines += 1
         else:
             out.records.append(rec)
     return out

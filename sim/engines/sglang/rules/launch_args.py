@@ -95,9 +95,14 @@ def _convert(spec: dict, flag: str, raw: str | None, source: str):
     if raw is None:
         raise UserInputError(source, flag, f"expected a value after {flag}")
     try:
-        return {"int": int, "float": float, "str": str}[kind](raw)
+        value = {"int": int, "float": float, "str": str}[kind](raw)
     except ValueError:
         raise UserInputError(source, flag, f"expected {'an integer' if kind == 'int' else 'a number'} (got {raw!r})") from None
+    low = spec.get("min")  # the range SGLang's own ServerArgs checks accept (the rules table's `min`)
+    if low is not None and not value >= low:  # NaN fails too
+        raise UserInputError(source, flag, f"expected {'an integer' if kind == 'int' else 'a number'} >= {low} "
+                             f"(got {raw!r}); SGLang refuses to start")
+    return value
 
 
 def parse_launch_args(args: list[str], platform: str = "cuda", version: str | None = None,

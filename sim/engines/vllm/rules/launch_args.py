@@ -46,6 +46,10 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {
     "--enable-prefix-caching": ("enable_prefix_caching", "bool", "enable_prefix_caching"),
     "--long-prefill-token-threshold": ("long_prefill_token_threshold", "int", "long_prefill_token_threshold"),
 }
+# the smallest value vLLM's own argument checks accept, per integer field (EngineArgs/ParallelConfig
+# validation: sizes and counts are positive; a threshold of 0 turns the feature off)
+MIN_INT = {"pipeline_parallel_size": 1, "tensor_parallel_size": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1,
+           "max_model_len": 1, "block_size": 1, "num_gpu_blocks": 1, "long_prefill_token_threshold": 0}
 DEFAULTS: dict[str, Any] = {"async_scheduling": None, "pipeline_parallel_size": 1, "tensor_parallel_size": 1,
                             "speculative_config": None, "distributed_executor_backend": None, "runner": "auto"}
 
@@ -92,7 +96,7 @@ def parse_version(text: str | None) -> Version:
         raise UserInputError("--version", "", f"expected a vLLM release such as {DEFAULT_VERSION} (got {text!r})") from None
 
 
-def _convert(kind: str, flag: str, raw: str | None, source: str):
+def _convert(kind: str, flag: str, raw: str | None, source: str, name: str = ""):
     if kind == "bool":
         low = "true" if raw is None else raw.strip().lower()
         if low in _TRUE or low in _FALSE:
@@ -102,9 +106,13 @@ def _convert(kind: str, flag: str, raw: str | None, source: str):
         raise UserInputError(source, flag, f"expected a value after {flag}")
     if kind == "int":
         try:
-            return int(raw)
+            value = int(raw)
         except ValueError:
             raise UserInputError(source, flag, f"expected an integer (got {raw!r})") from None
+        if name in MIN_INT and value < MIN_INT[name]:
+            raise UserInputError(source, flag, f"expected an integer >= {MIN_INT[name]} (got {raw!r}); vLLM refuses "
+                                 "to start")
+        return value
     if kind == "json":
         try:
             value = json.loads(raw)
@@ -166,10 +174,14 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
         if dot and spec[1] == "json":  # --speculative-config.method ngram
             fields[spec[0]] = {**(fields[spec[0]] or {}), sub: _json_scalar(raw)}
             continue
-        value = _convert(spec[1], name, raw, source)
+        value = _convert(spec[1], name, raw, source, spec[0])
         fields[spec[0]] = (not value) if negated else value
         if spec[2] is not None:
             server[spec[2]] = fields[spec[0]]
+    spec_config = fields.get("speculative_config")
+    if isinstance(spec_config, dict) and "method" in spec_config and not isinstance(spec_config["method"], str):
+        raise UserInputError(source, "--speculative-config", f"a method name (a string) as its method (got "
+                             f"{spec_config['method']!r})")
     return VllmLaunch(platform, str(ver), fields, env, server, tuple(notes))
 
 

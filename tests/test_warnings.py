@@ -1,0 +1,129 @@
+"""Where running is right but the answer is approximate, the output says so, naming the value
+(the warning channel: ``run`` and ``sweep`` print it, ``summary.json`` carries it), and what
+cannot be written stops with one line (sim.atomic)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.errors import UserInputError
+
+BASE = {"name": "w", "seed": 0,
+        "workload": {"arrival": "closed_loop", "concurrency": 2, "num_requests": 4, "input_len": 16, "output_len": 4},
+        "server": {"settings": ["overlap", "normal"], "kv_pool_tokens": 4096}}
+
+
+def _scenario(tmp_path, **server) -> str:
+    d = json.loads(json.dumps(BASE))
+    d["server"].update(server.pop("server", {}))
+    d["workload"].update(server.pop("workload", {}))
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return str(path)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"server": {"launch_args": ["--frobnicate", "3"]}}, "server.launch_args: --frobnicate 3"),
+    ({"server": {"settings": ["overlap_mlx", "normal"], "device": "cuda"}}, "overlap_mlx on server.device cuda"),
+    ({"server": {"settings": ["thread_overlap", "normal"], "device": "mlx"}}, "thread_overlap on server.device mlx"),
+    ({"workload": {"output_len": 0}}, "workload.output_len 0"),
+])
+def test_approximate_answers_say_so(run_cli, tmp_path, change, words):
+    path = _scenario(tmp_path, **change)
+    code, out, err = run_cli(["run", path, "--out", tmp_path / "r", "--no-plots"])
+    assert code in (0, 3), err
+    assert any(line.startswith("warning:") and words in line for line in out.splitlines())
+    assert any(words in w for w in json.loads((tmp_path / "r" / "summary.json").read_text())["warnings"])
+    code, out, err = run_cli(["sweep", path, "--grid", "workload.concurrency=1,2", "--out", tmp_path / "sw",
+                              "--workers", "1", "--no-plots"])
+    assert code == 0, err
+    assert words in out
+
+
+def test_a_plain_scenario_has_no_warnings(run_cli, tmp_path):
+    code, out, _ = run_cli(["run", _scenario(tmp_path), "--out", tmp_path / "r", "--no-plots"])
+    assert code == 0 and "warning:" not in out
+    assert "warnings" not in json.loads((tmp_path / "r" / "summary.json").read_text())
+
+
+def test_a_cut_log_line_is_named_not_parsed(run_cli, tmp_path):
+    from tests.conftest import ROOT
+
+    log = tmp_path / "cut.log"
+    log.write_text((ROOT / "docs/examples/sglang-server.log").read_text()
+                   + "[2026-11-20 10:00:03] Decode batch, #running-req: 8, #token: 4096, gen throughput (tok\n")
+    code, out, err = run_cli(["log", log, "--out", tmp_path / "l"])
+    assert code == 0 and "1 'Prefill/Decode batch' line(s) cut short" in err
+
+
+def test_another_grid_in_a_used_sweep_folder_is_said_and_the_manifest_follows_the_table(run_cli, tmp_path):
+    path = _scenario(tmp_path)
+    out = tmp_path / "sw"
+    assert run_cli(["sweep", path, "--grid", "workload.concurrency=1,2", "--out", out, "--workers", "1",
+                    "--no-plots"])[0] == 0
+    code, stdout, _ = run_cli(["sweep", path, "--grid", "workload.concurrency=1,3", "--out", out, "--workers", "1",
+                               "--no-plots"])
+    assert code == 0 and "holds a finished sweep of another grid" in stdout
+    manifest = json.loads((out / "sweep.json").read_text())
+    import pandas as pd
+
+    table = pd.read_csv(out / "sweep.csv")
+    assert manifest["grid"] == {"workload.concurrency": [1, 3]}
+    assert sorted(table["workload.concurrency"].unique()) == [1, 3]
+    code, stdout, _ = run_cli(["sweep", path, "--grid", "workload.concurrency=1,3", "--out", out, "--workers", "1",
+                               "--no-plots"])
+    assert code == 0 and "another grid" not in stdout  # the same sweep again: a resume
+
+
+def test_a_write_the_system_refuses_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    from sim import atomic
+
+    def refuse(src, dst):
+        raise OSError(30, "Read-only file system", str(dst))
+
+    monkeypatch.setattr(atomic.os, "replace", refuse)
+    target = tmp_path / "f.json"
+    with pytest.raises(UserInputError) as err:
+        with atomic.atomic_path(target) as tmp:
+            tmp.write_text("x")
+    assert str(target) in str(err.value) and "Read-only" in str(err.value)
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_probe_leaves_the_folder_as_it_was(tmp_path):
+    from sim.atomic import check_output_dir
+
+    before = os.stat(tmp_path)
+    check_output_dir(tmp_path, "--out")
+    after = os.stat(tmp_path)
+    assert os.listdir(tmp_path) == [] and after.st_mtime_ns == before.st_mtime_ns
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(-10**6, 10**6), st.sampled_from(["-tp", "-pp", "--max-num-seqs", "--block-size"]))
+def test_vllm_launch_ranges_are_the_engines(value, flag):
+    from sim.engines.vllm.rules.launch_args import parse_launch_args
+
+    if value >= 1:
+        assert parse_launch_args([flag, str(value)]).fields
+    else:
+        with pytest.raises(UserInputError, match=">= 1"):
+            parse_launch_args([flag, str(value)])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(-10**6, 10**6), st.sampled_from(["--tp-size", "--pp-size", "--max-running-requests"]))
+def test_sglang_launch_ranges_are_the_engines(value, flag):
+    from sim.engines.sglang.rules.launch_args import parse_launch_args
+
+    if value >= 1:
+        assert parse_launch_args([flag, str(value)]).fields
+    else:
+        with pytest.raises(UserInputError, match=">= 1"):
+            parse_launch_args([flag, str(value)])

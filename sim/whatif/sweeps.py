@@ -151,8 +151,7 @@ class PointStore:
     """Saved point results under ``out_dir/points/``, one JSON file per point task."""
 
     def __init__(self, out_dir: Path):
-        self.dir = Path(out_dir) / POINTS_DIR
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = Path(out_dir) / POINTS_DIR  # made by the first save (a sweep that runs nothing leaves nothing)
 
     def _path(self, point_id: str) -> Path:
         return self.dir / f"{point_id}.json"

@@ -460,3 +460,13 @@ def test_a_transferred_vllm_profile_drops_the_cpu_rule_for_mixed_steps():
     p["metadata"]["mixed_steps"] = "sum_of_parts"
     new = transfer_profile(p, "l4", curves=_vllm_curves())
     assert "mixed_steps" not in new["metadata"] and p["metadata"]["mixed_steps"] == "sum_of_parts"
+
+
+def test_the_card_list_fits_80_columns(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["transfer", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = [line for line in lines if line.startswith(("┃", "│", "┏", "└"))]
+    assert table and all(len(line) <= 80 for line in table)
+    assert any(line.startswith("│ h200") and "NVIDIA H200" in line for line in table)  # names not broken
+    assert any(line.startswith("l4: host ") for line in lines)

@@ -127,3 +127,58 @@ def test_sglang_launch_ranges_are_the_engines(value, flag):
     else:
         with pytest.raises(UserInputError, match=">= 1"):
             parse_launch_args([flag, str(value)])
+
+
+def test_an_unreachable_dask_scheduler_leaves_nothing(run_cli, tmp_path):
+    pytest.importorskip("dask.distributed")
+    out = tmp_path / "sw"
+    code, _, err = run_cli(["sweep", _scenario(tmp_path), "--grid", "workload.concurrency=1,2", "--executor", "dask",
+                            "--scheduler", "tcp://127.0.0.1:1", "--out", out, "--no-plots"])
+    assert code == 2 and "--scheduler" in err.strip().splitlines()[-1] and "Traceback" not in err
+    assert not out.exists() or not any(out.rglob("*"))
+
+
+def test_a_relative_engine_python_is_taken_from_the_working_directory(tmp_path, monkeypatch):
+    """A relative --engine-python names a file under the working directory, not under the
+    repository the modules run in (it was a traceback)."""
+    from calibrate.real.environment import find_engine
+
+    fake = tmp_path / "venv" / "bin" / "python"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("#!/bin/sh\necho 0.5.23\n")
+    fake.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    engine = find_engine("sglang", "venv/bin/python")
+    assert engine.python == fake and engine.python.is_absolute() and engine.version == "0.5.23"
+
+
+def test_the_verdict_names_placeholders_and_extrapolation(run_cli, tmp_path):
+    from tests.conftest import SCENARIOS
+
+    code, out, _ = run_cli(["run", _scenario(tmp_path), "--out", tmp_path / "p", "--no-plots"])
+    line = next(x for x in out.splitlines() if x.startswith("verdict:"))
+    assert code == 0 and "placeholders: no device was measured" in line
+    # 300 clients on the H200 profile: decode batches past its grid of 256
+    code, out, _ = run_cli(["run", SCENARIOS / "quickstart.yaml", "--set", "workload.concurrency=300", "--set",
+                            "workload.num_requests=600", "--set", "workload.output_len=16", "--set",
+                            "server.max_running_requests=300", "--out", tmp_path / "x", "--no-plots", "--json"])
+    verdict = json.loads(out)["verdict"]
+    assert code == 0 and verdict["extrapolated_share"] > 0
+    assert "beyond the profile's measured grid" in verdict["line"]
+
+
+def test_a_moved_profile_states_a_wider_range_than_the_measured_one(run_cli, tmp_path):
+    """The same card's profile, moved to that card by transfer (the forward unchanged, ±30% stated):
+    its range is wider than the measured profile's."""
+    from tests.conftest import ROOT, SCENARIOS
+
+    measured = ROOT / "scenarios/profiles/h200-llama-3.2-1b.json"
+    moved = tmp_path / "moved.json"
+    assert run_cli(["transfer", measured, "--to", "h200", "--out", moved])[0] == 0
+    spans = {}
+    for name, prof in (("measured", measured), ("moved", moved)):
+        code, out, _ = run_cli(["run", SCENARIOS / "quickstart.yaml", "--set", f"costs.profile={prof}", "--out",
+                                tmp_path / name, "--no-plots", "--json"])
+        r = json.loads(out)["verdict"]["stated_range"]
+        spans[name] = r["ratio_high"] - r["ratio_low"]
+    assert spans["moved"] > spans["measured"] > 0

@@ -42,13 +42,18 @@ def _print_cards() -> None:
     from sim.model.cards import CARDS
     from sim.output.report import console_width
 
+    # the numbers in a table that fits 80 columns; each card's host and sources below it, as
+    # paragraphs that wrap (long URLs in a table column wrapped a letter at a time)
     t = Table(title="cards: public peak specs (vendor pages)")
-    for col in ("card", "name", "memory (GB)", "bandwidth (GB/s)", "dense BF16 (TFLOPS)", "host CPU", "source"):
-        t.add_column(col, justify="right" if "(" in col else "left")
+    for col in ("card", "name", "memory (GB)", "bandwidth (GB/s)", "dense BF16 (TFLOPS)"):
+        t.add_column(col, justify="right" if "(" in col else "left", no_wrap=col in ("card", "name"))
     for c in CARDS.values():
         t.add_row(c.key, c.name, f"{c.memory_gb:g}", f"{c.bandwidth_gb_s:g}",
-                  "-" if c.bf16_tflops is None else f"{c.bf16_tflops:g}", c.host, c.source)
-    Console(width=console_width()).print(t)
+                  "-" if c.bf16_tflops is None else f"{c.bf16_tflops:g}")
+    console = Console(width=console_width())
+    console.print(t)
+    for c in CARDS.values():
+        console.print(f"{c.key}: host {c.host}; source {c.source}", highlight=False, soft_wrap=False)
 
 
 def host_speed_from_probe(profile: dict, profile_path: Path, reading_path: Path) -> float:

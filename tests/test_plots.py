@@ -313,3 +313,23 @@ def test_validation_plot_numbers_points_rings_disturbed_runs_and_draws_the_targe
     assert any("9.00" in t.get_text() for t in sp_ax.texts)
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert any("target band" in t for t in legend) and any("disturbed" in t for t in legend)
+
+
+def test_the_timeline_of_long_prefills_shows_decode_steps():
+    """A run of long prefills with few decode steps between them: the strip starts before the
+    longest run of decodes, not in the middle of a prefill."""
+    from sim.output.plots import KIND_COLORS, timeline
+
+    sc = load_scenario(ROOT / "scenarios/quickstart.yaml",
+                       ["workload.input_len=8000", "workload.cached_len=0", "workload.output_len=12",
+                        "workload.num_requests=16"])
+    steps = {s: simulate(sc, s).steps for s in sc.server.settings}
+    step_s = float((steps["normal"].query("kind == 'decode'")["forward_end"]
+                    - steps["normal"].query("kind == 'decode'")["forward_start"]).median())
+    fig = timeline(steps, "t", window_s=8 * step_s)
+    decode_color = matplotlib.colors.to_hex(KIND_COLORS["decode"])
+    for ax in fig.axes:
+        drawn = [c for c in ax.collections if len(c.get_paths())
+                 and matplotlib.colors.to_hex(c.get_facecolor()[0]) == decode_color]
+        assert drawn and sum(len(c.get_paths()) for c in drawn) >= 3
+    plt.close(fig)

@@ -239,12 +239,36 @@ def _phase_spans(df: pd.DataFrame) -> dict[str, list[tuple[float, float]]]:
     return spans
 
 
+def _decode_window_start(df: pd.DataFrame) -> float:
+    """Where the strip starts: just before the longest run of consecutive decode steps (the
+    steady state overlap is about), so a run of long prefills with few decodes between them still
+    shows decode steps; the middle of the run when it has no decode step."""
+    kinds = df["kind"].to_numpy() if "kind" in df else np.array([])
+    starts = df["forward_start"].to_numpy(dtype=float)
+    best, best_len, i = None, 0, 0
+    while i < len(kinds):
+        if kinds[i] == "decode":
+            j = i
+            while j < len(kinds) and kinds[j] == "decode":
+                j += 1
+            if j - i > best_len:
+                best, best_len = i, j - i
+            i = j
+        else:
+            i += 1
+    if best is None:
+        return float(np.median(starts)) if len(starts) else 0.0
+    first = best + min(best_len // 2, max(best_len - 6, 0))  # about 6 decode steps into view
+    step = float(df["forward_end"].iloc[first] - starts[first])
+    return float(starts[first] - step)
+
+
 def timeline(steps: dict[str, pd.DataFrame], title: str, window_s: float = 0.03, start_s: float | None = None):
     """Timeline strip per setting: a CPU lane (phases) and a device lane (forwards), ms axis,
     over ``window_s`` seconds starting at ``start_s`` (default: the middle of the run)."""
     fig, axes = plt.subplots(len(steps), 1, figsize=(11, 1.6 + 1.3 * len(steps)), squeeze=False)
     for ax, (name, df) in zip(axes[:, 0], steps.items()):
-        t0 = start_s if start_s is not None else float(df["forward_start"].median())
+        t0 = start_s if start_s is not None else _decode_window_start(df)
         t1 = t0 + window_s
         sel = df[(df["process_end"] >= t0) & (df["recv_start"] <= t1)]
         for phase, spans in _phase_spans(sel).items():
@@ -272,9 +296,12 @@ def save_run_plots(out_dir: Path, scenario_name: str, steps: dict[str, pd.DataFr
     ``requests`` (per setting) gives the measured window of gaps.png; without it the whole run.
     ``device``: the scenario's ``server.device`` (the gaps' name, :func:`device_word`)."""
     out_dir = Path(out_dir)
-    # a strip of about 6 decode steps of the slowest setting, capped at a few hundred ms
-    step_s = max((float((df["forward_end"] - df["forward_start"]).median()) for df in steps.values() if len(df)),
-                 default=0.01)
+    # a strip of about 6 decode steps of the slowest setting (a decode step's length, not a long
+    # prefill's), capped at a few hundred ms
+    def step_of(df):
+        d = df[df["kind"] == "decode"] if "kind" in df and (df["kind"] == "decode").any() else df
+        return float((d["forward_end"] - d["forward_start"]).median())
+    step_s = max((step_of(df) for df in steps.values() if len(df)), default=0.01)
     window = float(min(0.3, max(0.005, 6 * step_s * 1.5)))
     return [
         _save(gap_histogram(steps, f"{scenario_name}: the {device_word(device)}", requests, device, summaries),

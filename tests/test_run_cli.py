@@ -163,3 +163,11 @@ def test_a_concurrency_the_run_cannot_hold_is_named(tmp_path, capsys):
     assert "workload.concurrency 100 exceeds server.max_running_requests 64" in capsys.readouterr().out
     assert main(["run", "scenarios/quickstart.yaml", "--no-plots", "--out", str(tmp_path / "b")]) == 0
     assert "exceeds" not in capsys.readouterr().out
+
+
+def test_a_dead_servers_idle_share_is_not_reported_as_serving(tmp_path, capsys):
+    from sim.cli import main
+
+    assert main(["run", "scenarios/kv-pressure.yaml", "--no-plots", "--out", str(tmp_path / "k")]) == 3
+    rows = [line for line in capsys.readouterr().out.splitlines() if "idle fraction" in line or "gap mean" in line]
+    assert rows and all("server died" in row for row in rows)

@@ -159,11 +159,16 @@ def print_table(title: str, summaries: dict[str, dict], console: Console | None 
         table.add_column(name, justify="right")
     for rname in rat:
         table.add_column(rname, justify="right")
+    died = {name for name, s in summaries.items() if s.get("outcome", "ok") != "ok"}
     for label, key, fmt in TABLE_ROWS:
         if key == "gpu_idle_fraction" and device_word(device) != "GPU":
             label = CPU_IDLE_LABEL
-        cells = [_cell(s, key, fmt, label) for s in summaries.values()]
-        cells += [_ratio_cell(r, key, label) for r in rat.values()]
+        # a server that died idles ever after: its idle share and gaps describe no serving
+        idle_row = key in ("gpu_idle_fraction", "gap")
+        cells = ["server died" if idle_row and name in died else _cell(s, key, fmt, label)
+                 for name, s in summaries.items()]
+        cells += ["-" if idle_row and any(part in died for part in rname.split("/")) else _ratio_cell(r, key, label)
+                  for rname, r in rat.items()]
         table.add_row(label, *cells)
     console.print(table)
     for name, s in summaries.items():

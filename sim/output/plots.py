@@ -289,6 +289,22 @@ def timeline(steps: dict[str, pd.DataFrame], title: str, window_s: float = 0.03,
     return fig
 
 
+def _finding(summaries: dict[str, dict]) -> str:
+    """': overlap/normal throughput 1.20x, TPOT 0.83x' for the pair the run compares (or '')."""
+    from sim.output.report import ratio_pair
+
+    pair = ratio_pair(set(summaries))
+    if not pair:
+        return ""
+    a, b = (summaries[n] for n in pair)
+    parts = []
+    for key, name in (("output_throughput", "throughput"), ("median_tpot_ms", "TPOT")):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, (int, float)) and isinstance(y, (int, float)) and y and math.isfinite(x / y):
+            parts.append(f"{name} {x / y:.2f}x")
+    return f": {pair[0]}/{pair[1]} {', '.join(parts)}" if parts else ""
+
+
 def save_run_plots(out_dir: Path, scenario_name: str, steps: dict[str, pd.DataFrame],
                    summaries: dict[str, dict], requests: Optional[dict[str, pd.DataFrame]] = None,
                    device: str = "cuda") -> list[Path]:
@@ -306,7 +322,7 @@ def save_run_plots(out_dir: Path, scenario_name: str, steps: dict[str, pd.DataFr
     return [
         _save(gap_histogram(steps, f"{scenario_name}: the {device_word(device)}", requests, device, summaries),
               out_dir / "gaps.png"),
-        _save(metric_bars(summaries, f"{scenario_name}: throughput and latency", device=device),
+        _save(metric_bars(summaries, f"{scenario_name}: throughput and latency{_finding(summaries)}", device=device),
               out_dir / "metrics.png"),
         _save(timeline(steps, f"{scenario_name}: timeline (CPU phases above, device forwards below)", window),
               out_dir / "timeline.png"),

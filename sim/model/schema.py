@@ -22,7 +22,8 @@ MAX_POOL_TOKENS = 10**12  # the KV pool
 MAX_REQUESTS = 10**8  # requests of a run, clients, running requests
 MAX_SEED = 2**63 - 1
 MAX_SCALE, MIN_SCALE = 1.0e6, 1.0e-6  # costs.{gpu,cpu}.scale
-MAX_CV = 100.0  # coefficients of variation of the jitter
+MAX_CV = 100.0  # coefficients of variation of the per-step jitter
+MAX_RUN_CV = 1.0  # a run-to-run CV is a fraction: above 1 (100%) it is a percentage given by mistake
 
 Seconds = Annotated[float, Field(ge=0.0, le=MAX_STEP_S)]  # a cost in seconds
 Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS)]
@@ -229,8 +230,8 @@ class Noise(StrictModel):
 
     gpu_cv: float = Field(default=0.0, ge=0, le=MAX_CV)
     cpu_cv: float = Field(default=0.0, ge=0, le=MAX_CV)
-    run_gpu_cv: float = Field(default=0.0, ge=0, le=MAX_CV)
-    run_cpu_cv: float = Field(default=0.0, ge=0, le=MAX_CV)
+    run_gpu_cv: float = Field(default=0.0, ge=0, le=MAX_RUN_CV)
+    run_cpu_cv: float = Field(default=0.0, ge=0, le=MAX_RUN_CV)
 
 
 class GilCosts(StrictModel):

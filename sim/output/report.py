@@ -233,6 +233,10 @@ def load_warnings(scenario) -> list[str]:
     here); a closed loop with more clients than requests or than the server's running cap."""
     w, server = scenario.workload, scenario.server
     out = list(server.warnings()) if hasattr(server, "warnings") else []
+    cached, prompt = getattr(w, "cached_len", None), getattr(w, "input_len", None)
+    if isinstance(cached, int) and isinstance(prompt, int) and cached >= prompt > 0:
+        out.append(f"warning: workload.cached_len {cached} >= input_len {prompt}: the last prompt token is always "
+                   f"computed (a prefill extends at least one token): priced as {prompt - 1} cached")
     if getattr(w, "output_len", None) == 0:
         out.append("warning: workload.output_len 0: every request produces at least 1 token here (a prefill-only "
                    "request of max_new_tokens 0 is not modelled): priced as 1")

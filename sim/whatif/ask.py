@@ -63,8 +63,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_run_cv_argument(p)
 
 
+def model_key(text: str) -> str:
+    """A model name as the shipped profiles name it: case folded, a hub organisation and an
+    instruction-tuned suffix dropped (``meta-llama/Llama-3.1-8B-Instruct`` -> ``llama-3.1-8b``)."""
+    name = text.strip().lower().split("/")[-1]
+    return re.sub(r"-(instruct|chat|it|base)$", "", name)
+
+
 def _check(args: argparse.Namespace) -> None:
     """Every number in range, before anything is read or written (one line per fault)."""
+    from sim.whatif.verdict import check_run_cv
+
+    check_run_cv(args.run_cv)
     for flag, value, low in (("--concurrency", args.concurrency, 1), ("--input-len", args.input_len, 1),
                              ("--output-len", args.output_len, 1), ("--num-requests", args.num_requests, 1)):
         if value is not None and not low <= value <= (MAX_COUNT if "len" not in flag else MAX_TOKENS):
@@ -89,16 +99,19 @@ def _profile(args: argparse.Namespace, card) -> tuple[dict, Path, list[str]]:
     from sim.model.cards import find_card
     from sim.model.transfer import transfer_profile
 
-    name = SHIPPED.get((args.engine, args.model))
+    name = SHIPPED.get((args.engine, model_key(args.model)))
     if name is None:
         have = ", ".join(m for e, m in sorted(SHIPPED) if e == args.engine)
-        recipe = ("overlap-sim calibrate --backend torch --device cuda --model MODEL --out dev.json; overlap-sim "
-                  "calibrate --engine sglang --host-only --out host.json; overlap-sim compose dev.json host.json "
-                  "--out mine.json" if args.engine == "sglang" else
-                  "overlap-sim calibrate --backend torch --device cuda --model MODEL --out dev.json; overlap-sim "
-                  "compose dev.json scenarios/profiles/cpu-vllm-tiny.json --host-speed X --out mine.json")
+        m = model_key(args.model)
+        device = ("--backend mlx --device gpu" if card.key.startswith("m") else "--backend torch --device cuda")
+        recipe = (f"overlap-sim calibrate {device} --model {m} --out dev.json; overlap-sim calibrate --engine sglang "
+                  "--host-only --out host.json; overlap-sim compose dev.json host.json --out mine.json"
+                  if args.engine == "sglang" else
+                  f"overlap-sim calibrate {device} --model {m} --out dev.json; overlap-sim compose dev.json "
+                  "scenarios/profiles/cpu-vllm-tiny.json --host-speed X --out mine.json")
         raise UserInputError("--model", "", f"one with a measured {args.engine} profile ({have}); for "
-                             f"{args.model!r} measure it on the card ({recipe}) and run the scenario on it")
+                             f"{args.model!r} measure it on {card.name} ({recipe}), then run this command's scenario "
+                             "on it with overlap-sim run SCENARIO --set costs.profile=mine.json")
     path = PROFILES / name
     profile = json.loads(path.read_text())
     meta = profile["metadata"]
@@ -113,8 +126,9 @@ def _profile(args: argparse.Namespace, card) -> tuple[dict, Path, list[str]]:
     t = moved["metadata"]["transfer"]
     steps.append(f"moved to {card.name} by public specs (bandwidth x{t['bandwidth_ratio']:.2f}, compute "
                  f"x{t['compute_ratio']:.2f}; ±{t['uncertainty_rel']:.0%} stated)")
-    steps.append(f"the card's host x{args.host_speed:g} as fast as the profile's ({meta.get('host_cpu')})"
-                 + (" (assumed: pass --host-speed)" if args.host_speed == 1.0 else " (--host-speed)"))
+    steps.append(f"the card's host assumed as fast as the profile's host ({meta.get('host_cpu')}): pass --host-speed "
+                 "to say otherwise" if args.host_speed == 1.0 else
+                 f"the card's host x{args.host_speed:g} the profile's host's speed (--host-speed)")
     return moved, path, steps
 
 
@@ -122,7 +136,14 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")
 
 
-@command("ask", HELP, add_arguments)
+def _arguments(p: argparse.ArgumentParser) -> None:
+    add_arguments(p)
+    p.epilog = ("Exit status: 0 done; 2 bad input or an unanswerable question (one line on stderr, nothing "
+                "written); 3 a setting's server died or none of its measured requests completed (results written; "
+                "e.g. SGLang 0.5.22's normal loop on MLX).")
+
+
+@command("ask", HELP, _arguments)
 def run(args: argparse.Namespace) -> int:
     import yaml
 
@@ -135,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
     _check(args)
     card = find_card(args.card)
     if card is None:
-        raise UserInputError("--card", "", f"one of {', '.join(CARDS)} (got {args.card!r})")
+        raise UserInputError("--card", "", f"one of {', '.join(CARDS)} (got {args.card!r}); another card: calibrate "
+                             "on it (README: your own card, in three steps) and run the scenario on that profile")
     if args.engine not in ASKERS:
         raise UserInputError("--engine", "", f"one of {', '.join(sorted(ASKERS))}")
     profile, shipped, steps = _profile(args, card)

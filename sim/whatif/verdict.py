@@ -113,6 +113,7 @@ class Verdict:
     failed: str = ""
     # (lowest ratio, highest ratio, [what each stated uncertainty is]): sim.whatif.stated_range
     stated_range: Optional[tuple] = None
+    ttft_ms: tuple = (math.nan, math.nan)  # (overlapping, synchronous) median TTFT in milliseconds
     extrapolated_share: float = 0.0  # of the steps (both settings), priced beyond the profile's grid
     placeholder: bool = False  # the scenario's inline cost terms, no measured profile
 
@@ -137,7 +138,7 @@ class Verdict:
         def finite(x: float):
             return float(x) if math.isfinite(x) else None
         out = {"answer": self.answer, "settings": list(self.pair[:2]), "throughput_ratio": finite(self.throughput_ratio),
-               "tpot_ms": [finite(t) for t in self.tpot_ms], "run_cv": self.run_cv, "cv_source": self.cv_source,
+               "tpot_ms": [finite(t) for t in self.tpot_ms], "ttft_ms": [finite(t) for t in self.ttft_ms], "run_cv": self.run_cv, "cv_source": self.cv_source,
                "threshold_ratio": finite(self.threshold), "failed": self.failed, "line": self.line()}
         if self.stated_range is not None:
             lo, hi, what = self.stated_range
@@ -168,6 +169,9 @@ class Verdict:
         r = self.throughput_ratio
         tn, td = self.tpot_ms
         tpot = f", TPOT {tn:.3f} vs {td:.3f} ms" if math.isfinite(tn) and math.isfinite(td) else ""
+        fn, fd = self.ttft_ms
+        if math.isfinite(fn) and math.isfinite(fd):  # the first token's wait: where overlap can lose
+            tpot += f", median TTFT {fn:.2f} vs {fd:.2f} ms"
         gain = f"output throughput {num}/{den} {r:.3f}x ({(r - 1) * 100:+.1f}%){tpot}"
         see = (f"one A/B run shows it when the run-to-run CV is under {visible_cv(r):.1%}"
                f" (assumed {self.run_cv:.1%}, {self.cv_source}: beyond {self.threshold:.3f}x)")
@@ -192,8 +196,9 @@ class Verdict:
             if not (math.isfinite(lo) and math.isfinite(hi)):
                 out += f"; over {'; '.join(what)}: a setting served nothing at a corner of that range"
             else:
+                words = {KEEP: "keep on", OFF: "turn off", UNSEEN: "no difference one A/B run could see"}
                 holds = ("the answer holds across it" if self.answer != UNSURE else
-                         f"from {decide(lo, self.run_cv)} to {decide(hi, self.run_cv)} across it")
+                         f"it spans '{words[decide(lo, self.run_cv)]}' to '{words[decide(hi, self.run_cv)]}'")
                 out += f"; over {'; '.join(what)}: ratio {lo:.3f}-{hi:.3f}x, {holds}"
         if self.extrapolated_share > 0:
             out += (f"; {self.extrapolated_share:.0%} of the steps priced beyond the profile's measured grid "
@@ -219,7 +224,8 @@ def verdict(summaries: dict[str, dict], run_cv: float, cv_source: str) -> Option
     if not (ta > 0 and tb > 0):
         return None
     ratio = ta / tb
-    return Verdict(decide(ratio, run_cv), pair, ratio, tpot, run_cv, cv_source)
+    ttft = (float(a.get("median_ttft_ms") or math.nan), float(b.get("median_ttft_ms") or math.nan))
+    return Verdict(decide(ratio, run_cv), pair, ratio, tpot, run_cv, cv_source, ttft_ms=ttft)
 
 
 def verdict_platform_note(server) -> Optional[str]:

@@ -768,6 +768,18 @@ def _(ctx):
     return run_scenario(ctx, {"server.version": "banana"}, "server.version", "banana")
 
 
+@case("run-launch-args-tensor-parallel")
+def _(ctx):
+    return run_scenario(ctx, {"server.launch_args": ["--tp", "4"]}, "server.launch_args", "--tp-size 4",
+                        "not modelled")
+
+
+@case("run-launch-args-speculative")
+def _(ctx):
+    return run_scenario(ctx, {"server.launch_args": ["--speculative-algorithm", "EAGLE"]}, "server.launch_args",
+                        "speculative decoding", "not modelled")
+
+
 @case("run-flow-map-without-spaces")
 def _(ctx):
     path = ctx.file("f.yaml", "name: f\nworkload: {arrival: closed_loop, concurrency: 2, num_requests: 4, input_len: 8, "

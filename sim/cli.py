@@ -60,6 +60,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="tables kept: steps (all, exact metrics), summary (per-request only; streamed metrics), "
                         "none (no tables; memory bounded by requests in flight)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--no-range", action="store_true",
+                   help="do not simulate the profile's stated uncertainties (each costs two streamed runs per "
+                        "corner); the verdict line then says it was not computed")
     from sim.whatif.verdict import add_run_cv_argument
 
     add_run_cv_argument(p)
@@ -78,7 +81,7 @@ def default_run_folder(name: str, overrides: list[str]) -> Path:
     return Path("results") / f"{name}-set-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
 
-def standing(found, scenario, meta: dict | None, summaries: dict[str, dict]):
+def standing(found, scenario, meta: dict | None, summaries: dict[str, dict], simulate_range: bool = True):
     """The verdict with what it stands on: the range over the profile's stated uncertainties
     (:mod:`sim.whatif.stated_range`), the share of steps priced beyond the profile's grid, or the
     scenario's placeholder costs."""
@@ -90,6 +93,8 @@ def standing(found, scenario, meta: dict | None, summaries: dict[str, dict]):
     found = replace(found, extrapolated_share=extrapolated / steps if steps else 0.0,
                     placeholder=not scenario.costs.profile)
     if stated := stated_uncertainties(meta):
+        if not simulate_range:
+            return replace(found, range_skipped=tuple(s.what for s in stated))
         found = found.with_range(*stated_range(scenario, found.pair, stated), [s.what for s in stated])
     return found
 
@@ -127,7 +132,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     found = verdict(summaries, *resolve_run_cv(args.run_cv, scenario.costs.noise, scenario.server.device))
     meta = profile_metadata(scenario.resolve_path(scenario.costs.profile)) if scenario.costs.profile else None
     if found is not None and not found.failed:
-        found = standing(found, scenario, meta, summaries)
+        found = standing(found, scenario, meta, summaries, simulate_range=not getattr(args, "no_range", False))
     payload["verdict"] = found.as_json() if found is not None else None
     note = verdict_platform_note(scenario.server) if found is not None else None
     if note:

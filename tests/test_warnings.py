@@ -182,3 +182,13 @@ def test_a_moved_profile_states_a_wider_range_than_the_measured_one(run_cli, tmp
         r = json.loads(out)["verdict"]["stated_range"]
         spans[name] = r["ratio_high"] - r["ratio_low"]
     assert spans["moved"] > spans["measured"] > 0
+
+
+def test_no_range_says_the_range_was_not_simulated(run_cli, tmp_path):
+    from tests.conftest import SCENARIOS
+
+    code, out, _ = run_cli(["run", SCENARIOS / "quickstart.yaml", "--no-range", "--no-plots", "--json", "--out",
+                            tmp_path / "r"])
+    verdict = json.loads(out)["verdict"]
+    assert code == 0 and "stated_range" not in verdict and verdict["range_not_simulated"]
+    assert "(--no-range): the answer's range is unknown" in verdict["line"]

@@ -114,6 +114,7 @@ class Verdict:
     # (lowest ratio, highest ratio, [what each stated uncertainty is]): sim.whatif.stated_range
     stated_range: Optional[tuple] = None
     ttft_ms: tuple = (math.nan, math.nan)  # (overlapping, synchronous) median TTFT in milliseconds
+    range_skipped: tuple = ()  # the stated uncertainties not simulated (run --no-range)
     extrapolated_share: float = 0.0  # of the steps (both settings), priced beyond the profile's grid
     placeholder: bool = False  # the scenario's inline cost terms, no measured profile
 
@@ -147,6 +148,8 @@ class Verdict:
                                    "answer_high": decide(hi, self.run_cv) if math.isfinite(hi) else None,
                                    "answer_central": decide(self.throughput_ratio, self.run_cv)
                                    if math.isfinite(self.throughput_ratio) else None}
+        if self.range_skipped:
+            out["range_not_simulated"] = list(self.range_skipped)
         out["extrapolated_share"] = self.extrapolated_share
         out["placeholder"] = self.placeholder
         return out
@@ -200,6 +203,8 @@ class Verdict:
                 holds = ("the answer holds across it" if self.answer != UNSURE else
                          f"it spans '{words[decide(lo, self.run_cv)]}' to '{words[decide(hi, self.run_cv)]}'")
                 out += f"; over {'; '.join(what)}: ratio {lo:.3f}-{hi:.3f}x, {holds}"
+        if self.range_skipped:
+            out += f"; not simulated over {'; '.join(self.range_skipped)} (--no-range): the answer's range is unknown"
         if self.extrapolated_share > 0:
             out += (f"; {self.extrapolated_share:.0%} of the steps priced beyond the profile's measured grid "
                     "(extrapolated)")

@@ -51,39 +51,19 @@ def _curve_at(c: dict, x: float) -> float:
     return float(np.interp(x, grid, c["values_s"]))
 
 
-def compose(device: dict, host: dict, *, host_speed: float | None = None, device_source: str = "<device>",
-            host_source: str = "<host>", host_yardstick: dict | None = None) -> dict:
-    """The composed profile (see the module docstring).
-
-    Args:
-        device: a validated SGLang device profile (``metadata.kind`` not ``host``).
-        host: a validated host-costs file (:data:`sim.model.profile.SGLANG_HOST_CURVES`).
-        host_speed: the device host's speed over the host file's (> 0); None: from the yardsticks.
-        host_yardstick: readings on the host file's host (``{"version", "python", "readings"}``)
-            to use instead of the host file's own (of another code version: the device profile's).
+def _host_move(device: dict, host: dict, host_speed: float | None, host_yardstick: dict | None,
+               device_source: str, host_source: str) -> dict:
+    """How far the host file's costs move to the device's host: ``{"host_speed", "uncertainty_rel",
+    "method", ...}``, given (``host_speed``) or from the two hosts' yardsticks
+    (:func:`calibrate.host.yardstick.host_speed`; ``host_yardstick`` in place of the host file's own).
 
     Raises:
-        ProfileError: the device file is a host file or has no launch curves, the host file is
-            not one, no host speed is given and the files' yardsticks cannot give one.
+        ProfileError: no yardstick on a side, readings of another code version, too few shared points.
         ValueError: a host speed that is not a positive finite number.
     """
     from calibrate.host import yardstick
-    from calibrate.profile import build_profile
 
     dmeta, hmeta = device["metadata"], host["metadata"]
-    if dmeta.get("kind") == "host":
-        raise ProfileError(device_source, "metadata.kind", "a device profile (forward curves); this is a host-costs file")
-    if dmeta.get("engine", "sglang") != "sglang":
-        raise ProfileError(device_source, "metadata.engine", "a device profile of forward.decode/forward.extend (a "
-                           "torch or MLX calibration, --from-trace, a transfer), not a profile of engine "
-                           f"{dmeta.get('engine')!r}")
-    vllm = hmeta.get("engine") == "vllm"
-    if not vllm and hmeta.get("kind") != "host":
-        raise ProfileError(host_source, "metadata.kind", "'host': a host-costs file (calibrate --engine sglang "
-                           "--host-only writes one) or a vLLM profile (calibrate --engine vllm)")
-    for name in () if vllm else LAUNCH_CURVES:
-        if name not in device["curves"]:
-            raise ProfileError(device_source, f"curves.{name}", "missing: the device part of the launch")
     if host_speed is not None:
         if not (isinstance(host_speed, (int, float)) and math.isfinite(host_speed) and host_speed > 0):
             raise ValueError(f"host_speed must be a positive number (got {host_speed!r})")
@@ -115,6 +95,42 @@ def compose(device: dict, host: dict, *, host_speed: float | None = None, device
                 "yardstick_version": ruler.get("version"), "device_yardstick_version": want,
                 "yardstick_given": host_yardstick is not None, "source_python": ruler.get("python"),
                 "target_python": (dmeta.get("libraries") or {}).get("python")}
+    return move
+
+
+def compose(device: dict, host: dict, *, host_speed: float | None = None, device_source: str = "<device>",
+            host_source: str = "<host>", host_yardstick: dict | None = None) -> dict:
+    """The composed profile (see the module docstring).
+
+    Args:
+        device: a validated SGLang device profile (``metadata.kind`` not ``host``).
+        host: a validated host-costs file (:data:`sim.model.profile.SGLANG_HOST_CURVES`).
+        host_speed: the device host's speed over the host file's (> 0); None: from the yardsticks.
+        host_yardstick: readings on the host file's host (``{"version", "python", "readings"}``)
+            to use instead of the host file's own (of another code version: the device profile's).
+
+    Raises:
+        ProfileError: the device file is a host file or has no launch curves, the host file is
+            not one, no host speed is given and the files' yardsticks cannot give one.
+        ValueError: a host speed that is not a positive finite number.
+    """
+    from calibrate.profile import build_profile
+
+    dmeta, hmeta = device["metadata"], host["metadata"]
+    if dmeta.get("kind") == "host":
+        raise ProfileError(device_source, "metadata.kind", "a device profile (forward curves); this is a host-costs file")
+    if dmeta.get("engine", "sglang") != "sglang":
+        raise ProfileError(device_source, "metadata.engine", "a device profile of forward.decode/forward.extend (a "
+                           "torch or MLX calibration, --from-trace, a transfer), not a profile of engine "
+                           f"{dmeta.get('engine')!r}")
+    vllm = hmeta.get("engine") == "vllm"
+    if not vllm and hmeta.get("kind") != "host":
+        raise ProfileError(host_source, "metadata.kind", "'host': a host-costs file (calibrate --engine sglang "
+                           "--host-only writes one) or a vLLM profile (calibrate --engine vllm)")
+    for name in () if vllm else LAUNCH_CURVES:
+        if name not in device["curves"]:
+            raise ProfileError(device_source, f"curves.{name}", "missing: the device part of the launch")
+    move = _host_move(device, host, host_speed, host_yardstick, device_source, host_source)
     if vllm:
         from calibrate.host.compose_vllm import compose_vllm
 
@@ -145,7 +161,7 @@ def compose(device: dict, host: dict, *, host_speed: float | None = None, device
     moved = {"source": "moved" if not same_host else "measured", "from_host_cpu": hmeta.get("host_cpu"),
              "to_host_cpu": dmeta.get("host_cpu"), "host_speed": speed, "uncertainty_rel": unc}
     sources = {}
-    for name in ("forward.decode", "forward.extend", "submit.decode", "submit.extend"):
+    for name in DEVICE_CURVES:
         if name in device["curves"]:
             sources[name] = {"source": "moved" if dmeta.get("transfer") else "measured",
                              "device": dmeta.get("device_name"), "date": dmeta.get("date"), "file": device_source}
@@ -245,15 +261,9 @@ def _check_kinds(device: Path, host: Path) -> None:
 def _host_table(path: Path):
     """The curves the host file holds: a vLLM profile's (``metadata.engine: "vllm"``) or SGLang's
     host-costs file's (an unreadable file is left to the loader, which says why)."""
-    import json
-
     from sim.model.profile import SGLANG_HOST_CURVES
 
-    try:
-        engine = json.loads(Path(path).read_text()).get("metadata", {}).get("engine")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-        engine = None
-    if engine == "vllm":
+    if (_peek(path) or {}).get("engine") == "vllm":
         from sim.engines.vllm.costs import VLLM_CURVES
 
         return VLLM_CURVES

@@ -229,10 +229,10 @@ def load_warnings(scenario) -> list[str]:
     """The warnings a run prints under its table and ``summary.json`` carries (``warnings``): what
     the scenario asks for that is answered only approximately, each naming the value. The engine's
     own (its server section's ``warnings()``: launch arguments it passed over, a loop on a device
-    its engine does not run it on); an output length of 0 (a request produces at least one token
+    its engine does not run it on; ``running_cap``: which field caps the running requests); an output length of 0 (a request produces at least one token
     here); a closed loop with more clients than requests or than the server's running cap."""
     w, server = scenario.workload, scenario.server
-    out = list(server.warnings()) if hasattr(server, "warnings") else []
+    out = list(server.warnings())
     cached, prompt = getattr(w, "cached_len", None), getattr(w, "input_len", None)
     if isinstance(cached, int) and isinstance(prompt, int) and cached >= prompt > 0:
         out.append(f"warning: workload.cached_len {cached} >= input_len {prompt}: the last prompt token is always "
@@ -251,11 +251,8 @@ def _client_warnings(w, server) -> list[str]:
     if n > w.num_requests:
         out.append(f"warning: workload.concurrency {n} exceeds workload.num_requests {w.num_requests}: at most "
                    f"{w.num_requests} requests are ever in flight")
-    if hasattr(server, "max_running_requests"):
-        name, cap = "server.max_running_requests", server.max_running_requests
-    else:
-        name, cap = "server.max_num_seqs", getattr(server, "seqs_limit", None)
-    if isinstance(cap, int) and min(n, w.num_requests) > cap:
+    name, cap = server.running_cap  # each engine's own cap
+    if min(n, w.num_requests) > cap:
         out.append(f"warning: workload.concurrency {n} exceeds {name} {cap}: at most {cap} requests run at once, "
                    "the others wait in the queue (their TTFT includes the wait)")
     return out

@@ -61,6 +61,11 @@ class Server(StrictModel):
     _from_launch_args: tuple = PrivateAttr(default=())
     _launch_notes: tuple = PrivateAttr(default=())  # launch arguments the rules passed over
 
+    @property
+    def running_cap(self) -> tuple[str, int]:
+        """(the field, its value) that caps the requests running at once."""
+        return "server.max_running_requests", self.max_running_requests
+
     def warnings(self) -> list[str]:
         """What this server section asks for that the simulator answers only approximately, in
         words that name the value: a launch argument the rules do not read (SGLang would act on

@@ -79,6 +79,17 @@ class VllmServer(StrictModel):
         return 128 if self.device == "cpu" else 256
 
     @property
+    def running_cap(self) -> tuple[str, int]:
+        """(the field, its value) that caps the requests running at once (the platform's default
+        ``max_num_seqs`` when unset)."""
+        return "server.max_num_seqs", self.seqs_limit
+
+    def warnings(self) -> list[str]:
+        """What this server section asks for that is answered only approximately (none here: the
+        launch arguments vLLM's rules read are checked where they are parsed)."""
+        return []
+
+    @property
     def blocking_forward(self) -> bool:
         """The forward occupies the worker process (vLLM's CPU platform: the model runs on the
         worker's own core); on a GPU the worker's CPU goes on while the device runs it."""

@@ -238,11 +238,6 @@ def _check_host_coverage(host: list[dict], grid: SglangHostGrid) -> None:
         raise CalibrationInputError("calibration", "", f"no samples for {len(missing)} host points, e.g. {missing[0]}")
 
 
-def _grid_changes(args) -> dict:
-    return {k: tuple(v) for k, v in (("decode_batch_sizes", args.batch_sizes), ("decode_contexts", args.contexts),
-                                     ("extend_tokens", args.extend_tokens), ("extend_prefixes", args.prefixes)) if v}
-
-
 def run_host_calibration(args) -> int:
     """``calibrate --engine sglang --host-only``: host costs from SGLang's scheduler, forward stubbed."""
     from dataclasses import replace
@@ -250,10 +245,10 @@ def run_host_calibration(args) -> int:
     import shlex
 
     from calibrate.profile import save_profile
-    from calibrate.real.cli import _engine, _report
+    from calibrate.real.cli import _engine, _report, grid_changes
     from sim.atomic import check_output_file
 
-    grid = replace(SglangHostGrid(), **_grid_changes(args))
+    grid = replace(SglangHostGrid(), **grid_changes(args))
     grid = replace(grid, max_running_requests=max(grid.max_running_requests, max(grid.decode_batch_sizes)),
                    context_length=max(grid.context_length, max(grid.decode_contexts) + grid.decode_steps,
                                       max(grid.extend_tokens) + max(grid.extend_prefixes) + 1))

@@ -42,6 +42,13 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="where runs of the real engine are kept (resume); default results/<command>-<engine>/")
 
 
+def grid_changes(args: argparse.Namespace) -> dict:
+    """The SGLang calibration grid's fields that ``--batch-sizes``, ``--contexts``,
+    ``--extend-tokens`` and ``--prefixes`` replace."""
+    return {k: tuple(v) for k, v in (("decode_batch_sizes", args.batch_sizes), ("decode_contexts", args.contexts),
+                                     ("extend_tokens", args.extend_tokens), ("extend_prefixes", args.prefixes)) if v}
+
+
 def _engine(args: argparse.Namespace):
     from calibrate.real.environment import REPO, find_engine, test_model
 
@@ -66,9 +73,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if args.engine == "vllm":
         return _calibrate_vllm(args)
     grid = SglangGrid()
-    changes = {k: tuple(v) for k, v in (("decode_batch_sizes", args.batch_sizes), ("decode_contexts", args.contexts),
-                                 ("extend_tokens", args.extend_tokens), ("extend_prefixes", args.prefixes)) if v}
-    grid = replace(grid, **changes)
+    grid = replace(grid, **grid_changes(args))
     grid.check()
     engine, model = _engine(args)
     work = args.work or Path("results") / f"calibrate-{args.engine}"

@@ -51,7 +51,7 @@ def stated_uncertainties(meta: Optional[dict]) -> list[Stated]:
         if (u := _u(composed["move"].get("uncertainty_rel"))) is not None:
             engine = composed.get("host_engine") or "the engine"
             src = composed.get("host_cpu") or "another host"
-            dst = composed.get("move", {}).get("to_host") or meta.get("host_cpu") or "the profile's host"
+            dst = meta.get("host_cpu") or "the profile's host"
             out.append(Stated("cpu", u, f"host phases ±{u:.0%}: {engine}'s own functions timed on {src}, moved to "
                                         f"the device's host ({dst}) by a yardstick"))
     moved = meta.get("transfer")
@@ -76,7 +76,6 @@ def stated_range(scenario, pair: tuple, stated: list[Stated]) -> tuple[float, fl
         num, den = (simulate(sc, name, tables="none").summary() for name in pair[:2])
         a, b = float(num.get("output_throughput") or 0.0), float(den.get("output_throughput") or 0.0)
         ratios.append(a / b if a > 0 and b > 0 else math.nan)
-    finite = [r for r in ratios if math.isfinite(r)]
-    if len(finite) < len(ratios):
+    if not all(math.isfinite(r) for r in ratios):
         return math.nan, math.nan
-    return min(finite), max(finite)
+    return min(ratios), max(ratios)

@@ -2,6 +2,15 @@
 
     python benchmarks/stub_check.py --full FULL.json --host HOST.json [--validation DIR --repeats N]
         [--touch-bytes 12000000 --work DIR] --out benchmarks/results/sglang-host-stub-check.json
+    python benchmarks/stub_check.py --engine vllm --full FULL.json --host HOST.json [--validation DIR]
+        --out benchmarks/results/vllm-host-stub-check.json
+
+``--engine vllm``: FULL is ``calibrate --engine vllm`` (the CPU server, its real forward), HOST is
+``calibrate --engine vllm --host-only`` (the same server, forward stubbed); the settings are
+``sync``/``async`` and the re-scored profile is FULL with every curve but ``vllm.forward`` taken
+from HOST (:func:`swap_vllm_host`); ``--hold-control`` runs the stubbed server on FULL's grid with
+the stub sleeping and busy-waiting (:func:`hold_control`, needs the vLLM environment).
+``--touch-bytes`` is SGLang's only.
 
 - **Agreement per curve**: at every point both files measured (decode batches 1-16, prefills of
   16-512 tokens, under each loop), the stubbed median over the full CPU engine's median
@@ -29,19 +38,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def medians(profile: dict) -> dict:
-    """(setting, curve, x) -> median seconds of a profile's host samples."""
+BASE_SETTING = {"sglang": "normal", "vllm": "sync"}
+
+
+def medians(profile: dict, base: str = "normal") -> dict:
+    """(setting, curve, x) -> median seconds of a profile's host samples (``base``: the setting of
+    samples without one)."""
     out = {}
     for s in profile["samples"]:
-        if s["curve"].startswith("forward"):
+        if s["curve"].startswith("forward") or s["curve"] == "vllm.forward":
             continue
-        out[(s.get("setting", "normal"), s["curve"], next(iter(s["point"].values())))] = statistics.median(s["times_s"])
+        out[(s.get("setting", base), s["curve"], next(iter(s["point"].values())))] = statistics.median(s["times_s"])
     return out
 
 
-def agreement(full: dict, host: dict) -> list[dict]:
+def agreement(full: dict, host: dict, base: str = "normal") -> list[dict]:
     """Per (setting, curve): the stubbed/full ratio at each shared point and their median."""
-    a, b = medians(full), medians(host)
+    a, b = medians(full, base), medians(host, base)
     rows: dict[tuple, list] = {}
     for key in sorted(a):
         if key in b and a[key] > 0:
@@ -80,19 +93,64 @@ def touch_experiment(full: dict, touch_bytes: int, work: Path) -> list[dict]:
     return out
 
 
-def rescore(full_path: Path, host_path: Path, validation: Path, repeats: int, work: Path) -> dict:
+def hold_control(full: dict, work: Path) -> dict:
+    """vLLM: the stubbed server on the full calibration's own grid (decode batches, contexts and
+    prefill lengths), once with the stub sleeping its hold (the host calibration's stub) and once
+    busy-waiting it (the core kept busy, as the CPU forward keeps it): per (setting, curve), each
+    against the full calibration. Separates what the idle wait costs the RPC wake-ups from what
+    the grid changes."""
+    sys.path.insert(0, str(ROOT))
+    from calibrate.host.vllm import VllmHostGrid, calibrate_vllm_host
+    from calibrate.real.environment import REPO, find_engine, test_model
+
+    g = full["metadata"]["grid"]
+    grid = VllmHostGrid(decode_batch_sizes=tuple(g["decode_batch_sizes"]), contexts=tuple(g["contexts"]),
+                        prefill_tokens=tuple(g["prefill_tokens"]), max_num_seqs=max(16, g["max_num_seqs"]),
+                        max_model_len=2048)
+    engine = find_engine("vllm")
+    model = test_model(engine, REPO / ".venvs" / "models" / "tiny-llama")
+    out = {}
+    for mode, spin in (("sleep", False), ("busy_wait", True)):
+        host = calibrate_vllm_host(engine, model, grid, work / f"hold-{mode}", spin=spin, report=print)
+        out[mode] = agreement(full, host, "sync")
+    return out
+
+
+def swap_vllm_host(full: dict, host: dict) -> dict:
+    """A vLLM CPU profile: ``full``'s forward samples (and its forward-side metadata: mixed steps,
+    shared prefix) with every other curve's samples from the stubbed ``host`` (same host, no move)."""
+    import copy
+
+    from calibrate.profile import build_profile
+    from sim.engines.vllm.costs import VLLM_CURVES
+
+    samples = [copy.deepcopy(s) for s in full["samples"] if s["curve"] == "vllm.forward"]
+    samples += [copy.deepcopy(s) for s in host["samples"]]
+    meta = copy.deepcopy(full["metadata"])
+    meta["repeats"] = min(len(s["times_s"]) for s in samples)
+    meta["note"] = f"forward of {full['metadata']['date']}, host phases of the stubbed run of {host['metadata']['date']}"
+    return build_profile(meta, samples, VLLM_CURVES)
+
+
+def rescore(full_path: Path, host_path: Path, validation: Path, repeats: int, work: Path,
+            engine: str = "sglang") -> dict:
     sys.path.insert(0, str(ROOT))
     from calibrate.host.compose import compose
     from calibrate.profile import save_profile
     from calibrate.real.validate import Plan, compare
     from sim.model.profile import SGLANG_HOST_CURVES, load_profile
 
-    composed = compose(load_profile(full_path), load_profile(host_path, SGLANG_HOST_CURVES), host_speed=1.0,
-                       device_source=str(full_path), host_source=str(host_path))
+    if engine == "vllm":
+        from sim.engines.vllm.costs import VLLM_CURVES, VLLM_HOST_CURVES
+
+        composed = swap_vllm_host(load_profile(full_path, VLLM_CURVES), load_profile(host_path, VLLM_HOST_CURVES))
+    else:
+        composed = compose(load_profile(full_path), load_profile(host_path, SGLANG_HOST_CURVES), host_speed=1.0,
+                           device_source=str(full_path), host_source=str(host_path))
     work.mkdir(parents=True, exist_ok=True)
     stub_profile = work / "cpu-forward-stub-host.json"
     save_profile(stub_profile, composed)
-    plan = Plan.for_engine("sglang", repeats=repeats)
+    plan = Plan.for_engine(engine, repeats=repeats)
     out = {}
     for name, prof in (("full", full_path), ("stub_host", stub_profile)):
         r = compare(validation, plan, prof)
@@ -105,32 +163,48 @@ def rescore(full_path: Path, host_path: Path, validation: Path, repeats: int, wo
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--engine", choices=sorted(BASE_SETTING), default="sglang")
     p.add_argument("--full", type=Path, required=True)
     p.add_argument("--host", type=Path, required=True)
     p.add_argument("--validation", type=Path, default=None)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--touch-bytes", type=int, default=0)
+    p.add_argument("--hold-control", action="store_true",
+                   help="vLLM: the stubbed server on FULL's grid with the stub sleeping, then busy-waiting (hold_control)")
     p.add_argument("--work", type=Path, default=Path("results/stub-check"))
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from sim.model.profile import SGLANG_HOST_CURVES, load_profile
 
-    full, host = load_profile(args.full), load_profile(args.host, SGLANG_HOST_CURVES)
+    if args.engine == "vllm":
+        from sim.engines.vllm.costs import VLLM_CURVES, VLLM_HOST_CURVES
+
+        if args.touch_bytes:
+            p.error("--touch-bytes: SGLang's only")
+        full, host = load_profile(args.full, VLLM_CURVES), load_profile(args.host, VLLM_HOST_CURVES)
+    else:
+        full, host = load_profile(args.full), load_profile(args.host, SGLANG_HOST_CURVES)
     result = {"command": " ".join(["python", "benchmarks/stub_check.py", *(argv or sys.argv[1:])]),
               "full": {"file": str(args.full), "date": full["metadata"]["date"], "host_cpu": full["metadata"]["host_cpu"]},
               "host": {"file": str(args.host), "date": host["metadata"]["date"], "host_cpu": host["metadata"]["host_cpu"]},
-              "agreement": agreement(full, host)}
+              "engine": args.engine, "agreement": agreement(full, host, BASE_SETTING[args.engine])}
     if args.touch_bytes:
         result["touch_bytes"] = args.touch_bytes
         result["cache_effect"] = touch_experiment(full, args.touch_bytes, args.work)
+    if args.hold_control:
+        result["hold_control"] = hold_control(full, args.work)
     if args.validation:
-        result["rescored_validation"] = rescore(args.full, args.host, args.validation, args.repeats, args.work)
+        result["rescored_validation"] = rescore(args.full, args.host, args.validation, args.repeats, args.work,
+                                                   args.engine)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     for row in result["agreement"]:
         print(f"{row['setting']:8s} {row['curve']:16s} stub/full median {row['median_ratio']:.2f} "
               '(' + ', '.join(f"{q['x']:g}: {q['ratio']:.2f}" for q in row['points']) + ')')
+    for mode, rows in result.get("hold_control", {}).items():
+        for row in rows:
+            print(f"{mode:9s} {row['setting']:6s} {row['curve']:18s} stub/full median {row['median_ratio']:.2f}")
     for row in result.get("cache_effect", []):
         share = row["gap_explained"]
         print(f"cache   {row['curve']:16s} {row['x']:>5g}: full {row['full_ms']:.3f} stub {row['stub_ms']:.3f} "

@@ -43,9 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-python", type=Path, default=None, metavar="PATH",
                    help="with --engine: the engine environment's python (default .venvs/<engine>/bin/python)")
     p.add_argument("--host-only", action="store_true",
-                   help="with --engine sglang: time the real scheduler's host phases with the model's forward "
-                        "stubbed (decode batches 1-256, contexts to 8k, prefills to 8k tokens; minutes on any "
-                        "host) and write a host-costs file for overlap-sim compose")
+                   help="with --engine: time the real engine's host phases with the model's forward stubbed "
+                        "(SGLang's scheduler in-process, or the vLLM server under both settings; decode batches "
+                        "1-256, contexts to 8k, prefills to 8k tokens; minutes on any host) and write a host-costs "
+                        "file for overlap-sim compose")
     p.add_argument("--work", type=Path, default=None, metavar="DIR",
                    help="with --engine: where the engine's runs are kept (resume); default results/calibrate-<engine>/")
     p.add_argument("--sessions", type=int, default=None, metavar="N",
@@ -178,9 +179,12 @@ def run(args: argparse.Namespace) -> int:
         raise CalibrationInputError("--sessions", "", "only with --engine")
     if args.sessions is not None and not 1 <= args.sessions <= MAX_SESSIONS:
         raise CalibrationInputError("--sessions", "", f"expected an integer from 1 to {MAX_SESSIONS} (got {args.sessions})")
-    if args.host_only and args.engine != "sglang":
-        raise CalibrationInputError("--host-only", "", "only with --engine sglang (vLLM's host costs come from its "
-                                    "CPU server: calibrate --engine vllm)")
+    if args.host_only and not args.engine:
+        raise CalibrationInputError("--host-only", "", "only with --engine sglang or --engine vllm")
+    if args.host_only and args.engine == "vllm":
+        from calibrate.host.vllm import run_host_calibration
+
+        return run_host_calibration(args)
     if args.host_only:
         from calibrate.host.sglang import run_host_calibration
 

@@ -293,7 +293,30 @@ def metadata(cfg: CalibrationConfig, described: dict, command: str) -> dict:
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "grid": cfg.grid.to_dict(),
             "repeats": cfg.grid.repeats, "warmup": cfg.grid.warmup, "quick": cfg.quick, "seed": cfg.seed,
             "note": cfg.note, "command": command, "yardstick_version": version(), "timing": _TIMING[cfg.backend if cfg.device == "cpu" else cfg.device],
-            **described}
+            "curve_sources": harness_curve_sources(cfg.backend, cfg.device), **described}
+
+
+# what times each host curve of a torch/MLX calibration (calibrate.bookkeeping.bench.BookkeepingBench)
+HARNESS_FUNCTIONS = {"recv": "Bookkeeper.recv", "schedule.extend": "Bookkeeper.schedule_extend",
+                     "schedule.decode": "Bookkeeper.schedule_decode", "process.extend": "Bookkeeper.process_extend",
+                     "process.decode": "Bookkeeper.process_decode"}
+
+
+def harness_curve_sources(backend: str, device: str) -> dict:
+    """``metadata.curve_sources`` of a torch/MLX calibration: the forward and the launch measured
+    on the device; the host curves the project's re-implementation (:mod:`calibrate.bookkeeping`),
+    which prices this project's own harness (that runs this code), and no engine: a card's or a
+    Mac's answer joins the forward to an engine's host costs (``overlap-sim compose``)."""
+    why = ("the project's re-implementation of the scheduler (calibrate.bookkeeping): it prices this project's own "
+           "harness, which runs it; for an engine on this device, overlap-sim compose joins the forward to the "
+           "engine's own host costs (calibrate --engine sglang --host-only)")
+    out = {name: {"source": "re-implementation", "function": f"calibrate.bookkeeping.{fn}", "why": why}
+           for name, fn in HARNESS_FUNCTIONS.items()}
+    for name in ("forward.decode", "forward.extend", "launch.decode", "launch.extend"):
+        out[name] = {"source": "measured", "device": f"{backend} {device}",
+                     "function": "the harness's forward + argmax + copy back" if name.startswith("forward")
+                     else "the harness's input building and kernel launch (calibrate.harness)"}
+    return out
 
 
 _TIMING = {

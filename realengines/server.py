@@ -5,7 +5,8 @@
 SESSION (JSON)::
 
     {"engine": "sglang" | "vllm", "model_dir": str, "setting": str, "server_args": [extra flags],
-     "port": int, "trace": bool, "ready_timeout_s": float,
+     "port": int, "trace": bool, "ready_timeout_s": float, "env": {name: value} (optional: set in
+     the server's environment over the engine's own, e.g. the vLLM host calibration's stub),
      "loads": [{"name": str, "concurrency": int, "warmup_requests": int, "requests": [...]}]}
 
 ``setting`` is the engine's loop (SGLang: ``overlap`` or ``normal``; vLLM: ``async`` or
@@ -91,6 +92,7 @@ def run_session(session: dict, out_dir: Path) -> dict:
     trace_prefix = str(out_dir / "trace") if session.get("trace") else None
     cmd, env = engine.command(session["model_dir"], session["setting"], list(session.get("server_args", [])),
                               port, trace_prefix)
+    env.update({str(k): str(v) for k, v in (session.get("env") or {}).items()})
     log = out_dir / "server.log"
     meta = {"engine": session["engine"], "setting": session["setting"], "command": cmd,
             "versions": engine.versions(), "loads": []}

@@ -105,14 +105,6 @@ def test_host_calibration_end_to_end(tmp_path, run_cli):
     assert host["metadata"]["kind"] == "host"
 
 
-def test_host_only_needs_sglang(run_cli, tmp_path):
-    code, _, stderr = run_cli(["calibrate", "--engine", "vllm", "--host-only", "--out", tmp_path / "h.json"])
-    assert code == 2 and "--host-only" in stderr and "Traceback" not in stderr
-    code, _, stderr = run_cli(["calibrate", "--host-only", "--backend", "torch", "--device", "cpu", "--out",
-                               tmp_path / "h.json"])
-    assert code == 2 and "--host-only" in stderr
-
-
 def record_fixture() -> None:  # pragma: no cover - run by hand: python -m tests.test_sglang_host
     """Record tests/data/sglang/host/ with the SGLang environment (about a minute)."""
     import shutil

@@ -126,7 +126,7 @@ def compose(device: dict, host: dict, *, host_speed: float | None = None, device
     vllm = hmeta.get("engine") == "vllm"
     if not vllm and hmeta.get("kind") != "host":
         raise ProfileError(host_source, "metadata.kind", "'host': a host-costs file (calibrate --engine sglang "
-                           "--host-only writes one) or a vLLM profile (calibrate --engine vllm)")
+                           "--host-only writes one) or a vLLM host-costs file or profile (calibrate --engine vllm)")
     for name in () if vllm else LAUNCH_CURVES:
         if name not in device["curves"]:
             raise ProfileError(device_source, f"curves.{name}", "missing: the device part of the launch")
@@ -263,10 +263,11 @@ def _host_table(path: Path):
     host-costs file's (an unreadable file is left to the loader, which says why)."""
     from sim.model.profile import SGLANG_HOST_CURVES
 
-    if (_peek(path) or {}).get("engine") == "vllm":
-        from sim.engines.vllm.costs import VLLM_CURVES
+    meta = _peek(path) or {}
+    if meta.get("engine") == "vllm":
+        from sim.engines.vllm.costs import VLLM_CURVES, VLLM_HOST_CURVES
 
-        return VLLM_CURVES
+        return VLLM_HOST_CURVES if meta.get("kind") == "host" else VLLM_CURVES
     return SGLANG_HOST_CURVES
 
 

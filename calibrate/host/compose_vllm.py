@@ -1,8 +1,9 @@
 """A vLLM profile for a card from parts: a card's forward curves and vLLM's own host curves.
 
-``overlap-sim compose DEVICE.json VLLM.json --out PROFILE.json`` with a vLLM profile as the host
-part (``metadata.engine: "vllm"``, e.g. ``calibrate --engine vllm`` on vLLM's CPU build) writes a
-vLLM profile (:data:`sim.engines.vllm.costs.VLLM_CURVES`) whose
+``overlap-sim compose DEVICE.json VLLM.json --out PROFILE.json`` with a vLLM file as the host
+part (``metadata.engine: "vllm"``: the host-costs file of ``calibrate --engine vllm --host-only``,
+vLLM's server with the forward stubbed, :mod:`calibrate.host.vllm`; or a full CPU profile of
+``calibrate --engine vllm``) writes a vLLM profile (:data:`sim.engines.vllm.costs.VLLM_CURVES`) whose
 
 - ``vllm.forward`` (scheduled tokens x mean context) is the card's: each node priced from the
   device profile's SGLang-shaped curves as ``overlap-sim transfer`` maps a vLLM node
@@ -62,6 +63,16 @@ def forward_samples(device: dict) -> tuple[list[dict], float]:
     return out, decode_max
 
 
+def _stub_bias(host: dict) -> str:
+    """What the vLLM stub check found, and how far the API server's curve was measured."""
+    curve = host["curves"].get("vllm.frontend_out")
+    out = (f"; the API server's frontend_out measured to {max(curve['grid'][0]):g} requests (with the load's client "
+           "on the same cores) and extended linearly beyond") if curve else ""
+    return ("; the stub check on this project's 2-vCPU VM measured vLLM's stubbed RPC intervals and prepare 10-60% "
+            "dearer than beside a real CPU forward (the contention of its two cores; "
+            "benchmarks/results/vllm-host-stub-check.json), which leans async/sync high" + out)
+
+
 def compose_vllm(device: dict, host: dict, move: dict, *, device_source: str, host_source: str) -> dict:
     """The composed vLLM profile (see the module docstring); ``move``: ``{"host_speed",
     "uncertainty_rel", "method", ...}`` as :func:`calibrate.host.compose.compose` found it.
@@ -85,11 +96,14 @@ def compose_vllm(device: dict, host: dict, move: dict, *, device_source: str, ho
             continue
         samples.append({**copy.deepcopy(s), "times_s": [t / speed for t in s["times_s"]]})
     measured_to = max((hmeta.get("grid") or {}).get("decode_batch_sizes") or [0]) or None
+    stubbed = hmeta.get("kind") == "host"  # calibrate --engine vllm --host-only: the forward stubbed
     moved = {"source": "moved", "from_host_cpu": hmeta.get("host_cpu"), "to_host_cpu": dmeta.get("host_cpu"),
              "host_speed": speed, "uncertainty_rel": move.get("uncertainty_rel"), "engine": f"vllm {hmeta.get('engine_version')}",
              "measured_on": hmeta.get("device_name"), "measured_to": measured_to, "date": hmeta.get("date"),
              "file": host_source}
-    sources = {name: dict(moved) for name in VLLM_CURVES.all if name != FORWARD}
+    functions = hmeta.get("curve_sources") or {}
+    sources = {name: {**functions.get(name, {}), **moved} for name in VLLM_CURVES.all
+               if name != FORWARD and (not stubbed or name in host["curves"])}
     sources[FORWARD] = {"source": "moved" if dmeta.get("transfer") else "measured", "device": dmeta.get("device_name"),
                         "date": dmeta.get("date"), "file": device_source,
                         "how": "the device profile's forward.decode / forward.extend at each node (vllm_forward_point)"}
@@ -107,12 +121,15 @@ def compose_vllm(device: dict, host: dict, move: dict, *, device_source: str, ho
             "device_profile": device_source, "device_date": dmeta.get("date"), "device_name": dmeta.get("device_name"),
             "host_costs": host_source, "host_date": hmeta.get("date"), "host_cpu": hmeta.get("host_cpu"),
             "host_engine": f"vllm {hmeta.get('engine_version')}", "move": move,
+            "stub": (hmeta.get("stub") or {}).get("limits") if stubbed else None,
             "approximations": "the worker's prepare and sample as timed on vLLM's CPU platform (CPU attention "
                               "metadata and CPU sampling; on a GPU, FlashAttention's metadata, input copies, GPU "
-                              f"sampling and its copy back); host curves measured to {measured_to} requests and "
-                              "extended linearly beyond; the CPU kernel's mixed-step rule and shared-prefix "
-                              "saving dropped",
-            "note": f"host phases are vLLM's own functions timed on {hmeta.get('host_cpu')} ({hmeta.get('device_name')}) "
+                              f"sampling and its copy back); host curves measured to {measured_to} requests"
+                              + (" with the forward stubbed" if stubbed else " beside the CPU forward")
+                              + " and extended linearly beyond" + (_stub_bias(host) if stubbed else "")
+                              + "; the CPU kernel's mixed-step rule and shared-prefix saving dropped",
+            "note": f"host phases are vLLM's own functions timed on {hmeta.get('host_cpu')} ({hmeta.get('device_name')}"
+                    + (f", to {measured_to} requests, forward stubbed" if stubbed else "") + ") "
                     f"and moved to {dmeta.get('host_cpu')} by x{1 / speed:.3g} in time"
                     + (f" (±{unc:.0%}, {move['method']})" if unc is not None else f" ({move['method']})")},
     })

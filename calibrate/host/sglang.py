@@ -35,9 +35,10 @@ from pathlib import Path
 from typing import Callable
 
 from calibrate.errors import CalibrationInputError
+from calibrate.host import yardstick
 from calibrate.real import sglang_trace
 from calibrate.real.environment import Engine, mean_probe, session_order
-from calibrate.real.sglang_profile import SglangGrid, design, metadata, run_job, samples
+from calibrate.real.sglang_profile import HOST_FUNCTIONS, SglangGrid, design, metadata, run_job, samples
 
 STUB_LIMITS = ("the stub replaces ModelRunner._forward_raw: no KV writes and no model compute (the host phases "
                "run on a cache a real forward would have disturbed), no attention-backend metadata planning "
@@ -130,7 +131,7 @@ def calibrate_sglang_host(engine: Engine, model_dir: Path, grid: SglangHostGrid,
     for setting, name in order:
         job = {**d.job(str(model_dir), setting == "overlap", grid), "stub_forward": True}
         traces.append(run_job(engine, job, folder, f"host-{name}", report))
-    ruler = _yardstick(folder / "yardstick.json", report)
+    ruler = yardstick.reading_beside(folder / "yardstick.json", report)
     probe = mean_probe(folder / f"host-{name}.hostspeed.json" for _, name in order)
     host = host_costs(engine, grid, order, traces, ruler, settings, command, probe)
     host["metadata"]["wall_s"] = round(time.perf_counter() - t0, 1)
@@ -189,38 +190,6 @@ def host_costs(engine: Engine, grid: SglangHostGrid, order: list[tuple[str, str]
     if len(order) > len(settings):
         meta_["sessions"] = [f"host-{name}" for _, name in order]
     return build_profile(meta_, list(merged.values()), SGLANG_HOST_CURVES)
-
-
-def _yardstick(path: Path, report: Callable[[str], None]) -> dict:
-    """The host yardstick (:mod:`calibrate.host.yardstick`) timed here, beside the runs; a reading in
-    ``path`` is reused (resume)."""
-    import json
-    import platform
-
-    from calibrate.bookkeeping import version as bookkeeping_version
-    from calibrate.host import yardstick
-    from sim.atomic import atomic_path
-
-    if path.exists():
-        return json.loads(path.read_text())
-    report("yardstick: timing the project's own bookkeeping on this host (to move these costs to another host)")
-    reading = {"what": "calibrate.bookkeeping timed on this host beside the runs (calibrate.host.yardstick)",
-               "version": bookkeeping_version(), "python": platform.python_version(), "readings": yardstick.measure()}
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(reading) + "\n")
-    return reading
-
-
-# the SGLang 0.5.23 function each host curve is timed from (srt/managers/scheduler.py unless named)
-HOST_FUNCTIONS = {
-    "recv": "Scheduler.ingest_requests (recv_requests + process_input_requests)",
-    "schedule.extend": "Scheduler.get_next_batch_to_run (a prefill batch)",
-    "schedule.decode": "Scheduler.get_next_batch_to_run (a decode batch)",
-    "launch.extend": "Scheduler.run_batch less ModelRunner.forward and ModelRunner.sample (a prefill)",
-    "launch.decode": "Scheduler.run_batch less ModelRunner.forward and ModelRunner.sample (a decode step)",
-    "process.extend": "Scheduler.process_batch_result (a prefill batch)",
-    "process.decode": "Scheduler.process_batch_result (a decode batch)",
-}
 
 
 def host_curve_sources(version: str) -> dict:

@@ -92,3 +92,25 @@ def host_speed(source: list[dict], target: list[dict]) -> dict:
     sd = statistics.pstdev(logs)
     return {"host_speed": math.exp(mean), "uncertainty_rel": max(FLOOR_REL, math.exp(sd) - 1.0),
             "points": len(ratios), "ratio_range": [min(ratios), max(ratios)]}
+
+
+def reading_beside(path, report) -> dict:
+    """The yardstick timed here, beside a host calibration's runs (``{"what", "version", "python",
+    "readings"}``), written to ``path`` atomically; a reading already in ``path`` is reused (an
+    interrupted calibration resumes). ``report(line)`` says what it times."""
+    import json
+    import platform
+    from pathlib import Path
+
+    from calibrate.bookkeeping import version as bookkeeping_version
+    from sim.atomic import atomic_path
+
+    path = Path(path)
+    if path.exists():
+        return json.loads(path.read_text())
+    report("yardstick: timing the project's own bookkeeping on this host (to move these costs to another host)")
+    reading = {"what": "calibrate.bookkeeping timed on this host beside the runs (calibrate.host.yardstick)",
+               "version": bookkeeping_version(), "python": platform.python_version(), "readings": measure()}
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(reading) + "\n")
+    return reading

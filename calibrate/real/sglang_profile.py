@@ -175,6 +175,19 @@ def check_coverage(samples_: list[dict], grid: SglangGrid) -> None:
         raise CalibrationInputError("calibration", "", f"no samples for {len(missing)} grid points, e.g. {missing[0]}")
 
 
+# the SGLang 0.5.23 function each host curve is timed from (srt/managers/scheduler.py unless named)
+HOST_FUNCTIONS = {
+    "recv": "Scheduler.ingest_requests (recv_requests + process_input_requests)",
+    "schedule.extend": "Scheduler.get_next_batch_to_run (a prefill batch)",
+    "schedule.decode": "Scheduler.get_next_batch_to_run (a decode batch)",
+    "launch.extend": "Scheduler.run_batch less ModelRunner.forward and ModelRunner.sample (a prefill)",
+    "launch.decode": "Scheduler.run_batch less ModelRunner.forward and ModelRunner.sample (a decode step)",
+    "process.extend": "Scheduler.process_batch_result (a prefill batch)",
+    "process.decode": "Scheduler.process_batch_result (a decode batch)",
+}
+
+
+
 def metadata(engine: Engine, grid: SglangGrid, meta: dict, settings: tuple[str, ...], command: str) -> dict:
     import os
     import platform
@@ -194,6 +207,12 @@ def metadata(engine: Engine, grid: SglangGrid, meta: dict, settings: tuple[str, 
                   "recv = ingest_requests (+ loop overhead), schedule = get_next_batch_to_run, forward = "
                   "ModelRunner.forward + sample, launch = run_batch - forward, process = process_batch_result",
         "sync_latency_s": 0.0,
+        "curve_sources": {**{name: {"source": "measured", "engine": f"sglang {engine.version}", "function": fn,
+                                    "forward": "SGLang's CPU forward (ModelRunner.forward)"}
+                             for name, fn in HOST_FUNCTIONS.items()},
+                          **{name: {"source": "measured", "engine": f"sglang {engine.version}",
+                                    "function": "ModelRunner.forward + ModelRunner.sample (CPU)"}
+                             for name in ("forward.decode", "forward.extend")}},
     }
 
 

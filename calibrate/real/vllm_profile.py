@@ -75,6 +75,24 @@ BLOCK_SIZE = 128  # vllm/platforms/cpu.py: the CPU platform's default block size
 BLOCKER_TOKENS = 384
 
 
+# the vLLM 0.32 function each host curve is timed from (E: engine core, W: worker, A: API server)
+HOST_FUNCTIONS = {
+    "vllm.add_request": "EngineCore.add_request (E, v1/engine/core.py)",
+    "vllm.schedule": "Scheduler.schedule (E, v1/core/sched/scheduler.py; AsyncScheduler under async)",
+    "vllm.dispatch": "end of Scheduler.schedule to start of GPUModelRunner.execute_model (E->W: the execute_model "
+                     "RPC over the shared-memory broadcast queue)",
+    "vllm.prepare": "GPUModelRunner.execute_model less _model_forward (W, v1/worker/gpu_model_runner.py; the CPU "
+                    "runner's _prepare_inputs)",
+    "vllm.roundtrip": "end of execute_model to start of sample_tokens (W->E->W, sync: the None reply and the "
+                      "sample_tokens RPC)",
+    "vllm.sample": "GPUModelRunner.sample_tokens (W)",
+    "vllm.collect": "end of sample_tokens to start of Scheduler.update_from_output (W->E: the output's reply)",
+    "vllm.update": "Scheduler.update_from_output (E)",
+    "vllm.pickup": "async: the worker taking an RPC already queued for it (W)",
+    "vllm.frontend_in": "client send to the first EngineCore.add_request (A: the OpenAI API server)",
+    "vllm.frontend_out": "end of update_from_output to the client's receipt of the tokens (E output thread, A)",
+}
+
 @dataclass(frozen=True)
 class VllmGrid:
     """What to measure (tokens)."""
@@ -253,14 +271,18 @@ def add_request_samples(engine_records: list[dict]) -> list[dict]:
 
 
 def run_session(engine: Engine, model_dir: Path, grid: VllmGrid, setting: str, folder: Path,
-                report: Callable[[str], None], name: str | None = None) -> Path:
+                report: Callable[[str], None], name: str | None = None, loads: list[dict] | None = None,
+                env: dict | None = None) -> Path:
     """Run (or reuse a finished) calibration session of ``setting`` in ``folder/name`` (``name``:
-    the setting by default); returns its folder."""
+    the setting by default) with ``loads`` (default :func:`design`) and ``env`` set in the
+    server's environment (``realengines.server``); returns its folder."""
     name = name or setting
     out = folder / name
     spec = {"engine": "vllm", "model_dir": str(model_dir), "setting": setting, "port": 30300,
-            "server_args": grid.server_args(), "trace": True, "ready_timeout_s": 900, "loads": design(grid),
-            "pause_between_loads_s": 1.0}
+            "server_args": grid.server_args(), "trace": True, "ready_timeout_s": 900,
+            "loads": design(grid) if loads is None else loads, "pause_between_loads_s": 1.0}
+    if env:
+        spec["env"] = env
     spec_path = folder / f"{name}.json"
     text = json.dumps(spec)
     if (out / "session.json").exists() and spec_path.exists() and spec_path.read_text() == text:
@@ -330,6 +352,10 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
             "processes; dispatch, roundtrip, collect and pickup are the intervals between them"}
     if reference:
         meta["host_speed"] = reference
+    meta["curve_sources"] = {**{name: {"source": "measured", "engine": f"vllm {engine.version}", "function": fn,
+                                       "forward": "vLLM's CPU forward"} for name, fn in HOST_FUNCTIONS.items()},
+                             "vllm.forward": {"source": "measured", "engine": f"vllm {engine.version}",
+                                              "function": "GPUModelRunner._model_forward (the model's forward, CPU)"}}
     meta["mixed_steps"] = MIXED_SUM_OF_PARTS  # the CPU forward prices each request's own part
     profile = build_profile(meta, smp_list, VLLM_CURVES)
     forward = profile_curves(profile, "median", None, VLLM_CURVES)["vllm.forward"]

@@ -120,9 +120,13 @@ class Verdict:
 
     def with_range(self, lo: float, hi: float, what: list) -> "Verdict":
         """This verdict over the stated range: the answer becomes :data:`UNSURE` ("cannot tell")
-        when the ends of the range do not give the central answer."""
+        when the ends of the range do not give the central answer. The range spans the central
+        ratio too: the ratio need not be monotone in a cost scale (the corners of a host move can
+        both lie below the centre)."""
         from dataclasses import replace
 
+        if math.isfinite(lo) and math.isfinite(hi) and math.isfinite(self.throughput_ratio):
+            lo, hi = min(lo, self.throughput_ratio), max(hi, self.throughput_ratio)
         new = replace(self, stated_range=(lo, hi, list(what)))
         if self.failed or self.answer == UNSURE:
             return new

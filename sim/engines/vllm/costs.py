@@ -129,6 +129,10 @@ VLLM_OPTIONAL_CURVE_AXES: dict[str, tuple[str, ...]] = {
     "vllm.frontend_out": ("num_reqs",),
 }
 VLLM_CURVES = CurveTable("vllm", VLLM_CURVE_AXES, VLLM_OPTIONAL_CURVE_AXES, ("vllm.forward",))
+# a vLLM host-costs file (``metadata.kind == "host"``: calibrate --engine vllm --host-only, the
+# forward stubbed): every curve but the forward; overlap-sim compose joins it to a card's forward
+VLLM_HOST_CURVES = CurveTable("vllm", {k: v for k, v in VLLM_CURVE_AXES.items() if k != "vllm.forward"},
+                              VLLM_OPTIONAL_CURVE_AXES, ())
 MIXED_SUM_OF_PARTS = "sum_of_parts"  # metadata.mixed_steps of a profile whose mixed steps are priced by parts
 PHASES = ("add_request", "schedule", "dispatch", "prepare", "roundtrip", "sample", "collect", "update")
 

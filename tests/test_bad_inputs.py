@@ -770,7 +770,7 @@ def _(ctx):
 
 @case("run-launch-args-tensor-parallel")
 def _(ctx):
-    return run_scenario(ctx, {"server.launch_args": ["--tp", "4"]}, "server.launch_args", "--tp-size 4",
+    return run_scenario(ctx, {"server.launch_args": ["--tp", "4"]}, "server.launch_args", "--tp 4",
                         "not modelled")
 
 

@@ -109,13 +109,15 @@ def test_thread_era_selects_thread_overlap():
     assert advise([], "cuda", "0.5.4").setting == "overlap"
 
 
-def test_unknown_arguments_are_passed_over_with_a_note():
-    adv = advise(["--foo", "bar", "--baz", "stray", "--tp", "2", "--mem-fraction-static=0.8"])
+def test_flags_the_rules_do_not_read_are_passed_over_with_a_note():
+    adv = advise(["--log-level", "info", "--random-seed", "7", "stray", "--tp", "2", "--mem-fraction-static=0.8"])
     assert adv.setting == "overlap"
     assert adv.config.fields["tp_size"] == 2
     notes = " | ".join(adv.notes)
-    for text in ("--foo bar", "--baz stray", "--mem-fraction-static", ):
+    for text in ("--log-level info", "--random-seed 7", "'stray' passed over", "--mem-fraction-static", ):
         assert text in notes
+    with pytest.raises(UserInputError, match="unrecognized arguments"):  # as sglang.launch_server's parser
+        advise(["--foo", "bar"])
 
 
 def test_newer_release_gets_a_note_and_bad_input_raises():
@@ -190,7 +192,7 @@ def test_scenario_version_sets_retraction_unless_given():
 
 
 @pytest.mark.parametrize("server,expected", [
-    ({"launch_args": ["--pp-size", "2"]}, "does not model"),
+    ({"launch_args": ["--pp-size", "2"]}, "pipeline parallelism, which is not modelled"),
     ({"launch_args": ["--page-size", "64"], "page_size": 16}, "page_size is 16 but launch_args give 64"),
     ({"launch_args": ["--pp-size", "x"]}, "integer"),
     ({"version": "newest"}, "release"),
@@ -212,9 +214,9 @@ def test_cli_advise_json(capsys):
 
 
 def test_cli_advise_text_and_errors(capsys):
-    assert main(["advise", "--", "--pp-size", "2", "--unknown-flag"]) == 0
+    assert main(["advise", "--", "--pp-size", "2", "--log-level", "info"]) == 0
     text = capsys.readouterr().out
-    assert "event_loop_pp" in text and "pipeline_parallel" in text and "--unknown-flag" in text
+    assert "event_loop_pp" in text and "pipeline_parallel" in text and "--log-level" in text
     assert main(["advise", "--version", "x.y", "--", "--model-path", "X"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--version" in err[0]

@@ -29,7 +29,7 @@ def _scenario(tmp_path, **server) -> str:
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"server": {"launch_args": ["--frobnicate", "3"]}}, "server.launch_args: --frobnicate 3"),
+    ({"server": {"launch_args": ["--log-level", "debug"]}}, "server.launch_args: --log-level debug"),
     ({"server": {"settings": ["overlap_mlx", "normal"], "device": "cuda"}}, "overlap_mlx on server.device cuda"),
     ({"server": {"settings": ["thread_overlap", "normal"], "device": "mlx"}}, "thread_overlap on server.device mlx"),
     ({"workload": {"output_len": 0}}, "workload.output_len 0"),

@@ -134,19 +134,6 @@ class Server(StrictModel):
         return self
 
 
-def _unmodelled(fields: dict) -> str | None:
-    """The first launch setting that changes the timeline in a way the simulator does not model
-    (speculative decoding: a draft and a verify forward per step; tensor parallelism: a scheduler
-    per rank in lockstep and all-reduces in the forward), in words; None for a plain server."""
-    spec = fields.get("speculative_algorithm")
-    if isinstance(spec, str) and spec.strip() and spec.strip().upper() != "NONE":
-        return f"--speculative-algorithm {spec} (speculative decoding)"
-    tp = fields.get("tp_size")
-    if isinstance(tp, int) and tp > 1:
-        return f"--tp-size {tp} (tensor parallelism)"
-    return None
-
-
 def _resolve_launch_args(data: dict) -> tuple[dict, tuple, tuple]:
     """Fill server fields from ``launch_args`` (see :class:`Server`); returns (data, derived keys,
     the notes on arguments the rules passed over).
@@ -166,11 +153,14 @@ def _resolve_launch_args(data: dict) -> tuple[dict, tuple, tuple]:
                      source="server.launch_args")
     except UserInputError as err:
         raise ValueError(f"launch_args {err.field}: {err.expected}" if err.field else err.expected) from None
-    if unmodelled := _unmodelled(adv.config.fields):
+    refused = [(flag, status) for flag, status in adv.config.flags if status.startswith("refused")]
+    if refused:
         # never a plain-decoding answer for a command that runs something else
-        raise ValueError(f"launch_args: {unmodelled} is not modelled (the simulator runs one scheduler on one "
-                         "device decoding one token per step): no answer for this command; without the flag the "
-                         "answer is the plain server's")
+        flag, status = refused[0]
+        what = status[status.index("(") + 1:-1]
+        raise ValueError(f"launch_args: {flag} turns on {what}, which is not modelled (the simulator runs one "
+                         "scheduler on one device decoding one token per step): no answer for this command; "
+                         "without the flag the answer is the plain server's")
     wanted: dict = dict(adv.config.server)
     wanted["device"] = adv.config.platform
     if "settings" not in data:

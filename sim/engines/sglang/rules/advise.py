@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from sim.commands import ADVISORS, command
+from sim.engines.known_flags import render_flags
 from sim.engines.sglang.rules.launch_args import PLATFORMS
 from sim.engines.sglang.rules.loop_rules import Advice, advise
 
@@ -53,6 +54,7 @@ def render(adv: Advice, console: Console) -> None:
             style = _SEVERITY_STYLE.get(hit.severity, "")
             console.print(f"    - [{style}]{hit.severity}[/] {hit.id}: {escape(hit.text)}")
             console.print(f"      [dim]source: {escape(hit.source)}[/]")
+    render_flags(cfg.flags, console)
     for note in adv.notes:
         console.print(f"  note: {escape(note)}")
 

@@ -4,7 +4,11 @@ A server command such as ``SGLANG_USE_MLX=1 python -m sglang.launch_server --mod
 --disable-overlap-schedule --pp-size 2`` becomes a :class:`LaunchConfig`: the ServerArgs
 fields the rules read (``sglang_rules.yaml`` beside this module, section ``flags``), the environment
 variables (``NAME=VALUE`` tokens), the platform and the release. Arguments the table does
-not know are passed over with a note, as the issue asks: they do not change which loop runs.
+not read but SGLang's own parser knows (``flags-0.5.23.json``, read from
+``ServerArgs.add_cli_args`` by ``realengines/flags.py``) are passed over with a note ("no effect
+on the loop"); a flag SGLang's parser does not know is an error, as it is for
+``sglang.launch_server``. Each flag gets a status (:attr:`LaunchConfig.flags`): ``modelled``,
+``refused: not modelled`` (:func:`unmodelled`) or ``no effect on the loop``.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ class LaunchConfig:
         env: environment variable -> raw string value.
         server: scenario ``server.*`` field -> value, for the flags that map onto one.
         notes: human-readable notes (arguments passed over, conflicts resolved).
+        flags: ``(flag as given, status)`` per flag, in order; status is :data:`MODELLED`,
+            ``refused: not modelled (<what>)`` or :data:`NO_EFFECT`.
     """
 
     platform: str
@@ -55,6 +61,42 @@ class LaunchConfig:
     env: dict[str, str]
     server: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    flags: tuple[tuple[str, str], ...] = ()
+
+
+MODELLED = "modelled"
+NO_EFFECT = "no effect on the loop"
+FLAGS_FILE = "flags-0.5.23.json"  # SGLang's own flags (realengines/flags.py), used for every release
+
+
+def known_flags():
+    """SGLang's server flags (:class:`sim.engines.known_flags.KnownFlags`)."""
+    from sim.engines.known_flags import load
+
+    return load(str(resources.files("sim.engines.sglang.rules").joinpath(FLAGS_FILE)))
+
+
+def unmodelled(fields: dict) -> dict[str, str]:
+    """ServerArgs field -> what it turns on, for each launch setting that changes the timeline in
+    a way the simulator does not model (it runs one scheduler on one device decoding one token
+    per step): speculative decoding (a draft and a verify forward per step), tensor parallelism
+    (a scheduler per rank in lockstep, all-reduces in the forward), pipeline parallelism
+    (``event_loop_pp``), data parallelism (a controller over several schedulers), DP attention
+    (an all-gather of batch shapes before each launch), PD disaggregation (the disaggregation
+    loops)."""
+    out = {}
+    spec = fields.get("speculative_algorithm")
+    if isinstance(spec, str) and spec.strip() and spec.strip().upper() != "NONE":
+        out["speculative_algorithm"] = "speculative decoding"
+    for name, what in (("tp_size", "tensor parallelism"), ("pp_size", "pipeline parallelism"),
+                       ("dp_size", "data parallelism")):
+        if isinstance(fields.get(name), int) and fields[name] > 1:
+            out[name] = what
+    if fields.get("enable_dp_attention") is True:
+        out["enable_dp_attention"] = "DP attention"
+    if str(fields.get("disaggregation_mode", "null")).lower() not in ("null", "none", ""):
+        out["disaggregation_mode"] = "PD disaggregation"
+    return out
 
 
 def env_truthy(value: str | None) -> bool:
@@ -120,7 +162,8 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
         The :class:`LaunchConfig`.
 
     Raises:
-        UserInputError: unknown platform, bad version, or a known flag with a bad value.
+        UserInputError: unknown platform, bad version, a flag SGLang's server does not know, or
+            a known flag with a bad value.
     """
     if platform not in PLATFORMS:
         raise UserInputError(source, "device", f"expected one of {', '.join(PLATFORMS)} (got {platform!r})")
@@ -131,6 +174,7 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
     env: dict[str, str] = {}
     server: dict[str, Any] = {}
     notes: list[str] = []
+    statuses: list[tuple[str, str]] = []  # (flag as given, field read, or NO_EFFECT)
     known_env = set(table["env"])
     tokens = [str(t) for t in args]
     i = 0
@@ -150,13 +194,19 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
             continue
         name, eq, inline = tok.partition("=")
         raw = inline if eq else None
-        spec = index.get(name)
+        known = known_flags().resolve(name)
+        spec = index.get(name) or (index.get(known[0]) if known else None)
         if spec is None:
-            if raw is None and i < len(tokens) and not tokens[i].startswith("-"):
+            if known is None:
+                raise UserInputError(source, name, f"not a flag of SGLang's server (python -m sglang.launch_server "
+                                     f"refuses it: unrecognized arguments; the flags of SGLang "
+                                     f"{known_flags().version})")
+            if raw is None and known[1] and i < len(tokens):
                 raw = tokens[i]
                 i += 1
             shown = name if raw is None else f"{name} {raw}"
             notes.append(f"{shown}: not read by the rules (no effect on the event loop): passed over")
+            statuses.append((shown, NO_EFFECT))
             continue
         if raw is None and spec["type"] != "bool":
             if i >= len(tokens):
@@ -165,6 +215,7 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
             i += 1
         value = _convert(spec, name, raw, source)
         fields[spec["field"]] = value
+        statuses.append((name if spec["type"] == "bool" and not eq else f"{name} {raw}", spec["field"]))
         if "server" in spec:
             server[spec["server"]] = value
     if "init_new_token_ratio" in server:  # SGLang: init ratio = min(0.7 * conservativeness, 1)
@@ -172,7 +223,11 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
     if env_truthy(env.get("SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP")):
         server["disable_consecutive_prefill_overlap"] = True
     platform = _resolve_platform(platform, fields, env, notes)
-    return LaunchConfig(platform, str(ver), fields, env, server, tuple(notes))
+    refused = unmodelled(fields)
+    flags = tuple((shown, NO_EFFECT if what == NO_EFFECT else
+                   f"refused: not modelled ({refused[what]})" if what in refused else MODELLED)
+                  for shown, what in statuses)
+    return LaunchConfig(platform, str(ver), fields, env, server, tuple(notes), flags)
 
 
 def _resolve_platform(platform: str, fields: dict, env: dict, notes: list[str]) -> str:

@@ -78,6 +78,7 @@ class Advice:
             "setting": self.setting, "overlap": self.overlap,
             "disabled_by": [hit(h) for h in self.disabled_by], "selected_by": hit(self.selected_by),
             "hazards": [hit(h) for h in self.hazards], "notes": list(self.notes),
+            "flags": [{"flag": f, "status": st} for f, st in self.config.flags],
         }
 
 

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from sim.commands import advisor
+from sim.engines.known_flags import render_flags
 from sim.engines.vllm.rules.async_rules import VllmAdvice, advise
 
 
@@ -37,6 +38,7 @@ def render(adv: VllmAdvice, console: Console) -> None:
     if cfg.server:
         fields = ", ".join(f"{k}={v}" for k, v in cfg.server.items())
         console.print(f"  scenario server fields: {escape(fields)}")
+    render_flags(cfg.flags, console)
     for note in adv.notes:
         console.print(f"  note: {escape(note)}")
 

@@ -138,7 +138,8 @@ class VllmAdvice:
                 "async_scheduling": self.async_scheduling, "setting": self.setting, "refused": self.refused,
                 "decided_by": [{"id": r.id, "kind": r.kind, "text": r.text, "source": r.source}
                                for r in self.decided_by],
-                "server": dict(self.config.server), "notes": list(self.notes)}
+                "server": dict(self.config.server), "notes": list(self.notes),
+                "flags": [{"flag": f, "status": st} for f, st in self.config.flags]}
 
 
 def evaluate(c: VllmLaunch) -> VllmAdvice:

@@ -34,6 +34,8 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {
     "-pp": ("pipeline_parallel_size", "int", None),
     "--tensor-parallel-size": ("tensor_parallel_size", "int", None),
     "-tp": ("tensor_parallel_size", "int", None),
+    "--data-parallel-size": ("data_parallel_size", "int", None),
+    "-dp": ("data_parallel_size", "int", None),
     "--speculative-config": ("speculative_config", "json", None),
     "--distributed-executor-backend": ("distributed_executor_backend", "str", None),
     "--runner": ("runner", "str", None),
@@ -48,9 +50,10 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {
 }
 # the smallest value vLLM's own argument checks accept, per integer field (EngineArgs/ParallelConfig
 # validation: sizes and counts are positive; a threshold of 0 turns the feature off)
-MIN_INT = {"pipeline_parallel_size": 1, "tensor_parallel_size": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1,
+MIN_INT = {"pipeline_parallel_size": 1, "tensor_parallel_size": 1, "data_parallel_size": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1,
            "max_model_len": 1, "block_size": 1, "num_gpu_blocks": 1, "long_prefill_token_threshold": 0}
 DEFAULTS: dict[str, Any] = {"async_scheduling": None, "pipeline_parallel_size": 1, "tensor_parallel_size": 1,
+                            "data_parallel_size": 1,
                             "speculative_config": None, "distributed_executor_backend": None, "runner": "auto"}
 
 
@@ -63,6 +66,8 @@ class VllmLaunch:
         fields: engine argument -> value (defaults filled in; ``async_scheduling`` None = not given).
         env: environment variable -> raw value. server: scenario ``server.*`` field -> value.
         notes: arguments passed over.
+        flags: ``(flag as given, status)`` per flag, in order: :data:`MODELLED`, ``refused: not
+            modelled (<what>)`` (:func:`unmodelled`) or :data:`NO_EFFECT`.
     """
 
     platform: str
@@ -71,11 +76,42 @@ class VllmLaunch:
     env: dict[str, str]
     server: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    flags: tuple[tuple[str, str], ...] = ()
 
     @property
     def speculative_method(self) -> str | None:
         spec = self.fields.get("speculative_config")
         return spec.get("method") if isinstance(spec, dict) else None
+
+
+MODELLED = "modelled"
+NO_EFFECT = "no effect on the loop"
+FLAGS_FILE = "flags-0.32.0.json"  # vLLM's own server flags (realengines/flags.py)
+
+
+def known_flags():
+    """vLLM's OpenAI-server flags (:class:`sim.engines.known_flags.KnownFlags`)."""
+    from importlib import resources
+
+    from sim.engines.known_flags import load
+
+    return load(str(resources.files("sim.engines.vllm.rules").joinpath(FLAGS_FILE)))
+
+
+def unmodelled(fields: dict) -> dict[str, str]:
+    """Engine argument -> what it turns on, for each launch setting that changes the timeline in a
+    way the simulator does not model (one engine core, one worker, one token per request-step):
+    speculative decoding (a draft and a verify forward per step), tensor, pipeline and data
+    parallelism (workers in lockstep and all-reduces; a pipeline of batches; several engine
+    cores)."""
+    out = {}
+    if fields.get("speculative_config"):
+        out["speculative_config"] = "speculative decoding"
+    for name, what in (("tensor_parallel_size", "tensor parallelism"), ("pipeline_parallel_size",
+                       "pipeline parallelism"), ("data_parallel_size", "data parallelism")):
+        if isinstance(fields.get(name), int) and fields[name] > 1:
+            out[name] = what
+    return out
 
 
 def env_flag(value: str | None) -> bool | None:
@@ -131,8 +167,8 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
     ``--speculative-config.method X`` for one key of a JSON argument).
 
     Raises:
-        UserInputError: a platform vLLM's model here does not cover, a bad version, a known flag
-            with a bad value.
+        UserInputError: a platform vLLM's model here does not cover, a bad version, a flag vLLM's
+            server does not know, a known flag with a bad value.
     """
     if platform not in PLATFORMS:
         raise UserInputError(source, "device", f"expected one of {', '.join(PLATFORMS)} for vLLM (got {platform!r})")
@@ -141,6 +177,7 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
     env: dict[str, str] = {}
     server: dict[str, Any] = {}
     notes: list[str] = []
+    statuses: list[tuple[str, str]] = []  # (flag as given, field read, or NO_EFFECT)
     tokens = [str(t) for t in args]
     i = 0
     while i < len(tokens):
@@ -156,15 +193,24 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
             continue  # the launcher, or the model (vllm serve MODEL)
         name, eq, raw = tok.partition("=")
         raw = raw if eq else None
+        head, dot_, tail = name.partition(".")
+        name = head.replace("_", "-") if head.startswith("--") else head  # FlexibleArgumentParser: _ as -
+        name = name + dot_ + tail
         negated = name.startswith("--no-") and f"--{name[5:]}" in FLAGS and FLAGS[f"--{name[5:]}"][1] == "bool"
         key = f"--{name[5:]}" if negated else name
         base, dot, sub = key.partition(".")
-        spec = FLAGS.get(base)
+        known = known_flags().resolve(name.partition(".")[0])
+        spec = FLAGS.get(base) or (FLAGS.get(known[0]) if known and not negated else None)
         if spec is None:
-            if raw is None and i < len(tokens) and not tokens[i].startswith("-"):
+            if known is None:
+                raise UserInputError(source, name, f"not a flag of vLLM's server (vllm serve refuses it: unrecognized "
+                                     f"arguments; the flags of vLLM {known_flags().version})")
+            if raw is None and known[1] and i < len(tokens):
                 raw = tokens[i]
                 i += 1
-            notes.append(f"{name if raw is None else f'{name} {raw}'}: not read by the rules: passed over")
+            shown = name if raw is None else f"{name} {raw}"
+            notes.append(f"{shown}: not read by the rules: passed over")
+            statuses.append((shown, NO_EFFECT))
             continue
         if raw is None and spec[1] != "bool":
             if i >= len(tokens):
@@ -173,16 +219,22 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
             i += 1
         if dot and spec[1] == "json":  # --speculative-config.method ngram
             fields[spec[0]] = {**(fields[spec[0]] or {}), sub: _json_scalar(raw)}
+            statuses.append((f"{name} {raw}", spec[0]))
             continue
         value = _convert(spec[1], name, raw, source, spec[0])
         fields[spec[0]] = (not value) if negated else value
+        statuses.append((name if raw is None else f"{name} {raw}", spec[0]))
         if spec[2] is not None:
             server[spec[2]] = fields[spec[0]]
     spec_config = fields.get("speculative_config")
     if isinstance(spec_config, dict) and "method" in spec_config and not isinstance(spec_config["method"], str):
         raise UserInputError(source, "--speculative-config", f"a method name (a string) as its method (got "
                              f"{spec_config['method']!r})")
-    return VllmLaunch(platform, str(ver), fields, env, server, tuple(notes))
+    refused = unmodelled(fields)
+    flags = tuple((shown, NO_EFFECT if what == NO_EFFECT else
+                   f"refused: not modelled ({refused[what]})" if what in refused else MODELLED)
+                  for shown, what in statuses)
+    return VllmLaunch(platform, str(ver), fields, env, server, tuple(notes), flags)
 
 
 def _json_scalar(raw: str | None):

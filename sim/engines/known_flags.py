@@ -1,0 +1,60 @@
+"""An engine server's own command-line flags, as its argument parser accepts them.
+
+Each engine package ships the flag list of the release it was read from
+(``sim/engines/<engine>/rules/flags-<version>.json``, written by ``python -m realengines.flags``
+in the engine's environment from the engine's own parser). :meth:`KnownFlags.resolve` accepts a
+flag as Python's ``argparse`` does (both engines' launchers use it with its default
+``allow_abbrev=True``): the exact option, or an unambiguous prefix of one long option (``--tp``
+for SGLang's ``--tp-size``). A flag it does not resolve is one the engine's server refuses to
+start with ("unrecognized arguments").
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class KnownFlags:
+    """``flags``: option -> whether it takes a value; ``engine`` and ``version``: whose list."""
+
+    engine: str
+    version: str
+    flags: dict
+
+    def resolve(self, name: str) -> tuple[str, bool] | None:
+        """``(option, takes a value)`` for ``name`` (``--flag``, no ``=value``), or None when the
+        parser would refuse it (unknown, or a prefix of several options)."""
+        if name in self.flags:
+            return name, self.flags[name]
+        if not name.startswith("--") or len(name) < 3:
+            return None
+        hits = [opt for opt in self.flags if opt.startswith(name) and opt.startswith("--")]
+        return (hits[0], self.flags[hits[0]]) if len(hits) == 1 else None
+
+
+@functools.lru_cache(maxsize=None)
+def load(path: str) -> KnownFlags:
+    """The flag list in ``path`` (a ``realengines/flags.py`` output)."""
+    data = json.loads(Path(path).read_text())
+    return KnownFlags(data["engine"], data["version"], {k: bool(v["value"]) for k, v in data["flags"].items()})
+
+
+def render_flags(flags, console) -> None:
+    """Print the per-flag statuses of a launch command (``(flag as given, status)`` pairs) for
+    people: ``modelled``, ``refused: not modelled (...)`` or ``no effect on the loop``."""
+    from rich.markup import escape
+
+    if not flags:
+        return
+    width = min(max(len(f) for f, _ in flags), 40)
+    console.print("  flags:")
+    for flag, status in flags:
+        style = "bold red" if status.startswith("refused") else ("green" if status == "modelled" else "dim")
+        console.print(f"    {escape(flag):{width}s}  [{style}]{escape(status)}[/]")
+    if any(status.startswith("refused") for _, status in flags):
+        console.print("  [bold red]the simulator refuses this command[/] (overlap-sim run gives no answer for it): "
+                      "what it runs is not modelled")

@@ -1,0 +1,112 @@
+"""Never a silent answer for a command the simulator does not model: each engine's launch-argument
+reader knows its server's own flags (sim/engines/<engine>/rules/flags-<version>.json, read from the
+engine's parser by realengines/flags.py), refuses a flag the server would refuse, and gives every
+flag a status (modelled, refused: not modelled, no effect on the loop)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from sim.engines.known_flags import KnownFlags
+from sim.engines.sglang.rules.launch_args import known_flags as sglang_flags
+from sim.engines.sglang.rules.launch_args import parse_launch_args as sglang_args
+from sim.engines.vllm.rules.launch_args import known_flags as vllm_flags
+from sim.engines.vllm.rules.launch_args import parse_launch_args as vllm_args
+from sim.errors import UserInputError
+from tests.conftest import ROOT
+
+FLAGS = KnownFlags("x", "1", {"--tp-size": True, "--tokenizer-path": True, "--enable-a": False, "--enable-b": False,
+                              "-tp": True})
+
+
+@pytest.mark.parametrize("name, want", [("--tp-size", ("--tp-size", True)), ("--tp", ("--tp-size", True)),
+                                        ("--tok", ("--tokenizer-path", True)), ("--enable-a", ("--enable-a", False)),
+                                        ("-tp", ("-tp", True)), ("--enable", None), ("--t", None), ("--nope", None),
+                                        ("-t", None), ("--", None)])
+def test_flags_resolve_as_argparse_does(name, want):
+    # argparse: the exact option, or an unambiguous prefix of one long option
+    assert FLAGS.resolve(name) == want
+
+
+def test_the_shipped_lists_are_the_engines_own():
+    assert sglang_flags().version == "0.5.23" and vllm_flags().version == "0.32.0"
+    for name in ("--model-path", "--disable-overlap-schedule", "--speculative-algorithm", "--tp-size", "--dp-size"):
+        assert sglang_flags().resolve(name), name
+    for name in ("--model", "--async-scheduling", "--no-async-scheduling", "--speculative-config", "-tp", "-dp"):
+        assert vllm_flags().resolve(name), name
+
+
+def test_the_rules_tables_read_only_flags_the_engines_know():
+    table = yaml.safe_load((ROOT / "sim/engines/sglang/rules/sglang_rules.yaml").read_text())
+    unknown = {name for spec in table["flags"] for name in [spec["flag"], *spec.get("aliases", [])]
+               if not sglang_flags().resolve(name)}
+    # the table's rows reach back to 0.5.3; --enable-beta-spec (0.5.4's spec v2 switch) is gone by
+    # 0.5.23, and the reader still takes it for the older releases' rules
+    assert unknown == {"--enable-beta-spec"}
+    assert sglang_args(["--enable-beta-spec"], version="0.5.4").fields["enable_beta_spec"] is True
+    from sim.engines.vllm.rules.launch_args import FLAGS as VLLM_READ
+
+    assert all(vllm_flags().resolve(name) for name in VLLM_READ)
+
+
+@pytest.mark.parametrize("parse", [sglang_args, vllm_args])
+def test_a_flag_the_server_refuses_is_an_error_naming_it(parse):
+    with pytest.raises(UserInputError) as err:
+        parse(["--frobnicate", "3"])
+    assert err.value.field == "--frobnicate" and "unrecognized arguments" in str(err.value)
+
+
+def test_each_sglang_flag_gets_a_status():
+    cfg = sglang_args(["python", "-m", "sglang.launch_server", "--model-path", "M", "--speculative-algo", "EAGLE",
+                       "--tp", "4", "--dp-size", "2", "--enable-dp-attention", "--max-running-requests", "32",
+                       "--log-level", "info"])
+    assert dict(cfg.flags) == {
+        "--model-path M": "no effect on the loop",
+        "--speculative-algo EAGLE": "refused: not modelled (speculative decoding)",
+        "--tp 4": "refused: not modelled (tensor parallelism)",
+        "--dp-size 2": "refused: not modelled (data parallelism)",
+        "--enable-dp-attention": "refused: not modelled (DP attention)",
+        "--max-running-requests 32": "modelled",
+        "--log-level info": "no effect on the loop"}
+    plain = sglang_args(["--model-path", "M", "--tp", "1", "--disaggregation-mode", "null"])
+    assert not any(st.startswith("refused") for _, st in plain.flags)
+
+
+def test_each_vllm_flag_gets_a_status():
+    cfg = vllm_args(["vllm", "serve", "M", "-tp", "2", "--speculative-config.method", "ngram", "--max_num_seqs", "64",
+                     "--gpu-memory-utilization", "0.8", "-dp", "1"])
+    assert dict(cfg.flags) == {
+        "-tp 2": "refused: not modelled (tensor parallelism)",
+        "--speculative-config.method ngram": "refused: not modelled (speculative decoding)",
+        "--max-num-seqs 64": "modelled",  # vLLM's parser reads _ as -
+        "--gpu-memory-utilization 0.8": "no effect on the loop",
+        "-dp 1": "modelled"}
+
+
+@pytest.mark.parametrize("args, word", [(["--dp-size", "2"], "data parallelism"),
+                                        (["--enable-dp-attention"], "DP attention"),
+                                        (["--pp-size", "2"], "pipeline parallelism"),
+                                        (["--disaggregation-mode", "prefill"], "PD disaggregation")])
+def test_a_scenario_with_a_refused_flag_gets_no_answer(run_cli, tmp_path, args, word):
+    scenario = yaml.safe_load((ROOT / "scenarios/quickstart.yaml").read_text())
+    scenario["server"]["launch_args"] = args
+    scenario["costs"]["profile"] = str(ROOT / "scenarios" / scenario["costs"]["profile"])
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario))
+    code, out, err = run_cli(["run", path, "--out", tmp_path / "r", "--no-plots"])
+    assert code == 2 and word in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_advise_lists_each_flag_and_refuses_unknown_ones(run_cli):
+    code, out, _ = run_cli(["advise", "--json", "--", "--model-path", "M", "--tp", "4"])
+    assert code == 0
+    assert json.loads(out)["flags"] == [{"flag": "--model-path M", "status": "no effect on the loop"},
+                                        {"flag": "--tp 4", "status": "refused: not modelled (tensor parallelism)"}]
+    code, out, _ = run_cli(["advise", "--", "--model-path", "M", "--speculative-algorithm", "EAGLE"])
+    assert code == 0 and "refused: not modelled (speculative decoding)" in out and "refuses this command" in out
+    code, _, err = run_cli(["advise", "--engine", "vllm", "--", "--frobnicate"])
+    assert code == 2 and "--frobnicate" in err and "Traceback" not in err

@@ -211,29 +211,12 @@ def run_host_calibration(args) -> int:
     """``calibrate --engine sglang --host-only``: host costs from SGLang's scheduler, forward stubbed."""
     from dataclasses import replace
 
-    import shlex
-
-    from calibrate.profile import save_profile
-    from calibrate.real.cli import _engine, _report, grid_changes
-    from sim.atomic import check_output_file
+    from calibrate.host.command import run_host_command
+    from calibrate.real.cli import grid_changes
 
     grid = replace(SglangHostGrid(), **grid_changes(args))
     grid = replace(grid, max_running_requests=max(grid.max_running_requests, max(grid.decode_batch_sizes)),
                    context_length=max(grid.context_length, max(grid.decode_contexts) + grid.decode_steps,
                                       max(grid.extend_tokens) + max(grid.extend_prefixes) + 1))
     grid.check()
-    check_output_file(args.out, "--out")
-    engine, model = _engine(args)
-    work = args.work or Path("results") / "calibrate-sglang-host"
-    sessions = args.sessions or 1
-    argv = ["overlap-sim", "calibrate", "--engine", "sglang", "--host-only", "--out", str(args.out)]
-    argv += ["--sessions", str(sessions)] if sessions > 1 else []
-    host = calibrate_sglang_host(engine, model, grid, work, command=shlex.join(argv), report=_report,
-                                 sessions=sessions)
-    save_profile(args.out, host)
-    for name, c in host["curves"].items():
-        _report(f"  {name:16s} {c['axes'][0]} {c['grid'][0][0]:g}-{c['grid'][0][-1]:g}: "
-                f"{min(c['values_s']) * 1e3:.3f}-{max(c['values_s']) * 1e3:.3f} ms")
-    print(f"host costs written to {args.out} ({host['metadata']['wall_s']:.0f} s of runs); join them to a device "
-          f"profile with overlap-sim compose")
-    return 0
+    return run_host_command(args, "sglang", grid, calibrate_sglang_host)

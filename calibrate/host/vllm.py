@@ -333,11 +333,7 @@ def _check_coverage(merged: dict, grid: VllmHostGrid, settings: tuple[str, ...])
 
 def run_host_calibration(args) -> int:
     """``calibrate --engine vllm --host-only``: host costs from vLLM's server, forward stubbed."""
-    import shlex
-
-    from calibrate.profile import save_profile
-    from calibrate.real.cli import _engine, _report
-    from sim.atomic import check_output_file
+    from calibrate.host.command import run_host_command
 
     changes = {k: tuple(v) for k, v in (("decode_batch_sizes", args.batch_sizes), ("contexts", args.contexts),
                                         ("prefill_tokens", args.extend_tokens)) if v}
@@ -347,18 +343,4 @@ def run_host_calibration(args) -> int:
     grid = replace(VllmHostGrid(), **changes)
     grid = replace(grid, max_num_seqs=max(grid.max_num_seqs, max(grid.decode_batch_sizes)))
     grid.check()
-    check_output_file(args.out, "--out")
-    engine, model = _engine(args)
-    work = args.work or Path("results") / "calibrate-vllm-host"
-    sessions = args.sessions or 1
-    argv = ["overlap-sim", "calibrate", "--engine", "vllm", "--host-only", "--out", str(args.out)]
-    argv += ["--sessions", str(sessions)] if sessions > 1 else []
-    host = calibrate_vllm_host(engine, model, grid, work, command=shlex.join(argv), report=_report,
-                               sessions=sessions)
-    save_profile(args.out, host)
-    for name, c in host["curves"].items():
-        _report(f"  {name:18s} {c['axes'][0]} {c['grid'][0][0]:g}-{c['grid'][0][-1]:g}: "
-                f"{min(c['values_s']) * 1e3:.3f}-{max(c['values_s']) * 1e3:.3f} ms")
-    print(f"host costs written to {args.out} ({host['metadata']['wall_s']:.0f} s in this call, finished sessions "
-          f"reused); join them to a card's forward with overlap-sim compose")
-    return 0
+    return run_host_command(args, "vllm", grid, calibrate_vllm_host)

@@ -94,25 +94,30 @@ def touch_experiment(full: dict, touch_bytes: int, work: Path) -> list[dict]:
 
 
 def hold_control(full: dict, work: Path) -> dict:
-    """vLLM: the stubbed server on the full calibration's own grid (decode batches, contexts and
-    prefill lengths), once with the stub sleeping its hold (the host calibration's stub) and once
-    busy-waiting it (the core kept busy, as the CPU forward keeps it): per (setting, curve), each
-    against the full calibration. Separates what the idle wait costs the RPC wake-ups from what
-    the grid changes."""
+    """vLLM: the stubbed server on the full calibration's own grid and server configuration
+    (its batch sizes, contexts, prefill lengths, ``max_num_seqs`` and ``max_model_len``, and the
+    CPU API server's default step budget of 2048 tokens), once with the stub sleeping its hold and
+    once busy-waiting it (the host calibration's stub): per mode, the host-costs file
+    (``work/hold-<mode>.json``) and its agreement with the full calibration per (setting, curve).
+    So the stub is compared with the real forward on the same server; the host calibration's
+    own grid and configuration (256 sequences, 8192-token steps) are a different server."""
     sys.path.insert(0, str(ROOT))
     from calibrate.host.vllm import VllmHostGrid, calibrate_vllm_host
+    from calibrate.profile import save_profile
     from calibrate.real.environment import REPO, find_engine, test_model
 
     g = full["metadata"]["grid"]
     grid = VllmHostGrid(decode_batch_sizes=tuple(g["decode_batch_sizes"]), contexts=tuple(g["contexts"]),
-                        prefill_tokens=tuple(g["prefill_tokens"]), max_num_seqs=max(16, g["max_num_seqs"]),
-                        max_model_len=2048)
+                        prefill_tokens=tuple(g["prefill_tokens"]), max_num_seqs=g["max_num_seqs"],
+                        max_model_len=g["max_model_len"], max_num_batched_tokens=2048)
     engine = find_engine("vllm")
     model = test_model(engine, REPO / ".venvs" / "models" / "tiny-llama")
     out = {}
     for mode, spin in (("sleep", False), ("busy_wait", True)):
-        host = calibrate_vllm_host(engine, model, grid, work / f"hold-{mode}", spin=spin, report=print)
-        out[mode] = agreement(full, host, "sync")
+        host = calibrate_vllm_host(engine, model, grid, work / f"control-{mode}", spin=spin, report=print)
+        path = work / f"control-{mode}.json"
+        save_profile(path, host)
+        out[mode] = {"host_file": str(path), "agreement": agreement(full, host, "sync")}
     return out
 
 
@@ -197,14 +202,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.validation:
         result["rescored_validation"] = rescore(args.full, args.host, args.validation, args.repeats, args.work,
                                                    args.engine)
+        for mode, ctl in result.get("hold_control", {}).items():
+            ctl["rescored_validation"] = rescore(args.full, Path(ctl["host_file"]), args.validation, args.repeats,
+                                                 args.work / f"rescore-{mode}", args.engine)["stub_host"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     for row in result["agreement"]:
         print(f"{row['setting']:8s} {row['curve']:16s} stub/full median {row['median_ratio']:.2f} "
               '(' + ', '.join(f"{q['x']:g}: {q['ratio']:.2f}" for q in row['points']) + ')')
-    for mode, rows in result.get("hold_control", {}).items():
-        for row in rows:
+    for mode, ctl in result.get("hold_control", {}).items():
+        for row in ctl["agreement"]:
             print(f"{mode:9s} {row['setting']:6s} {row['curve']:18s} stub/full median {row['median_ratio']:.2f}")
+        if r := ctl.get("rescored_validation"):
+            errs = ", ".join(f"{k} {v * 100:.1f}%" for k, v in r["median_abs_error"].items())
+            print(f"validation with the {mode} control's host curves: {errs}; pooled speedup error "
+                  f"{r['speedup_pooled']['error_pp']:+.1f} pp")
     for row in result.get("cache_effect", []):
         share = row["gap_explained"]
         print(f"cache   {row['curve']:16s} {row['x']:>5g}: full {row['full_ms']:.3f} stub {row['stub_ms']:.3f} "

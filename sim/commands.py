@@ -33,6 +33,19 @@ def asker(engine: str):
     return wrap
 
 
+# engine -> refusal(card) -> a reason the engine has no platform for that card, or None (registered
+# by sim.engines.<engine>.ask with :func:`card_refusal`; ``ask`` and ``transfer`` both read it)
+CARD_REFUSALS: dict[str, Callable] = {}
+
+
+def card_refusal(engine: str):
+    """Decorator: register which cards an engine does not run on (:data:`CARD_REFUSALS`)."""
+    def wrap(check):
+        CARD_REFUSALS[engine] = check
+        return check
+    return wrap
+
+
 def advisor(engine: str):
     """Decorator: register ``run(args) -> exit status`` as ``overlap-sim advise --engine engine``."""
     def wrap(run):

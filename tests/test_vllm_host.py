@@ -174,3 +174,18 @@ def record_fixture() -> None:  # pragma: no cover - run by hand: python -m tests
 
 if __name__ == "__main__":  # pragma: no cover
     record_fixture()
+
+
+def test_a_vllm_profile_is_not_moved_to_an_apple_card(run_cli, tmp_path):
+    from tests.conftest import ROOT
+
+    out = tmp_path / "m3.json"
+    code, _, stderr = run_cli(["transfer", ROOT / "scenarios/profiles/h200-vllm-llama-3.2-1b.json", "--to", "m3-max",
+                               "--out", out])
+    assert code == 2 and "--to" in stderr and "no Apple platform" in stderr and not out.exists()
+
+
+def test_long_contexts_raise_max_model_len_and_the_wave_cap_names_both_flags(run_cli, tmp_path):
+    code, _, stderr = run_cli(["calibrate", "--engine", "vllm", "--host-only", "--contexts", "9000", "--out",
+                               tmp_path / "h.json"])
+    assert code == 2 and "--batch-sizes" in stderr and "(--contexts)" in stderr and "max_model_len" not in stderr

@@ -105,16 +105,20 @@ class VllmHostGrid(VllmGrid):
     def check(self) -> None:
         """Raises CalibrationInputError (naming the flag) for a grid the server cannot run."""
         if not self.decode_batch_sizes or min(self.decode_batch_sizes) < 1:
-            raise CalibrationInputError("--batch-sizes", "", "batch sizes of at least 1")
+            raise CalibrationInputError("--batch-sizes", "", "expected batch sizes of at least 1")
         if not self.contexts or min(self.contexts) <= self.decode_steps:
-            raise CalibrationInputError("--contexts", "", f"contexts above {self.decode_steps} tokens")
+            raise CalibrationInputError("--contexts", "", f"expected every context above {self.decode_steps} tokens "
+                                        f"(got {min(self.contexts, default=0)})")
         for b in self.decode_batch_sizes:
             if not self.wave_fits(b, min(self.contexts)):
                 raise CalibrationInputError("--batch-sizes", "", f"a batch of {b} at the shortest context "
-                                            f"{min(self.contexts)} exceeds {self.max_wave_tokens} tokens")
+                                            f"{min(self.contexts)} (--contexts) exceeds the wave cap of "
+                                            f"{self.max_wave_tokens} tokens")
+        # a request is at most a context long plus its output (a prefill of N tokens is N / C prompts
+        # of C tokens, or a cached prefix and N new ones: C in all)
         longest = max(self.output_tokens(b, c) + c for b in self.decode_batch_sizes for c in self.contexts
                       if self.wave_fits(b, c))
-        if longest > self.max_model_len or max(self.prefill_tokens) > self.max_model_len:
+        if longest > self.max_model_len:
             raise CalibrationInputError("--contexts", "", f"a request of {longest} tokens exceeds the server's "
                                         f"max_model_len {self.max_model_len}")
 
@@ -342,5 +346,8 @@ def run_host_calibration(args) -> int:
                                     "--extend-tokens below --contexts)")
     grid = replace(VllmHostGrid(), **changes)
     grid = replace(grid, max_num_seqs=max(grid.max_num_seqs, max(grid.decode_batch_sizes)))
+    if min(grid.contexts) > grid.decode_steps:  # else check() names --contexts
+        longest = max(grid.output_tokens(b, c) + c for b in grid.decode_batch_sizes for c in grid.contexts)
+        grid = replace(grid, max_model_len=max(grid.max_model_len, longest))  # the stub reads no position
     grid.check()
     return run_host_command(args, "vllm", grid, calibrate_vllm_host)

@@ -85,6 +85,18 @@ def host_speed_from_probe(profile: dict, profile_path: Path, reading_path: Path)
     return speed
 
 
+def _refuse_card(engine: str, to: str) -> None:
+    """One line (``--to``) when the profile's engine has no platform on the target card (the
+    engine's :data:`sim.commands.CARD_REFUSALS`, as ``overlap-sim ask`` reads it)."""
+    import sim.engines  # noqa: F401  (the engines register their refusals)
+    from sim.commands import CARD_REFUSALS
+    from sim.model.cards import find_card
+
+    card, check = find_card(to), CARD_REFUSALS.get(engine)
+    if card is not None and check is not None and (why := check(card)) is not None:
+        raise UserInputError("--to", "", why)
+
+
 def curve_table(path: Path):
     """The curves of the profile at ``path`` by its ``metadata.engine`` (absent: SGLang's; vLLM's).
 
@@ -126,6 +138,7 @@ def cmd_transfer(args: argparse.Namespace) -> int:
 
     curves = curve_table(args.profile)
     profile = load_profile(args.profile, curves)
+    _refuse_card(curves.engine, args.to)
     if args.host_probe is not None:
         if args.host_speed is not None:
             raise UserInputError("--host-speed", "", "either it or --host-probe, not both (the probe's reading sets the "

@@ -8,10 +8,19 @@ blocks, and a KV cache of ``gpu_memory_utilization`` (0.9) of the card's memory 
 
 from __future__ import annotations
 
-from sim.commands import asker
+from sim.commands import asker, card_refusal
 
 GPU_MEMORY_UTILIZATION = 0.9
 BLOCK_SIZE = 16
+
+
+@card_refusal("vllm")
+def no_platform(card) -> str | None:
+    """Why vLLM has no modelled platform on ``card`` (Apple's: vLLM's Metal back end is not
+    modelled, only CUDA and its CPU build), or None."""
+    if card.name.startswith("Apple"):
+        return f"vLLM on {card.name}: no Apple platform is modelled (vLLM's CUDA and CPU platforms are)"
+    return None
 
 
 @asker("vllm")
@@ -21,8 +30,8 @@ def server_defaults(card, terms: dict, load: dict) -> tuple[dict, list[str]]:
     Raises:
         ValueError: an Apple card (vLLM's Metal platform is not modelled), or weights that do
             not fit the card's memory."""
-    if card.key.startswith("m"):
-        raise ValueError(f"vLLM on {card.name}: no Apple platform is modelled")
+    if (why := no_platform(card)) is not None:
+        raise ValueError(why)
     free = GPU_MEMORY_UTILIZATION * card.memory_gb * 1e9 - terms["P"] * terms["w"]
     if free <= 0:
         raise ValueError(f"the weights ({terms['P'] * terms['w'] / 1e9:.1f} GB) do not fit {card.name}'s "

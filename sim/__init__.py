@@ -12,6 +12,7 @@ and never between two engines (``tests/test_layout.py`` checks it)::
     sim.model       the engine-neutral core: the scenario's workload and   <- base
                     costs sections, request lengths and arrivals, requests
                     and batches, cost models, calibration profiles (read),
+                    an engine server's own flag list (known_flags),
                     the device stream
     sim.trace       the event trace, its recorders, its metrics           <- model, base
     sim.engines.X   one package per engine (sim.engines.sglang, .vllm):    <- trace, model, base

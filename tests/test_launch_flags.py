@@ -10,7 +10,7 @@ import json
 import pytest
 import yaml
 
-from sim.engines.known_flags import KnownFlags
+from sim.model.known_flags import KnownFlags
 from sim.engines.sglang.rules.launch_args import known_flags as sglang_flags
 from sim.engines.sglang.rules.launch_args import parse_launch_args as sglang_args
 from sim.engines.vllm.rules.launch_args import known_flags as vllm_flags

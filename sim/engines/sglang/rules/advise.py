@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from sim.commands import ADVISORS, command
-from sim.engines.known_flags import render_flags
+from sim.model.known_flags import render_flags
 from sim.engines.sglang.rules.launch_args import PLATFORMS
 from sim.engines.sglang.rules.loop_rules import Advice, advise
 

@@ -70,8 +70,8 @@ FLAGS_FILE = "flags-0.5.23.json"  # SGLang's own flags (realengines/flags.py), u
 
 
 def known_flags():
-    """SGLang's server flags (:class:`sim.engines.known_flags.KnownFlags`)."""
-    from sim.engines.known_flags import load
+    """SGLang's server flags (:class:`sim.model.known_flags.KnownFlags`)."""
+    from sim.model.known_flags import load
 
     return load(str(resources.files("sim.engines.sglang.rules").joinpath(FLAGS_FILE)))
 

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from sim.commands import advisor
-from sim.engines.known_flags import render_flags
+from sim.model.known_flags import render_flags
 from sim.engines.vllm.rules.async_rules import VllmAdvice, advise
 
 

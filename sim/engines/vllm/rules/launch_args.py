@@ -90,10 +90,10 @@ FLAGS_FILE = "flags-0.32.0.json"  # vLLM's own server flags (realengines/flags.p
 
 
 def known_flags():
-    """vLLM's OpenAI-server flags (:class:`sim.engines.known_flags.KnownFlags`)."""
+    """vLLM's OpenAI-server flags (:class:`sim.model.known_flags.KnownFlags`)."""
     from importlib import resources
 
-    from sim.engines.known_flags import load
+    from sim.model.known_flags import load
 
     return load(str(resources.files("sim.engines.vllm.rules").joinpath(FLAGS_FILE)))
 

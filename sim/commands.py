@@ -25,12 +25,17 @@ ADVISORS: dict[str, Callable[[argparse.Namespace], int]] = {}
 ASKERS: dict[str, Callable] = {}
 
 
+def _registrar(table: dict, key: str):
+    """A decorator that puts its function into ``table[key]`` and returns it unchanged."""
+    def wrap(fn):
+        table[key] = fn
+        return fn
+    return wrap
+
+
 def asker(engine: str):
     """Decorator: register an engine's server defaults for ``overlap-sim ask`` (:data:`ASKERS`)."""
-    def wrap(build):
-        ASKERS[engine] = build
-        return build
-    return wrap
+    return _registrar(ASKERS, engine)
 
 
 # engine -> refusal(card) -> a reason the engine has no platform for that card, or None (registered
@@ -40,18 +45,12 @@ CARD_REFUSALS: dict[str, Callable] = {}
 
 def card_refusal(engine: str):
     """Decorator: register which cards an engine does not run on (:data:`CARD_REFUSALS`)."""
-    def wrap(check):
-        CARD_REFUSALS[engine] = check
-        return check
-    return wrap
+    return _registrar(CARD_REFUSALS, engine)
 
 
 def advisor(engine: str):
     """Decorator: register ``run(args) -> exit status`` as ``overlap-sim advise --engine engine``."""
-    def wrap(run):
-        ADVISORS[engine] = run
-        return run
-    return wrap
+    return _registrar(ADVISORS, engine)
 
 
 def command(name: str, help_text: str, arguments: Callable[[argparse.ArgumentParser], None]):

@@ -59,7 +59,7 @@ from calibrate.real import vllm_trace
 from calibrate.real.environment import Engine, mean_probe, session_order
 from calibrate.real.jobs import Prompts, request
 from calibrate.real.vllm_profile import (HOST_FUNCTIONS, VllmGrid, add_request_samples, design, frontend_samples,
-                                         run_session, samples)
+                                         merge_sample, run_session, samples)
 
 STUB_HOLD_S = 0.004  # the stub's hold: about a small model's decode forward on an H200 (s)
 KV_CACHE_GIB = "2"  # the wave cap's KV (2^18 tokens of the tiny model: 1 GiB) with room for the next wave
@@ -169,8 +169,7 @@ def contention(steps: list[vllm_trace.VllmStep], sizes: set[int]) -> dict:
     """Per phase timed as one call (``schedule``, ``prepare``, ``sample``, ``update``): the median
     over steps of the call's thread CPU time over its wall time, at the grid's batch sizes. Near 1:
     the call ran without being preempted (what the other processes on this host's cores took
-    from it is small); the ``prepare`` ratio counts ``execute_model``'s CPU over its wall less the
-    stub's sleep."""
+    from it is small); ``prepare`` is ``execute_model`` less the stub, in CPU and in wall time."""
     ratios: dict[str, list[float]] = {}
     for s in steps:
         if s.num_reqs not in sizes or None in (s.execute, s.sample, s.update):
@@ -180,8 +179,8 @@ def contention(steps: list[vllm_trace.VllmStep], sizes: set[int]) -> dict:
             if rec["dur"] > 0:
                 ratios.setdefault(curve, []).append(rec["cpu"] / rec["dur"])
         wall = s.execute["dur"] - s.forward
-        if wall > 0:
-            ratios.setdefault("vllm.prepare", []).append(min(s.execute["cpu"], wall) / wall)
+        if wall > 0 and s.forward_cpu == s.forward_cpu:
+            ratios.setdefault("vllm.prepare", []).append((s.execute["cpu"] - s.forward_cpu) / wall)
     return {k: round(statistics.median(v), 3) for k, v in sorted(ratios.items())}
 
 
@@ -287,12 +286,7 @@ def host_costs(engine: Engine, grid: VllmHostGrid, order: list[tuple[str, str]],
                     {"num_reqs": smp["point"]["num_reqs"], "latency_ms": round(statistics.median(smp["times_s"]) * 1e3, 3),
                      "step_period_ms": round(periods.get(smp["point"]["num_reqs"], float("nan")) * 1e3, 3)})
                 continue
-            own = setting != settings[0]
-            if own and smp["curve"] in ("vllm.dispatch", "vllm.roundtrip"):
-                continue  # measured synchronously only
-            key = (smp["curve"], tuple(sorted(smp["point"].items())), setting if own else settings[0])
-            into = merged.setdefault(key, {**smp, "times_s": [], **({"setting": setting} if own else {})})
-            into["times_s"] = into["times_s"] + smp["times_s"]
+            merge_sample(merged, smp, setting, settings)
         stub_ms += [s.forward * 1e3 for s in steps if s.forward == s.forward]
         contexts[f"host-{name}"] = context_dependence(steps)
         cpu_wall[f"host-{name}"] = contention(steps, sizes)

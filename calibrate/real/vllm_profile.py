@@ -332,12 +332,7 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
         got = (samples(steps_, grid, setting) + add_request_samples(eng)
                + frontend_samples(out, eng, steps_, design(grid), set(grid.decode_batch_sizes)))
         for smp in got:
-            own = setting != settings[0] and smp["curve"] not in POOLED_CURVES
-            if own and smp["curve"] in ("vllm.dispatch", "vllm.roundtrip"):
-                continue  # measured synchronously only
-            key = (smp["curve"], tuple(sorted(smp["point"].items())), setting if own else settings[0])
-            into = merged.setdefault(key, {**smp, "times_s": [], **({"setting": setting} if own else {})})
-            into["times_s"] = into["times_s"] + smp["times_s"]
+            merge_sample(merged, smp, setting, settings)
     _drop_incomplete_rows(merged, grid, report, settings[0])
     smp_list = list(merged.values())
     meta = {"backend": "vllm", "device": "cpu", "engine": "vllm", "engine_version": engine.version,
@@ -367,6 +362,19 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
         report(f"shared prefix: {saving['saving']:.2f} of its attention cost saved per repeat "
                f"(by batch size {saving['by_batch']}, by setting {saving['by_setting']}, {saving['steps']} steps)")
     return profile
+
+
+def merge_sample(merged: dict, smp: dict, setting: str, settings: tuple[str, ...]) -> None:
+    """Add one session's sample to ``merged`` (key: curve, point, setting): the first setting's
+    and the pooled curves' (:data:`POOLED_CURVES`) as base samples, another setting's as its own
+    (``dispatch`` and ``roundtrip`` are measured synchronously only: another setting's are
+    dropped)."""
+    own = setting != settings[0] and smp["curve"] not in POOLED_CURVES
+    if own and smp["curve"] in ("vllm.dispatch", "vllm.roundtrip"):
+        return
+    key = (smp["curve"], tuple(sorted(smp["point"].items())), setting if own else settings[0])
+    into = merged.setdefault(key, {**smp, "times_s": [], **({"setting": setting} if own else {})})
+    into["times_s"] = into["times_s"] + smp["times_s"]
 
 
 def _drop_incomplete_rows(merged: dict, grid: VllmGrid, report: Callable[[str], None], setting: str) -> None:

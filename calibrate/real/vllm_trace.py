@@ -46,6 +46,7 @@ class VllmStep:
     schedule: dict
     execute: dict | None = None
     forward: float = float("nan")  # summed forward seconds inside execute (wall)
+    forward_cpu: float = float("nan")  # and the thread CPU seconds of those calls
     forward_start: float = float("nan")  # wall clock of the first forward's start in execute
     forward_end: float = float("nan")  # and of the last one's end
     sample: dict | None = None
@@ -132,16 +133,18 @@ def steps(engine: list[dict], worker: list[dict]) -> list[VllmStep]:
             raise CalibrationInputError("trace", f"step {step.k}", f"the worker executed {ex.get('n_tok')} tokens, "
                                         f"the scheduler scheduled {step.num_tokens}: the files do not belong together")
         step.execute = ex
-        fwd = 0.0
+        fwd = fwd_cpu = 0.0
         while fi < len(forwards) and forwards[fi]["t0"] < ex["t0"] + ex["dur"]:
             f = forwards[fi]
             if f["t0"] >= ex["t0"]:
                 fwd += f["dur"]
+                fwd_cpu += f.get("cpu", float("nan"))
                 if step.forward_start != step.forward_start:
                     step.forward_start = f["t0"]
                 step.forward_end = f["t0"] + f["dur"]
             fi += 1
         step.forward = fwd if step.num_tokens else float("nan")
+        step.forward_cpu = fwd_cpu if step.num_tokens else float("nan")
         if step.num_tokens and si < len(samples):
             step.sample = samples[si]
             si += 1

@@ -102,14 +102,11 @@ def hold_control(full: dict, work: Path) -> dict:
     So the stub is compared with the real forward on the same server; the host calibration's
     own grid and configuration (256 sequences, 8192-token steps) are a different server."""
     sys.path.insert(0, str(ROOT))
-    from calibrate.host.vllm import VllmHostGrid, calibrate_vllm_host
+    from calibrate.host.vllm import calibrate_vllm_host, control_grid
     from calibrate.profile import save_profile
     from calibrate.real.environment import REPO, find_engine, test_model
 
-    g = full["metadata"]["grid"]
-    grid = VllmHostGrid(decode_batch_sizes=tuple(g["decode_batch_sizes"]), contexts=tuple(g["contexts"]),
-                        prefill_tokens=tuple(g["prefill_tokens"]), max_num_seqs=g["max_num_seqs"],
-                        max_model_len=g["max_model_len"], max_num_batched_tokens=2048)
+    grid = control_grid(full["metadata"]["grid"])
     engine = find_engine("vllm")
     model = test_model(engine, REPO / ".venvs" / "models" / "tiny-llama")
     out = {}

@@ -53,6 +53,33 @@ def interleaved_order(rounds: int, repeats: int) -> list[tuple[str, int]]:
     return order
 
 
+def stub_control(engine, model, grid, folder: Path, profile_path: Path, val_dir: Path, plan, rounds: int,
+                 command: str, report) -> dict:
+    """The stub check in the validation's window: the host-costs file of the stubbed rounds
+    (:func:`calibrate.host.vllm.calibrate_vllm_host`, reusing them), its agreement per curve with
+    the full calibration (``benchmarks/stub_check.py`` :func:`agreement`), and the validation
+    scored with the full profile's forward curves and these host curves (:func:`swap_vllm_host`)."""
+    from calibrate.host.vllm import calibrate_vllm_host
+    from calibrate.profile import save_profile
+    from calibrate.real.validate import compare
+    from sim.engines.vllm.costs import VLLM_CURVES, VLLM_HOST_CURVES
+    from sim.model.profile import load_profile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from stub_check import agreement, swap_vllm_host
+
+    host_path, stub_profile = folder / "host.json", folder / "cpu-forward-stub-host.json"
+    save_profile(host_path, calibrate_vllm_host(engine, model, grid, folder, command=command, report=report,
+                                                sessions=rounds))
+    full, host = load_profile(profile_path, VLLM_CURVES), load_profile(host_path, VLLM_HOST_CURVES)
+    save_profile(stub_profile, swap_vllm_host(full, host))
+    r = compare(val_dir, plan, stub_profile)
+    return {"host_file": str(host_path), "profile": str(stub_profile), "agreement": agreement(full, host, "sync"),
+            "median_abs_error": r["median_abs_error"], "speedup_pooled": r.get("speedup_pooled"),
+            "noise_floor": r.get("noise_floor"),
+            "per_case": [{"name": c["name"], **{s: v["error"] for s, v in c["settings"].items()}} for c in r["cases"]]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", choices=("vllm", "sglang"), default="vllm")
@@ -61,7 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=None, help="runs kept here (default results/interleaved-<engine>)")
     ap.add_argument("--result", type=Path, default=None,
                     help="default benchmarks/results/validate-<engine>-cpu-interleaved.json")
+    ap.add_argument("--stub-control", action="store_true",
+                    help="vLLM: each calibration round also runs the stubbed server on the calibration's own grid "
+                         "(forward stubbed, busy-waiting); the validation is scored again with the full forward "
+                         "curves and these host curves (the stub check, in one window)")
     args = ap.parse_args(argv)
+    if args.stub_control and args.engine != "vllm":
+        print("validate_interleaved.py: --stub-control: vLLM's only (SGLang's stub check is "
+              "benchmarks/stub_check.py)", file=sys.stderr)
+        return 2
     try:
         order = interleaved_order(args.rounds, args.repeats)
     except ValueError as e:
@@ -91,6 +126,18 @@ def main(argv: list[str] | None = None) -> int:
 
         def build(command: str) -> dict:
             return calibrate_vllm(engine, model, grid, cal_dir, command=command, report=report, sessions=args.rounds)
+
+        if args.stub_control:
+            from dataclasses import asdict
+
+            from calibrate.host.vllm import calibrate_vllm_host, control_grid, stub_session
+
+            stub_grid, stub_dir = control_grid(asdict(grid)), work / "stub"
+            plain_run = calibration_run
+
+            def calibration_run(setting: str, name: str) -> None:  # noqa: F811 (the round gains a stubbed run)
+                plain_run(setting, name)
+                stub_session(engine, model, stub_grid, setting, stub_dir, report, name)
     else:
         from calibrate.real.sglang_profile import SglangGrid, calibrate_sglang, design, run_job
 
@@ -116,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     result = validate(engine, model, profile_path, val_dir, Plan.for_engine(args.engine, repeats=args.repeats),
                       report=report, command=command)
     result["interleaved_order"] = [f"{step}-{i}" for step, i in order]
+    if args.stub_control:
+        result["stub_control"] = stub_control(engine, model, stub_grid, stub_dir, profile_path, val_dir,
+                                              Plan.for_engine(args.engine, repeats=args.repeats), args.rounds,
+                                              command, report)
     result_path.parent.mkdir(parents=True, exist_ok=True)
     result_path.write_text(json.dumps(result, indent=1) + "\n")
     errs = result["median_abs_error"]
@@ -129,6 +180,13 @@ def main(argv: list[str] | None = None) -> int:
         print(noise_floor_line(floors))
     if fixed := result.get("drift_corrected"):
         print("drift-corrected: " + ", ".join(f"{k} {v * 100:.1f}%" for k, v in fixed["median_abs_error"].items()))
+    if ctl := result.get("stub_control"):
+        errs = ", ".join(f"{k} {v * 100:.1f}%" for k, v in ctl["median_abs_error"].items())
+        print(f"with the stubbed host curves: {errs}")
+        if pooled := ctl.get("speedup_pooled"):
+            print("  " + pooled_line(pooled))
+        for row in ctl["agreement"]:
+            print(f"  {row['setting']:6s} {row['curve']:18s} stub/full median {row['median_ratio']:.2f}")
     print(f"results: {result_path}")
     return 0
 

@@ -53,12 +53,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --engine: N runs per setting (vLLM: server sessions; SGLang: in-process runs), in an "
                         "alternating order (sync-0, async-0, async-1, sync-1, ...), every curve from all of "
                         "them; a larger N adds runs to the finished ones (default 1)")
-    p.add_argument("--from-trace", type=Path, default=None, metavar="TRACE",
-                   help="read the profile from an SGLang server's torch.profiler trace (/start_profile, .json or "
-                        ".json.gz) instead of timing anything (docs/real-engines.md)")
+    p.add_argument("--from-trace", type=Path, nargs="+", default=None, metavar="TRACE",
+                   help="read the profile from an SGLang server's torch.profiler traces (/start_profile, .json or "
+                        ".json.gz; several profile windows of one server merge) instead of timing anything "
+                        "(docs/real-engines.md)")
     p.add_argument("--server-log", type=Path, default=None, metavar="LOG",
-                   help="with --from-trace: the server's log, to check the trace's decode step period against "
-                        "its 'Decode batch ... gen throughput' lines")
+                   help="with --from-trace: the server's log (--decode-log-interval 1): its 'Decode batch' lines "
+                        "check the traces' step period, and those outside the profiled windows measure the "
+                        "profiler's slowdown, which is divided out")
     p.add_argument("--trace-context", type=float, default=None, metavar="TOKENS",
                    help="with --from-trace, for a trace without token counts (no \"detailed_annotations\"): the "
                         "mean KV length per request of its decode steps")

@@ -83,15 +83,17 @@ def default_run_folder(name: str, overrides: list[str]) -> Path:
 
 def standing(found, scenario, meta: dict | None, summaries: dict[str, dict], simulate_range: bool = True):
     """The verdict with what it stands on: the range over the profile's stated uncertainties
-    (:mod:`sim.whatif.stated_range`), the share of steps priced beyond the profile's grid, or the
-    scenario's placeholder costs."""
+    (:mod:`sim.whatif.stated_range`), the share of steps priced beyond the profile's data and how
+    far (:meth:`Verdict.with_reach`), or the scenario's placeholder costs."""
     from sim.whatif.stated_range import stated_range, stated_uncertainties
 
     pair = [summaries[s] for s in found.pair[:2]]
     steps = sum(int(s.get("num_steps") or 0) for s in pair)
     extrapolated = sum(int(s.get("extrapolated_steps") or 0) for s in pair)
-    found = replace(found, extrapolated_share=extrapolated / steps if steps else 0.0,
-                    placeholder=not scenario.costs.profile)
+    far = sum(int(s.get("far_steps") or 0) for s in pair)
+    farthest = max(float(s.get("max_extrapolation") or 1.0) for s in pair)
+    found = replace(found, placeholder=not scenario.costs.profile).with_reach(
+        extrapolated / steps if steps else 0.0, far / steps if steps else 0.0, farthest)
     if stated := stated_uncertainties(meta):
         if not simulate_range:
             return replace(found, range_skipped=tuple(s.what for s in stated))

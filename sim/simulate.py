@@ -18,6 +18,7 @@ from sim.engines.sglang.policy.scheduler import Scheduler, ServerDied
 from sim.engines.vllm.server import SETTINGS as VLLM_SETTINGS, VllmServer
 from sim.model.costs import Jitter, make_cost_model
 from sim.model.device import DeviceStream
+from sim.model.reach import reach_outcome
 from sim.model.workload import ClosedLoopClients, make_requests, open_loop_arrivals
 from sim.scenario import Scenario, load_scenario
 from sim.trace.metrics import summarize
@@ -43,7 +44,8 @@ class Result:
             'peak_token_usage': fraction of the KV pool, 'token_usage_at_failure': fraction,
             'retraction_steps', 'retractions' (requests retracted), 'reprefill_tokens',
             'skipped_decodes': ints, 'faults': ids of the release faults that applied,
-            'extrapolated_steps': steps priced outside the calibration profile's measured grid}.
+            'extrapolated_steps', 'far_steps': steps priced beyond the calibration profile's data and
+            beyond sim.model.reach.FAR of it, 'max_extrapolation': the largest distance}.
         metrics: the streamed metrics (tables 'summary'/'none'); None: computed from the tables.
         stats: {'sim_time_s', 'wall_s': seconds, 'steps', 'decode_steps': counts}.
     """
@@ -84,8 +86,10 @@ class Result:
             measured = self.requests[~self.requests["warmup"].astype(bool)]
             for kind in FAILURE_KINDS:
                 out[kind] = int((measured["failure"] == kind).sum())
-        for key in ("retractions", "retraction_steps", "reprefill_tokens", "skipped_decodes", "extrapolated_steps"):
+        for key in ("retractions", "retraction_steps", "reprefill_tokens", "skipped_decodes", "extrapolated_steps",
+                    "far_steps"):
             out[key] = int(o.get(key, 0))
+        out["max_extrapolation"] = float(o.get("max_extrapolation", 1.0))
         out["outcome"] = o.get("status", "ok")
         if o.get("status") != "ok":
             out["outcome_reason"] = o.get("reason", "")
@@ -162,7 +166,7 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
         outcome["last_logged_token_usage"] = scheduler.last_logged_usage
     outcome.update(retractions=scheduler.retracted_reqs, retraction_steps=scheduler.retraction_events,
                    reprefill_tokens=scheduler.reprefill_tokens, skipped_decodes=scheduler.skipped_decodes,
-                   faults=[f.id for f in faults], extrapolated_steps=costs.extrapolated_steps)
+                   faults=[f.id for f in faults], **reach_outcome(costs))
     stats = {"sim_time_s": env.now, "steps": scheduler.next_step_seq, "decode_steps": scheduler.next_decode_seq,
              "wall_s": time.perf_counter() - wall0}
     return _result(scenario, setting, recorder, tables, outcome, stats)

@@ -82,7 +82,7 @@ def test_steps_outside_the_grid_are_counted_and_warned(tmp_path, capsys):
     yaml_path.write_text(yaml.safe_dump({**scen, "costs": {"profile": "small-grid.json"}}))  # relative to the file
     assert main(["run", str(yaml_path), "--out", str(tmp_path / "res"), "--no-plots"]) == 0
     out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
-    assert f"warning: overlap: {n_out} steps" in out and "outside the calibration profile's measured grid" in out
+    assert f"warning: overlap: {n_out} steps" in out and "outside the calibration profile's measured data" in out
 
 
 def test_missing_profile_names_costs_profile(tmp_path, capsys):

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from calibrate.real.sglang_torch_trace import read_trace
-from calibrate.real.sglang_trace_profile import log_check
+from calibrate.real.sglang_trace_log import log_check
 from sim.cli import main
 from sim.model.profile import load_profile, profile_curves
 
@@ -88,7 +88,7 @@ def test_under_overlap_a_batch_is_processed_in_the_next_iteration():
 @pytest.mark.parametrize("loop", ["normal", "overlap"])
 def test_the_server_log_agrees_with_the_trace(loop):
     read = read_trace(TRACES[loop])
-    check = log_check(read, DATA / f"{loop}-c4.server.log")
+    check = log_check([read], DATA / f"{loop}-c4.server.log")
     decodes = sum(s.kind == "decode" for s in read.steps)
     # under overlap a line is matched by the next step (the last decode of the window has none)
     assert decodes - (2 if loop == "overlap" else 0) <= check["matched"] <= decodes
@@ -105,13 +105,18 @@ def test_the_recorded_trace_makes_a_profile_that_runs(tmp_path, capsys):
     meta = profile["metadata"]
     assert meta["device"] == "cpu" and meta["settings"] == ["normal"] and meta["server_log_check"]["matched"] > 0
     curves = profile_curves(profile)
+    slow = meta["trace"]["slowdown"]  # the log measured the profiler's slowdown: divided out of every curve
+    assert slow["removed"] and 1.5 < slow["host_slowdown"] < 4 and slow["applied_to"].endswith("(CPU engine)")
+    f = slow["host_slowdown"]
     read = read_trace(TRACES["normal"])
     for s in read.steps:
         if s.kind == "extend":  # one step per (tokens, prefix 0): the curve passes through it
-            assert curves["forward.extend"](*s.point) == pytest.approx(s.forward_s, rel=0.02)
+            assert curves["forward.extend"](*s.point) == pytest.approx(s.forward_s / f, rel=0.02)
     dec = [s for s in read.steps if s.kind == "decode"]
     grid_mean = statistics.fmean(curves["forward.decode"](*s.point) for s in dec)
-    assert grid_mean == pytest.approx(statistics.fmean(s.forward_s for s in dec), rel=0.05)
+    assert grid_mean == pytest.approx(statistics.fmean(s.forward_s for s in dec) / f, rel=0.05)
+    cover = meta["coverage"]["forward.decode"]
+    assert cover["num_reqs"] == [4, 4] and cover["ctx"][0] <= min(s.point[1] for s in dec)
     scenario = tmp_path / "s.yaml"
     scenario.write_text("name: t\nworkload: {arrival: closed_loop, concurrency: 4, num_requests: 8, "
                         "input_len: 128, output_len: 16}\nserver: {device: cpu, settings: [overlap, normal]}\n"
@@ -244,12 +249,21 @@ def test_a_gpu_trace_makes_a_profile_on_a_full_grid(tmp_path):
     for s in read_trace(path).steps:
         if s.kind == "decode":
             assert curves["forward.decode"](*s.point) == pytest.approx(s.forward_s, rel=0.02)
-    # ctx binned into at most 3 nodes; the cells no step fell in are filled and say so
+    # the measured batch sizes and at most 3 context nodes, and a node x4 beyond each end of the
+    # data (REACH): the cells no step fell in and the reach nodes are the fitted form's and say so
     dec = profile["curves"]["forward.decode"]
-    assert dec["grid"][0] == [4.0, 8.0] and len(dec["grid"][1]) <= 3
+    assert dec["grid"][0] == [1.0, 4.0, 8.0, 32.0] and len(dec["grid"][1]) <= 3 + 2
     filled = [s for s in profile["samples"] if s.get("filled")]
-    assert all(s["curve"].startswith("forward.") for s in filled)
+    assert {s["point"]["num_reqs"] for s in filled if s["curve"] == "forward.decode"} >= {1.0, 32.0}
     assert curves["process.decode"](8) == pytest.approx((300 + 160) * 1e-6, rel=0.02)
+    # beyond the data the form (a + b B + c B C) is the trace's own law: B = 16 at C = 1000
+    assert curves["forward.decode"](16, 1000) == pytest.approx((2000 + 100 * 16 + 2.0 * 16 * 1000) * 1e-6, rel=0.02)
+    assert curves["process.decode"](24) == pytest.approx((300 + 20 * 24) * 1e-6, rel=0.02)
+    fits = profile["metadata"]["trace"]["fits"]["forward.decode"]
+    assert fits["coef_s"]["per_kv_token"] == pytest.approx(2.0e-6, rel=0.02)
+    cover = profile["metadata"]["coverage"]
+    assert cover["forward.decode"]["num_reqs"] == [4.0, 8.0] and cover["reach"] == 4.0
+    assert not profile["metadata"]["trace"]["slowdown"]["removed"]  # no server log: said, not removed
 
 
 def test_a_gpu_trace_without_launch_events_uses_the_device_annotation(tmp_path):
@@ -367,7 +381,8 @@ def test_a_trace_without_token_counts_takes_them_from_the_flags(tmp_path, capsys
     assert profile["metadata"]["grid"]["assumed"] == {"steps": 24, "decode_context": 140.0, "extend_prefix": 0.0}
     assert profile["curves"]["forward.decode"]["grid"] == [[4.0], [140.0]]
     dec = [s.forward_s for s in read_trace(TRACES["normal"]).steps if s.kind == "decode"]
-    assert profile_curves(profile)["forward.decode"](4, 140) == pytest.approx(statistics.median(dec), rel=0.02)
+    f = profile["metadata"]["trace"]["slowdown"]["host_slowdown"]  # the log's slowdown, divided out
+    assert profile_curves(profile)["forward.decode"](4, 140) == pytest.approx(statistics.median(dec) / f, rel=0.02)
     assert profile["metadata"]["server_log_check"]["median_abs_rel_diff"] < 0.02  # matched by batch size alone
     capsys.readouterr()
     assert main(["calibrate", "--from-trace", str(path), "--trace-context", "-3", "--out", str(out)]) == 2

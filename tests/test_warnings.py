@@ -164,7 +164,7 @@ def test_the_verdict_names_placeholders_and_extrapolation(run_cli, tmp_path):
                             "server.max_running_requests=300", "--out", tmp_path / "x", "--no-plots", "--json"])
     verdict = json.loads(out)["verdict"]
     assert code == 0 and verdict["extrapolated_share"] > 0
-    assert "beyond the profile's measured grid" in verdict["line"]
+    assert "beyond the profile's measured data" in verdict["line"]
 
 
 def test_a_moved_profile_states_a_wider_range_than_the_measured_one(run_cli, tmp_path):

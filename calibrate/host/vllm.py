@@ -210,6 +210,33 @@ def kept_up(smp: dict, periods: dict[int, float]) -> bool:
     return period is not None and statistics.median(smp["times_s"]) < period
 
 
+def stub_env(spin: bool = True) -> dict[str, str]:
+    """The stubbed server's environment (``realengines/vllm/startup.py`` reads the stub's switches)."""
+    env = {"OVERLAP_SIM_VLLM_STUB_HOLD_S": repr(STUB_HOLD_S), "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB,
+           "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}  # the tiny model states 4096 positions; the stub reads none
+    if spin:
+        env["OVERLAP_SIM_VLLM_STUB_SPIN"] = "1"
+    return env
+
+
+def stub_session(engine: Engine, model_dir: Path, grid: VllmHostGrid, setting: str, folder: Path,
+                 report: Callable[[str], None], name: str, spin: bool = True) -> Path:
+    """Run (or reuse) one stubbed server session of ``setting`` over :func:`host_design` in
+    ``folder/host-<name>``; returns its folder. Raises RuntimeError when the server fails."""
+    return run_session(engine, model_dir, grid, setting, folder, report, f"host-{name}", loads=host_design(grid),
+                       env=stub_env(spin))
+
+
+def control_grid(grid: dict) -> VllmHostGrid:
+    """The stub check's control: the stubbed server on a full CPU calibration's own grid and server
+    configuration (``grid``: its ``metadata.grid``; batch sizes, contexts, prefill lengths,
+    ``max_num_seqs``, ``max_model_len``) with the CPU API server's default step budget of 2048 tokens,
+    so that the stub is compared with the real forward on the same server."""
+    return VllmHostGrid(decode_batch_sizes=tuple(grid["decode_batch_sizes"]), contexts=tuple(grid["contexts"]),
+                        prefill_tokens=tuple(grid["prefill_tokens"]), max_num_seqs=grid["max_num_seqs"],
+                        max_model_len=grid["max_model_len"], max_num_batched_tokens=2048)
+
+
 def calibrate_vllm_host(engine: Engine, model_dir: Path, grid: VllmHostGrid, folder: Path,
                         settings: tuple[str, ...] = ("sync", "async"), command: str = "",
                         report: Callable[[str], None] = print, sessions: int = 1, spin: bool = True) -> dict:
@@ -224,15 +251,9 @@ def calibrate_vllm_host(engine: Engine, model_dir: Path, grid: VllmHostGrid, fol
         RuntimeError: the server failed in the vLLM environment.
     """
     grid.check()
-    loads = host_design(grid)
-    env = {"OVERLAP_SIM_VLLM_STUB_HOLD_S": repr(STUB_HOLD_S), "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB,
-           "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}  # the tiny model states 4096 positions; the stub reads none
-    if spin:
-        env["OVERLAP_SIM_VLLM_STUB_SPIN"] = "1"
     order = session_order(settings, sessions)
     t0 = time.perf_counter()
-    outs = [run_session(engine, model_dir, grid, setting, folder, report, f"host-{name}", loads=loads, env=env)
-            for setting, name in order]
+    outs = [stub_session(engine, model_dir, grid, setting, folder, report, name, spin) for setting, name in order]
     ruler = yardstick.reading_beside(folder / "yardstick.json", report)
     probe = mean_probe(folder / f"host-{name}.hostspeed.json" for _, name in order)
     host = host_costs(engine, grid, order, outs, ruler, settings, command, probe)

@@ -1,22 +1,26 @@
-"""A calibration profile from an SGLang server's own ``torch.profiler`` trace (``/start_profile``),
-as :mod:`calibrate.real.sglang_torch_trace` reads it; the server log as a check; the command.
+"""A calibration profile from an SGLang server's own ``torch.profiler`` traces (``/start_profile``),
+as :mod:`calibrate.real.sglang_torch_trace` reads them; the server log; the command.
 
-    overlap-sim calibrate --from-trace TRACE.json.gz [--server-log server.log] --out profile.json
+    overlap-sim calibrate --from-trace TRACE.json.gz [TRACE2 ...] [--server-log server.log] --out profile.json
 
-Simplifications (stated in the profile's ``metadata.timing``):
+Simplifications (stated in the profile's ``metadata.timing`` and ``metadata.trace.approximations``,
+which ``run`` prints under the verdict):
 
-- A trace describes the steps the server ran, not a grid: the context (and prefix) axis is binned
-  into at most :data:`MAX_BINS` nodes, each step moved to its bin's node along the least-squares
-  plane ``t = c0 + c1 x + c2 y + c3 x y`` fitted over all steps of its kind, and grid cells with no
-  step are filled from that plane (their samples carry ``"filled": true``).
+- A trace describes the steps the server ran, not a grid. Several traces (profile windows across
+  the load) are merged (:func:`merge`); every curve goes through a stated physical form fitted
+  over all their steps and is priced from it up to :data:`calibrate.real.trace_fit.REACH` times
+  beyond the data (:mod:`calibrate.real.trace_fit`); ``metadata.coverage`` is the data's hull,
+  from which ``run`` measures how far each step lies (:mod:`sim.model.reach`).
 - Extend steps are keyed by the batch's total new tokens and the mean prefix per request: exact
   for one request or no prefix, which is how the simulator prices them (``sim.model.profile_costs``).
 - The profile's phases were measured under the trace's loop only and apply to both settings.
 - Python stacks cost time: ``torch.profiler``'s Python tracer slows every Python call, so host
-  phases are longer than without the profiler, and so is the forward on a CPU engine, or on a GPU
-  whose kernels wait for their launches (eager mode, a small model; CUDA graphs launch a decode in
-  one call). Kernel durations themselves are not slowed. docs/real-engines.md gives the factor
-  measured on this project's VM (SGLang 0.5.23 CPU engine); :func:`log_check` measures it.
+  phases are longer than without the profiler, and so is the forward on a CPU engine (on a GPU
+  the kernels are not slowed). With the server log (``--decode-log-interval 1``, load outside the
+  profiled windows too) :mod:`calibrate.real.sglang_trace_log` measures the slowdown and one factor
+  is divided out of every host phase (and the CPU engine's forward), its spread stated as an
+  uncertainty the verdict's range carries; without the log nothing is removed and the verdict's
+  note says so.
 """
 
 from __future__ import annotations
@@ -28,62 +32,32 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
+from calibrate.real import trace_fit
 from calibrate.real.sglang_torch_trace import TraceRead, TraceStep, read_trace
 from sim.errors import UserInputError
 
-MAX_BINS = 3  # nodes of a curve's second axis (context or prefix)
 
-
-
-def _plane(points: list[tuple[float, float, float]]):
-    """Least-squares t = c0 + c1 x + c2 y + c3 x y (minimum-norm when a coordinate is constant)."""
-    import numpy as np
-
-    a = np.array([[1.0, x, y, x * y] for x, y, _ in points])
-    t = np.array([p[2] for p in points])
-    coef, *_ = np.linalg.lstsq(a, t, rcond=None)
-    return lambda x, y: float(coef[0] + coef[1] * x + coef[2] * y + coef[3] * x * y), \
-        lambda x: float(coef[2] + coef[3] * x)
-
-
-def _bins(values: list[float]) -> list[float]:
-    """At most MAX_BINS nodes for the second axis: the distinct values when few, else the medians
-    of equal-count bins (rounded to whole tokens)."""
-    distinct = sorted(set(values))
-    if len(distinct) <= MAX_BINS:
-        return distinct
-    ordered = sorted(values)
-    n = len(ordered)
-    nodes = []
-    for b in range(MAX_BINS):
-        chunk = ordered[b * n // MAX_BINS:(b + 1) * n // MAX_BINS]
-        if chunk:
-            nodes.append(float(round(statistics.median(chunk))))
-    return sorted(set(nodes))
-
-
-def grid_samples(curve: str, axes: tuple[str, str], points: list[tuple[float, float, float]]) -> list[dict]:
-    """Samples on a full grid for a two-axis curve from scattered ``(x, y, seconds)`` steps (see
-    the module docstring): first-axis nodes are the distinct x, second-axis nodes :func:`_bins`;
-    each step moves to its nearest node along the fitted plane; empty cells are filled."""
-    from sim.model.profile import MIN_FORWARD_S
-
-    plane, slope = _plane(points)
-    xs = sorted({p[0] for p in points})
-    ys = _bins([p[1] for p in points])
-    cells: dict[tuple[float, float], list[float]] = {}
-    for x, y, t in points:
-        node = min(ys, key=lambda n: abs(n - y))
-        cells.setdefault((x, node), []).append(max(MIN_FORWARD_S, t + slope(x) * (node - y)))
-    out = []
-    for x in xs:
-        for y in ys:
-            point = {axes[0]: x, axes[1]: y}
-            if (x, y) in cells:
-                out.append({"curve": curve, "point": point, "times_s": cells[(x, y)]})
-            else:
-                out.append({"curve": curve, "point": point, "times_s": [max(MIN_FORWARD_S, plane(x, y))],
-                            "filled": True})
+def merge(reads: list[TraceRead]) -> TraceRead:
+    """One read of several traces of the same server (their steps and receive samples in trace
+    order). Raises UserInputError (naming the trace and the field) when a trace was recorded on
+    another device or under another event loop than the first."""
+    if len(reads) == 1:
+        return reads[0]
+    first = reads[0]
+    for r in reads[1:]:
+        for what, a, b in (("device", first.device, r.device), ("event loop", first.loop, r.loop)):
+            if a != b:
+                raise UserInputError(r.source, what, f"{b or 'unknown'}, where {first.source} has {a or 'unknown'}: "
+                                     "the traces of one profile come from one server under one loop")
+    out = TraceRead(", ".join(r.source for r in reads), [s for r in reads for s in r.steps],
+                    [x for r in reads for x in r.recv], loop=first.loop, device=first.device,
+                    device_name=first.device_name, with_stack=all(r.with_stack for r in reads),
+                    host_name=first.host_name, start_time=first.start_time,
+                    skipped_steps=sum(r.skipped_steps for r in reads))
+    assumed = [r.assumed for r in reads if r.assumed]
+    if assumed:
+        out.assumed = {"steps": sum(a["steps"] for a in assumed), "decode_context": assumed[0]["decode_context"],
+                       "extend_prefix": assumed[0]["extend_prefix"]}
     return out
 
 
@@ -109,18 +83,24 @@ def assume_counts(read: TraceRead, context: Optional[float], prefix: Optional[fl
     return n
 
 
-def profile_samples(read: TraceRead) -> list[dict]:
-    """The profile's samples from the trace's steps (see the module docstring).
+HOST_AXES = {"recv": "num_reqs", "launch.extend": "num_tokens"}  # else num_reqs
+
+
+def profile_samples(read: TraceRead) -> tuple[list[dict], dict, dict]:
+    """The profile's samples from the trace's steps, each curve through its fitted form
+    (:mod:`calibrate.real.trace_fit`), with the forms and the data's hull per curve.
+
+    Returns (samples, fits ``{curve: Fit.as_json()}``, coverage ``{curve: {axis: [lo, hi]}}``).
 
     Raises:
         UserInputError: a curve the simulator needs has no step (names the curve and what to record).
     """
     src = read.source
-    acc: dict[tuple, list[float]] = {}
+    pts: dict[str, list[tuple]] = {}
 
-    def add(curve: str, axis: str, x: float, t: float) -> None:
+    def add(curve: str, x: float, t: float) -> None:
         if math.isfinite(t):
-            acc.setdefault((curve, axis, float(x)), []).append(t)
+            pts.setdefault(curve, []).append((float(x), t))
 
     fwd: dict[str, list] = {"decode": [], "extend": []}
     for s in read.steps:
@@ -131,40 +111,91 @@ def profile_samples(read: TraceRead) -> list[dict]:
                                  "profile with \"detailed_annotations\": true in the /start_profile request, or "
                                  "state them with --trace-context (decodes) and --trace-prefix (prefills)")
         fwd[s.kind].append((*s.point, s.forward_s))
-        add(f"schedule.{s.kind}", "num_reqs", s.num_reqs, s.schedule_s)
-        add(f"process.{s.kind}", "num_reqs", s.num_reqs, s.process_s)
-        if s.kind == "decode":
-            add("launch.decode", "num_reqs", s.num_reqs, s.launch_s)
-        else:
-            add("launch.extend", "num_tokens", s.num_tokens, s.launch_s)
+        add(f"schedule.{s.kind}", s.num_reqs, s.schedule_s)
+        add(f"process.{s.kind}", s.num_reqs, s.process_s)
+        add(f"launch.{s.kind}", s.num_reqs if s.kind == "decode" else s.num_tokens, s.launch_s)
     for n, t in read.recv:
-        add("recv", "num_reqs", n, t)
+        add("recv", n, t)
     missing = [k for k in ("decode", "extend") if not fwd[k]]
     if missing:
         raise UserInputError(src, f"forward.{missing[0]}", f"no {missing[0].upper()} step in the trace: profile a "
                              "window with both prefills and decodes (start the profile before sending load)")
-    out = grid_samples("forward.decode", ("num_reqs", "ctx"), fwd["decode"])
-    out += grid_samples("forward.extend", ("num_tokens", "prefix"), fwd["extend"])
-    for (curve, axis, x), ts in sorted(acc.items()):
-        out.append({"curve": curve, "point": {axis: x}, "times_s": ts})
-    have = {s["curve"] for s in out}
     from sim.model.profile import CURVE_AXES
 
-    lacking = [c for c in CURVE_AXES if c not in have]
+    lacking = [c for c in CURVE_AXES if not c.startswith("forward") and not pts.get(c)]
     if lacking:
         why = ("the trace has no Python stacks (record with \"with_stack\": true)" if not read.with_stack
                else "no step of that kind had this phase in the trace's window")
         raise UserInputError(src, lacking[0], f"no samples for the scheduler's host phase: {why}")
+    out, fits, cover = [], {}, {}
+    curves = [("forward.decode", ("num_reqs", "ctx"), fwd["decode"]),
+              ("forward.extend", ("num_tokens", "prefix"), fwd["extend"])]
+    curves += [(c, (HOST_AXES.get(c, "num_reqs"),), pts[c]) for c in sorted(pts)]
+    for curve, axes, points in curves:
+        form = trace_fit.fit(curve, points)
+        out += trace_fit.grid_samples(curve, axes, points, form)
+        fits[curve] = form.as_json()
+        cover[curve] = trace_fit.coverage(axes, points)
+    return out, fits, cover
+
+
+def remove_slowdown(samples: list[dict], factor: float, device: str) -> list[dict]:
+    """The samples with the profiler's slowdown divided out: every host phase's, and on the CPU
+    engine the forward's too (its forward is Python-dispatched CPU work, slowed alike); a GPU's
+    kernels are not slowed (``factor``: the host slowdown, > 0)."""
+    out = []
+    for s in samples:
+        if device == "cpu" or not s["curve"].startswith("forward"):
+            s = dict(s, times_s=[t / factor for t in s["times_s"]])
+        out.append(s)
     return out
+
+
+def slowdown_record(check: Optional[dict], device: str) -> dict:
+    """``metadata.trace.slowdown``: what was removed, from what, and how sure (``uncertainty_rel``,
+    which :mod:`sim.whatif.stated_range` carries into the verdict), or why nothing was."""
+    if check is None:
+        return {"removed": False, "why": "no --server-log: the profiler's slowdown was not measured; the host phases"
+                + (" and the CPU forward" if device == "cpu" else "") + " are as slowed"}
+    f = check.get("host_slowdown")
+    if not f or not math.isfinite(f) or not 0.2 <= f <= 20:
+        why = ("the log has no decode lines outside the profiled windows, or none matched the traces' steps "
+               "(run the server with --decode-log-interval 1 and send load before and after profiling)"
+               if not f else f"the measured factor x{f:.2f} is not a slowdown the profiler makes")
+        return {"removed": False, "why": why, "profiler_slowdown": check.get("profiler_slowdown")}
+    return {"removed": True, "host_slowdown": f, "profiler_slowdown": check.get("profiler_slowdown"),
+            "uncertainty_rel": check.get("slowdown_uncertainty_rel") or 0.0,
+            "applied_to": "host phases and forward (CPU engine)" if device == "cpu" else "host phases",
+            "from": f"{check['unprofiled_lines']} unprofiled decode lines of {check['log']}, {check['matched']} matched"}
+
+
+def coverage_text(cover: dict) -> str:
+    """The data's decode batch x context and prefill tokens x prefix ranges, in words."""
+    d, e = cover["forward.decode"], cover["forward.extend"]
+    return (f"decode batch {d['num_reqs'][0]:g}-{d['num_reqs'][1]:g} x context {d['ctx'][0]:.0f}-{d['ctx'][1]:.0f}, "
+            f"prefill tokens {e['num_tokens'][0]:g}-{e['num_tokens'][1]:g} x prefix {e['prefix'][0]:.0f}-"
+            f"{e['prefix'][1]:.0f}")
 
 
 def build_trace_profile(read: TraceRead, command: str = "", model: str = "", note: str = "",
                         log_check: Optional[dict] = None) -> dict:
-    """The calibration profile (:mod:`sim.model.profile`) of a read trace."""
+    """The calibration profile (:mod:`sim.model.profile`) of a read trace (or of several,
+    :func:`merge`): the fitted curves, the data's hull (``metadata.coverage``, with
+    :data:`calibrate.real.trace_fit.REACH`), the forms (``metadata.trace.fits``) and the
+    profiler's slowdown taken out where the log measured it (``metadata.trace.slowdown``)."""
     from calibrate.profile import build_profile
 
-    samples = profile_samples(read)
+    samples, fits, cover = profile_samples(read)
+    slow = slowdown_record(log_check, read.device)
+    if slow["removed"]:
+        samples = remove_slowdown(samples, slow["host_slowdown"], read.device)
     device_name = read.device_name or ("cpu (SGLang CPU engine)" if read.device == "cpu" else "cuda")
+    approx = ("curves fitted with a stated form per curve (base + per-request + per-KV-token for a decode; "
+              f"base + per-token + per-token x prefix for a prefill; a line per host phase) and priced from it up to "
+              f"x{trace_fit.REACH:g} beyond the traces' data ({coverage_text(cover)}); the phases measured under "
+              f"event_loop_{read.loop or 'normal'} price both settings")
+    approx += (f"; the profiler's slowdown (x{slow['host_slowdown']:.2f}) divided out of the {slow['applied_to']}, "
+               "one factor for every phase" if slow["removed"] else f"; {slow['why']}")
     meta = {
         "backend": "sglang", "engine": "sglang", "device": read.device,
         "device_name": f"{device_name}, from a torch.profiler trace",
@@ -174,6 +205,8 @@ def build_trace_profile(read: TraceRead, command: str = "", model: str = "", not
         "date": read.start_time or datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "grid": {"source": "torch.profiler trace", "trace": read.source, "steps": len(read.steps),
                  "skipped_steps": read.skipped_steps, **({"assumed": read.assumed} if read.assumed else {})},
+        "coverage": {**cover, "reach": trace_fit.REACH},
+        "trace": {"traces": read.source.split(", "), "fits": fits, "slowdown": slow, "approximations": approx},
         "repeats": min(len(s["times_s"]) for s in samples if not s.get("filled")), "warmup": 0, "quick": False,
         "settings": [read.loop] if read.loop else [], "base_setting": read.loop or "normal",
         "command": command, "note": note, "sync_latency_s": 0.0,
@@ -181,9 +214,12 @@ def build_trace_profile(read: TraceRead, command: str = "", model: str = "", not
                   + ("device kernels per step (first start to last end)" if read.device != "cpu" else
                      "CPU span of ModelRunner.forward + ModelRunner.sample")
                   + "; recv/schedule/launch/process = wall time of the scheduler's Python functions under the "
-                  "profiler's Python tracer (slower than unprofiled), CUDA synchronisation taken out; measured "
-                  f"under event_loop_{read.loop or 'normal'} only; context/prefix binned, empty cells filled "
-                  "from a fitted plane (samples marked filled)",
+                  "profiler's Python tracer, CUDA synchronisation taken out"
+                  + (f", the slowdown the server log measured divided out (x{slow['host_slowdown']:.2f})"
+                     if slow["removed"] else ", slowed (not measured)")
+                  + f"; measured under event_loop_{read.loop or 'normal'} only; each curve through its fitted form "
+                  f"(calibrate.real.trace_fit), cells without a step and nodes up to x{trace_fit.REACH:g} beyond "
+                  "the data filled from it (samples marked filled)",
     }
     if log_check:
         meta["server_log_check"] = log_check
@@ -191,89 +227,7 @@ def build_trace_profile(read: TraceRead, command: str = "", model: str = "", not
 
 
 # ---------------------------------------------------------------------------------------------
-# the server log as a check
-
-
-def log_check(read: TraceRead, log_path: Path) -> dict:
-    """Compare the decode step period the server log states with the trace's.
-
-    SGLang 0.5.23 logs ``Decode batch, #running-req: B, #token: K, ..., gen throughput (token/s): G``
-    from ``SchedulerMetricsReporter.report_decode_stats``
-    (``srt/managers/scheduler_components/metrics_reporter.py``), called at the end of
-    ``process_batch_result_decode`` every ``--decode-log-interval`` decode batches (default 40;
-    1 gives one line per step); G = the tokens decoded since the last such line / the time since
-    it. With interval 1 and one token per request, B / G is the time between the ends of two
-    consecutive decode ``process_batch_result`` calls: in the trace, the end of process(k) minus
-    the end of process(k-1) (without Python stacks: forward start(k) - forward start(k-1)).
-    Lines are taken between the profiler's ``Profiling starts`` and ``Stop profiling`` lines when
-    the log has them, and matched to the trace's decode steps in order by (B, K) = (bs, g_sk):
-    ``report_decode_stats`` reads ``scheduler.running_batch`` and the KV pool, which under
-    ``event_loop_overlap`` already hold the next batch (scheduled before this one's result is
-    processed), so there a line is matched by the next step's (bs, g_sk).
-
-    The log's decode lines outside that window at the same batch sizes (the server unprofiled)
-    give ``profiler_slowdown``: the median period inside over the median outside (the contexts
-    differ, so it is a rough figure; the profiler's Python tracer is what it mostly measures).
-
-    Returns ``{"log", "decode_lines", "matched", "period_log_median_s", "period_trace_median_s",
-    "median_abs_rel_diff", "max_abs_rel_diff", "unprofiled_lines", "period_unprofiled_median_s",
-    "profiler_slowdown"}`` (NaN-free: quantities that cannot be computed are None).
-
-    Raises:
-        UserInputError: the log cannot be read or has no batch line (names the file).
-    """
-    from sim.engines.sglang.server_log import parse_lines, parse_log
-
-    parse_log(log_path)  # one-line errors for a missing, empty or foreign log
-    lines = Path(log_path).read_text(encoding="utf-8", errors="replace").splitlines()
-    starts = [i for i, ln in enumerate(lines) if "Profiling starts" in ln]
-    a = starts[-1] if starts else 0
-    b = next((i for i in range(a, len(lines)) if "Stop profiling" in lines[i]), len(lines))
-    recs = [r for r in parse_lines(lines[a:b], str(log_path)).records if r["kind"] == "decode"]
-    decodes = [s for s in read.steps if s.kind == "decode"]
-    # the line of batch k states the running batch and the KV pool when process(k) runs: under
-    # event_loop_overlap the next batch k+1 is already scheduled then (its requests, one more
-    # KV slot each), so its (bs, g_sk) are the line's
-    after = {id(a): b for a, b in zip(read.steps, read.steps[1:])}
-    pairs, j = [], 0
-    for k, s in enumerate(decodes):
-        key = s
-        if read.loop == "overlap":
-            key = after.get(id(s))
-            if key is None or key.kind != "decode":
-                continue
-        for jj in range(j, len(recs)):
-            r = recs[jj]
-            if r.get("running_req") == key.num_reqs and (key.sum_ctx is None or r.get("kv_tokens") == key.sum_ctx):
-                pairs.append((k, r))
-                j = jj + 1
-                break
-    diffs, logs, traces = [], [], []
-    for k, r in pairs:
-        g = r.get("gen_throughput_tok_s")
-        if k == 0 or not g:
-            continue
-        prev, cur = decodes[k - 1], decodes[k]
-        if math.isfinite(cur.process_end_us) and math.isfinite(prev.process_end_us):
-            t = (cur.process_end_us - prev.process_end_us) * 1e-6
-        else:
-            t = (cur.span.start_us - prev.span.start_us) * 1e-6
-        p = cur.num_reqs / g
-        logs.append(p)
-        traces.append(t)
-        diffs.append(abs(p - t) / t)
-    med = lambda v: statistics.median(v) if v else None  # noqa: E731
-    # the same batch sizes outside the profiler's window: how much the profiler slowed the steps
-    sizes = {r.get("running_req") for _, r in pairs}
-    outside = [] if not starts else [r for r in parse_lines(lines[:a] + lines[b:], str(log_path)).records
-                                     if r["kind"] == "decode" and r.get("running_req") in sizes]
-    unprofiled = [r["running_req"] / r["gen_throughput_tok_s"] for r in outside if r.get("gen_throughput_tok_s")]
-    slowdown = med(logs) / med(unprofiled) if logs and unprofiled else None
-    return {"log": str(log_path), "decode_lines": len(recs), "matched": len(pairs),
-            "period_log_median_s": med(logs), "period_trace_median_s": med(traces),
-            "median_abs_rel_diff": med(diffs), "max_abs_rel_diff": max(diffs) if diffs else None,
-            "unprofiled_lines": len(unprofiled), "period_unprofiled_median_s": med(unprofiled),
-            "profiler_slowdown": slowdown}
+# the server log
 
 
 _SERVED_NAME = re.compile(r"""['"]served_model_name['"]: ['"]([^'"]+)['"]""")
@@ -316,8 +270,9 @@ def summary_rows(read: TraceRead) -> list[tuple[str, str, int, float, float]]:
 
 
 def run_from_trace(args) -> int:
-    """``overlap-sim calibrate --from-trace TRACE [--server-log LOG] --out PROFILE``: read, build,
-    check against the log, write the profile atomically, print a summary. Returns 0.
+    """``overlap-sim calibrate --from-trace TRACE [TRACE ...] [--server-log LOG] --out PROFILE``:
+    read each trace, check them against the log and measure the profiler's slowdown, build,
+    write the profile atomically, print a summary (what the profile covers). Returns 0.
 
     Raises:
         UserInputError: a bad trace, log or output path (one line, exit 2; nothing written)."""
@@ -325,6 +280,7 @@ def run_from_trace(args) -> int:
     import sys
 
     from calibrate.profile import save_profile
+    from calibrate.real.sglang_trace_log import log_check
     from sim.atomic import check_output_file
 
     check_output_file(args.out, "--out")
@@ -336,10 +292,15 @@ def run_from_trace(args) -> int:
         if v is not None and not (math.isfinite(v) and 0 <= v <= 1e7 and (v >= 1 or flag == "trace_prefix")):
             raise UserInputError("--" + flag.replace("_", "-"), "", f"tokens per request, a number from "
                                  f"{0 if flag == 'trace_prefix' else 1} to 1e7 (got {v!r})")
-    read = read_trace(Path(args.from_trace))
-    check = log_check(read, Path(args.server_log)) if args.server_log is not None else None
-    assume_counts(read, getattr(args, "trace_context", None), getattr(args, "trace_prefix", None))
-    argv = ["overlap-sim", "calibrate", "--from-trace", str(args.from_trace)]
+    paths = [Path(t) for t in (args.from_trace if isinstance(args.from_trace, list) else [args.from_trace])]
+    if len(set(map(str, paths))) < len(paths):
+        raise UserInputError("--from-trace", "", "a trace named twice (each profile window's trace once)")
+    reads = [read_trace(t) for t in paths]
+    check = log_check(reads, Path(args.server_log)) if args.server_log is not None else None
+    for read in reads:
+        assume_counts(read, getattr(args, "trace_context", None), getattr(args, "trace_prefix", None))
+    read = merge(reads)
+    argv = ["overlap-sim", "calibrate", "--from-trace", *map(str, paths)]
     if args.server_log is not None:
         argv += ["--server-log", str(args.server_log)]
     for flag in ("trace_context", "trace_prefix"):
@@ -353,25 +314,30 @@ def run_from_trace(args) -> int:
                                   log_check=check)
     save_profile(args.out, profile)
     err = sys.stderr
-    print(f"{read.source}: {len(read.steps)} forwards ({read.device}; loop: {read.loop or 'unknown'}; "
-          f"Python stacks: {'yes' if read.with_stack else 'no'})", file=err)
+    print(f"{len(reads)} trace{'s' if len(reads) > 1 else ''}: {len(read.steps)} forwards ({read.device}; loop: "
+          f"{read.loop or 'unknown'}; Python stacks: {'yes' if read.with_stack else 'no'})", file=err)
     print(f"  {'kind':7s} {'batch':>16s} {'steps':>5s} {'forward ms':>11s} {'schedule+launch+process ms':>27s}",
           file=err)
     for kind, point, n, fwd_ms, host_ms in summary_rows(read):
         print(f"  {kind:7s} {point:>16s} {n:5d} {fwd_ms:11.3f} {host_ms:27.3f}", file=err)
+    meta = profile["metadata"]
+    print(f"covers: {coverage_text(meta['coverage'])}; priced from the fitted forms up to x{meta['coverage']['reach']:g} "
+          "beyond that (run says how many steps lie beyond the data, and how far)", file=err)
     if check is not None:
         if check["median_abs_rel_diff"] is None:
-            print(f"server log: {check['matched']} of the trace's decode steps matched a 'Decode batch' line; no "
+            print(f"server log: {check['matched']} of the traces' decode steps matched a 'Decode batch' line; no "
                   "period to compare (run the server with --decode-log-interval 1)", file=err)
         else:
             print(f"server log: {check['matched']} decode steps matched; step period from 'gen throughput' "
-                  f"{check['period_log_median_s'] * 1e3:.3f} ms against the trace's "
+                  f"{check['period_log_median_s'] * 1e3:.3f} ms against the traces' "
                   f"{check['period_trace_median_s'] * 1e3:.3f} ms (median |difference| "
                   f"{check['median_abs_rel_diff'] * 100:.1f}%)", file=err)
-        if check["profiler_slowdown"] is not None:
-            print(f"server log: outside the profiled window the same batches took "
-                  f"{check['period_unprofiled_median_s'] * 1e3:.3f} ms a step: the profiler slowed the server "
-                  f"x{check['profiler_slowdown']:.2f} (the host phases are measured slowed, and the forward on a "
-                  "CPU engine, or on a GPU when its kernels wait for their launches)", file=err)
+    slow = meta["trace"]["slowdown"]
+    if slow["removed"]:
+        print(f"server log: {check['unprofiled_lines']} decode lines outside the profiled windows: the profiler "
+              f"slowed the step x{slow['profiler_slowdown']:.2f}, the host's part x{slow['host_slowdown']:.2f} "
+              f"(±{slow['uncertainty_rel']:.0%}); divided out of the {slow['applied_to']}", file=err)
+    else:
+        print(f"profiler slowdown not removed: {slow['why']}", file=err)
     print(f"profile written to {args.out}")
     return 0

@@ -21,7 +21,8 @@ With a profile, the scenario's inline linear terms (``costs.gpu.decode``/``prefi
 ``costs.cpu.recv``/...) are not used; ``costs.gpu.scale`` multiplies the forward curves,
 ``costs.cpu.scale`` the phase curves, and ``costs.gpu.overlap_residue``, ``costs.noise`` and
 ``costs.gil`` still apply as without a profile. Steps whose forward or CPU phases fall outside
-the measured grid are priced by extrapolation and counted (:attr:`ProfileCostModel.extrapolated_steps`).
+the measured data (the profile's ``metadata.coverage``, else its grid) are priced by extrapolation and
+counted with their distance from the data (:attr:`ProfileCostModel.reach`, :mod:`sim.model.reach`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from sim.model.costs import DECODE, EXTEND
 from sim.model.profile import load_profile_read_only, profile_curves
+from sim.model.reach import ReachMeter, distance, hulls
 
 
 class ProfileCostModel:
@@ -58,7 +60,7 @@ class ProfileCostModel:
         # None: the latency the calibration measured (metadata.sync_latency_s), else 0
         self.sync_latency_s = float(profile["metadata"].get("sync_latency_s", 0.0)) if sync_latency_s is None \
             else sync_latency_s
-        self.extrapolated_steps = 0
+        self.reach = ReachMeter()
         self.gpu_scale, self.cpu_scale = gpu_scale, cpu_scale
         self.overlap_residue_s = overlap_residue_s * gpu_scale
         c = self.curves = profile_curves(profile, statistic, setting)
@@ -70,6 +72,14 @@ class ProfileCostModel:
         self._launch = (c["launch.extend"], c["launch.decode"])
         self._process = (c["process.extend"], c["process.decode"])
         self._submit = (c.get("submit.extend"), c.get("submit.decode"))  # MLX profiles only
+        h = hulls(profile, c)
+        self._hull = tuple((h[f"forward.{k}"], h[f"launch.{k}"], h[f"schedule.{k}"], h[f"process.{k}"])
+                           for k in ("extend", "decode"))
+
+    @property
+    def extrapolated_steps(self) -> int:
+        """Steps priced beyond the measured data (:mod:`sim.model.reach`)."""
+        return self.reach.extrapolated_steps
 
     @classmethod
     def from_file(cls, path: str | Path, **kwargs) -> "ProfileCostModel":
@@ -77,17 +87,16 @@ class ProfileCostModel:
         return cls(load_profile_read_only(path), source=str(path), **kwargs)
 
     def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
-        """The forward's device time; also counts the step in :attr:`extrapolated_steps` when
-        its forward or any of its CPU phases falls outside the measured grid (the loops ask
-        for the forward once per step)."""
+        """The forward's device time; also measures the step's distance from the profile's data
+        (its forward and CPU phases: :attr:`reach`; the loops ask for the forward once per step)."""
         if kind == DECODE:
             x, launch_x = (num_reqs, sum_ctx / num_reqs), num_reqs
         else:
             x, launch_x = (num_tokens, (sum_ctx - num_tokens) / num_reqs), num_tokens
         forward = self._forward[kind]
-        if not (forward.inside(*x) and self._launch[kind].inside(launch_x)
-                and self._schedule[kind].inside(num_reqs) and self._process[kind].inside(num_reqs)):
-            self.extrapolated_steps += 1
+        hf, hl, hs, hp = self._hull[kind]
+        self.reach.step(max(distance(hf, *x), distance(hl, launch_x), distance(hs, num_reqs),
+                            distance(hp, num_reqs)))
         if kind == DECODE or num_reqs == 1 or x[1] <= forward.lo[1]:
             return forward(*x) * self.gpu_scale
         p0, share = forward.lo[1], num_tokens / num_reqs

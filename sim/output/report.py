@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from sim.atomic import atomic_path
+from sim.model.reach import FAR
 from sim.trace.metrics import SUMMARY_KEYS
 
 if TYPE_CHECKING:  # tables arrive as DataFrames; a streamed run need not import pandas
@@ -173,8 +174,10 @@ def print_table(title: str, summaries: dict[str, dict], console: Console | None 
     console.print(table)
     for name, s in summaries.items():
         if s.get("extrapolated_steps"):
+            far = f", {s['far_steps']} beyond x{FAR:g}" if s.get("far_steps") else ""
             console.print(f"[yellow]warning: {name}: {s['extrapolated_steps']} steps (warm-up included) lie "
-                          "outside the calibration profile's measured grid; their costs are extrapolated[/]")
+                          f"outside the calibration profile's measured data (up to x{s.get('max_extrapolation', 1.0):.1f} "
+                          f"its range{far}); their costs are extrapolated[/]")
         if s.get("outcome", "ok") != "ok":
             usage = s.get("outcome_token_usage")
             at_usage = f", token usage {usage:.2f}" if isinstance(usage, float) and usage == usage else ""
@@ -218,8 +221,11 @@ def run_title(name: str, seed: int, device: str, meta: dict | None) -> str:
 
 def composed_note(meta: dict | None) -> str | None:
     """A line on what a profile built from parts (``overlap-sim compose``) approximates beyond its
-    stated host move (``metadata.composed.approximations``); None for any other profile."""
+    stated host move (``metadata.composed.approximations``), or one read from a server's traces
+    (``metadata.trace.approximations``); None for any other profile."""
     composed = meta.get("composed") if isinstance(meta, dict) else None
+    if not isinstance(composed, dict):  # a profile read from a server's traces says the same of itself
+        composed = meta.get("trace") if isinstance(meta, dict) else None
     text = composed.get("approximations") if isinstance(composed, dict) else None
     return (f"note: the profile approximates (beyond its stated uncertainties): {text}"
             if isinstance(text, str) and text else None)

@@ -1,10 +1,13 @@
 """How far the verdict moves over what the profile says it does not know.
 
-A profile states two uncertainties the simulator can carry into the answer:
+A profile states up to three uncertainties the simulator can carry into the answer:
 
 - the host phases of a profile built from parts (``overlap-sim compose``): timed on one host and
   moved to the device's host by a factor with a stated relative uncertainty ``u``
   (``metadata.composed.move.uncertainty_rel``);
+- the profiler's slowdown divided out of a profile read from a server's traces
+  (``overlap-sim calibrate --from-trace`` with its log, ``metadata.trace.slowdown.uncertainty_rel``:
+  the spread of the log's per-step factor), on the host phases (and the CPU engine's forward);
 - the forward of a profile moved to another card by public specs (``overlap-sim transfer``,
   ``metadata.transfer.uncertainty_rel``, ±30% stated in docs/transfer.md).
 
@@ -28,7 +31,8 @@ MAX_U = 10.0  # a stated uncertainty above this is not a bound but a corrupt val
 
 
 class Stated(NamedTuple):
-    """One stated uncertainty: ``axis`` ``cpu`` (every host phase) or ``gpu`` (the forward), its
+    """One stated uncertainty: ``axis`` ``cpu`` (every host phase), ``gpu`` (the forward) or ``both``
+    (one factor on both: the profiler's slowdown on a CPU engine), its
     relative size ``u`` (> 0) and where it comes from, in words."""
 
     axis: str
@@ -54,6 +58,12 @@ def stated_uncertainties(meta: Optional[dict]) -> list[Stated]:
             dst = meta.get("host_cpu") or "the profile's host"
             out.append(Stated("cpu", u, f"host phases ±{u:.0%}: {engine}'s own functions timed on {src}, moved to "
                                         f"the device's host ({dst}) by a yardstick"))
+    slow = (meta.get("trace") or {}).get("slowdown") if isinstance(meta.get("trace"), dict) else None
+    if isinstance(slow, dict) and slow.get("removed") and (u := _u(slow.get("uncertainty_rel"))) is not None:
+        axis = "both" if meta.get("device") == "cpu" else "cpu"
+        out.append(Stated(axis, u, f"{'host phases and forward' if axis == 'both' else 'host phases'} ±{u:.0%}: "
+                                   f"the profiler's slowdown (x{slow.get('host_slowdown', 0):.2f}) divided out, as "
+                                   "the server log measured it"))
     moved = meta.get("transfer")
     if isinstance(moved, dict) and (u := _u(moved.get("uncertainty_rel"))) is not None:
         out.append(Stated("gpu", u, f"forward ±{u:.0%}: moved from {moved.get('from_device_name', 'another card')} "
@@ -71,7 +81,8 @@ def stated_range(scenario, pair: tuple, stated: list[Stated]) -> tuple[float, fl
     for signs in itertools.product((-1, 1), repeat=len(stated)):
         scale = dict(base)
         for s, sign in zip(stated, signs):
-            scale[s.axis] *= (1.0 + s.u) ** sign
+            for axis in (("cpu", "gpu") if s.axis == "both" else (s.axis,)):
+                scale[axis] *= (1.0 + s.u) ** sign
         sc = scenario.with_overrides([f"costs.cpu.scale={scale['cpu']!r}", f"costs.gpu.scale={scale['gpu']!r}"])
         num, den = (simulate(sc, name, tables="none").summary() for name in pair[:2])
         a, b = float(num.get("output_throughput") or 0.0), float(den.get("output_throughput") or 0.0)

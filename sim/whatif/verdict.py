@@ -115,7 +115,9 @@ class Verdict:
     stated_range: Optional[tuple] = None
     ttft_ms: tuple = (math.nan, math.nan)  # (overlapping, synchronous) median TTFT in milliseconds
     range_skipped: tuple = ()  # the stated uncertainties not simulated (run --no-range)
-    extrapolated_share: float = 0.0  # of the steps (both settings), priced beyond the profile's grid
+    extrapolated_share: float = 0.0  # of the steps (both settings), priced beyond the profile's data
+    far_share: float = 0.0  # of the steps, beyond sim.model.reach.FAR of the data (no measurement there)
+    max_extrapolation: float = 1.0  # the farthest step's distance from the data (sim.model.reach.distance)
     placeholder: bool = False  # the scenario's inline cost terms, no measured profile
 
     def with_range(self, lo: float, hi: float, what: list) -> "Verdict":
@@ -155,6 +157,8 @@ class Verdict:
         if self.range_skipped:
             out["range_not_simulated"] = list(self.range_skipped)
         out["extrapolated_share"] = self.extrapolated_share
+        out["far_share"] = self.far_share
+        out["max_extrapolation"] = self.max_extrapolation
         out["placeholder"] = self.placeholder
         return out
 
@@ -210,9 +214,29 @@ class Verdict:
         if self.range_skipped:
             out += f"; not simulated over {'; '.join(self.range_skipped)} (--no-range): the answer's range is unknown"
         if self.extrapolated_share > 0:
-            out += (f"; {self.extrapolated_share:.0%} of the steps priced beyond the profile's measured grid "
-                    "(extrapolated)")
+            from sim.model.reach import FAR
+
+            share = f"{self.extrapolated_share:.0%}" if self.extrapolated_share >= 0.005 else "under 1%"
+            out += (f"; {share} of the steps priced beyond the profile's measured data (extrapolated, up to "
+                    f"x{self.max_extrapolation:.1f} its range")
+            if self.far_share > 0:
+                out += f"; {self.far_share:.0%} beyond x{FAR:g}, where no measurement stands behind the price"
+            out += ")"
         return out
+
+    def with_reach(self, extrapolated_share: float, far_share: float, max_extrapolation: float) -> "Verdict":
+        """This verdict with the run's distance from the profile's data (:mod:`sim.model.reach`):
+        the answer becomes :data:`UNSURE` when more than :data:`sim.model.reach.FAR_SHARE` of the
+        steps lie beyond :data:`sim.model.reach.FAR` of the data."""
+        from dataclasses import replace
+
+        from sim.model.reach import FAR_SHARE
+
+        new = replace(self, extrapolated_share=extrapolated_share, far_share=far_share,
+                      max_extrapolation=max_extrapolation)
+        if far_share > FAR_SHARE and not self.failed:
+            return replace(new, answer=UNSURE)
+        return new
 
 
 def verdict(summaries: dict[str, dict], run_cv: float, cv_source: str) -> Optional[Verdict]:

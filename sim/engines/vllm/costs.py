@@ -109,6 +109,7 @@ from pathlib import Path
 
 from sim.model.costs import DECODE, LinearCostModel
 from sim.model.profile import CurveTable, load_profile, load_profile_read_only, profile_curves
+from sim.model.reach import ReachMeter, distance, hulls
 
 VLLM_CURVE_AXES: dict[str, tuple[str, ...]] = {
     "vllm.add_request": ("num_reqs",),
@@ -160,7 +161,7 @@ class VllmProfileCosts:
         self.curves = profile_curves(profile, statistic, setting, VLLM_CURVES)
         self.profile, self.setting, self.source, self.statistic = profile, setting, source, statistic
         self.gpu_scale, self.cpu_scale = gpu_scale, cpu_scale
-        self.extrapolated_steps = 0
+        self.reach = ReachMeter()
         self._cpu = {name: self.curves[f"vllm.{name}"] for name in PHASES}
         self._forward = self.curves["vllm.forward"]
         self._frontend = {k: self.curves.get(f"vllm.frontend_{k}") for k in ("in", "out")}
@@ -168,6 +169,14 @@ class VllmProfileCosts:
         shared = profile["metadata"].get("shared_prefix", {})
         self.shared_prefix_saving = float(shared.get("by_setting", {}).get(setting, shared.get("saving", 0.0)))
         self.mixed_sum_of_parts = profile["metadata"].get("mixed_steps") == MIXED_SUM_OF_PARTS
+        h = hulls(profile, self.curves)
+        self._hull_forward = h["vllm.forward"]
+        self._hull_phases = tuple(h[f"vllm.{name}"] for name in PHASES if name != "add_request")
+
+    @property
+    def extrapolated_steps(self) -> int:
+        """Steps priced beyond the measured data (:mod:`sim.model.reach`)."""
+        return self.reach.extrapolated_steps
 
     def pickup_s(self, num_reqs: int) -> float:
         """The worker taking an already queued RPC (``vllm.pickup``); 0 without the curve."""
@@ -206,22 +215,21 @@ class VllmProfileCosts:
         context; when some do and others prefill (a mixed step) and the profile says
         ``metadata.mixed_steps: "sum_of_parts"``, the step costs its prefill part plus its decode
         part, each priced as a step of its own (module docstring). Counts the step in
-        :attr:`extrapolated_steps` when it (or a part of it) or any phase curve at ``num_reqs``
-        lies outside the measured grid."""
+        :attr:`reach` with its distance from the data: the forward (or each part of it) and every
+        phase curve at ``num_reqs``."""
         if self.mixed_sum_of_parts and 0 < decode_reqs < num_reqs:
             parts = ((num_tokens - decode_reqs, (sum_ctx - decode_sum_ctx) / (num_reqs - decode_reqs)),
                      (decode_reqs, decode_sum_ctx / decode_reqs))
-            if not (all(self._forward.inside(n, c) for n, c in parts) and self._phases_inside(num_reqs)):
-                self.extrapolated_steps += 1
+            self.reach.step(max(self._phases_distance(num_reqs),
+                                *(distance(self._hull_forward, n, c) for n, c in parts)))
             return sum(self._forward(n, c) for n, c in parts) * self.gpu_scale
         ctx = (sum_ctx - self.shared_prefix_saving * shared_kv) / num_reqs
-        if not (self._forward.inside(num_tokens, ctx) and self._phases_inside(num_reqs)):
-            self.extrapolated_steps += 1
+        self.reach.step(max(distance(self._hull_forward, num_tokens, ctx), self._phases_distance(num_reqs)))
         return self._forward(num_tokens, ctx) * self.gpu_scale
 
-    def _phases_inside(self, num_reqs: int) -> bool:
+    def _phases_distance(self, num_reqs: int) -> float:
         # add_request is priced per drained request, not at the step's num_reqs
-        return all(c.inside(num_reqs) for name, c in self._cpu.items() if name != "add_request")
+        return max(distance(h, num_reqs) for h in self._hull_phases)
 
     def describe(self) -> dict:
         m = self.profile["metadata"]

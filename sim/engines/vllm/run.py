@@ -16,6 +16,7 @@ from sim.engines.vllm.server import SETTINGS
 from sim.engines.vllm.worker import Worker
 from sim.model.costs import Jitter
 from sim.model.device import DeviceStream
+from sim.model.reach import reach_outcome
 from sim.model.workload import ClosedLoopClients, RequestSpecs, open_loop_arrivals
 
 
@@ -66,6 +67,6 @@ def run_vllm(scenario, setting: str, specs: RequestSpecs, warmup: int, recorder)
                "peak_token_usage": kv.peak_used_blocks / kv.num_usable_blocks,
                "retractions": scheduler.preempted_reqs, "retraction_steps": scheduler.preemption_steps,
                "reprefill_tokens": scheduler.recompute_tokens, "skipped_decodes": 0, "faults": [],
-               "extrapolated_steps": costs.extrapolated_steps}
+               **reach_outcome(costs)}
     stats = {"sim_time_s": env.now, "steps": scheduler.next_step_seq}
     return outcome, stats

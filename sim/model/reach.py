@@ -1,0 +1,77 @@
+"""How far a simulated step lies from the data its price stands on.
+
+A profile's curves pass through measured points; a step outside them is priced by extrapolation
+(a curve's edge segment, or the fitted form a trace profile writes onto a grid that reaches beyond
+its data: :mod:`calibrate.real.trace_fit`). The data's hull per curve is the profile's
+``metadata.coverage`` when it states one (``{curve: {axis: [lo, hi]}}``), else the curve's own
+grid (every node measured).
+
+A step's distance is the largest, over the curves that price it and their axes, of
+``(x + 1) / (hi + 1)`` above the hull and ``(lo + 1) / (x + 1)`` below it (1 inside; the ``+ 1``
+keeps a token axis at 0 finite). :class:`ReachMeter` counts the steps beyond the data (distance
+> 1), those beyond :data:`FAR` (a price there is the form's or the edge segment's guess, not a
+measurement) and the largest distance, for the run's summary and the verdict line.
+"""
+
+from __future__ import annotations
+
+FAR = 4.0  # beyond this factor from the data a price is not a measurement (the verdict's limit)
+FAR_SHARE = 0.10  # more of a run's steps than this beyond FAR: the verdict cannot stand on them
+
+
+def hulls(profile: dict, curves: dict) -> dict[str, tuple[tuple[float, ...], tuple[float, ...]]]:
+    """``{curve: (lo per axis, hi per axis)}``: the profile's ``metadata.coverage`` where it states
+    the curve (axes in the curve's order), else the curve's grid."""
+    cov = profile.get("metadata", {}).get("coverage") or {}
+    out = {}
+    for name, c in curves.items():
+        stated = cov.get(name) if isinstance(cov, dict) else None
+        if isinstance(stated, dict) and all(a in stated for a in c.axes):
+            out[name] = (tuple(float(stated[a][0]) for a in c.axes), tuple(float(stated[a][1]) for a in c.axes))
+        else:
+            out[name] = (c.lo, c.hi)
+    return out
+
+
+def distance(hull: tuple[tuple[float, ...], tuple[float, ...]], *x: float) -> float:
+    """The distance of the point ``x`` from ``hull`` (module docstring); 1.0 inside."""
+    d = 1.0
+    for xi, lo, hi in zip(x, hull[0], hull[1]):
+        if xi > hi:
+            d = max(d, (xi + 1.0) / (hi + 1.0))
+        elif xi < lo:
+            d = max(d, (lo + 1.0) / (max(xi, 0.0) + 1.0))
+    return d
+
+
+class ReachMeter:
+    """Counts a run's steps by their distance from the data (:func:`distance`)."""
+
+    __slots__ = ("extrapolated_steps", "far_steps", "max_distance")
+
+    def __init__(self) -> None:
+        self.extrapolated_steps = 0  # beyond the data
+        self.far_steps = 0  # beyond FAR
+        self.max_distance = 1.0
+
+    def step(self, d: float) -> None:
+        if d > 1.0:
+            self.extrapolated_steps += 1
+            if d > FAR:
+                self.far_steps += 1
+            if d > self.max_distance:
+                self.max_distance = d
+
+    def outcome(self) -> dict:
+        """The summary's keys: ``extrapolated_steps``, ``far_steps``, ``max_extrapolation``."""
+        return {"extrapolated_steps": self.extrapolated_steps, "far_steps": self.far_steps,
+                "max_extrapolation": self.max_distance}
+
+
+def reach_outcome(costs) -> dict:
+    """A cost model's reach keys for a run's outcome (inline cost terms: nothing extrapolated)."""
+    meter = getattr(costs, "reach", None)
+    if isinstance(meter, ReachMeter):
+        return meter.outcome()
+    return {"extrapolated_steps": int(getattr(costs, "extrapolated_steps", 0)), "far_steps": 0,
+            "max_extrapolation": 1.0}

@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     from sim.atomic import check_output_file
 
     if args.from_trace is not None:
-        from calibrate.real.sglang_trace_profile import run_from_trace
+        from calibrate.real.from_trace.profile import run_from_trace
 
         return run_from_trace(args)
     for flag in ("server_log", "trace_context", "trace_prefix"):

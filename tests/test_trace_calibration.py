@@ -1,5 +1,5 @@
 """``overlap-sim calibrate --from-trace``: a calibration profile from an SGLang server's own
-torch.profiler trace (:mod:`calibrate.real.sglang_torch_trace`, :mod:`calibrate.real.sglang_trace_profile`).
+torch.profiler trace (:mod:`calibrate.real.from_trace.torch_trace`, :mod:`calibrate.real.from_trace.profile`).
 
 Recorded traces (``tests/data/sglang/profile/``, SGLang 0.5.23's CPU engine on this kind of
 machine, ``realengines.sglang.record_profile``; how they were made: the folder's README) and
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.real.sglang_torch_trace import read_trace
-from calibrate.real.sglang_trace_log import log_check
+from calibrate.real.from_trace.torch_trace import read_trace
+from calibrate.real.from_trace.log_match import log_check
 from sim.cli import main
 from sim.model.profile import load_profile, profile_curves
 
@@ -394,7 +394,7 @@ def test_a_trace_without_token_counts_takes_them_from_the_flags(tmp_path, capsys
 def test_the_model_is_read_from_the_server_logs_server_args(tmp_path):
     """SGLang logs its ServerArgs at start-up: the profile's model is the served name, a local
     directory shortened to its last part; a log without the line names none."""
-    from calibrate.real.sglang_trace_profile import server_log_model
+    from calibrate.real.from_trace.profile import server_log_model
 
     assert server_log_model(Path(__file__).parent / "data" / "sglang" / "session" / "server.log") == "tiny-llama"
     log = tmp_path / "s.log"

@@ -66,7 +66,7 @@ async def _record(base: str, profile_req: dict, load: dict) -> dict:
     return await run_load(load)
 
 
-# the Python functions calibrate.real.sglang_torch_trace reads (file suffix, function)
+# the Python functions calibrate.real.from_trace.torch_trace reads (file suffix, function)
 KEEP_FUNCS = {("sglang/srt/managers/scheduler.py", f) for f in (
     "ingest_requests", "get_next_batch_to_run", "run_batch", "process_batch_result", "handle_generate_request",
     "event_loop_normal", "event_loop_overlap")} | {("sglang/srt/model_executor/model_runner.py", "sample")}
@@ -97,7 +97,7 @@ def trim(src: Path, dst: Path) -> dict:
     return {"events_in": len(events), "events_out": len(data["traceEvents"])}
 
 
-def _in_sglang_environment(argv: list[str]) -> None:
+def _in_sglang_environment(argv: list[str], module: str = "realengines.sglang.record_profile") -> None:
     """Run this module again with the SGLang environment's python when this one cannot import
     SGLang (``$OVERLAP_SIM_SGLANG_PYTHON``, else ``.venvs/sglang/bin/python``), with its import
     shims on PYTHONPATH; returns only when SGLang imports here."""
@@ -110,11 +110,11 @@ def _in_sglang_environment(argv: list[str]) -> None:
         pass
     python = os.environ.get("OVERLAP_SIM_SGLANG_PYTHON") or str(REPO / ".venvs" / "sglang" / "bin" / "python")
     if not Path(python).exists() or Path(sys.prefix).resolve() == Path(python).parent.parent.resolve():
-        sys.exit(f"record_profile: SGLang does not import here and there is no SGLang environment at {python} "
+        sys.exit(f"{module}: SGLang does not import here and there is no SGLang environment at {python} "
                  "(realengines/sglang/setup.sh)")
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parent / "shims"), str(REPO)]))
-    os.execve(python, [python, "-m", "realengines.sglang.record_profile", *argv], env)
+    os.execve(python, [python, "-m", module, *argv], env)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,7 +39,7 @@ What SGLang 0.5.23 writes (read in its source) and what is read here:
   that wait itself.
 
 The profile built from what is read, its simplifications, the server-log check and the command:
-:mod:`calibrate.real.sglang_trace_profile`.
+:mod:`calibrate.real.from_trace.profile`.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ else to the window of its position among the traces. The timestamps have a resol
 second, so they do not place a line: order, batch size and token count do (:func:`align`).
 
 Outside every window the server ran unprofiled: those lines' periods, fitted with the forward's
-form (``a + b B + c B C``, :mod:`calibrate.real.trace_fit`) over their batch sizes and contexts,
+form (``a + b B + c B C``, :mod:`calibrate.real.from_trace.forms`) over their batch sizes and contexts,
 give the unprofiled period at each matched step; the profiler's slowdown is the median of the
 in-window period over it (:func:`slowdown`), and its spread is the stated uncertainty of removing
 it.
@@ -36,7 +36,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional
 
-from calibrate.real.sglang_torch_trace import TraceRead, TraceStep
+from calibrate.real.from_trace.torch_trace import TraceRead, TraceStep
 from sim.errors import UserInputError
 
 _START = re.compile(r"Profiling starts.*?(?:profile id: (?P<id>[^)\s]+))?\)?\s*$")
@@ -131,7 +131,7 @@ def unprofiled_points(lines: list[str], wins, offset: int) -> list[tuple[float, 
 def robust_fit(points: list[tuple[float, float, float]]):
     """The forward's form over (B, C, period) points, refitted once without the points more than
     50% off the first fit (a line whose period spans a prefill between two decodes)."""
-    from calibrate.real.trace_fit import fit
+    from calibrate.real.from_trace.forms import fit
 
     first = fit("forward.decode", points)
     kept = [p for p in points if first(p[0], p[1]) > 0 and abs(p[2] - first(p[0], p[1])) / first(p[0], p[1]) <= 0.5]

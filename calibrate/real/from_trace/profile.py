@@ -1,5 +1,5 @@
 """A calibration profile from an SGLang server's own ``torch.profiler`` traces (``/start_profile``),
-as :mod:`calibrate.real.sglang_torch_trace` reads them; the server log; the command.
+as :mod:`calibrate.real.from_trace.torch_trace` reads them; the server log; the command.
 
     overlap-sim calibrate --from-trace TRACE.json.gz [TRACE2 ...] [--server-log server.log] --out profile.json
 
@@ -8,8 +8,8 @@ which ``run`` prints under the verdict):
 
 - A trace describes the steps the server ran, not a grid. Several traces (profile windows across
   the load) are merged (:func:`merge`); every curve goes through a stated physical form fitted
-  over all their steps and is priced from it up to :data:`calibrate.real.trace_fit.REACH` times
-  beyond the data (:mod:`calibrate.real.trace_fit`); ``metadata.coverage`` is the data's hull,
+  over all their steps and is priced from it up to :data:`calibrate.real.from_trace.forms.REACH` times
+  beyond the data (:mod:`calibrate.real.from_trace.forms`); ``metadata.coverage`` is the data's hull,
   from which ``run`` measures how far each step lies (:mod:`sim.model.reach`).
 - Extend steps are keyed by the batch's total new tokens and the mean prefix per request: exact
   for one request or no prefix, which is how the simulator prices them (``sim.model.profile_costs``).
@@ -17,7 +17,7 @@ which ``run`` prints under the verdict):
 - Python stacks cost time: ``torch.profiler``'s Python tracer slows every Python call, so host
   phases are longer than without the profiler, and so is the forward on a CPU engine (on a GPU
   the kernels are not slowed). With the server log (``--decode-log-interval 1``, load outside the
-  profiled windows too) :mod:`calibrate.real.sglang_trace_log` measures the slowdown and one factor
+  profiled windows too) :mod:`calibrate.real.from_trace.log_match` measures the slowdown and one factor
   is divided out of every host phase (and the CPU engine's forward), its spread stated as an
   uncertainty the verdict's range carries; without the log nothing is removed and the verdict's
   note says so.
@@ -32,8 +32,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
-from calibrate.real import trace_fit
-from calibrate.real.sglang_torch_trace import TraceRead, TraceStep, read_trace
+from calibrate.real.from_trace import forms as trace_fit
+from calibrate.real.from_trace.torch_trace import TraceRead, TraceStep, read_trace
 from sim.errors import UserInputError
 
 
@@ -88,7 +88,7 @@ HOST_AXES = {"recv": "num_reqs", "launch.extend": "num_tokens"}  # else num_reqs
 
 def profile_samples(read: TraceRead) -> tuple[list[dict], dict, dict]:
     """The profile's samples from the trace's steps, each curve through its fitted form
-    (:mod:`calibrate.real.trace_fit`), with the forms and the data's hull per curve.
+    (:mod:`calibrate.real.from_trace.forms`), with the forms and the data's hull per curve.
 
     Returns (samples, fits ``{curve: Fit.as_json()}``, coverage ``{curve: {axis: [lo, hi]}}``).
 
@@ -181,7 +181,7 @@ def build_trace_profile(read: TraceRead, command: str = "", model: str = "", not
                         log_check: Optional[dict] = None) -> dict:
     """The calibration profile (:mod:`sim.model.profile`) of a read trace (or of several,
     :func:`merge`): the fitted curves, the data's hull (``metadata.coverage``, with
-    :data:`calibrate.real.trace_fit.REACH`), the forms (``metadata.trace.fits``) and the
+    :data:`calibrate.real.from_trace.forms.REACH`), the forms (``metadata.trace.fits``) and the
     profiler's slowdown taken out where the log measured it (``metadata.trace.slowdown``)."""
     from calibrate.profile import build_profile
 
@@ -210,7 +210,7 @@ def build_trace_profile(read: TraceRead, command: str = "", model: str = "", not
         "repeats": min(len(s["times_s"]) for s in samples if not s.get("filled")), "warmup": 0, "quick": False,
         "settings": [read.loop] if read.loop else [], "base_setting": read.loop or "normal",
         "command": command, "note": note, "sync_latency_s": 0.0,
-        "timing": "SGLang torch.profiler trace (calibrate.real.sglang_torch_trace): forward = "
+        "timing": "SGLang torch.profiler trace (calibrate.real.from_trace.torch_trace): forward = "
                   + ("device kernels per step (first start to last end)" if read.device != "cpu" else
                      "CPU span of ModelRunner.forward + ModelRunner.sample")
                   + "; recv/schedule/launch/process = wall time of the scheduler's Python functions under the "
@@ -218,7 +218,7 @@ def build_trace_profile(read: TraceRead, command: str = "", model: str = "", not
                   + (f", the slowdown the server log measured divided out (x{slow['host_slowdown']:.2f})"
                      if slow["removed"] else ", slowed (not measured)")
                   + f"; measured under event_loop_{read.loop or 'normal'} only; each curve through its fitted form "
-                  f"(calibrate.real.trace_fit), cells without a step and nodes up to x{trace_fit.REACH:g} beyond "
+                  f"(calibrate.real.from_trace.forms), cells without a step and nodes up to x{trace_fit.REACH:g} beyond "
                   "the data filled from it (samples marked filled)",
     }
     if log_check:
@@ -280,7 +280,7 @@ def run_from_trace(args) -> int:
     import sys
 
     from calibrate.profile import save_profile
-    from calibrate.real.sglang_trace_log import log_check
+    from calibrate.real.from_trace.log_match import log_check
     from sim.atomic import check_output_file
 
     check_output_file(args.out, "--out")

@@ -1,0 +1,176 @@
+"""Curves from a server's own traces that extrapolate like the hardware (:mod:`calibrate.real.from_trace.forms`),
+the log's lines matched to them and the profiler's slowdown (:mod:`calibrate.real.from_trace.log_match`),
+and how far a run lies from the data (:mod:`sim.model.reach`).
+
+Closed forms first (a form the data obeys exactly is recovered; a distance by hand), then
+invariants with hypothesis, then the log on SGLang's CPU-engine and CUDA line formats.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from calibrate.real.from_trace import forms as trace_fit
+from calibrate.real.from_trace.torch_trace import Span, TraceRead, TraceStep
+from calibrate.real.from_trace.log_match import align, log_check, windows
+from sim.model.reach import FAR, ReachMeter, distance
+
+
+# ---------------------------------------------------------------------------------------------
+# the fitted forms
+
+
+def test_a_decode_that_obeys_the_form_is_recovered_and_extrapolates_with_it():
+    law = lambda b, c: 2e-3 + 1e-4 * b + 2e-6 * b * c  # noqa: E731
+    pts = [(b, c, law(b, c)) for b in (2, 12) for c in (133, 143, 152)]
+    f = trace_fit.fit("forward.decode", pts)
+    assert f.coef == pytest.approx((2e-3, 1e-4, 2e-6), rel=1e-6)
+    assert f(64, 4000) == pytest.approx(law(64, 4000), rel=1e-9)  # far from the 2 x 3 grid: the same law
+    assert f.median_rel_residual == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_negative_slope_in_noise_is_zero_not_a_falling_cost():
+    # the context span is 19 tokens and the costs fall with it: least squares would extrapolate a
+    # negative cost at long contexts; the form's coefficients are at least 0
+    pts = [(4, 133, 0.0300), (4, 143, 0.0298), (4, 152, 0.0296), (8, 133, 0.0400), (8, 152, 0.0398)]
+    f = trace_fit.fit("forward.decode", pts)
+    assert all(c >= 0 for c in f.coef)
+    assert f(8, 8000) >= f(8, 152) > 0
+
+
+def test_a_constant_axis_leaves_its_term_at_zero():
+    f = trace_fit.fit("forward.decode", [(4, 140, 0.02), (4, 140, 0.022)])
+    assert f.coef[1] == 0.0 and f.coef[2] == 0.0 and f.coef[0] == pytest.approx(0.021)
+    line = trace_fit.fit("process.decode", [(4, 1e-3), (4, 1.2e-3)])
+    assert line.coef == (pytest.approx(1.1e-3), 0.0)
+
+
+def test_the_grid_keeps_measured_steps_and_reaches_beyond_the_data():
+    law = lambda b, c: 1e-3 + 5e-5 * b + 1e-6 * b * c  # noqa: E731
+    pts = [(b, c, law(b, c)) for b in (2, 12) for c in (130, 150)]
+    f = trace_fit.fit("forward.decode", pts)
+    samples = trace_fit.grid_samples("forward.decode", ("num_reqs", "ctx"), pts, f)
+    xs = sorted({s["point"]["num_reqs"] for s in samples})
+    ys = sorted({s["point"]["ctx"] for s in samples})
+    assert xs == [1.0, 2.0, 12.0, 48.0] and ys[0] == pytest.approx(130 / trace_fit.REACH, abs=1) and ys[-1] == 600
+    measured = [s for s in samples if not s.get("filled")]
+    assert len(measured) == 4 and all(len(s["times_s"]) == 1 for s in measured)
+    assert all(s["times_s"][0] == pytest.approx(law(s["point"]["num_reqs"], s["point"]["ctx"])) for s in samples)
+    assert trace_fit.coverage(("num_reqs", "ctx"), pts) == {"num_reqs": [2, 12], "ctx": [130, 150]}
+
+
+def test_nnls_on_an_empty_system_is_an_error():
+    with pytest.raises(ValueError):
+        trace_fit.nnls([], [])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 256), st.floats(1, 8192), st.floats(1e-6, 1.0)), min_size=1, max_size=30))
+def test_any_fit_is_non_negative_and_finite(points):
+    f = trace_fit.fit("forward.decode", points)
+    assert all(c >= 0 and math.isfinite(c) for c in f.coef)
+    for b, c, _ in points:
+        assert f(b, c) >= 0 and math.isfinite(f(b, c))
+    # never worse than the best constant (the base alone is one of the candidates)
+    mean = sum(p[2] for p in points) / len(points)
+    sse = sum((p[2] - f(p[0], p[1])) ** 2 for p in points)
+    assert sse <= sum((p[2] - mean) ** 2 for p in points) * (1 + 1e-9) + 1e-18
+
+
+# ---------------------------------------------------------------------------------------------
+# distance from the data
+
+
+def test_distance_by_hand():
+    hull = ((2.0, 100.0), (12.0, 200.0))
+    assert distance(hull, 4, 150) == 1.0
+    assert distance(hull, 25, 150) == pytest.approx(26 / 13)
+    assert distance(hull, 4, 401) == pytest.approx(402 / 201)
+    assert distance(hull, 1, 150) == pytest.approx(3 / 2)  # below: (lo + 1) / (x + 1)
+    assert distance(hull, 0, -5) == pytest.approx(101.0)  # a token axis at or below 0 stays finite
+
+
+def test_the_meter_counts_steps_beyond_the_data_and_beyond_far():
+    m = ReachMeter()
+    for d in (1.0, 1.5, FAR + 1, 1.0):
+        m.step(d)
+    assert m.outcome() == {"extrapolated_steps": 2, "far_steps": 1, "max_extrapolation": FAR + 1}
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True), st.floats(0, 1e6), st.floats(0, 1e6))
+def test_distance_is_at_least_one_for_any_input(x, lo, span):
+    d = distance(((lo,), (lo + span,)), x)
+    assert d >= 1.0 or math.isnan(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# the log beside the traces
+
+
+def _read(steps: list[tuple[int, int]], source: str = "/p/w0-TP-0.trace.json.gz", period_us: float = 40_000,
+          device: str = "cpu") -> TraceRead:
+    """A read of decode steps (bs, g_sk), one every ``period_us``, with the process ends."""
+    out = []
+    for i, (bs, sk) in enumerate(steps):
+        s = TraceStep(f"step[DECODE bs={bs}]", "decode", bs, bs, sk, Span(i * period_us, 1000.0), 0.01, "cpu")
+        s.process_end_us = i * period_us + 5000.0
+        out.append(s)
+    return TraceRead(source, out, loop="normal", device=device, with_stack=True)
+
+
+def _line(bs: int, tokens: int, period_s: float, graph: str = "cpu graph") -> str:
+    return (f"[2026-12-02 10:00:00] Decode batch, #running-req: {bs}, #token: {tokens}, token usage: 0.01, "
+            f"{graph}: False, gen throughput (token/s): {bs / period_s:.2f}, #queue-req: 0")
+
+
+@pytest.mark.parametrize("graph", ["cpu graph", "cuda graph"])
+@pytest.mark.parametrize("shift", [0, 1])
+def test_the_lines_match_the_steps_by_order_batch_and_kv_offset(tmp_path, graph, shift):
+    steps = [(12, 12 * (140 + k)) for k in range(10)] + [(11, 11 * 150), (12, 12 * 151)]
+    # the log states K with a constant offset (K counts slots the batch does not attend over), a line
+    # ahead under the overlap loop (shift 1): matched by order, batch size and offset
+    lines = ["Profiling starts. Traces will be saved to: /p (with profile id: w0)"]
+    lines += [_line(bs, sk + 7, 0.05, graph) for bs, sk in steps[shift:]]
+    lines += ["Stop profiling..."]
+    lines += [_line(12, 12 * (200 + k), 0.02, graph) for k in range(20)]  # unprofiled: 2.5x faster
+    lines += [_line(4, 4 * (300 + k), 0.012, graph) for k in range(20)]
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(lines) + "\n")
+    read = _read(steps)
+    check = log_check([read], log)
+    assert check["matched"] == len(steps) - shift
+    assert check["traces"][0]["profile_id"] == "w0" and check["traces"][0]["shift"] == shift
+    assert check["unprofiled_lines"] == 39  # the window's first line after is left out
+    assert check["profiler_slowdown"] == pytest.approx(2.5, rel=0.1)
+    assert check["host_slowdown"] == check["profiler_slowdown"]  # the CPU engine: one factor
+
+
+def test_align_without_token_counts_uses_batch_sizes():
+    read = _read([(4, 0)] * 3 + [(5, 0)] * 3)
+    for s in read.steps:
+        s.sum_ctx = None
+    recs = [{"running_req": b, "kv_tokens": 999} for b in (4, 4, 5, 5, 5)]
+    pairs, shift, _ = align(read.steps, recs)
+    assert shift == 1 and len(pairs) == 5
+
+
+def test_windows_are_found_with_their_ids():
+    lines = ["x", "Profiling starts. Traces will be saved to: /p (with profile id: w1)", "y", "Stop profiling...",
+             "Profiling starts. Traces will be saved to: /p", "z"]
+    assert windows(lines) == [(1, 3, "w1"), (4, 6, None)]
+
+
+def test_the_verdict_says_how_far_and_cannot_tell_beyond_far():
+    from sim.whatif.verdict import KEEP, PAIRS, UNSURE, Verdict
+
+    v = Verdict(KEEP, PAIRS[0], 1.3, (10.0, 13.0), 0.02, "test")
+    near = v.with_reach(0.4, 0.0, 2.5)
+    assert near.answer == KEEP and "40% of the steps priced beyond the profile's measured data" in near.line()
+    assert "up to x2.5 its range" in near.line() and near.as_json()["max_extrapolation"] == 2.5
+    far = v.with_reach(0.5, 0.2, 9.0)
+    assert far.answer == UNSURE and f"20% beyond x{FAR:g}" in far.line()
+    assert v.with_reach(0.5, 0.05, 9.0).answer == KEEP  # a few far steps: said, not decisive

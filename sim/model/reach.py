@@ -2,7 +2,7 @@
 
 A profile's curves pass through measured points; a step outside them is priced by extrapolation
 (a curve's edge segment, or the fitted form a trace profile writes onto a grid that reaches beyond
-its data: :mod:`calibrate.real.trace_fit`). The data's hull per curve is the profile's
+its data: :mod:`calibrate.real.from_trace.forms`). The data's hull per curve is the profile's
 ``metadata.coverage`` when it states one (``{curve: {axis: [lo, hi]}}``), else the curve's own
 grid (every node measured).
 

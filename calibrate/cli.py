@@ -57,6 +57,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="read the profile from an SGLang server's torch.profiler traces (/start_profile, .json or "
                         ".json.gz; several profile windows of one server merge) instead of timing anything "
                         "(docs/real-engines.md)")
+    p.add_argument("--profile-server", default=None, metavar="URL",
+                   help="profile your running SGLang server: send it a short designed load (batch sizes 1 to its "
+                        "max_running_requests, short and long prompts) with a /start_profile window per stage, then "
+                        "build the profile from those traces (as --from-trace; add --server-log). Run on the "
+                        "server's machine")
+    p.add_argument("--trace-dir", type=Path, default=None, metavar="DIR",
+                   help="with --profile-server: the folder the server writes its traces to (default: next to --out)")
+    p.add_argument("--num-steps", type=int, default=None, metavar="N",
+                   help="with --profile-server: forwards per profile window (default 40)")
+    p.add_argument("--max-batch", type=int, default=None, metavar="N",
+                   help="with --profile-server: the largest stage (default: the server's max_running_requests)")
     p.add_argument("--server-log", type=Path, default=None, metavar="LOG",
                    help="with --from-trace: the server's log (--decode-log-interval 1): its 'Decode batch' lines "
                         "check the traces' step period, and those outside the profiled windows measure the "
@@ -170,13 +181,20 @@ def run(args: argparse.Namespace) -> int:
     from calibrate.measure import calibrate
     from sim.atomic import check_output_file
 
+    if args.profile_server is not None:
+        from calibrate.real.from_trace.profile import run_profile_server
+
+        return run_profile_server(args)
+    for flag in ("trace_dir", "num_steps", "max_batch"):
+        if getattr(args, flag, None) is not None:
+            raise CalibrationInputError("--" + flag.replace("_", "-"), "", "only with --profile-server")
     if args.from_trace is not None:
         from calibrate.real.from_trace.profile import run_from_trace
 
         return run_from_trace(args)
     for flag in ("server_log", "trace_context", "trace_prefix"):
         if getattr(args, flag, None) is not None:
-            raise CalibrationInputError("--" + flag.replace("_", "-"), "", "only with --from-trace")
+            raise CalibrationInputError("--" + flag.replace("_", "-"), "", "only with --from-trace or --profile-server")
     if args.sessions is not None and not args.engine:
         raise CalibrationInputError("--sessions", "", "only with --engine")
     if args.sessions is not None and not 1 <= args.sessions <= MAX_SESSIONS:

@@ -93,16 +93,12 @@ def _decode_loop_trace(path: Path) -> None:
     path.write_text(json.dumps({"traceEvents": events}))
 
 
-def _server_trace(path: Path) -> None:
-    """What the docs' /start_profile example writes: a recorded SGLang 0.5.23 trace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / "tests/data/sglang/profile/normal-c4.trace.json.gz", path)
-
-
 # files the docs' commands read that an expensive command (or the reader's own code) would make
 STAND_INS = {
-    "tmp/sglang-profile/mine-TP-0.trace.json.gz": _server_trace,         # the server's /start_profile
-    "server.log": ROOT / "tests/data/sglang/profile/normal-c4.server.log",  # that server's log
+    # the server's own /start_profile windows and its log: the recorded own-server fixture
+    "tmp/sglang-profile/w1-TP-0.trace.json.gz": ROOT / "tests/data/sglang/own-server/b1-in128-TP-0.trace.json.gz",
+    "tmp/sglang-profile/w2-TP-0.trace.json.gz": ROOT / "tests/data/sglang/own-server/b4-in128-TP-0.trace.json.gz",
+    "server.log": ROOT / "tests/data/sglang/own-server/recipe.server.log",
     "decode_loop.json": _decode_loop_trace,                                # the torch.profiler example
     "my-card.json": ROOT / "scenarios/profiles/h200-llama-3.2-1b.json",  # a GPU calibration's profile
     "tmp/p.json": ROOT / "scenarios/profiles/cpu-torch-small.json",       # calibrate --device cpu --quick
@@ -355,6 +351,7 @@ def _workspace(tmp_path: Path, page: Path) -> Path:
     (ws / "tmp").mkdir()
     for name, source in STAND_INS.items():
         target = ws / name
+        target.parent.mkdir(parents=True, exist_ok=True)
         if callable(source):
             source(target)
         else:

@@ -203,7 +203,51 @@ def log_check(reads: list[TraceRead], log_path: Path) -> dict:
         form = robust_fit(outside)
         out["unprofiled_fit"] = form.as_json()
         out.update(slowdown(form, matched_steps, host_only=any(r.device != "cpu" for r in reads)))
+        inside = [(b, c, p) for steps in matched_steps for b, c, p, _ in steps]
+        if not any(r.device != "cpu" for r in reads) and len(inside) >= 3:
+            out["local"] = local_slowdown(form, robust_fit(inside), matched_steps)
     return out
+
+
+def local_slowdown(unprofiled, profiled, matched_steps) -> dict:
+    """The profiler's slowdown as a function of the step's shape, on the CPU engine: the in-window
+    periods and the unprofiled ones each fitted with the forward's form, the slowdown at (B, C)
+    their ratio (at least 1: the profiler does not speed a step up). One factor does not describe
+    it: measured on this project's VM (``benchmarks/results/own-server-sglang-cpu.json``), the
+    same server's steps were slowed x1.61 at batch 1, x1.41 at batch 16 and x1.20 at batch 16
+    with 1k-token contexts (the tracer adds a cost per Python call and per dispatched op, not per
+    FLOP). ``reference_context``: the matched steps' median context, at which a host phase that
+    depends on the batch size only is corrected. ``uncertainty_rel``: 1.48 times the root sum of
+    the two fits' median relative residuals squared (a median absolute deviation taken as 0.674
+    sigma), at least the worst window's median |period / profiled form - 1|."""
+    per = []
+    for steps in matched_steps:
+        r = [p / profiled(b, c) for b, c, p, _ in steps if profiled(b, c) > 0]
+        if r:
+            per.append(abs(statistics.median(r) - 1))
+    res = [f.median_rel_residual for f in (unprofiled, profiled) if math.isfinite(f.median_rel_residual)]
+    u = 1.48 * math.sqrt(sum(x * x for x in res))
+    ctx = [c for steps in matched_steps for _, c, _, _ in steps]
+    out = {"profiled_fit": profiled.as_json(), "unprofiled_fit": unprofiled.as_json(),
+           "reference_context": statistics.median(ctx), "uncertainty_rel": max([u, *per])}
+    f = local_factor(out)
+    at = [f(b, c) for steps in matched_steps for b, c, _, _ in steps]
+    out["factor_range"] = [min(at), max(at)]
+    return out
+
+
+def local_factor(local: dict):
+    """``f(B, C)``: the slowdown :func:`local_slowdown` measured, from its two stored forms."""
+    from calibrate.real.from_trace.forms import terms
+
+    def value(form: dict, b: float, c: float) -> float:
+        return sum(coef * t for coef, t in zip(form["coef_s"].values(), terms("forward.decode", b, c)))
+
+    def f(b: float, c: float | None = None) -> float:
+        c = local["reference_context"] if c is None else c
+        unprof = value(local["unprofiled_fit"], b, c)
+        return max(1.0, value(local["profiled_fit"], b, c) / unprof) if unprof > 0 else 1.0
+    return f
 
 
 def _spread(ratios: list[float], per: list[Optional[float]]) -> float:

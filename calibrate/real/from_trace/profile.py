@@ -139,19 +139,41 @@ def profile_samples(read: TraceRead) -> tuple[list[dict], dict, dict]:
     return out, fits, cover
 
 
-def remove_slowdown(samples: list[dict], factor: float, device: str) -> list[dict]:
-    """The samples with the profiler's slowdown divided out: every host phase's, and on the CPU
-    engine the forward's too (its forward is Python-dispatched CPU work, slowed alike); a GPU's
-    kernels are not slowed (``factor``: the host slowdown, > 0)."""
+def remove_slowdown(samples: list[dict], slow: dict, device: str) -> list[dict]:
+    """The samples with the profiler's slowdown divided out (``slow``: :func:`slowdown_record`'s
+    record, ``removed`` true). A GPU's kernels are not slowed: there every host phase is divided
+    by the one ``host_slowdown``. On the CPU engine the forward is Python-dispatched CPU work,
+    slowed alike, and the slowdown depends on the step's shape: with ``slow["local"]``
+    (:func:`calibrate.real.from_trace.log_match.local_slowdown`) a decode forward at (B, C) and a
+    decode phase at batch B (at the matched steps' median context) are divided by the factor at
+    that shape. A prefill has no log period of its own; its forward runs the same modules, ops and
+    Python calls as a decode's, and the tracer costs per op and per call, not per FLOP (the
+    decodes slowed x1.61 at batch 1, x1.20 at 1k-token contexts): so the overhead
+    ``slow["local"]["forward_overhead_s"]`` (what the factor takes off a batch-1 decode forward
+    at the reference context) is subtracted from each prefill forward, which is divided by at
+    most ``host_slowdown``. Prefill phases and ``recv`` are divided by the median factor
+    ``host_slowdown``."""
+    from calibrate.real.from_trace.log_match import local_factor
+
+    local = local_factor(slow["local"]) if device == "cpu" and slow.get("local") else None
     out = []
     for s in samples:
-        if device == "cpu" or not s["curve"].startswith("forward"):
-            s = dict(s, times_s=[t / factor for t in s["times_s"]])
-        out.append(s)
+        curve, point = s["curve"], s.get("point", {})
+        if device != "cpu" and curve.startswith("forward"):
+            out.append(s)
+            continue
+        factor = slow["host_slowdown"]
+        if local is not None and curve == "forward.extend":
+            d = slow["local"]["forward_overhead_s"]
+            out.append(dict(s, times_s=[max(t - d, t / factor) for t in s["times_s"]]))
+            continue
+        if local is not None and curve.endswith(".decode") and "num_reqs" in point:
+            factor = local(point["num_reqs"], point.get("ctx"))
+        out.append(dict(s, times_s=[t / factor for t in s["times_s"]]))
     return out
 
 
-def slowdown_record(check: Optional[dict], device: str) -> dict:
+def slowdown_record(check: Optional[dict], device: str, fits: Optional[dict] = None) -> dict:
     """``metadata.trace.slowdown``: what was removed, from what, and how sure (``uncertainty_rel``,
     which :mod:`sim.whatif.stated_range` carries into the verdict), or why nothing was."""
     if check is None:
@@ -163,10 +185,22 @@ def slowdown_record(check: Optional[dict], device: str) -> dict:
                "(run the server with --decode-log-interval 1 and send load before and after profiling)"
                if not f else f"the measured factor x{f:.2f} is not a slowdown the profiler makes")
         return {"removed": False, "why": why, "profiler_slowdown": check.get("profiler_slowdown")}
-    return {"removed": True, "host_slowdown": f, "profiler_slowdown": check.get("profiler_slowdown"),
-            "uncertainty_rel": check.get("slowdown_uncertainty_rel") or 0.0,
-            "applied_to": "host phases and forward (CPU engine)" if device == "cpu" else "host phases",
-            "from": f"{check['unprofiled_lines']} unprofiled decode lines of {check['log']}, {check['matched']} matched"}
+    out = {"removed": True, "host_slowdown": f, "profiler_slowdown": check.get("profiler_slowdown"),
+           "uncertainty_rel": check.get("slowdown_uncertainty_rel") or 0.0,
+           "applied_to": "host phases and forward (CPU engine)" if device == "cpu" else "host phases",
+           "from": f"{check['unprofiled_lines']} unprofiled decode lines of {check['log']}, {check['matched']} matched"}
+    if device == "cpu" and check.get("local") and fits and "forward.decode" in fits:
+        from calibrate.real.from_trace.log_match import local_factor
+
+        local = dict(check["local"])
+        ref = local["reference_context"]
+        fwd = sum(c * t for c, t in zip(fits["forward.decode"]["coef_s"].values(),
+                                        trace_fit.terms("forward.decode", 1.0, ref)))
+        local["forward_overhead_s"] = max(0.0, fwd * (1 - 1 / local_factor(local)(1.0, ref)))
+        out["local"] = local
+        out["uncertainty_rel"] = check["local"]["uncertainty_rel"]
+        out["applied_to"] += ", decode steps at their own shape's factor"
+    return out
 
 
 def coverage_text(cover: dict) -> str:
@@ -186,9 +220,9 @@ def build_trace_profile(read: TraceRead, command: str = "", model: str = "", not
     from calibrate.profile import build_profile
 
     samples, fits, cover = profile_samples(read)
-    slow = slowdown_record(log_check, read.device)
+    slow = slowdown_record(log_check, read.device, fits)
     if slow["removed"]:
-        samples = remove_slowdown(samples, slow["host_slowdown"], read.device)
+        samples = remove_slowdown(samples, slow, read.device)
     device_name = read.device_name or ("cpu (SGLang CPU engine)" if read.device == "cpu" else "cuda")
     approx = ("curves fitted with a stated form per curve (base + per-request + per-KV-token for a decode; "
               f"base + per-token + per-token x prefix for a prefill; a line per host phase) and priced from it up to "
@@ -333,7 +367,12 @@ def run_from_trace(args) -> int:
                   f"{check['period_trace_median_s'] * 1e3:.3f} ms (median |difference| "
                   f"{check['median_abs_rel_diff'] * 100:.1f}%)", file=err)
     slow = meta["trace"]["slowdown"]
-    if slow["removed"]:
+    if slow["removed"] and slow.get("local"):
+        lo, hi = slow["local"]["factor_range"]
+        print(f"server log: {check['unprofiled_lines']} decode lines outside the profiled windows: the profiler "
+              f"slowed the step x{slow['profiler_slowdown']:.2f} (median), x{lo:.2f}-{hi:.2f} by the step's shape "
+              f"(±{slow['uncertainty_rel']:.0%}); divided out of the {slow['applied_to']}", file=err)
+    elif slow["removed"]:
         print(f"server log: {check['unprofiled_lines']} decode lines outside the profiled windows: the profiler "
               f"slowed the step x{slow['profiler_slowdown']:.2f}, the host's part x{slow['host_slowdown']:.2f} "
               f"(±{slow['uncertainty_rel']:.0%}); divided out of the {slow['applied_to']}", file=err)
@@ -341,3 +380,44 @@ def run_from_trace(args) -> int:
         print(f"profiler slowdown not removed: {slow['why']}", file=err)
     print(f"profile written to {args.out}")
     return 0
+
+
+def run_profile_server(args) -> int:
+    """``overlap-sim calibrate --profile-server URL [--trace-dir DIR] [--num-steps N] [--max-batch
+    N] [--server-log LOG] --out PROFILE``: the designed load with a profile window per stage
+    (:mod:`calibrate.real.from_trace.record`), then the profile from those traces exactly as
+    :func:`run_from_trace` builds it. Returns 0.
+
+    Raises:
+        UserInputError: a bad flag, a server that does not answer, a trace that does not appear
+            (one line, exit 2; the profile is not written, finished traces are kept)."""
+    import sys
+
+    from calibrate.real.from_trace import record
+    from sim.atomic import check_output_file
+
+    if args.from_trace is not None:
+        raise UserInputError("--profile-server", "", "records its own traces: give --from-trace or --profile-server, "
+                             "not both")
+    check_output_file(args.out, "--out")
+    if args.server_log is not None and not Path(args.server_log).is_file():
+        raise UserInputError(str(args.server_log), "", "no such server log (--server-log)")
+    num_steps = 40 if args.num_steps is None else args.num_steps
+    if not 4 <= num_steps <= 1000:
+        raise UserInputError("--num-steps", "", f"forwards per window, an integer from 4 to 1000 (got {num_steps})")
+    if args.max_batch is not None and not 1 <= args.max_batch <= 4096:
+        raise UserInputError("--max-batch", "", f"an integer from 1 to 4096 (got {args.max_batch})")
+    limits = record.server_limits(args.profile_server)
+    max_batch = args.max_batch or int(limits.get("max_running_requests") or 0)
+    if not max_batch:
+        raise UserInputError("--max-batch", "", "the server did not say its max_running_requests: give the largest "
+                             "batch to profile")
+    stages = record.design(max_batch, int(limits.get("context_length") or 4096), num_steps,
+                           limits.get("max_total_num_tokens"))
+    trace_dir = args.trace_dir or Path(args.out).with_name(Path(args.out).stem + "-traces")
+    print(f"{args.profile_server}: {len(stages)} profile windows of {num_steps} forwards: "
+          + ", ".join(f"{s.batch} x {s.input_len}+{s.output_len} tokens" for s in stages), file=sys.stderr)
+    args.from_trace = record.record_windows(args.profile_server, trace_dir, stages, num_steps,
+                                            device=str(limits.get("device") or "cpu"),
+                                            say=lambda line: print(line, file=sys.stderr))
+    return run_from_trace(args)

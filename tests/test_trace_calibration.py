@@ -106,7 +106,7 @@ def test_the_recorded_trace_makes_a_profile_that_runs(tmp_path, capsys):
     assert meta["device"] == "cpu" and meta["settings"] == ["normal"] and meta["server_log_check"]["matched"] > 0
     curves = profile_curves(profile)
     slow = meta["trace"]["slowdown"]  # the log measured the profiler's slowdown: divided out of every curve
-    assert slow["removed"] and 1.5 < slow["host_slowdown"] < 4 and slow["applied_to"].endswith("(CPU engine)")
+    assert slow["removed"] and 1.5 < slow["host_slowdown"] < 4 and "(CPU engine)" in slow["applied_to"]
     f = slow["host_slowdown"]
     read = read_trace(TRACES["normal"])
     for s in read.steps:

@@ -110,8 +110,10 @@ def test_the_recorded_trace_makes_a_profile_that_runs(tmp_path, capsys):
     f = slow["host_slowdown"]
     read = read_trace(TRACES["normal"])
     for s in read.steps:
-        if s.kind == "extend":  # one step per (tokens, prefix 0): the curve passes through it
-            assert curves["forward.extend"](*s.point) == pytest.approx(s.forward_s / f, rel=0.02)
+        if s.kind == "extend":  # one step per (tokens, prefix 0): the curve passes through it, less
+            # the per-forward overhead the log measured (at most divided by the median factor)
+            want = max(s.forward_s - slow["local"]["forward_overhead_s"], s.forward_s / f)
+            assert curves["forward.extend"](*s.point) == pytest.approx(want, rel=0.02)
     dec = [s for s in read.steps if s.kind == "decode"]
     grid_mean = statistics.fmean(curves["forward.decode"](*s.point) for s in dec)
     assert grid_mean == pytest.approx(statistics.fmean(s.forward_s for s in dec) / f, rel=0.05)

@@ -51,6 +51,11 @@ def terms(curve: str, x: float, y: float | None = None) -> tuple[float, ...]:
     return 1.0, x
 
 
+def value(form: dict, curve: str, x: float, y: float | None = None) -> float:
+    """A stored form (:meth:`Fit.as_json`) evaluated at a point, in seconds."""
+    return sum(c * t for c, t in zip(form["coef_s"].values(), terms(curve, x, y)))
+
+
 def nnls(rows: list[tuple[float, ...]], t: list[float]) -> tuple[float, ...]:
     """Non-negative least squares for a handful of terms: the best of the unconstrained solutions
     over every subset of the terms whose coefficients come out >= 0 (exact for <= 4 terms).

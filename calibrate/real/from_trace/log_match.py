@@ -202,9 +202,10 @@ def log_check(reads: list[TraceRead], log_path: Path) -> dict:
     if len(outside) >= 3 and any(matched_steps):
         form = robust_fit(outside)
         out["unprofiled_fit"] = form.as_json()
-        out.update(slowdown(form, matched_steps, host_only=any(r.device != "cpu" for r in reads)))
+        host_only = any(r.device != "cpu" for r in reads)
+        out.update(slowdown(form, matched_steps, host_only=host_only))
         inside = [(b, c, p) for steps in matched_steps for b, c, p, _ in steps]
-        if not any(r.device != "cpu" for r in reads) and len(inside) >= 3:
+        if not host_only and len(inside) >= 3:
             out["local"] = local_slowdown(form, robust_fit(inside), matched_steps)
     return out
 
@@ -238,15 +239,12 @@ def local_slowdown(unprofiled, profiled, matched_steps) -> dict:
 
 def local_factor(local: dict):
     """``f(B, C)``: the slowdown :func:`local_slowdown` measured, from its two stored forms."""
-    from calibrate.real.from_trace.forms import terms
-
-    def value(form: dict, b: float, c: float) -> float:
-        return sum(coef * t for coef, t in zip(form["coef_s"].values(), terms("forward.decode", b, c)))
+    from calibrate.real.from_trace.forms import value
 
     def f(b: float, c: float | None = None) -> float:
         c = local["reference_context"] if c is None else c
-        unprof = value(local["unprofiled_fit"], b, c)
-        return max(1.0, value(local["profiled_fit"], b, c) / unprof) if unprof > 0 else 1.0
+        unprof = value(local["unprofiled_fit"], "forward.decode", b, c)
+        return max(1.0, value(local["profiled_fit"], "forward.decode", b, c) / unprof) if unprof > 0 else 1.0
     return f
 
 

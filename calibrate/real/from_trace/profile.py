@@ -17,9 +17,10 @@ which ``run`` prints under the verdict):
 - Python stacks cost time: ``torch.profiler``'s Python tracer slows every Python call, so host
   phases are longer than without the profiler, and so is the forward on a CPU engine (on a GPU
   the kernels are not slowed). With the server log (``--decode-log-interval 1``, load outside the
-  profiled windows too) :mod:`calibrate.real.from_trace.log_match` measures the slowdown and one factor
-  is divided out of every host phase (and the CPU engine's forward), its spread stated as an
-  uncertainty the verdict's range carries; without the log nothing is removed and the verdict's
+  profiled windows too) :mod:`calibrate.real.from_trace.log_match` measures the slowdown: on a GPU one factor
+  is divided out of every host phase; on the CPU engine the factor at each decode step's shape,
+  and a per-forward overhead off each prefill (:func:`remove_slowdown`); its spread is stated as
+  an uncertainty the verdict's range carries; without the log nothing is removed and the verdict's
   note says so.
 """
 
@@ -194,8 +195,7 @@ def slowdown_record(check: Optional[dict], device: str, fits: Optional[dict] = N
 
         local = dict(check["local"])
         ref = local["reference_context"]
-        fwd = sum(c * t for c, t in zip(fits["forward.decode"]["coef_s"].values(),
-                                        trace_fit.terms("forward.decode", 1.0, ref)))
+        fwd = trace_fit.value(fits["forward.decode"], "forward.decode", 1.0, ref)
         local["forward_overhead_s"] = max(0.0, fwd * (1 - 1 / local_factor(local)(1.0, ref)))
         out["local"] = local
         out["uncertainty_rel"] = check["local"]["uncertainty_rel"]
@@ -303,6 +303,13 @@ def summary_rows(read: TraceRead) -> list[tuple[str, str, int, float, float]]:
 # the command
 
 
+def _check_server_log(path) -> None:
+    """Raises UserInputError (one line naming the file) unless ``path`` is None or a file."""
+    if path is not None and not Path(path).is_file():
+        what = "a folder; expected the server's log file" if Path(path).is_dir() else "no such server log"
+        raise UserInputError(str(path), "", f"{what} (--server-log)")
+
+
 def run_from_trace(args) -> int:
     """``overlap-sim calibrate --from-trace TRACE [TRACE ...] [--server-log LOG] --out PROFILE``:
     read each trace, check them against the log and measure the profiler's slowdown, build,
@@ -318,9 +325,7 @@ def run_from_trace(args) -> int:
     from sim.atomic import check_output_file
 
     check_output_file(args.out, "--out")
-    if args.server_log is not None and not Path(args.server_log).is_file():
-        what = "a folder; expected the server's log file" if Path(args.server_log).is_dir() else "no such server log"
-        raise UserInputError(str(args.server_log), "", f"{what} (--server-log)")
+    _check_server_log(args.server_log)
     for flag in ("trace_context", "trace_prefix"):
         v = getattr(args, flag, None)
         if v is not None and not (math.isfinite(v) and 0 <= v <= 1e7 and (v >= 1 or flag == "trace_prefix")):
@@ -400,8 +405,7 @@ def run_profile_server(args) -> int:
         raise UserInputError("--profile-server", "", "records its own traces: give --from-trace or --profile-server, "
                              "not both")
     check_output_file(args.out, "--out")
-    if args.server_log is not None and not Path(args.server_log).is_file():
-        raise UserInputError(str(args.server_log), "", "no such server log (--server-log)")
+    _check_server_log(args.server_log)  # before the recording, not after it
     num_steps = 40 if args.num_steps is None else args.num_steps
     if not 4 <= num_steps <= 1000:
         raise UserInputError("--num-steps", "", f"forwards per window, an integer from 4 to 1000 (got {num_steps})")

@@ -63,7 +63,8 @@ def measured(path: Path) -> dict:
 def scenario(load: dict, profile: Path, limits: dict, setting: str) -> dict:
     return {"name": load["name"], "seed": 0,
             "workload": {"arrival": "closed_loop", "concurrency": load["concurrency"],
-                         "num_requests": load["requests"], "input_len": load["input_len"],
+                         # the simulator's num_requests counts the warm-ups; the client sent them besides
+                         "num_requests": load["requests"] + load["warmup_requests"], "input_len": load["input_len"],
                          "output_len": load["output_len"], "warmup_requests": load["warmup_requests"],
                          "warmup_before_benchmark": True},
             "server": {"device": "cpu", "settings": [setting], "version": "0.5.23",

@@ -113,7 +113,7 @@ def test_the_recorded_trace_makes_a_profile_that_runs(tmp_path, capsys):
         if s.kind == "extend":  # one step per (tokens, prefix 0): the curve passes through it, less
             # the per-forward overhead the log measured (at most divided by the median factor)
             want = max(s.forward_s - slow["local"]["forward_overhead_s"], s.forward_s / f)
-            assert curves["forward.extend"](*s.point) == pytest.approx(want, rel=0.02)
+            assert curves["forward.extend"](s.num_tokens, s.attended) == pytest.approx(want, rel=0.02)
     dec = [s for s in read.steps if s.kind == "decode"]
     grid_mean = statistics.fmean(curves["forward.decode"](*s.point) for s in dec)
     assert grid_mean == pytest.approx(statistics.fmean(s.forward_s for s in dec) / f, rel=0.05)

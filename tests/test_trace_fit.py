@@ -63,6 +63,59 @@ def test_the_grid_keeps_measured_steps_and_reaches_beyond_the_data():
     assert trace_fit.coverage(("num_reqs", "ctx"), pts) == {"num_reqs": [2, 12], "ctx": [130, 150]}
 
 
+def _prefill_step(reqs: list[tuple[int, int]], forward_s: float) -> TraceStep:
+    """A traced EXTEND step of requests (new tokens, cached prefix), with SGLang 0.5.23's detailed
+    aggregates (``c_sq``, ``c_sk``, ``c_sqsk``: ``step_span_utils._agg``)."""
+    sq = sum(q for q, _ in reqs)
+    sk = sum(q + p for q, p in reqs)
+    sqsk = sum(q * (q + p) for q, p in reqs)
+    name = f"step[EXTEND bs={len(reqs)} toks={sq} c_sq={sq} c_sqsk={sqsk} c_sk={sk}]"
+    return TraceStep(name, "extend", len(reqs), sq, sk, Span(0.0, forward_s * 1e6, name), forward_s, "test",
+                     attn_pairs=sqsk)
+
+
+def test_a_prefill_is_priced_by_the_keys_each_new_token_attends_not_by_the_batch_total():
+    # the form a + b N + c N K, K = sum q (p + q) / N: eight requests of 224 tokens attend 224 keys
+    # per token, one request of 1792 attends 1792; the same N, 8x the attention
+    law = lambda n, k: 5e-3 + 1e-4 * n + 5e-8 * n * k  # noqa: E731
+    shapes = [[(128, 0)], [(128, 0)] * 15, [(983, 0)], [(819, 0)] * 5, [(400, 600), (400, 0)]]
+    steps = [_prefill_step(r, law(sum(q for q, _ in r), sum(q * (q + p) for q, p in r) / sum(q for q, _ in r)))
+             for r in shapes]
+    assert steps[1].attended == 128.0 and steps[4].attended == (400 * 1000 + 400 * 400) / 800
+    f = trace_fit.fit("forward.extend", [(s.num_tokens, s.attended, s.forward_s) for s in steps])
+    assert f.coef == pytest.approx((5e-3, 1e-4, 5e-8), rel=1e-6)
+    one, eight = f(1792, 1792), f(1792, 224)
+    assert one - eight == pytest.approx(5e-8 * 1792 * (1792 - 224))
+    # without c_sqsk the requests are equal shares: K = mean prefix + N / n
+    bare = TraceStep("s", "extend", 4, 800, 800 + 4 * 100, Span(0.0, 1.0), 1.0, "test")
+    assert bare.attended == 100 + 200
+
+
+def test_a_profile_keyed_by_attended_tokens_prices_each_batch_at_its_own():
+    from calibrate.profile import build_profile
+    from sim.model.costs import EXTEND
+    from sim.model.profile_costs import ProfileCostModel
+
+    law = lambda n, k: 5e-3 + 1e-4 * n + 5e-8 * n * k  # noqa: E731
+    samples = [{"curve": "forward.extend", "point": {"num_tokens": n, "prefix": k}, "times_s": [law(n, k)]}
+               for n in (64.0, 4096.0) for k in (32.0, 4096.0)]
+    samples += [{"curve": "forward.decode", "point": {"num_reqs": b, "ctx": c}, "times_s": [1e-3]}
+                for b in (1.0, 8.0) for c in (64.0, 512.0)]
+    samples += [{"curve": c, "point": {a: x * (512 if a == "num_tokens" else 1)}, "times_s": [1e-4]} for c, a in
+                (("recv", "num_reqs"), ("schedule.extend", "num_reqs"), ("schedule.decode", "num_reqs"),
+                 ("launch.extend", "num_tokens"), ("launch.decode", "num_reqs"), ("process.extend", "num_reqs"),
+                 ("process.decode", "num_reqs")) for x in (1.0, 8.0)]
+    meta = {"backend": "sglang", "device": "cpu", "device_name": "t", "host_cpu": "t", "libraries": {},
+            "model": {"name": "t"}, "date": "2026-12-03", "grid": {}, "repeats": 1, "extend_axis": "attended"}
+    model = ProfileCostModel(build_profile(meta, samples))
+    # 8 requests of 224 new tokens, no prefix; one of 1792; 2 of 512 after 1024 cached
+    assert model.forward_s(EXTEND, 8, 1792, 1792, 8 * 224 * 224) == pytest.approx(law(1792, 224))
+    assert model.forward_s(EXTEND, 1, 1792, 1792, 1792 * 1792) == pytest.approx(law(1792, 1792))
+    assert model.forward_s(EXTEND, 2, 1024, 2 * 1536, 2 * 512 * 1536) == pytest.approx(law(1024, 1536))
+    assert model.forward_s(EXTEND, 2, 1024, 2 * 1536) == pytest.approx(law(1024, 1536))  # equal shares
+    assert model.extrapolated_steps == 0
+
+
 def test_nnls_on_an_empty_system_is_an_error():
     with pytest.raises(ValueError):
         trace_fit.nnls([], [])

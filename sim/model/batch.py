@@ -72,6 +72,7 @@ class Batch:
     overshoot: list = field(default_factory=list)
     overshoot_pages: int = 0
     dropped: list = field(default_factory=list)
+    attn_pairs: int = 0  # a prefill's sum over chunks of new x (prefix + new) tokens (attention work)
     after_idle: bool = False
     kv_used_after_alloc: int = 0
     num_running: int = 0  # requests in the running batch when this batch was scheduled

@@ -32,8 +32,10 @@ class CostModel(Protocol):
     gil: object  # sim.model.schema.GilCosts, read by the thread_overlap loop
     extrapolated_steps: int  # steps priced so far outside measured data (counted by forward_s; 0 inline)
 
-    def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
-        """Device time of the forward, sampling and device-to-host copy of the batch."""
+    def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int, attn_pairs: int = 0) -> float:
+        """Device time of the forward, sampling and device-to-host copy of the batch
+        (``attn_pairs``: a prefill's sum over its requests of new x (prefix + new) tokens, 0 when
+        not known; read by profiles priced by attention pairs)."""
 
     def recv_s(self, num_new_reqs: int) -> float:
         """CPU time of ``recv_requests`` + ``process_input_requests`` for that many new requests."""
@@ -79,7 +81,7 @@ class LinearCostModel:
         self.extrapolated_steps = 0
         self._costs = costs
 
-    def forward_s(self, kind, num_reqs, num_tokens, sum_ctx):
+    def forward_s(self, kind, num_reqs, num_tokens, sum_ctx, attn_pairs=0):
         t = self._forward[kind]
         return t[0] + t[1] * num_reqs + t[2] * num_tokens + t[3] * sum_ctx
 

@@ -89,6 +89,12 @@ SGLANG_CURVES = CurveTable("sglang", CURVE_AXES, OPTIONAL_CURVE_AXES, ("forward.
 SGLANG_HOST_CURVES = CurveTable("sglang", {}, {k: v for k, v in CURVE_AXES.items() if not k.startswith("forward")}, ())
 REQUIRED_METADATA = ("backend", "device", "device_name", "host_cpu", "libraries", "model", "date",
                      "grid", "repeats")
+# the second axis of forward.extend (and submit.extend), named "prefix" in the curve
+# (sim.model.profile_costs): "prefix" (the default: cached tokens per request; the curve times
+# one request's extend, each request's cached prefix added to its own share) or "attended" (the
+# KV tokens each new token attends on average, sum_i q_i (p_i + q_i) / sum_i q_i: profiles from a
+# server's trace, calibrate.real.from_trace.forms)
+EXTEND_AXES = ("prefix", "attended")
 # optional metadata times the simulator reads (seconds)
 TIME_METADATA = ("sync_latency_s", "device_gap_s")
 MAX_STEP_S = 3600.0  # no phase or forward of one step takes an hour: a larger time is a corrupt value
@@ -171,6 +177,9 @@ def validate_profile(data, source: str, curves: CurveTable = SGLANG_CURVES) -> N
     for key in TIME_METADATA:
         if key in meta:
             _check_time(meta[key], source, f"metadata.{key}")
+    if meta.get("extend_axis", EXTEND_AXES[0]) not in EXTEND_AXES:
+        raise ProfileError(source, "metadata.extend_axis", f"one of {', '.join(EXTEND_AXES)} "
+                           f"(got {meta['extend_axis']!r})")
     engine = meta.get("engine", "sglang")
     if engine != table.engine:
         raise ProfileError(source, "metadata.engine", f"{table.engine!r}: a profile of {table.engine}'s curves is "

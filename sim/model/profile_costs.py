@@ -10,7 +10,12 @@ Each simulated step is priced by the profile's curves (see :mod:`sim.model.profi
   profile times one request per extend). One request, or no prefix, is ``forward.extend(num_tokens, P)``.
   Measured on SGLang's CPU engine, a prefill of 5 requests of about 40 new tokens each after a
   512-token cached prefix took 175 ms, where one request of all 189 tokens after that prefix
-  would be priced about 60 ms: attention over a prefix is paid per request;
+  would be priced about 60 ms: attention over a prefix is paid per request.
+  A profile with ``metadata.extend_axis: attended`` (built from a server's trace,
+  :mod:`calibrate.real.from_trace.forms`) keys ``forward.extend`` by the KV tokens each new token
+  attends on average instead of the prefix: a batch is priced ``forward.extend(num_tokens,
+  attn_pairs / num_tokens)``, ``attn_pairs`` being the sum over its requests of new x (prefix +
+  new) tokens (SGLang's ``c_sqsk``), and its distance from the data is measured there too;
 - recv: ``recv(new requests)``; schedule / process: ``schedule.<kind>(num_reqs)``,
   ``process.<kind>(num_reqs)``; launch: ``launch.decode(num_reqs)``,
   ``launch.extend(num_tokens)``;
@@ -67,6 +72,7 @@ class ProfileCostModel:
         self.setting = setting
         self.statistic = statistic
         self._forward = (c["forward.extend"], c["forward.decode"])
+        self.extend_attended = profile["metadata"].get("extend_axis") == "attended"
         self._recv = c["recv"]
         self._schedule = (c["schedule.extend"], c["schedule.decode"])
         self._launch = (c["launch.extend"], c["launch.decode"])
@@ -86,18 +92,23 @@ class ProfileCostModel:
         """Load ``path`` (raises :class:`sim.errors.ProfileError` if it is unusable)."""
         return cls(load_profile_read_only(path), source=str(path), **kwargs)
 
-    def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
+    def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int, attn_pairs: int = 0) -> float:
         """The forward's device time; also measures the step's distance from the profile's data
-        (its forward and CPU phases: :attr:`reach`; the loops ask for the forward once per step)."""
+        (its forward and CPU phases: :attr:`reach`; the loops ask for the forward once per step).
+        ``attn_pairs``: a prefill's sum over its requests of new x (prefix + new) tokens (read by a
+        profile keyed by the attended tokens; 0: not known, the requests taken as equal shares)."""
         if kind == DECODE:
             x, launch_x = (num_reqs, sum_ctx / num_reqs), num_reqs
+        elif self.extend_attended:  # the KV tokens a new token attends: given, else equal shares
+            attended = attn_pairs / num_tokens if attn_pairs else sum_ctx / num_reqs
+            x, launch_x = (num_tokens, attended), num_tokens
         else:
             x, launch_x = (num_tokens, (sum_ctx - num_tokens) / num_reqs), num_tokens
         forward = self._forward[kind]
         hf, hl, hs, hp = self._hull[kind]
         self.reach.step(max(distance(hf, *x), distance(hl, launch_x), distance(hs, num_reqs),
                             distance(hp, num_reqs)))
-        if kind == DECODE or num_reqs == 1 or x[1] <= forward.lo[1]:
+        if kind == DECODE or self.extend_attended or num_reqs == 1 or x[1] <= forward.lo[1]:
             return forward(*x) * self.gpu_scale
         p0, share = forward.lo[1], num_tokens / num_reqs
         t = forward(num_tokens, p0) + num_reqs * (forward(share, x[1]) - forward(share, p0))

@@ -290,10 +290,14 @@ def transfer_profile(profile: dict, to: str, *, source: str = "<profile>", from_
 
 def _point_map(table: CurveTable, meta: dict, source: str):
     """``(curve, x, y) -> (shape, a, b, requests)``: what a forward node is moved as (a vLLM node:
-    :func:`vllm_forward_point`; an SGLang one: itself)."""
+    :func:`vllm_forward_point`; an SGLang one: itself; a prefill node of a profile keyed by the
+    keys attended per new token, ``metadata.extend_axis: attended``, at the prefix that gives one
+    request of ``x`` tokens the same attention, ``y - (x + 1) / 2``, which :func:`work` reads)."""
     if table.engine == "vllm":
         decode_max = vllm_decode_max(meta, source)
         return lambda name, x, y: vllm_forward_point(x, y, decode_max)
+    if meta.get("extend_axis") == "attended":
+        return lambda name, x, y: (name, x, y - (x + 1) / 2 if name == "forward.extend" else y, 1.0)
     return lambda name, x, y: (name, x, y, 1.0)
 
 

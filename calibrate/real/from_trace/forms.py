@@ -10,8 +10,16 @@ step costs on any device, each coefficient at least 0:
 
 - ``forward.decode`` at (B requests, C tokens of KV per request): ``a + b B + c B C`` (a launch
   floor, per-request work such as the weights' share and sampling, attention over the KV read);
-- ``forward.extend`` at (N new tokens, P cached tokens per request): ``a + b N + c N P`` (a floor,
-  per-token work, attention of each new token over the prefix);
+- ``forward.extend`` at (N new tokens, K KV tokens each new token attends on average): ``a + b N
+  + c N K`` (a floor, per-token work, attention), where ``N K = sum_i q_i k_i`` over the batch's
+  requests (``q_i`` new tokens attending ``k_i`` = prefix + new tokens) is the trace's ``c_sqsk``
+  (SGLang 0.5.23 ``srt/model_executor/step_span_utils.py``, ``_agg`` and
+  ``build_detailed_annotation_suffix``). A prefill's attention grows with each request's own
+  length squared: eight requests of 224 tokens attend 224 keys per token, one of 1,792 attends
+  1,792. On the recorded CPU-engine traces ``a + b N`` over the mean prefix put a 983-token
+  request 5% under its measured time and a 15 x 128-token batch 29% over; ``a + b N + c N K``
+  +3% and 0%. The profile's ``forward.extend`` is then keyed by (N, K) (``metadata.extend_axis:
+  attended``), which the simulator reads at each batch's own K (:mod:`sim.model.profile_costs`);
 - a host phase at x (requests, new requests, or new tokens for ``launch.extend``): ``a + b x``.
 
 The measured steps are kept where they fall (each moved to its grid node along the form, as
@@ -40,12 +48,13 @@ MAX_BINS = 3  # measured nodes of a curve's second axis (context or prefix)
 
 # curve -> the form's term names (the first is the constant); terms() gives their values
 FORMS = {"forward.decode": ("base", "per_request", "per_kv_token"),
-         "forward.extend": ("base", "per_new_token", "per_new_x_prefix_token")}
+         "forward.extend": ("base", "per_new_token", "per_attention_pair")}
 LINE = ("base", "per_unit")
 
 
 def terms(curve: str, x: float, y: float | None = None) -> tuple[float, ...]:
-    """The form's term values at a point (``y``: the second axis of a forward curve)."""
+    """The form's term values at a point (``y``: the second axis of a forward curve: a decode's KV
+    tokens per request, a prefill's KV tokens attended per new token)."""
     if curve in FORMS:
         return 1.0, x, x * y
     return 1.0, x

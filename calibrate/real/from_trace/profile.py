@@ -11,8 +11,11 @@ which ``run`` prints under the verdict):
   over all their steps and is priced from it up to :data:`calibrate.real.from_trace.forms.REACH` times
   beyond the data (:mod:`calibrate.real.from_trace.forms`); ``metadata.coverage`` is the data's hull,
   from which ``run`` measures how far each step lies (:mod:`sim.model.reach`).
-- Extend steps are keyed by the batch's total new tokens and the mean prefix per request: exact
-  for one request or no prefix, which is how the simulator prices them (``sim.model.profile_costs``).
+- A prefill's forward is keyed by its new tokens N and the KV tokens each new token attends on
+  average, K (the span's ``c_sqsk / c_sq``: each request's new tokens times its prefix + new
+  tokens, over N), not by the mean prefix: ``metadata.extend_axis: attended``, which the simulator
+  reads at each batch's own K (:mod:`sim.model.profile_costs`); without ``c_sqsk`` the requests
+  are taken as equal shares (K = P + N / n).
 - The profile's phases were measured under the trace's loop only and apply to both settings.
 - Python stacks cost time: ``torch.profiler``'s Python tracer slows every Python call, so host
   phases are longer than without the profiler, and so is the forward on a CPU engine (on a GPU
@@ -111,7 +114,7 @@ def profile_samples(read: TraceRead) -> tuple[list[dict], dict, dict]:
             raise UserInputError(src, f"traceEvents: {s.label}", "token counts in the step span (g_sk / c_sk): "
                                  "profile with \"detailed_annotations\": true in the /start_profile request, or "
                                  "state them with --trace-context (decodes) and --trace-prefix (prefills)")
-        fwd[s.kind].append((*s.point, s.forward_s))
+        fwd[s.kind].append((s.num_tokens, s.attended, s.forward_s) if s.kind == "extend" else (*s.point, s.forward_s))
         add(f"schedule.{s.kind}", s.num_reqs, s.schedule_s)
         add(f"process.{s.kind}", s.num_reqs, s.process_s)
         add(f"launch.{s.kind}", s.num_reqs if s.kind == "decode" else s.num_tokens, s.launch_s)
@@ -207,8 +210,8 @@ def coverage_text(cover: dict) -> str:
     """The data's decode batch x context and prefill tokens x prefix ranges, in words."""
     d, e = cover["forward.decode"], cover["forward.extend"]
     return (f"decode batch {d['num_reqs'][0]:g}-{d['num_reqs'][1]:g} x context {d['ctx'][0]:.0f}-{d['ctx'][1]:.0f}, "
-            f"prefill tokens {e['num_tokens'][0]:g}-{e['num_tokens'][1]:g} x prefix {e['prefix'][0]:.0f}-"
-            f"{e['prefix'][1]:.0f}")
+            f"prefill tokens {e['num_tokens'][0]:g}-{e['num_tokens'][1]:g} x keys attended per token "
+            f"{e['prefix'][0]:.0f}-{e['prefix'][1]:.0f}")
 
 
 def build_trace_profile(read: TraceRead, command: str = "", model: str = "", note: str = "",
@@ -225,13 +228,14 @@ def build_trace_profile(read: TraceRead, command: str = "", model: str = "", not
         samples = remove_slowdown(samples, slow, read.device)
     device_name = read.device_name or ("cpu (SGLang CPU engine)" if read.device == "cpu" else "cuda")
     approx = ("curves fitted with a stated form per curve (base + per-request + per-KV-token for a decode; "
-              f"base + per-token + per-token x prefix for a prefill; a line per host phase) and priced from it up to "
+              f"base + per-token + per-attention-pair for a prefill, keyed by the KV tokens attended per new token; "
+              "a line per host phase) and priced from it up to "
               f"x{trace_fit.REACH:g} beyond the traces' data ({coverage_text(cover)}); the phases measured under "
               f"event_loop_{read.loop or 'normal'} price both settings")
     approx += (f"; the profiler's slowdown (x{slow['host_slowdown']:.2f}) divided out of the {slow['applied_to']}, "
                "one factor for every phase" if slow["removed"] else f"; {slow['why']}")
     meta = {
-        "backend": "sglang", "engine": "sglang", "device": read.device,
+        "backend": "sglang", "engine": "sglang", "device": read.device, "extend_axis": "attended",
         "device_name": f"{device_name}, from a torch.profiler trace",
         "host_cpu": f"unknown (trace host {read.host_name})" if read.host_name else "unknown",
         "libraries": {"sglang": "unknown (the trace does not say; read for 0.5.23)"},

@@ -15,8 +15,10 @@ What SGLang 0.5.23 writes (read in its source) and what is read here:
   ``step[EXTEND bs=3 toks=384]``; with ``"detailed_annotations": true`` in the request the name also
   carries the token aggregates (``srt/model_executor/step_span_utils.py``): decode ``g_sk`` = the sum
   of the requests' KV lengths, extend ``c_sq`` = new tokens and ``c_sk`` = the sum of prefix + new
-  tokens. Those give the profile's coordinates: decode (num_reqs, ctx = g_sk / bs); extend
-  (num_tokens = toks, prefix = (c_sk - c_sq) / bs, the mean cached prefix per request).
+  tokens, and ``c_sqsk`` = the sum over requests of new x (prefix + new) tokens, the attention
+  pairs (``_agg``). Those give the profile's coordinates: decode (num_reqs, ctx = g_sk / bs);
+  extend (num_tokens = toks, prefix = (c_sk - c_sq) / bs, the mean cached prefix per request,
+  and its pairs for the prefill's form, :mod:`calibrate.real.from_trace.forms`).
 - **Forward time.** On a GPU trace, the device kernels (``kernel``, ``gpu_memcpy``, ``gpu_memset``
   events) whose launch (the ``cuda_runtime``/``cuda_driver`` event with the same ``correlation``)
   lies inside the step span, or inside the enclosing ``Scheduler.run_batch`` after the span's start
@@ -96,6 +98,7 @@ class TraceStep:
     span: Span  # the CPU span of ModelRunner.forward
     forward_s: float
     forward_source: str
+    attn_pairs: Optional[int] = None  # a prefill's sum over requests of new x KV tokens (c_sqsk), else None
     schedule_s: float = math.nan
     launch_s: float = math.nan
     process_s: float = math.nan
@@ -111,6 +114,17 @@ class TraceStep:
         if self.kind == "decode":
             return float(self.num_reqs), self.sum_ctx / self.num_reqs
         return float(self.num_tokens), (self.sum_ctx - self.num_tokens) / self.num_reqs
+
+    @property
+    def attended(self) -> Optional[float]:
+        """A prefill's KV tokens attended per new token: ``c_sqsk / c_sq`` where the span has
+        them, else the requests taken as equal shares, ``P + N / n``; None without token counts."""
+        point = self.point
+        if point is None:
+            return None
+        if self.attn_pairs is not None and self.num_tokens > 0:
+            return self.attn_pairs / self.num_tokens
+        return point[1] + point[0] / self.num_reqs
 
 
 @dataclass
@@ -201,11 +215,13 @@ def read_trace(path: Path) -> TraceRead:
         stage, bs = m.group("stage"), int(m.group("bs"))
         kv = {k: int(v) for k, v in KEY_VALUE.findall(m.group("rest"))}
         kind = KINDS.get(stage, stage.lower())
+        pairs = None
         if kind == "decode":
             tokens, sum_ctx = kv.get("g_sq", bs), kv.get("g_sk")
         else:
             tokens = int(m.group("toks") or kv.get("c_sq", 0))
             sum_ctx = kv.get("c_sk")
+            pairs = kv.get("c_sqsk")
         rb = _containing(runs, run_starts, span.start_us)
         window = Span(span.start_us, (rb.end_us if rb else span.end_us) - span.start_us)
         if gpu:
@@ -225,7 +241,7 @@ def read_trace(path: Path) -> TraceRead:
             extra = sum(x.dur_us for x in after)
             fwd = (span.dur_us + extra) * 1e-6
             how = "CPU span of ModelRunner.forward" + (" + ModelRunner.sample" if extra else "")
-        step = TraceStep(e["name"], kind, bs, tokens, sum_ctx, span, fwd, how)
+        step = TraceStep(e["name"], kind, bs, tokens, sum_ctx, span, fwd, how, attn_pairs=pairs)
         step.run_start_us = rb.start_us if rb else math.nan
         if rb:
             cpu_fwd = 0.0 if gpu else fwd

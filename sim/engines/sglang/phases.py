@@ -151,7 +151,7 @@ class Phases:
         self._cold = 1.0
         batch.launch_start = at
         batch.launch_end = at + dur
-        forward = c.forward_s(k, n, tok, ctx)
+        forward = c.forward_s(k, n, tok, ctx, batch.attn_pairs)
         if self._gpu_noisy:
             forward *= self.gpu_jitter()
         forward += self.forward_extra_s

@@ -89,7 +89,7 @@ class ForwardThread:
             batch = self._queue.popleft()
             k, n, tok, ctx = batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx
             launch = p.costs.launch_s(k, n, tok, ctx) * p.cpu_jitter()
-            device = p.costs.forward_s(k, n, tok, ctx) * p.gpu_jitter() + p.forward_extra_s
+            device = p.costs.forward_s(k, n, tok, ctx, batch.attn_pairs) * p.gpu_jitter() + p.forward_extra_s
             batch.launch_start = env.now
             for _ in range(self.ops):
                 yield from gil.run(FORWARD, launch / self.ops)  # the op's Python part

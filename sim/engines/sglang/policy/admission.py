@@ -106,7 +106,7 @@ class _Pass:
         self.kv_free, self.reserve, self.budget, self.rem_input = kv_free, reserve, budget, rem_input
         self.per_req = sched.kv.page_size if sched.admission_rules == "v0.5.22" else 0
         self.chunks: list = []
-        self.pages = self.num_tokens = self.sum_ctx = self.warm = 0
+        self.pages = self.num_tokens = self.sum_ctx = self.warm = self.attn_pairs = 0
 
     def add(self, req: Req, take: int) -> None:
         """Admit ``take`` tokens of ``req``'s prompt: a page, and for the chunk that ends the
@@ -125,6 +125,7 @@ class _Pass:
         self.pages += grow
         self.num_tokens += take
         self.sum_ctx += req.prefix_len
+        self.attn_pairs += take * req.prefix_len  # each new token attends the prefix and the chunk
         self.warm += req.warmup
         self.reserve += self.per_req + (min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS) if last else 0)
         if req.retractions:
@@ -145,6 +146,6 @@ class _Pass:
         s = self.s
         s.kv.alloc(self.pages)
         batch = Batch(s._take_seq(), EXTEND, len(self.chunks), self.num_tokens, self.sum_ctx, num_warmup=self.warm,
-                      chunks=self.chunks)
+                      chunks=self.chunks, attn_pairs=self.attn_pairs)
         batch.kv_used_after_alloc = s.kv.used_tokens
         return batch

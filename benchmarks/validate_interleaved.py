@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=None, help="runs kept here (default results/interleaved-<engine>)")
     ap.add_argument("--result", type=Path, default=None,
                     help="default benchmarks/results/validate-<engine>-cpu-interleaved.json")
+    ap.add_argument("--grid", choices=("default", "heldout"), default="default",
+                    help="the validation's loads (calibrate.real.validate.GRIDS): heldout = loads the calibration "
+                         "never ran, closed and open loops, sent by vLLM's own benchmark client (vLLM only)")
     ap.add_argument("--stub-control", action="store_true",
                     help="vLLM: each calibration round also runs the stubbed server on the calibration's own grid "
                          "(forward stubbed, busy-waiting); the validation is scored again with the full forward "
@@ -102,8 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"validate_interleaved.py: --rounds/--repeats: {e}", file=sys.stderr)
         return 2
-    work = args.work or Path("results") / f"interleaved-{args.engine}"
-    result_path = args.result or Path("benchmarks/results") / f"validate-{args.engine}-cpu-interleaved.json"
+    suffix = "" if args.grid == "default" else f"-{args.grid}"
+    work = args.work or Path("results") / f"interleaved-{args.engine}{suffix}"
+    result_path = args.result or Path("benchmarks/results") / f"validate-{args.engine}-cpu-interleaved{suffix}.json"
+    if args.grid != "default" and args.engine != "vllm":
+        print(f"validate_interleaved.py: --grid {args.grid}: vLLM's only", file=sys.stderr)
+        return 2
 
     from calibrate.profile import save_profile
     from calibrate.real.environment import REPO, find_engine, session_order, test_model
@@ -157,15 +164,15 @@ def main(argv: list[str] | None = None) -> int:
             for setting, name in cal_runs[2 * i:2 * i + 2]:
                 calibration_run(setting, name)
         else:
-            run_sessions(engine, model, Plan.for_engine(args.engine, repeats=i + 1), val_dir, report)
+            run_sessions(engine, model, Plan.for_engine(args.engine, args.grid, repeats=i + 1), val_dir, report)
     command = shlex.join(["python", "benchmarks/validate_interleaved.py", *(argv if argv is not None else sys.argv[1:])])
     save_profile(profile_path, build(command))
-    result = validate(engine, model, profile_path, val_dir, Plan.for_engine(args.engine, repeats=args.repeats),
+    result = validate(engine, model, profile_path, val_dir, Plan.for_engine(args.engine, args.grid, repeats=args.repeats),
                       report=report, command=command)
     result["interleaved_order"] = [f"{step}-{i}" for step, i in order]
     if args.stub_control:
         result["stub_control"] = stub_control(engine, model, stub_grid, stub_dir, profile_path, val_dir,
-                                              Plan.for_engine(args.engine, repeats=args.repeats), args.rounds,
+                                              Plan.for_engine(args.engine, args.grid, repeats=args.repeats), args.rounds,
                                               command, report)
     result_path.parent.mkdir(parents=True, exist_ok=True)
     result_path.write_text(json.dumps(result, indent=1) + "\n")

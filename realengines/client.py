@@ -10,7 +10,12 @@ LOAD (JSON)::
      "sampling_seed": int (optional)}]}
 
 ``concurrency`` clients each send their next request when their previous one has finished
-(bench_serving's ``--max-concurrency`` with an infinite request rate behaves the same). The first
+(bench_serving's ``--max-concurrency`` with an infinite request rate behaves the same). An open
+loop instead: when the measured requests carry ``arrival_s`` (seconds after the measured window
+starts, non-decreasing), each is sent at that instant whatever is in flight, as ``vllm bench
+serve --request-rate`` and ``sglang.bench_serving --request-rate`` do (``concurrency`` 0: no cap;
+otherwise at most that many in flight, the others wait for a slot as those clients' semaphore
+makes them). The instant each request was really sent is its record's ``send_s``. The first
 ``warmup_requests`` are sent and awaited before the measured ones, concurrently, as
 bench_serving's warm-up. ``api: sglang`` posts to SGLang's native ``/generate`` with
 ``input_ids`` (what ``bench_serving --backend sglang`` does); ``openai`` posts to
@@ -106,6 +111,36 @@ async def send(session, url: str, api: str, req: dict) -> dict:
     return out
 
 
+async def _closed_loop(session, url: str, api: str, reqs: list[dict], concurrency: int) -> list[dict]:
+    """``concurrency`` clients, each sending its next request when its previous one finished."""
+    queue = list(reversed(reqs))
+    measured: list[dict] = []
+
+    async def client():
+        while queue:
+            measured.append(await send(session, url, api, queue.pop()))
+
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return measured
+
+
+async def _open_loop(session, url: str, api: str, reqs: list[dict], cap: int, start: float) -> list[dict]:
+    """Each request sent at ``start + arrival_s`` (a request without one at ``start``), with at
+    most ``cap`` in flight when ``cap`` > 0."""
+    slots = asyncio.Semaphore(cap) if cap > 0 else None
+
+    async def one(req: dict) -> dict:
+        delay = start + float(req.get("arrival_s", 0.0)) - clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if slots is None:
+            return await send(session, url, api, req)
+        async with slots:
+            return await send(session, url, api, req)
+
+    return list(await asyncio.gather(*(one(r) for r in reqs)))
+
+
 async def run_load(load: dict) -> dict:
     import aiohttp
 
@@ -115,15 +150,11 @@ async def run_load(load: dict) -> dict:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         warm_out = await asyncio.gather(*(send(session, url, api, r) for r in reqs[:warm]))
-        queue = list(reversed(reqs[warm:]))
-        measured: list[dict] = []
-
-        async def client():
-            while queue:
-                measured.append(await send(session, url, api, queue.pop()))
-
         start = clock()
-        await asyncio.gather(*(client() for _ in range(int(load["concurrency"]))))
+        if any("arrival_s" in r for r in reqs[warm:]):
+            measured = await _open_loop(session, url, api, reqs[warm:], int(load.get("concurrency") or 0), start)
+        else:
+            measured = await _closed_loop(session, url, api, reqs[warm:], int(load["concurrency"]))
         end = clock()
     for rec in warm_out:
         rec["warmup"] = True

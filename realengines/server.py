@@ -9,12 +9,17 @@ SESSION (JSON)::
      the server's environment over the engine's own, e.g. the vLLM host calibration's stub),
      "loads": [{"name": str, "concurrency": int, "warmup_requests": int, "requests": [...]}]}
 
+A load with ``"client": "engine"`` is run by the engine's own benchmark client instead
+(``realengines.<engine>.bench``: vLLM's ``vllm bench serve``), its results turned into the same
+records.
+
 ``setting`` is the engine's loop (SGLang: ``overlap`` or ``normal``; vLLM: ``async`` or
 ``sync``); the engine module (:mod:`realengines.sglang.launch`, :mod:`realengines.vllm.launch`)
 turns it into a command line and environment. With ``trace``, the engine's phase tracer writes
 ``OUT_DIR/trace.<pid>.jsonl``. Each load runs through :mod:`realengines.client` in this process,
 one after another, the engine's prefix cache flushed after each; OUT_DIR receives ``<name>.json`` per load (the client's records and its
-window), ``server.log`` and ``session.json`` (versions, command, when the server was ready and
+window, and ``host_use``: each server process's and the session process's share of a core run
+and waited for during the load, :mod:`realengines.procstat`), ``server.log`` and ``session.json`` (versions, command, when the server was ready and
 stopped). The server runs in its own process group and is stopped with SIGTERM, then SIGKILL.
 """
 
@@ -84,6 +89,7 @@ def flush(url: str) -> None:
 
 
 def run_session(session: dict, out_dir: Path) -> dict:
+    from realengines import procstat
     from realengines.client import run_load
 
     engine = importlib.import_module(f"realengines.{session['engine']}.launch")
@@ -102,9 +108,16 @@ def run_session(session: dict, out_dir: Path) -> dict:
         meta["ready_s"] = wait_ready(proc, f"http://127.0.0.1:{port}{engine.READY_PATH}",
                                      float(session.get("ready_timeout_s", 600)), log)
         for load in session["loads"]:
-            spec = {**load, "url": f"http://127.0.0.1:{port}", "api": engine.API}
-            result = asyncio.run(run_load(spec))
+            url = f"http://127.0.0.1:{port}"
+            pids = procstat.process_tree(proc.pid) + [os.getpid()]
+            before, wall0 = procstat.snapshot(pids), time.perf_counter()
+            if load.get("client") == "engine":
+                bench = importlib.import_module(f"realengines.{session['engine']}.bench")
+                result = bench.run(load, url, session["model_dir"], out_dir, getattr(engine, "SERVED_MODEL_NAME", "default"))
+            else:
+                result = asyncio.run(run_load({**load, "url": url, "api": engine.API}))
             result["name"] = load["name"]
+            result["host_use"] = procstat.usage(before, procstat.snapshot(pids), time.perf_counter() - wall0)
             tmp = out_dir / f"{load['name']}.json.tmp"
             tmp.write_text(json.dumps(result))
             tmp.replace(out_dir / f"{load['name']}.json")

@@ -150,16 +150,17 @@ def run_validate(args: argparse.Namespace) -> int:
     """``validate --engine sglang``: the simulator against the real server."""
     from dataclasses import replace
 
-    from calibrate.real.validate import CONFIGS, Plan, noise_floor_line, pooled_line, validate
+    from calibrate.real.validate import Plan, noise_floor_line, pooled_line, validate
 
     if args.profile is None:
         raise CalibrationInputError("--profile", "", "a calibration profile of this engine (calibrate --engine "
                                     f"{args.engine} makes one)")
-    plan = Plan.for_engine(args.engine, repeats=args.repeats)
+    plan = Plan.for_engine(args.engine, grid="heldout" if getattr(args, "grid", None) == "heldout" else "default", repeats=args.repeats)
     if args.only:
-        configs = tuple(c for c in CONFIGS if any(s in c.name for s in args.only))
+        configs = tuple(c for c in plan.configs if any(s in c.name for s in args.only))
         if not configs:
-            raise CalibrationInputError("--only", "", f"a part of a configuration name ({', '.join(c.name for c in CONFIGS)})")
+            raise CalibrationInputError("--only", "", "a part of a configuration name "
+                                        f"({', '.join(c.name for c in plan.configs)})")
         plan = replace(plan, configs=configs)
     engine, model = _engine(args)
     out = args.out or Path("results") / f"validate-{args.engine}"

@@ -61,7 +61,21 @@ class Workload:
     them a warm-up), ``concurrency`` in flight, prompt and output lengths uniform on [lo, hi]
     (tokens), extra launch flags; ``shared_prefix``: tokens every prompt starts with (a system
     prompt: radix-cache hits); ``stop``: requests may also stop at one of ``stop_tokens`` sampled
-    stop tokens (EOS-like, seeded temperature sampling) before ``max_new_tokens``."""
+    stop tokens (EOS-like, seeded temperature sampling) before ``max_new_tokens``.
+
+    ``rate_per_s`` > 0 makes the measured requests an open loop: request i (after the warm-up)
+    carries ``arrival_s``, the seconds after the measured window starts at which the client
+    sends it; the gaps are gamma-distributed with mean ``1 / rate_per_s`` and shape
+    ``burstiness`` (1: Poisson; below 1: burstier), as ``vllm bench serve --request-rate R
+    --burstiness B`` draws them (``vllm/benchmarks/serve.py``, ``get_request``); ``concurrency``
+    then caps the requests in flight (0: no cap).
+
+    ``client``: ``own`` sends this list through :mod:`realengines.client` (token-id prompts);
+    ``engine`` has the engine's own benchmark client draw and send the load
+    (:func:`Workload.engine_load`: vLLM's ``vllm bench serve``, random text prompts): the lengths
+    are then the benchmark's ``--random-input-len`` / ``--random-output-len`` with one
+    ``--random-range-ratio`` for both, so the two ranges must have the same relative half-width;
+    ``shared_prefix`` and ``stop`` are not available to it."""
 
     name: str
     num_requests: int = 40
@@ -74,6 +88,44 @@ class Workload:
     server_args: tuple[str, ...] = ()
     seed: int = 0
     warmup_requests: int = 0
+    rate_per_s: float = 0.0
+    burstiness: float = 1.0
+    client: str = "own"
+
+    def __post_init__(self):
+        if self.client not in ("own", "engine"):
+            raise ValueError(f"client: 'own' or 'engine', not {self.client!r}")
+        if self.client == "engine":
+            if self.shared_prefix or self.stop:
+                raise ValueError(f"{self.name}: the engine's client draws random prompts that finish by length "
+                                 "(no shared_prefix, no stop)")
+            if abs(_ratio(self.input_len) - _ratio(self.output_len)) > 1e-9:
+                raise ValueError(f"{self.name}: the engine's client has one range ratio for input and output "
+                                 f"lengths (input {self.input_len}, output {self.output_len})")
+
+    @property
+    def open_loop(self) -> bool:
+        return self.rate_per_s > 0
+
+    def arrivals_s(self) -> list[float]:
+        """The measured requests' send instants (seconds after the measured window starts), one
+        per request after the warm-up; empty for a closed loop. The first is sent at 0."""
+        if not self.open_loop:
+            return []
+        n = self.num_requests - self.warmup_requests
+        rng = np.random.default_rng([self.seed, 11])
+        gaps = rng.gamma(self.burstiness, 1.0 / (self.rate_per_s * self.burstiness), size=n)
+        gaps[0] = 0.0
+        return np.cumsum(gaps).tolist()
+
+    def engine_load(self) -> dict:
+        """The load for the engine's own client (:mod:`realengines.vllm.bench`): mean lengths,
+        the range ratio, the arrival knobs."""
+        return {"name": self.name, "client": "engine", "num_requests": self.num_requests - self.warmup_requests,
+                "warmup_requests": self.warmup_requests, "concurrency": self.concurrency,
+                "rate_per_s": self.rate_per_s, "burstiness": self.burstiness,
+                "input_len": round(sum(self.input_len) / 2), "output_len": round(sum(self.output_len) / 2),
+                "range_ratio": _ratio(self.input_len), "seed": self.seed}
 
     def requests(self, prefix: str = "q") -> list[dict]:
         """The request list (ids ``<prefix>0``, ``<prefix>1``, ...), the same for a given seed."""
@@ -90,4 +142,12 @@ class Workload:
                 out.append(request(f"{prefix}{i}", ids, n_out, stop_tokens=stops, seed=i))
             else:
                 out.append(request(f"{prefix}{i}", ids, n_out))
+        for req, at in zip(out[self.warmup_requests:], self.arrivals_s()):
+            req["arrival_s"] = at
         return out
+
+
+def _ratio(span: tuple[int, int]) -> float:
+    """The relative half-width of a uniform length range (vLLM's ``--random-range-ratio``)."""
+    lo, hi = span
+    return (hi - lo) / (hi + lo) if hi + lo else 0.0

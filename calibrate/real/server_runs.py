@@ -31,6 +31,11 @@ def read_load(path: Path) -> dict:
         raise CalibrationInputError(str(path), "", f"not a readable load result ({err})") from None
 
 
+def prompt_len(spec: dict) -> int:
+    """A request's prompt length: ``input_len`` (a load the engine's client drew) or its token ids."""
+    return int(spec["input_len"]) if "input_len" in spec else len(spec["input_ids"])
+
+
 def requests_frames(load: dict, specs: dict[str, dict], t0: float) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(requests, itl) tables from the client's records. ``specs``: rid -> the request sent
     (its prompt length and, for the simulator, ``cached_len``); ``t0``: the time origin."""
@@ -41,7 +46,7 @@ def requests_frames(load: dict, specs: dict[str, dict], t0: float) -> tuple[pd.D
         times = rec["token_times_s"]
         if ok and not rec["warmup"]:
             itl.extend(np.diff(times).tolist())
-        rows.append((i, rec["send_s"] - t0, len(spec["input_ids"]), int(spec.get("cached_len", 0)),
+        rows.append((i, rec["send_s"] - t0, prompt_len(spec), int(spec.get("cached_len", 0)),
                      int(spec["max_new_tokens"]), int(rec["output_len"]) if ok else 0,
                      (rec["first_s"] - t0) if ok and rec["first_s"] is not None else math.nan,
                      (rec["end_s"] - t0) if ok else math.nan, "completed" if ok else "failed",

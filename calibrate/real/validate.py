@@ -41,6 +41,30 @@ CONFIGS = (
     Workload("c8-prefix", num_requests=48, warmup_requests=8, concurrency=8, input_len=(16, 64), output_len=(64, 64),
              shared_prefix=512, seed=3),
 )
+# Loads the calibration never ran, sent by the engine's own benchmark client (random text prompts:
+# the API server tokenizes them), closed loops of other shapes and open loops below, near and past
+# the server's saturation, Poisson and bursty: the validation held out from the calibration's
+# designed loads (decode waves of 1-16 requests at fixed contexts, prefill groups). vLLM only (its
+# ``vllm bench serve``); the lengths are uniform with one range ratio for input and output.
+HELDOUT = (
+    Workload("c2-256x64", num_requests=42, warmup_requests=2, concurrency=2, input_len=(256, 256),
+             output_len=(64, 64), client="engine", seed=21),
+    Workload("c12-128x128", num_requests=62, warmup_requests=2, concurrency=12, input_len=(128, 128),
+             output_len=(128, 128), client="engine", seed=22),
+    Workload("c6-512x32", num_requests=50, warmup_requests=2, concurrency=6, input_len=(512, 512),
+             output_len=(32, 32), client="engine", seed=23),
+    Workload("c16-96x160", num_requests=66, warmup_requests=2, concurrency=16, input_len=(72, 120),
+             output_len=(120, 200), client="engine", seed=24),
+    Workload("p8-64x96", num_requests=66, warmup_requests=2, concurrency=0, rate_per_s=8.0, input_len=(64, 64),
+             output_len=(96, 96), client="engine", seed=25),
+    Workload("p20-64x96", num_requests=162, warmup_requests=2, concurrency=0, rate_per_s=20.0, input_len=(64, 64),
+             output_len=(96, 96), client="engine", seed=26),
+    Workload("p40-128x64", num_requests=202, warmup_requests=2, concurrency=0, rate_per_s=40.0,
+             input_len=(128, 128), output_len=(64, 64), client="engine", seed=27),
+    Workload("g12-128x96", num_requests=98, warmup_requests=2, concurrency=0, rate_per_s=12.0, burstiness=0.25,
+             input_len=(128, 128), output_len=(96, 96), client="engine", seed=28),
+)
+GRIDS = {"default": CONFIGS, "heldout": HELDOUT}
 SESSION_TIMEOUT_S = 3600  # one server session: a few minutes here
 PROBE_FILE = "host_speed.json"  # a session's host speed probes (calibrate.hostspeed), before and after it
 METRICS = ("output_throughput", "median_tpot_ms", "median_ttft_ms", "median_itl_ms")
@@ -58,9 +82,20 @@ class Plan:
     engine: str = "sglang"
 
     @classmethod
-    def for_engine(cls, engine: str, **kwargs) -> "Plan":
+    def for_engine(cls, engine: str, grid: str = "default", **kwargs) -> "Plan":
+        """The plan of ``engine`` over the loads of ``grid`` (:data:`GRIDS`).
+
+        Raises:
+            CalibrationInputError: an unknown grid, or one whose client the engine lacks
+                (``heldout`` is vLLM's: SGLang's ``bench_serving`` is not wired in yet).
+        """
+        if grid not in GRIDS:
+            raise CalibrationInputError("--grid", "", f"one of {', '.join(GRIDS)} (got {grid!r})")
+        if engine != "vllm" and any(c.client == "engine" for c in GRIDS[grid]):
+            raise CalibrationInputError("--grid", "", f"{grid!r} sends vLLM's own benchmark client; for {engine} "
+                                        "use the default grid")
         settings, args = ENGINE_PLANS[engine]
-        return cls(settings=settings, server_args=args, engine=engine, **kwargs)
+        return cls(configs=GRIDS[grid], settings=settings, server_args=args, engine=engine, **kwargs)
 
     def order(self) -> list[tuple[int, str]]:
         """(repeat, setting) sessions in run order: settings alternate, swapped every repeat."""
@@ -72,7 +107,8 @@ class Plan:
 
 
 def session_spec(engine: Engine, model_dir: Path, plan: Plan, setting: str) -> dict:
-    loads = [{"name": c.name, "concurrency": c.concurrency, "warmup_requests": c.warmup_requests,
+    loads = [c.engine_load() if c.client == "engine" else
+             {"name": c.name, "concurrency": c.concurrency, "warmup_requests": c.warmup_requests,
               "requests": c.requests(prefix=f"{c.name}-")} for c in plan.configs]
     return {"engine": engine.name, "model_dir": str(model_dir), "setting": setting, "port": plan.port,
             "server_args": list(plan.server_args), "trace": True, "loads": loads}
@@ -137,7 +173,11 @@ def measured_run(folder: Path, config: Workload, engine: str = "sglang") -> tupl
     from sim.trace.metrics import hidden_cpu_share, measured_window, summarize
 
     load = server_runs.read_load(folder / f"{config.name}.json")
-    specs = {r["rid"]: r for r in config.requests(prefix=f"{config.name}-")}
+    if config.client == "engine":  # the benchmark drew the prompts: lengths from its records
+        specs = {r["rid"]: {"rid": r["rid"], "input_len": int(r["input_len"]), "max_new_tokens": int(r["output_len"]),
+                            "ignore_eos": True} for r in load["requests"]}
+    else:
+        specs = {r["rid"]: r for r in config.requests(prefix=f"{config.name}-")}
     warm = {r["rid"] for r in load["requests"] if r["warmup"]}
     t0 = min(r["send_s"] for r in load["requests"] if not r["warmup"])
     if engine == "vllm":
@@ -153,19 +193,35 @@ def measured_run(folder: Path, config: Workload, engine: str = "sglang") -> tupl
                                     "(recorded before the client sent request ids?): delete the session and rerun")
     for rid, spec in specs.items():
         spec["cached_len"] = prefix.get(rid, 0)
+    if engine == "vllm" and config.client == "engine":  # the server's own token count of each text prompt
+        from calibrate.real.vllm_trace import client_rid
+
+        for rec in _session_adds(folder):
+            if (c := client_rid(rec["rid"])) in specs:
+                specs[c]["input_len"] = int(rec["prompt"])
     requests, itl = server_runs.requests_frames(load, specs, t0)
     index = {rid: i for i, rid in enumerate(specs)}
     if engine == "vllm":
         steps = server_runs.vllm_steps_frame(vsteps, t0, load["end_s"], index, warm)
     else:
         steps = server_runs.sglang_steps_frame(records, t0, load["end_s"], index, warm)
-    rows = [{"input_len": len(specs[r["rid"]]["input_ids"]), "cached_len": specs[r["rid"]]["cached_len"],
+    rows = [{"input_len": server_runs.prompt_len(specs[r["rid"]]), "cached_len": specs[r["rid"]]["cached_len"],
              "output_len": max(int(r["output_len"]), 1), "max_new_tokens": specs[r["rid"]]["max_new_tokens"],
-             "ignore_eos": bool(specs[r["rid"]].get("ignore_eos", True))}
-            for r in load["requests"]]
+             "ignore_eos": bool(specs[r["rid"]].get("ignore_eos", True)),
+             "arrival_s": max(r["send_s"] - t0, 0.0) if config.open_loop else 0.0}
+            for r in load["requests"] if not (config.open_loop and r["warmup"])]
     summary = summarize(steps, requests, itl)
     summary["hidden_cpu_share"] = hidden_cpu_share(steps, *measured_window(requests))
     return summary, rows
+
+
+def _session_adds(folder: Path) -> list[dict]:
+    """The engine core's ``add`` records of a vLLM session (every process file read)."""
+    out = []
+    for path in sorted(folder.glob("trace.*.jsonl")):
+        with open(path) as f:
+            out += [rec for line in f if '"add"' in line and (rec := json.loads(line))["ph"] == "add"]
+    return out
 
 
 def _first_prefixes(records: list[dict]) -> dict[str, int]:
@@ -180,12 +236,20 @@ def _first_prefixes(records: list[dict]) -> dict[str, int]:
 
 def scenario(config: Workload, rows: list[dict], profile: Path, settings: tuple[str, ...], folder: Path,
              limits: dict, engine: str = "sglang") -> dict:
-    """The simulator's scenario of one configuration: its requests replayed closed-loop."""
+    """The simulator's scenario of one configuration: its requests replayed as the client sent
+    them. A closed loop replays the lengths at the same concurrency, the warm-up first (the own
+    client's; the engine's client keeps no record of its warm-up, which leaves the server only its
+    first prompt cached: that request's hit is read from the trace). An open loop replays the
+    measured requests at the instants the client really sent them (``arrival_s`` from the first
+    measured send; a client that fell behind its schedule is replayed as it sent), without the
+    warm-up, which ended before the first of them."""
     trace = folder / f"{config.name}.requests.jsonl"
-    trace.write_text("".join(json.dumps({"arrival_s": 0.0, **r}) + "\n" for r in rows))
-    workload = {"arrival": "closed_loop", "trace": str(trace.resolve()), "concurrency": config.concurrency,
-                "num_requests": len(rows), "warmup_requests": config.warmup_requests,
-                "warmup_before_benchmark": True, "prefix_sharing": "shared" if config.shared_prefix else "private"}
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    warmup = 0 if config.client == "engine" or config.open_loop else config.warmup_requests
+    workload = {"arrival": "trace" if config.open_loop else "closed_loop", "trace": str(trace.resolve()),
+                "concurrency": config.concurrency or 1, "num_requests": len(rows), "warmup_requests": warmup,
+                "warmup_before_benchmark": bool(warmup),
+                "prefix_sharing": "shared" if config.shared_prefix else "private"}
     if engine == "vllm":
         args = dict(zip(VLLM_SERVER_ARGS[::2], VLLM_SERVER_ARGS[1::2]))
         server = {"engine": "vllm", "device": "cpu", "settings": list(settings), "version": "0.32.0",

@@ -176,13 +176,17 @@ def main(argv: list[str] | None = None) -> int:
                                               command, report)
     result_path.parent.mkdir(parents=True, exist_ok=True)
     result_path.write_text(json.dumps(result, indent=1) + "\n")
+    if pooled := result.get("speedup_pooled"):  # the headline: what a user acts on
+        print(pooled_line(pooled, result.get("speedup_signs")))
+    inside = [c["speedup"]["inside_ci"] for c in result["cases"] if "speedup" in c]
+    print(f"speedup inside the measured 95% interval: {sum(map(bool, inside))} of {len(inside)}")
+    for c in result["cases"]:
+        if sp := c.get("speedup"):
+            print(f"  {c['name']:14s} measured {sp['measured_mean']:.3f} [{sp['ci95'][0]:.3f}, {sp['ci95'][1]:.3f}]"
+                  f" predicted {sp['predicted']:.3f} ({sp['error_pp']:+.1f} pp)")
     errs = result["median_abs_error"]
     print("median |error|: " + ", ".join(f"{k} {v * 100:.1f}%" for k, v in errs.items())
           + f"; speedup max |error| {result['speedup_max_abs_error_pp']:.1f} pp")
-    inside = [c["speedup"]["inside_ci"] for c in result["cases"] if "speedup" in c]
-    print(f"speedup inside the measured 95% interval: {sum(map(bool, inside))} of {len(inside)}")
-    if pooled := result.get("speedup_pooled"):
-        print(pooled_line(pooled))
     if floors := result.get("noise_floor"):
         print(noise_floor_line(floors))
     if fixed := result.get("drift_corrected"):

@@ -184,10 +184,10 @@ def run_validate(args: argparse.Namespace) -> int:
             s = case["speedup"]
             print(f"{case['name']:10s} speedup {s['of']}: measured {s['measured_mean']:.3f} "
                   f"[{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}], predicted {s['predicted']:.3f}")
+    if pooled := result.get("speedup_pooled"):  # the headline: what a user acts on
+        print(pooled_line(pooled, result.get("speedup_signs")))
     errs = result["median_abs_error"]
     print("median |error|: " + ", ".join(f"{k} {v * 100:.1f}%" for k, v in errs.items()))
-    if pooled := result.get("speedup_pooled"):
-        print(pooled_line(pooled))
     if floors := result.get("noise_floor"):
         print(noise_floor_line(floors))
     if fixed := result.get("drift_corrected"):

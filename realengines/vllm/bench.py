@@ -17,7 +17,9 @@ that many times, awaited before the benchmark), ``--request-id-prefix <name>-`` 
 trace names the benchmark's requests as ``<name>-<i>`` (the header ``x-request-id``), and
 ``--save-detailed``: per request its send instant (``start_times``, ``time.perf_counter``, the
 tracers' clock), ``ttfts``, ``itls`` (one per streamed chunk after the first), ``latencies`` and
-``output_lens``. A record's token times are the chunks' arrivals (one token per chunk; a chunk
+``output_lens``, and ``queue_times`` (kept as ``send_lag_s``: how long after its drawn arrival
+the benchmark really sent the request: behind a ``--max-concurrency`` slot, or a client that fell
+behind its own schedule). A record's token times are the chunks' arrivals (one token per chunk; a chunk
 short of the request's count puts the rest at its last chunk). The warm-ups leave no record (the
 benchmark keeps none); the session notes their number.
 """
@@ -62,7 +64,8 @@ def records(result: dict, name: str) -> dict:
         error = result["errors"][i] or ""
         n = int(result["output_lens"][i] or 0)
         rec = {"rid": f"{name}-{i}", "warmup": False, "send_s": float(send), "first_s": None, "end_s": None,
-               "output_len": n, "token_times_s": [], "error": error, "input_len": int(result["input_lens"][i])}
+               "output_len": n, "token_times_s": [], "error": error, "input_len": int(result["input_lens"][i]),
+               "send_lag_s": float((result.get("queue_times") or [0.0] * len(result["start_times"]))[i])}
         if not error and n > 0:
             chunks = [float(send) + float(result["ttfts"][i])]
             for gap in result["itls"][i]:

@@ -1,0 +1,314 @@
+"""Open-loop loads for the real engines and vLLM's own benchmark client: the send instants a
+workload draws, the client's open loop, the benchmark's records, the held-out grid, the host-use
+snapshot. Closed forms first, then invariants (hypothesis), then the client against a local
+stand-in server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from calibrate.errors import CalibrationInputError
+from calibrate.real.jobs import Workload
+from calibrate.real.validate import GRIDS, HELDOUT, Plan, scenario
+from realengines import procstat
+from realengines.vllm import bench
+
+
+def test_a_closed_loop_has_no_send_instants_and_its_requests_none():
+    w = Workload("c", num_requests=5, warmup_requests=1, concurrency=2)
+    assert w.arrivals_s() == [] and all("arrival_s" not in r for r in w.requests())
+
+
+def test_an_open_loop_sends_its_first_measured_request_at_zero_and_the_warm_up_without_an_instant():
+    w = Workload("p", num_requests=6, warmup_requests=2, concurrency=0, rate_per_s=10.0)
+    reqs = w.requests()
+    assert all("arrival_s" not in r for r in reqs[:2])
+    assert reqs[2]["arrival_s"] == 0.0 and [r["arrival_s"] for r in reqs[2:]] == w.arrivals_s()
+
+
+def test_the_send_instants_leave_the_lengths_as_the_closed_loop_draws_them():
+    closed = Workload("x", num_requests=12, input_len=(10, 90), output_len=(5, 50), seed=4)
+    opened = Workload("x", num_requests=12, input_len=(10, 90), output_len=(5, 50), seed=4, rate_per_s=3.0)
+    strip = [{k: v for k, v in r.items() if k != "arrival_s"} for r in opened.requests()]
+    assert strip == closed.requests()
+
+
+@pytest.mark.parametrize("burstiness", [1.0, 0.25, 4.0])
+def test_poisson_and_gamma_gaps_have_the_rate_and_the_shape_asked_for(burstiness):
+    # gamma(shape k, scale 1/(rate k)): mean 1/rate, squared coefficient of variation 1/k
+    w = Workload("g", num_requests=40_001, warmup_requests=1, rate_per_s=20.0, burstiness=burstiness)
+    gaps = np.diff(w.arrivals_s())
+    assert gaps.mean() == pytest.approx(1 / 20.0, rel=0.03)
+    assert gaps.var() / gaps.mean() ** 2 == pytest.approx(1 / burstiness, rel=0.08)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rate=st.floats(1e-3, 1e4), burst=st.floats(0.05, 20.0), n=st.integers(2, 200), seed=st.integers(0, 2**31))
+def test_send_instants_start_at_zero_never_decrease_and_stay_finite(rate, burst, n, seed):
+    times = Workload("h", num_requests=n, rate_per_s=rate, burstiness=burst, seed=seed).arrivals_s()
+    assert len(times) == n and times[0] == 0.0
+    assert all(math.isfinite(t) for t in times) and all(b >= a for a, b in zip(times, times[1:]))
+
+
+def test_the_engine_client_takes_the_benchmarks_lengths_and_refuses_what_it_cannot_send():
+    w = Workload("e", num_requests=10, warmup_requests=2, concurrency=4, input_len=(72, 120),
+                 output_len=(120, 200), client="engine", rate_per_s=5.0, burstiness=0.5, seed=9)
+    assert w.engine_load() == {"name": "e", "client": "engine", "num_requests": 8, "warmup_requests": 2,
+                               "concurrency": 4, "rate_per_s": 5.0, "burstiness": 0.5, "input_len": 96,
+                               "output_len": 160, "range_ratio": 0.25, "seed": 9}
+    with pytest.raises(ValueError, match="one range ratio"):
+        Workload("e", input_len=(64, 64), output_len=(16, 96), client="engine")
+    with pytest.raises(ValueError, match="no shared_prefix"):
+        Workload("e", input_len=(64, 64), output_len=(64, 64), shared_prefix=128, client="engine")
+    with pytest.raises(ValueError, match="client"):
+        Workload("e", client="locust")
+
+
+def test_the_held_out_grid_has_open_loops_and_is_vllms():
+    assert len(HELDOUT) >= 8 and sum(w.open_loop for w in HELDOUT) >= 2
+    assert any(w.burstiness != 1.0 for w in HELDOUT if w.open_loop)
+    assert {w.name for w in HELDOUT}.isdisjoint(w.name for w in GRIDS["default"])
+    assert Plan.for_engine("vllm", "heldout").configs == HELDOUT
+    with pytest.raises(CalibrationInputError, match="--grid"):
+        Plan.for_engine("sglang", "heldout")
+    with pytest.raises(CalibrationInputError, match="--grid"):
+        Plan.for_engine("vllm", "huge")
+
+
+def test_the_benchmark_command_names_rate_and_cap_only_when_set(tmp_path):
+    base = {"name": "b", "num_requests": 8, "warmup_requests": 2, "input_len": 64, "output_len": 32}
+    closed = bench.command({**base, "concurrency": 4}, "http://h:1", "/m", tmp_path / "b.bench.json", "default")
+    assert "--request-rate" not in closed and closed[closed.index("--max-concurrency") + 1] == "4"
+    assert closed[closed.index("--num-prompts") + 1] == "8" and closed[closed.index("--num-warmups") + 1] == "2"
+    assert closed[closed.index("--request-id-prefix") + 1] == "b-" and "--ignore-eos" in closed
+    opened = bench.command({**base, "concurrency": 0, "rate_per_s": 2.5, "burstiness": 0.5}, "http://h:1", "/m",
+                           tmp_path / "b.bench.json", "default")
+    assert opened[opened.index("--request-rate") + 1] == "2.5" and opened[opened.index("--burstiness") + 1] == "0.5"
+    assert "--max-concurrency" not in opened
+
+
+def test_the_benchmarks_detailed_result_becomes_the_clients_records():
+    result = {"start_times": [10.0, 10.5, 11.0], "ttfts": [0.02, 0.03, 0.0], "itls": [[0.01, 0.01], [0.02], []],
+              "latencies": [0.04, 0.05, 0.0], "output_lens": [3, 3, 0], "input_lens": [64, 65, 64],
+              "errors": ["", "", "HTTP 500"]}
+    out = bench.records(result, "p")
+    a, b, c = out["requests"]
+    assert a["rid"] == "p-0" and a["first_s"] == pytest.approx(10.02) and a["end_s"] == pytest.approx(10.04)
+    assert a["token_times_s"] == pytest.approx([10.02, 10.03, 10.04])
+    # a chunk holding two tokens: the rest of the count at the last chunk
+    assert b["token_times_s"] == pytest.approx([10.53, 10.55, 10.55]) and b["input_len"] == 65
+    assert c["error"] == "HTTP 500" and c["end_s"] is None
+    assert out["start_s"] == 10.0 and out["end_s"] == pytest.approx(10.55)
+    assert not any(r["warmup"] for r in out["requests"])
+
+
+def _rows(n: int, open_loop: bool) -> list[dict]:
+    return [{"input_len": 64, "cached_len": 0, "output_len": 8, "max_new_tokens": 8, "ignore_eos": True,
+             "arrival_s": 0.05 * i if open_loop else 0.0} for i in range(n)]
+
+
+def test_an_open_loop_is_replayed_at_the_instants_the_client_sent_without_its_warm_up(tmp_path):
+    config = Workload("p", num_requests=6, warmup_requests=2, concurrency=0, rate_per_s=20.0, input_len=(64, 64),
+                      output_len=(8, 8), client="engine")
+    sc = scenario(config, _rows(4, True), tmp_path / "p.json", ("async", "sync"), tmp_path, {}, "vllm")
+    w = sc["workload"]
+    assert w["arrival"] == "trace" and w["warmup_requests"] == 0 and w["num_requests"] == 4
+    sent = [json.loads(line)["arrival_s"] for line in open(w["trace"])]
+    assert sent == pytest.approx([0.0, 0.05, 0.10, 0.15])
+
+
+def test_a_closed_loop_of_the_engines_client_is_replayed_without_a_warm_up_its_own_with_it(tmp_path):
+    engine = Workload("c", num_requests=6, warmup_requests=2, concurrency=2, input_len=(64, 64), output_len=(8, 8),
+                      client="engine")
+    own = Workload("c", num_requests=6, warmup_requests=2, concurrency=2, input_len=(64, 64), output_len=(8, 8))
+    w = scenario(engine, _rows(4, False), tmp_path / "p.json", ("async", "sync"), tmp_path, {}, "vllm")["workload"]
+    assert w["arrival"] == "closed_loop" and w["warmup_requests"] == 0 and not w["warmup_before_benchmark"]
+    w = scenario(own, _rows(6, False), tmp_path / "p.json", ("async", "sync"), tmp_path, {}, "vllm")["workload"]
+    assert w["warmup_requests"] == 2 and w["warmup_before_benchmark"]
+
+
+def test_an_open_loop_scenario_runs_in_the_simulator(tmp_path):
+    import sim
+
+    config = Workload("p", num_requests=12, warmup_requests=2, concurrency=0, rate_per_s=20.0,
+                      input_len=(64, 64), output_len=(8, 8), client="engine")
+    sc = scenario(config, _rows(10, True), tmp_path / "unused.json", ("async", "sync"), tmp_path, {}, "vllm")
+    sc["costs"] = {}  # the inline cost terms: enough to run the replay
+    res = sim.simulate(sc, "sync").summary()
+    assert res["completed"] == 10 and res["total_output_tokens"] == 80
+
+
+# --- the client's open loop, against a stand-in server on the loopback --------------------------
+
+async def _stand_in_server(delay_s: float):
+    """An OpenAI-style streaming endpoint on 127.0.0.1 that answers every request with two
+    tokens, ``delay_s`` apart; returns (server, url)."""
+    from aiohttp import web
+
+    async def completions(request):
+        body = await request.json()
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        for _ in range(int(body["max_tokens"])):
+            await asyncio.sleep(delay_s)
+            await resp.write(b'data: {"choices": [{"text": "x"}]}\n\n')
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+def test_the_client_sends_an_open_loop_at_its_instants_whatever_is_in_flight():
+    pytest.importorskip("aiohttp")
+    from realengines.client import run_load
+
+    async def go():
+        runner, url = await _stand_in_server(0.15)
+        reqs = [{"rid": f"r{i}", "input_ids": [5, 6], "max_new_tokens": 2, "arrival_s": 0.05 * i} for i in range(4)]
+        try:
+            return await run_load({"url": url, "api": "openai", "concurrency": 0, "warmup_requests": 0,
+                                   "requests": reqs})
+        finally:
+            await runner.cleanup()
+
+    out = asyncio.run(go())
+    sends = [r["send_s"] - out["start_s"] for r in out["requests"]]
+    # each request takes 0.3 s, so a closed loop of one client would send them 0.3 s apart
+    assert sends == pytest.approx([0.0, 0.05, 0.10, 0.15], abs=0.04)
+    assert all(r["output_len"] == 2 and not r["error"] for r in out["requests"])
+
+
+def test_an_open_loop_with_a_cap_holds_the_rest_until_a_slot_frees():
+    pytest.importorskip("aiohttp")
+    from realengines.client import run_load
+
+    async def go():
+        runner, url = await _stand_in_server(0.1)
+        reqs = [{"rid": f"r{i}", "input_ids": [5], "max_new_tokens": 2, "arrival_s": 0.0} for i in range(3)]
+        try:
+            return await run_load({"url": url, "api": "openai", "concurrency": 1, "warmup_requests": 0,
+                                   "requests": reqs})
+        finally:
+            await runner.cleanup()
+
+    out = asyncio.run(go())
+    sends = sorted(r["send_s"] - out["start_s"] for r in out["requests"])
+    assert sends[0] == pytest.approx(0.0, abs=0.04)
+    assert sends[1] >= 0.19 and sends[2] >= sends[1] + 0.19  # one at a time, 0.2 s each
+
+
+# --- host use ------------------------------------------------------------------------------------
+
+def test_host_use_is_the_difference_of_two_snapshots_over_the_wall_time():
+    before = {"7": {"name": "api", "cpu_s": 1.0, "wait_s": 0.5}, "8": {"name": "gone", "cpu_s": 0.0, "wait_s": 0.0}}
+    after = {"7": {"name": "api", "cpu_s": 1.5, "wait_s": 0.75}, "9": {"name": "new", "cpu_s": 3.0, "wait_s": 0.0}}
+    assert procstat.usage(before, after, 2.0) == [{"pid": 7, "name": "api", "cpu_cores": 0.25, "wait_cores": 0.125}]
+    assert procstat.usage(before, after, 0.0) == []
+
+
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task"), reason="no /proc (not Linux)")
+def test_a_snapshot_of_this_process_counts_its_own_cpu_time():
+    first = procstat.snapshot([os.getpid()])
+    statistics.fmean(float(i) ** 0.5 for i in range(200_000))  # burn a little CPU
+    second = procstat.snapshot([os.getpid(), 2**22 + 1])  # a pid that does not exist is skipped
+    assert list(second) == [str(os.getpid())]
+    assert second[str(os.getpid())]["cpu_s"] > first[str(os.getpid())]["cpu_s"]
+    assert os.getpid() in procstat.process_tree(os.getpid())
+
+
+# --- a recorded session of the real vLLM server with vLLM's own client ---------------------------
+# tests/data/vllm/heldout/: one session per setting, both loads below, recorded by record_fixture.
+
+FIXTURE = Path(__file__).parent / "data" / "vllm" / "heldout"
+FIXTURE_LOADS = (
+    Workload("fx-p20", num_requests=9, warmup_requests=1, concurrency=0, rate_per_s=20.0, input_len=(64, 64),
+             output_len=(16, 16), client="engine", seed=31),
+    Workload("fx-c2", num_requests=7, warmup_requests=1, concurrency=2, input_len=(96, 96), output_len=(12, 12),
+             client="engine", seed=32),
+)
+
+
+def _fixture_plan():
+    from dataclasses import replace
+
+    return replace(Plan.for_engine("vllm", "heldout", repeats=1), configs=FIXTURE_LOADS)
+
+
+@pytest.mark.parametrize("setting", ["sync", "async"])
+def test_a_recorded_open_loop_of_vllms_own_client_reads_through_the_simulators_metrics(setting):
+    from calibrate.real.validate import measured_run
+
+    folder = FIXTURE / "sessions" / f"{setting}-0"
+    summary, rows = measured_run(folder, FIXTURE_LOADS[0], "vllm")
+    assert summary["completed"] == 8 and summary["failed"] == 0 and summary["total_output_tokens"] == 8 * 16
+    sent = [r["arrival_s"] for r in rows]
+    assert len(rows) == 8 and sent[0] == 0.0 and sent == sorted(sent)
+    assert all(r["input_len"] > 0 and r["output_len"] == 16 for r in rows)  # the server's own token counts
+    load = json.loads((folder / "fx-p20.json").read_text())
+    assert load["client"] == "vllm bench serve" and all(r["send_lag_s"] >= 0 for r in load["requests"])
+    assert {row["name"] for row in load["host_use"]} >= {"VLLM::EngineCor", "VLLM::Worker"}
+
+
+def test_a_recorded_held_out_validation_scores_with_the_speedup_first(tmp_path):
+    import shutil
+
+    from calibrate.real.validate import compare
+
+    shutil.copytree(FIXTURE, tmp_path / "v")
+    profile = Path(__file__).parents[1] / "scenarios" / "profiles" / "cpu-vllm-tiny.json"
+    result = compare(tmp_path / "v", _fixture_plan(), profile)
+    assert [c["name"] for c in result["cases"]] == ["fx-p20", "fx-c2"]
+    assert result["plan"]["client_nice"] == -10 and len(result["plan"]["loads"]) == 2
+    for case in result["cases"]:
+        for setting in ("async", "sync"):
+            v = case["settings"][setting]
+            assert v["predicted"]["output_throughput"] > 0 and v["measured"]["output_throughput"] > 0
+        assert case["speedup"]["predicted"] > 0
+    signs = result["speedup_signs"]
+    assert 0 <= signs["right"] <= signs["decided"] <= 2
+
+
+def record_fixture() -> None:  # pragma: no cover - run by hand: python -m tests.test_open_loop_loads
+    """Record tests/data/vllm/heldout/ with the vLLM environment (about 2 minutes)."""
+    import shutil
+    import tempfile
+
+    from calibrate.real.environment import REPO, find_engine, test_model
+    from calibrate.real.validate import run_sessions
+
+    engine = find_engine("vllm")
+    model = test_model(engine, REPO / ".venvs" / "models" / "tiny-llama")
+    with tempfile.TemporaryDirectory() as tmp:
+        run_sessions(engine, model, _fixture_plan(), Path(tmp), print)
+        if FIXTURE.exists():
+            shutil.rmtree(FIXTURE)
+        for setting in ("sync", "async"):
+            src, dst = Path(tmp) / "sessions" / f"{setting}-0", FIXTURE / "sessions" / f"{setting}-0"
+            dst.mkdir(parents=True)
+            for f in src.iterdir():
+                if f.suffix in (".json", ".jsonl") and not f.name.startswith("host_speed"):
+                    shutil.copy(f, dst / f.name)
+            # the server log: only the lines the validation reads (the KV cache size)
+            lines = [ln for ln in (src / "server.log").read_text().splitlines() if "KV cache size" in ln]
+            (dst / "server.log").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    record_fixture()

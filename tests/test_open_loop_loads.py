@@ -180,8 +180,8 @@ def test_the_client_sends_an_open_loop_at_its_instants_whatever_is_in_flight():
     from realengines.client import run_load
 
     async def go():
-        runner, url = await _stand_in_server(0.15)
-        reqs = [{"rid": f"r{i}", "input_ids": [5, 6], "max_new_tokens": 2, "arrival_s": 0.05 * i} for i in range(4)]
+        runner, url = await _stand_in_server(0.75)
+        reqs = [{"rid": f"r{i}", "input_ids": [5, 6], "max_new_tokens": 2, "arrival_s": 0.1 * i} for i in range(4)]
         try:
             return await run_load({"url": url, "api": "openai", "concurrency": 0, "warmup_requests": 0,
                                    "requests": reqs})
@@ -190,8 +190,11 @@ def test_the_client_sends_an_open_loop_at_its_instants_whatever_is_in_flight():
 
     out = asyncio.run(go())
     sends = [r["send_s"] - out["start_s"] for r in out["requests"]]
-    # each request takes 0.3 s, so a closed loop of one client would send them 0.3 s apart
-    assert sends == pytest.approx([0.0, 0.05, 0.10, 0.15], abs=0.04)
+    first_done = min(r["end_s"] for r in out["requests"]) - out["start_s"]
+    # each request takes 1.5 s: a closed loop of one client would send them 1.5 s apart; the open
+    # loop sends each at its instant (never before it; late only by what a busy machine adds)
+    assert all(s >= 0.1 * i - 1e-3 for i, s in enumerate(sends)) and sends == sorted(sends)
+    assert max(sends) < first_done
     assert all(r["output_len"] == 2 and not r["error"] for r in out["requests"])
 
 
@@ -210,8 +213,7 @@ def test_an_open_loop_with_a_cap_holds_the_rest_until_a_slot_frees():
 
     out = asyncio.run(go())
     sends = sorted(r["send_s"] - out["start_s"] for r in out["requests"])
-    assert sends[0] == pytest.approx(0.0, abs=0.04)
-    assert sends[1] >= 0.19 and sends[2] >= sends[1] + 0.19  # one at a time, 0.2 s each
+    assert sends[1] >= sends[0] + 0.19 and sends[2] >= sends[1] + 0.19  # one at a time, 0.2 s each
 
 
 # --- host use ------------------------------------------------------------------------------------

@@ -175,20 +175,26 @@ async def _stand_in_server(delay_s: float):
     return runner, f"http://127.0.0.1:{port}"
 
 
-def test_the_client_sends_an_open_loop_at_its_instants_whatever_is_in_flight():
-    pytest.importorskip("aiohttp")
+def _load_against_stand_in(delay_s: float, reqs: list[dict], cap: int) -> dict:
+    """realengines.client's run of ``reqs`` (open loop, at most ``cap`` in flight; 0: no cap)
+    against :func:`_stand_in_server`."""
     from realengines.client import run_load
 
     async def go():
-        runner, url = await _stand_in_server(0.75)
-        reqs = [{"rid": f"r{i}", "input_ids": [5, 6], "max_new_tokens": 2, "arrival_s": 0.1 * i} for i in range(4)]
+        runner, url = await _stand_in_server(delay_s)
         try:
-            return await run_load({"url": url, "api": "openai", "concurrency": 0, "warmup_requests": 0,
+            return await run_load({"url": url, "api": "openai", "concurrency": cap, "warmup_requests": 0,
                                    "requests": reqs})
         finally:
             await runner.cleanup()
 
-    out = asyncio.run(go())
+    return asyncio.run(go())
+
+
+def test_the_client_sends_an_open_loop_at_its_instants_whatever_is_in_flight():
+    pytest.importorskip("aiohttp")
+    reqs = [{"rid": f"r{i}", "input_ids": [5, 6], "max_new_tokens": 2, "arrival_s": 0.1 * i} for i in range(4)]
+    out = _load_against_stand_in(0.75, reqs, cap=0)
     sends = [r["send_s"] - out["start_s"] for r in out["requests"]]
     first_done = min(r["end_s"] for r in out["requests"]) - out["start_s"]
     # each request takes 1.5 s: a closed loop of one client would send them 1.5 s apart; the open
@@ -200,18 +206,8 @@ def test_the_client_sends_an_open_loop_at_its_instants_whatever_is_in_flight():
 
 def test_an_open_loop_with_a_cap_holds_the_rest_until_a_slot_frees():
     pytest.importorskip("aiohttp")
-    from realengines.client import run_load
-
-    async def go():
-        runner, url = await _stand_in_server(0.1)
-        reqs = [{"rid": f"r{i}", "input_ids": [5], "max_new_tokens": 2, "arrival_s": 0.0} for i in range(3)]
-        try:
-            return await run_load({"url": url, "api": "openai", "concurrency": 1, "warmup_requests": 0,
-                                   "requests": reqs})
-        finally:
-            await runner.cleanup()
-
-    out = asyncio.run(go())
+    reqs = [{"rid": f"r{i}", "input_ids": [5], "max_new_tokens": 2, "arrival_s": 0.0} for i in range(3)]
+    out = _load_against_stand_in(0.1, reqs, cap=1)
     sends = sorted(r["send_s"] - out["start_s"] for r in out["requests"])
     assert sends[1] >= sends[0] + 0.19 and sends[2] >= sends[1] + 0.19  # one at a time, 0.2 s each
 

@@ -18,6 +18,9 @@ record ``ph``      wrapped function (file in ``vllm/``)                process
 ``sample``         ``GPUModelRunner.sample_tokens`` (same file)         worker
 ``output``         ``OutputProcessor.process_outputs``                  API server (detokenize, stream)
                    (v1/engine/output_processor.py)
+``api_add``        ``OutputProcessor.add_request`` (same file): the     API server
+                   request rendered and about to be sent to the
+                   engine core (``AsyncLLM.add_request``)
 =================  ==================================================  ================================
 
 A record is ``{"ph", "t0", "dur", "cpu", ...}``: ``t0`` from ``time.perf_counter`` (the
@@ -27,7 +30,10 @@ calling thread's CPU seconds (``time.thread_time``). ``schedule`` records carry 
 per request), ``done`` (tokens already computed per request, before this step), ``new`` (how
 many of ``reqs`` are new), ``resumed`` (ids resumed after preemption), ``preempted`` (ids
 preempted by this call), ``running``/``waiting`` (queue lengths after it) and ``free_blocks``
-(the KV block pool's free blocks). ``update`` records carry ``n`` (requests in the output) and
+(the KV block pool's free blocks). ``add`` and ``api_add`` records carry the request's ``rid``
+(and ``add`` its ``prompt`` length): a request's way from the client's send to the engine core
+splits at ``api_add`` into the API server's part and the trip to the engine core's input queue.
+``update`` records carry ``n`` (requests in the output) and
 ``finished`` (ids finished). ``execute``/``sample``/``forward`` carry ``n_tok`` where known.
 
 Records go to ``PREFIX.<pid>.jsonl`` (``OVERLAP_SIM_TRACE=PREFIX``, see shims/sitecustomize.py),
@@ -133,6 +139,11 @@ def _forward_info(rec, self, args, kwargs, out):
         rec["n_tok"] = int(ids.shape[0])  # padded to the compiled size, if any
 
 
+def _api_add_info(rec, self, args, kwargs, out):
+    req = args[0] if args else kwargs.get("request")
+    rec["rid"] = getattr(req, "request_id", None)
+
+
 def _output_info(rec, self, args, kwargs, out):
     outputs = args[0] if args else kwargs.get("engine_core_outputs")
     rec["n"] = len(outputs)
@@ -157,6 +168,7 @@ def patch_model_runner(module, sink) -> None:
 
 def patch_output_processor(module, sink) -> None:
     wrap(module.OutputProcessor, "process_outputs", "output", sink, _output_info)
+    wrap(module.OutputProcessor, "add_request", "api_add", sink, _api_add_info)
 
 
 PATCHES = {

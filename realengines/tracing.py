@@ -44,6 +44,29 @@ def wrap(cls, name: str, ph: str, sink, info=None) -> None:
     setattr(cls, name, traced)
 
 
+def stamp_entry(cls, name: str, ph: str, sink, info=None) -> None:
+    """Replace the coroutine method ``cls.name`` by one that adds a record of when it was entered
+    (``dur`` and ``cpu`` 0; ``info(rec, self, args, kwargs, None)`` adds fields) before awaiting
+    the original (once; a missing method is left alone)."""
+    original = getattr(cls, name, None)
+    if original is None or getattr(original, "_overlap_sim_traced", False):
+        return
+
+    @functools.wraps(original)
+    async def stamped(self, *args, **kwargs):
+        rec = {"ph": ph, "t0": clock(), "dur": 0.0, "cpu": 0.0}
+        if info is not None:
+            try:
+                info(rec, self, args, kwargs, None)
+            except Exception as err:  # a field the engine renamed: keep the stamp
+                rec["info_error"] = repr(err)
+        sink.add(rec)
+        return await original(self, *args, **kwargs)
+
+    stamped._overlap_sim_traced = True
+    setattr(cls, name, stamped)
+
+
 class _PatchOnImport(importlib.abc.MetaPathFinder):
     """Runs ``patches[name](module)`` right after module ``name`` executes (its first import)."""
 

@@ -212,6 +212,31 @@ def test_an_open_loop_with_a_cap_holds_the_rest_until_a_slot_frees():
     assert sends[1] >= sends[0] + 0.19 and sends[2] >= sends[1] + 0.19  # one at a time, 0.2 s each
 
 
+# --- where a request waits on its way in: the API server's entry stamp -----------------------------
+
+def test_an_entry_stamp_records_when_a_handler_was_entered_and_keeps_its_result():
+    from types import SimpleNamespace
+
+    from realengines.tracing import stamp_entry
+    from realengines.vllm.tracer import _api_in_info
+
+    class Handler:
+        async def create_completion(self, request, raw_request):
+            await asyncio.sleep(0.01)
+            return "streamed"
+
+    class Sink(list):
+        add = list.append
+
+    sink = Sink()
+    stamp_entry(Handler, "create_completion", "api_in", sink, _api_in_info)
+    stamp_entry(Handler, "create_completion", "api_in", sink, _api_in_info)  # once only
+    raw = SimpleNamespace(headers={"x-request-id": "p20-3"})
+    assert asyncio.run(Handler().create_completion(SimpleNamespace(request_id=None), raw)) == "streamed"
+    assert asyncio.run(Handler().create_completion(SimpleNamespace(request_id="own-1"), None)) == "streamed"
+    assert [(r["ph"], r["rid"], r["dur"]) for r in sink] == [("api_in", "p20-3", 0.0), ("api_in", "own-1", 0.0)]
+
+
 # --- host use ------------------------------------------------------------------------------------
 
 def test_host_use_is_the_difference_of_two_snapshots_over_the_wall_time():

@@ -18,6 +18,9 @@ record ``ph``      wrapped function (file in ``vllm/``)                process
 ``sample``         ``GPUModelRunner.sample_tokens`` (same file)         worker
 ``output``         ``OutputProcessor.process_outputs``                  API server (detokenize, stream)
                    (v1/engine/output_processor.py)
+``api_in``         ``OpenAIServingCompletion.create_completion``        API server (entry stamp only:
+                   (entrypoints/openai/completion/serving.py): the     ``dur`` 0)
+                   HTTP handler entered
 ``api_add``        ``OutputProcessor.add_request`` (same file): the     API server
                    request rendered and about to be sent to the
                    engine core (``AsyncLLM.add_request``)
@@ -32,7 +35,9 @@ many of ``reqs`` are new), ``resumed`` (ids resumed after preemption), ``preempt
 preempted by this call), ``running``/``waiting`` (queue lengths after it) and ``free_blocks``
 (the KV block pool's free blocks). ``add`` and ``api_add`` records carry the request's ``rid``
 (and ``add`` its ``prompt`` length): a request's way from the client's send to the engine core
-splits at ``api_add`` into the API server's part and the trip to the engine core's input queue.
+splits at ``api_in`` (the handler entered: ``rid`` from the ``x-request-id`` header, or the body's
+``request_id``) and ``api_add`` into the HTTP trip, the API server's rendering and input
+processing, and the trip to the engine core's input queue.
 ``update`` records carry ``n`` (requests in the output) and
 ``finished`` (ids finished). ``execute``/``sample``/``forward`` carry ``n_tok`` where known.
 
@@ -50,7 +55,7 @@ import os
 import threading
 import time
 
-from realengines.tracing import install_on_import, wrap
+from realengines.tracing import install_on_import, stamp_entry, wrap
 
 __all__ = ["FileSink", "PATCHES", "install_on_import", "tracing_patches"]
 
@@ -144,6 +149,13 @@ def _api_add_info(rec, self, args, kwargs, out):
     rec["rid"] = getattr(req, "request_id", None)
 
 
+def _api_in_info(rec, self, args, kwargs, out):
+    request = args[0] if args else kwargs.get("request")
+    raw = args[1] if len(args) > 1 else kwargs.get("raw_request")
+    header = raw.headers.get("x-request-id") if raw is not None else None
+    rec["rid"] = header or getattr(request, "request_id", None)
+
+
 def _output_info(rec, self, args, kwargs, out):
     outputs = args[0] if args else kwargs.get("engine_core_outputs")
     rec["n"] = len(outputs)
@@ -171,7 +183,12 @@ def patch_output_processor(module, sink) -> None:
     wrap(module.OutputProcessor, "add_request", "api_add", sink, _api_add_info)
 
 
+def patch_completion_serving(module, sink) -> None:
+    stamp_entry(module.OpenAIServingCompletion, "create_completion", "api_in", sink, _api_in_info)
+
+
 PATCHES = {
+    "vllm.entrypoints.openai.completion.serving": patch_completion_serving,
     "vllm.v1.core.sched.scheduler": patch_scheduler,
     "vllm.v1.engine.core": patch_engine_core,
     "vllm.v1.worker.gpu_model_runner": patch_model_runner,

@@ -11,7 +11,6 @@ generator; the run-queue wait says who was kept from a core, and for how long. L
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 PROC = Path("/proc")
@@ -63,7 +62,3 @@ def usage(before: dict[str, dict], after: dict[str, dict], wall_s: float) -> lis
         rows.append({"pid": int(pid), "name": b["name"], "cpu_cores": (b["cpu_s"] - a["cpu_s"]) / wall_s,
                      "wait_cores": (b["wait_s"] - a["wait_s"]) / wall_s})
     return rows
-
-
-def self_pid() -> int:
-    return os.getpid()

@@ -121,8 +121,8 @@ def run_session(session: dict, out_dir: Path) -> dict:
     try:
         meta["ready_s"] = wait_ready(proc, f"http://127.0.0.1:{port}{engine.READY_PATH}",
                                      float(session.get("ready_timeout_s", 600)), log)
+        url = f"http://127.0.0.1:{port}"
         for load in session["loads"]:
-            url = f"http://127.0.0.1:{port}"
             pids = procstat.process_tree(proc.pid) + [os.getpid()]
             before, wall0 = procstat.snapshot(pids), time.perf_counter()
             if load.get("client") == "engine":
@@ -137,7 +137,7 @@ def run_session(session: dict, out_dir: Path) -> dict:
             tmp.replace(out_dir / f"{load['name']}.json")
             meta["loads"].append({"name": load["name"], "start_s": result["start_s"], "end_s": result["end_s"]})
             time.sleep(float(session.get("pause_between_loads_s", 2.0)))  # idle: the tracer flushes
-            flush(f"http://127.0.0.1:{port}{engine.FLUSH_PATH}")  # the next load starts with an empty prefix cache
+            flush(url + engine.FLUSH_PATH)  # the next load starts with an empty prefix cache
     finally:
         stop(proc)
     meta["exit_status"] = proc.returncode

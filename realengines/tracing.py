@@ -23,8 +23,8 @@ cpu_clock = time.thread_time
 def wrap(cls, name: str, ph: str, sink, info=None) -> None:
     """Replace ``cls.name`` by a timed call that adds one record to ``sink`` (once; a missing
     method is left alone)."""
-    original = getattr(cls, name, None)
-    if original is None or getattr(original, "_overlap_sim_traced", False):
+    original = _untraced(cls, name)
+    if original is None:
         return
 
     @functools.wraps(original)
@@ -32,39 +32,47 @@ def wrap(cls, name: str, ph: str, sink, info=None) -> None:
         t0, c0 = clock(), cpu_clock()
         out = original(self, *args, **kwargs)
         rec = {"ph": ph, "t0": t0, "dur": clock() - t0, "cpu": cpu_clock() - c0}
-        if info is not None:
-            try:
-                info(rec, self, args, kwargs, out)
-            except Exception as err:  # a field the engine renamed: keep the timing
-                rec["info_error"] = repr(err)
-        sink.add(rec)
+        sink.add(_with_info(rec, info, self, args, kwargs, out))
         return out
 
-    traced._overlap_sim_traced = True
-    setattr(cls, name, traced)
+    _install(cls, name, traced)
 
 
 def stamp_entry(cls, name: str, ph: str, sink, info=None) -> None:
     """Replace the coroutine method ``cls.name`` by one that adds a record of when it was entered
     (``dur`` and ``cpu`` 0; ``info(rec, self, args, kwargs, None)`` adds fields) before awaiting
     the original (once; a missing method is left alone)."""
-    original = getattr(cls, name, None)
-    if original is None or getattr(original, "_overlap_sim_traced", False):
+    original = _untraced(cls, name)
+    if original is None:
         return
 
     @functools.wraps(original)
     async def stamped(self, *args, **kwargs):
-        rec = {"ph": ph, "t0": clock(), "dur": 0.0, "cpu": 0.0}
-        if info is not None:
-            try:
-                info(rec, self, args, kwargs, None)
-            except Exception as err:  # a field the engine renamed: keep the stamp
-                rec["info_error"] = repr(err)
-        sink.add(rec)
+        sink.add(_with_info({"ph": ph, "t0": clock(), "dur": 0.0, "cpu": 0.0}, info, self, args, kwargs, None))
         return await original(self, *args, **kwargs)
 
-    stamped._overlap_sim_traced = True
-    setattr(cls, name, stamped)
+    _install(cls, name, stamped)
+
+
+def _untraced(cls, name: str):
+    """``cls.name`` when it exists and is not wrapped yet, else None."""
+    original = getattr(cls, name, None)
+    return None if original is None or getattr(original, "_overlap_sim_traced", False) else original
+
+
+def _install(cls, name: str, replacement) -> None:
+    replacement._overlap_sim_traced = True
+    setattr(cls, name, replacement)
+
+
+def _with_info(rec: dict, info, self, args, kwargs, out) -> dict:
+    """``rec`` with ``info``'s fields (a failure there is kept as ``info_error``, the timing too)."""
+    if info is not None:
+        try:
+            info(rec, self, args, kwargs, out)
+        except Exception as err:  # a field the engine renamed: keep the timing
+            rec["info_error"] = repr(err)
+    return rec
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):

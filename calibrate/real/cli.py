@@ -155,7 +155,8 @@ def run_validate(args: argparse.Namespace) -> int:
     if args.profile is None:
         raise CalibrationInputError("--profile", "", "a calibration profile of this engine (calibrate --engine "
                                     f"{args.engine} makes one)")
-    plan = Plan.for_engine(args.engine, grid="heldout" if getattr(args, "grid", None) == "heldout" else "default", repeats=args.repeats)
+    grid = "heldout" if args.grid == "heldout" else "default"  # the harness's grid names mean the default here
+    plan = Plan.for_engine(args.engine, grid=grid, repeats=args.repeats)
     if args.only:
         configs = tuple(c for c in plan.configs if any(s in c.name for s in args.only))
         if not configs:

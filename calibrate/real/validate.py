@@ -14,7 +14,6 @@ profile.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -24,6 +23,8 @@ from calibrate.errors import CalibrationInputError
 from calibrate.real import server_runs, sglang_trace
 from calibrate.real.environment import Engine, mean_probe, run_module, run_probed
 from calibrate.real.jobs import Workload
+from calibrate.real import scoring
+from calibrate.real.scoring import METRICS, noise_floor, noise_floor_line, pooled_line, pooled_speedup  # noqa: F401 (re-exported)
 
 SERVER_ARGS = ("--context-length", "2048", "--max-running-requests", "16", "--mem-fraction-static", "0.05")
 VLLM_SERVER_ARGS = ("--max-model-len", "1024", "--max-num-seqs", "16")
@@ -74,7 +75,6 @@ GRIDS = {"default": CONFIGS, "heldout": HELDOUT}
 CLIENT_NICE = {"default": 0, "heldout": -10}
 SESSION_TIMEOUT_S = 3600  # one server session: a few minutes here
 PROBE_FILE = "host_speed.json"  # a session's host speed probes (calibrate.hostspeed), before and after it
-METRICS = ("output_throughput", "median_tpot_ms", "median_ttft_ms", "median_itl_ms")
 
 
 @dataclass(frozen=True)
@@ -192,7 +192,8 @@ def measured_run(folder: Path, config: Workload, engine: str = "sglang") -> tupl
     if engine == "vllm":
         from calibrate.real import vllm_trace
 
-        vsteps = vllm_trace.steps_of_session(folder)
+        engine_records, worker_records = vllm_trace.read_files(sorted(folder.glob("trace.*.jsonl")))
+        vsteps = vllm_trace.steps(engine_records, worker_records)
         prefix = _vllm_prefixes(vsteps)
     else:
         records = _trace_records(folder)
@@ -203,10 +204,8 @@ def measured_run(folder: Path, config: Workload, engine: str = "sglang") -> tupl
     for rid, spec in specs.items():
         spec["cached_len"] = prefix.get(rid, 0)
     if engine == "vllm" and config.client == "engine":  # the server's own token count of each text prompt
-        from calibrate.real.vllm_trace import client_rid
-
-        for rec in _session_adds(folder):
-            if (c := client_rid(rec["rid"])) in specs:
+        for rec in engine_records:
+            if rec["ph"] == "add" and (c := vllm_trace.client_rid(rec["rid"])) in specs:
                 specs[c]["input_len"] = int(rec["prompt"])
     requests, itl = server_runs.requests_frames(load, specs, t0)
     index = {rid: i for i, rid in enumerate(specs)}
@@ -222,15 +221,6 @@ def measured_run(folder: Path, config: Workload, engine: str = "sglang") -> tupl
     summary = summarize(steps, requests, itl)
     summary["hidden_cpu_share"] = hidden_cpu_share(steps, *measured_window(requests))
     return summary, rows
-
-
-def _session_adds(folder: Path) -> list[dict]:
-    """The engine core's ``add`` records of a vLLM session (every process file read)."""
-    out = []
-    for path in sorted(folder.glob("trace.*.jsonl")):
-        with open(path) as f:
-            out += [rec for line in f if '"add"' in line and (rec := json.loads(line))["ph"] == "add"]
-    return out
 
 
 def _first_prefixes(records: list[dict]) -> dict[str, int]:
@@ -275,122 +265,6 @@ def scenario(config: Workload, rows: list[dict], profile: Path, settings: tuple[
                        "chunked_prefill_size": int(limits.get("chunked_prefill_size") or 4096),
                        "kv_pool_tokens": int(limits.get("max_total_num_tokens") or 400_000)},
             "costs": {"profile": str(Path(profile).resolve()), "profile_statistic": "mean"}}
-
-
-def _ci95(values: list[float]) -> tuple[float, float, float]:
-    """(mean, low, high) of a t-interval at 95% (NaN bounds with fewer than 2 values)."""
-    from scipy import stats
-
-    m = statistics.fmean(values)
-    if len(values) < 2:
-        return m, math.nan, math.nan
-    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-    return m, m - half, m + half
-
-
-def _speedup(a_runs: list[float], b_runs: list[float], predicted: float, of: str) -> dict:
-    """The measured a/b throughput ratio (paired by repeat) with its 95% interval, against ``predicted``."""
-    mean, lo, hi = _ci95([x / y for x, y in zip(a_runs, b_runs)])
-    decided = lo == lo and (lo > 1.0 or hi < 1.0)  # the interval excludes 1: the measured sign is known
-    return {"of": of, "measured_mean": mean, "ci95": [lo, hi], "predicted": predicted,
-            "inside_ci": bool(lo <= predicted <= hi) if lo == lo else None, "error_pp": (predicted - mean) * 100,
-            "sign_right": bool((predicted > 1.0) == (lo > 1.0)) if decided else None}
-
-
-def pooled_speedup(cases: list[dict], settings: tuple[str, ...]) -> dict | None:
-    """The speedup's error over every configuration and repeat together: per pair (configuration
-    c, repeat r) the predicted a/b ratio of c minus the measured a_r / b_r, in points; their mean
-    with its 95% t-interval (``error_pp``, ``ci95_pp``), the mean measured ratio and the mean
-    prediction. Each configuration's own interval is as wide as the host's run-to-run spread
-    makes it (0.14 to 0.59 on this project's VM); pooled, a systematic error of the model shows
-    through that spread. None without two settings or with fewer than two pairs."""
-    if len(settings) != 2:
-        return None
-    a, b = settings
-    errors, ratios, predicted = [], [], []
-    for c in cases:
-        if "speedup" not in c or not all("runs" in c["settings"][s] for s in settings):
-            continue  # (the drift-corrected cases keep no runs of their own)
-        pred = c["speedup"]["predicted"]
-        predicted.append(pred)
-        for x, y in zip(c["settings"][a]["runs"], c["settings"][b]["runs"]):
-            ratio = x["output_throughput"] / y["output_throughput"]
-            ratios.append(ratio)
-            errors.append((pred - ratio) * 100)
-    if len(errors) < 2:
-        return None
-    mean, lo, hi = _ci95(errors)
-    return {"of": f"{a}/{b}", "pairs": len(errors), "measured_mean": statistics.fmean(ratios),
-            "predicted_mean": statistics.fmean(predicted), "error_pp": mean, "ci95_pp": [lo, hi]}
-
-
-def pooled_line(pooled: dict, signs: dict | None = None) -> str:
-    """One line for a :func:`pooled_speedup` result (and, given ``signs``, how many loads whose
-    measured interval excludes 1 the prediction puts on the same side)."""
-    lo, hi = pooled["ci95_pp"]
-    line = (f"speedup over all {pooled['pairs']} pairs: measured {pooled['measured_mean']:.3f}, predicted "
-            f"{pooled['predicted_mean']:.3f}; error {pooled['error_pp']:+.1f} pp [{lo:+.1f}, {hi:+.1f}]")
-    if signs is not None:
-        line += (f"; sign right in {signs['right']} of the {signs['decided']} loads whose measured interval "
-                 "excludes 1")
-    return line
-
-
-NOISE_FLOOR_DRAWS = 20_000  # Monte Carlo draws of :func:`noise_floor` (fixed seed: the same result every time)
-
-
-def noise_floor(cases: list[dict], settings: tuple[str, ...], metric: str, bar: float = 0.05) -> dict | None:
-    """How large the median |error| over configurations and settings would be for a model that
-    knew every configuration's true value, given only how the measured repeats spread.
-
-    Each (configuration, setting) is measured as the median of its n repeats; its relative
-    standard error is taken as ``sqrt(pi / 2) * stdev / (sqrt(n) * median)`` (the large-sample
-    standard error of a median of normal values). A perfect model's error there is drawn as
-    normal with that standard error, and the median of the absolute errors over all K pairs is
-    taken as :func:`_summary` takes it; over :data:`NOISE_FLOOR_DRAWS` draws (numpy, seed 0)
-    that gives ``expected`` (the median), ``p90`` and ``p_within`` (the share of draws at most
-    ``bar``). A lower bound: the calibration's own noise, which moves every prediction, is not
-    counted. Returns ``{"metric", "pairs", "se_median", "expected", "p90", "bar", "p_within"}``
-    (``se_median``: the median of the K relative standard errors), or None when a pair has fewer
-    than two repeats."""
-    import numpy as np
-
-    ses = []
-    for c in cases:
-        for s in settings:
-            values = [run[metric] for run in c["settings"][s].get("runs", [])]
-            if len(values) < 2:
-                return None
-            ses.append(math.sqrt(math.pi / 2) * statistics.stdev(values)
-                       / (math.sqrt(len(values)) * abs(statistics.median(values))))
-    draws = np.random.default_rng(0).normal(0.0, ses, (NOISE_FLOOR_DRAWS, len(ses)))
-    medians = np.median(np.abs(draws), axis=1)
-    return {"metric": metric, "pairs": len(ses), "se_median": statistics.median(ses),
-            "expected": float(np.median(medians)), "p90": float(np.quantile(medians, 0.9)), "bar": bar,
-            "p_within": float(np.mean(medians <= bar))}
-
-
-def noise_floor_line(floors: dict) -> str:
-    """One line for the :func:`noise_floor` results of several metrics (``{metric: result}``)."""
-    cells = ", ".join(f"{m} {f['expected'] * 100:.1f}% (90%: {f['p90'] * 100:.1f}%; "
-                      f"<= {f['bar'] * 100:g}% in {f['p_within']:.0%} of draws)" for m, f in floors.items())
-    return ("noise floor, median |error| of a model that knew the true values (the repeats' spread only; "
-            f"the calibration's noise not counted): {cells}")
-
-
-def _summary(cases: list[dict], settings: tuple[str, ...]) -> dict:
-    out = {"median_abs_error": {m: statistics.median(abs(c["settings"][s]["error"][m]) for c in cases
-                                                      for s in settings) for m in METRICS},
-           "speedup_max_abs_error_pp": max((abs(c["speedup"]["error_pp"]) for c in cases if "speedup" in c),
-                                           default=math.nan)}
-    if pooled := pooled_speedup(cases, settings):
-        out["speedup_pooled"] = pooled
-    signs = [c["speedup"].get("sign_right") for c in cases if "speedup" in c]
-    out["speedup_signs"] = {"decided": sum(x is not None for x in signs), "right": sum(x is True for x in signs)}
-    floors = {m: noise_floor(cases, settings, m) for m in ("output_throughput", "median_tpot_ms")}
-    if all(floors.values()):
-        out["noise_floor"] = floors
-    return out
 
 
 def session_drift(out: Path, plan: Plan, profile: dict) -> dict[tuple[int, str], dict] | None:
@@ -468,18 +342,18 @@ def compare(out: Path, plan: Plan, profile: Path) -> dict:
             a, b = plan.settings
             thr = {s: [x["output_throughput"] for x in runs[s]] for s in plan.settings}
             pa, pb = (case["settings"][s]["predicted"]["output_throughput"] for s in (a, b))
-            case["speedup"] = _speedup(thr[a], thr[b], pa / pb, f"{a}/{b}")
+            case["speedup"] = scoring.speedup(thr[a], thr[b], pa / pb, f"{a}/{b}")
             if drifts:
                 ratio = statistics.fmean(x["output_throughput"] / y["output_throughput"]
                                          for x, y in zip(preds[a], preds[b]))
-                fixed["speedup"] = _speedup(thr[a], thr[b], ratio, f"{a}/{b}")
+                fixed["speedup"] = scoring.speedup(thr[a], thr[b], ratio, f"{a}/{b}")
         cases.append(case)
         corrected.append(fixed)
-    result = {"cases": cases, **_summary(cases, plan.settings),
+    result = {"cases": cases, **scoring.summary(cases, plan.settings),
               "plan": {"settings": list(plan.settings), "repeats": plan.repeats, "server_args": list(plan.server_args),
                        "client_nice": plan.client_nice, "loads": [asdict(c) for c in plan.configs]}}
     if drifts:
-        result["drift_corrected"] = {"cases": corrected, **_summary(corrected, plan.settings)}
+        result["drift_corrected"] = {"cases": corrected, **scoring.summary(corrected, plan.settings)}
     return result
 
 

@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="default benchmarks/results/validate-<engine>-cpu-interleaved.json")
     ap.add_argument("--grid", choices=("default", "heldout"), default="default",
                     help="the validation's loads (calibrate.real.validate.GRIDS): heldout = loads the calibration "
-                         "never ran, closed and open loops, sent by vLLM's own benchmark client (vLLM only)")
+                         "never ran, closed and open loops, sent by the engine's own benchmark client (SGLang: its "
+                         "gamma load by the own client)")
     ap.add_argument("--stub-control", action="store_true",
                     help="vLLM: each calibration round also runs the stubbed server on the calibration's own grid "
                          "(forward stubbed, busy-waiting); the validation is scored again with the full forward "
@@ -108,9 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     suffix = "" if args.grid == "default" else f"-{args.grid}"
     work = args.work or Path("results") / f"interleaved-{args.engine}{suffix}"
     result_path = args.result or Path("benchmarks/results") / f"validate-{args.engine}-cpu-interleaved{suffix}.json"
-    if args.grid != "default" and args.engine != "vllm":
-        print(f"validate_interleaved.py: --grid {args.grid}: vLLM's only", file=sys.stderr)
-        return 2
 
     from calibrate.profile import save_profile
     from calibrate.real.environment import REPO, find_engine, session_order, test_model

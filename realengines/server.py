@@ -10,8 +10,8 @@ SESSION (JSON)::
      "loads": [{"name": str, "concurrency": int, "warmup_requests": int, "requests": [...]}]}
 
 A load with ``"client": "engine"`` is run by the engine's own benchmark client instead
-(``realengines.<engine>.bench``: vLLM's ``vllm bench serve``), its results turned into the same
-records.
+(``realengines.<engine>.bench``: vLLM's ``vllm bench serve``, SGLang's
+``sglang.benchmark.serving``), its results turned into the same records.
 
 ``client_nice`` (optional, an integer): once the server has started, this process (the load
 generator, and the engine's benchmark client it starts) runs that much nicer (-10: ten steps

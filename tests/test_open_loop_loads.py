@@ -1,5 +1,6 @@
-"""Open-loop loads for the real engines and vLLM's own benchmark client: the send instants a
-workload draws, the client's open loop, the benchmark's records, the held-out grid, the host-use
+"""Open-loop loads for the real engines and the engines' own benchmark clients (vLLM's ``vllm
+bench serve``, SGLang's ``sglang.benchmark.serving``): the send instants a workload draws, the
+client's open loop, the benchmarks' records, the held-out grid, the host-use
 snapshot. Closed forms first, then invariants (hypothesis), then the client against a local
 stand-in server."""
 
@@ -21,6 +22,7 @@ from calibrate.errors import CalibrationInputError
 from calibrate.real.jobs import Workload
 from calibrate.real.validate import GRIDS, HELDOUT, Plan, scenario
 from realengines import procstat
+from realengines.sglang import bench as sglang_bench
 from realengines.vllm import bench
 
 
@@ -65,7 +67,8 @@ def test_the_engine_client_takes_the_benchmarks_lengths_and_refuses_what_it_cann
                  output_len=(120, 200), client="engine", rate_per_s=5.0, burstiness=0.5, seed=9)
     assert w.engine_load() == {"name": "e", "client": "engine", "num_requests": 8, "warmup_requests": 2,
                                "concurrency": 4, "rate_per_s": 5.0, "burstiness": 0.5, "input_len": 96,
-                               "output_len": 160, "range_ratio": 0.25, "seed": 9}
+                               "output_len": 160, "range_ratio": 0.25, "input_range": [72, 120],
+                               "output_range": [120, 200], "seed": 9}
     with pytest.raises(ValueError, match="one range ratio"):
         Workload("e", input_len=(64, 64), output_len=(16, 96), client="engine")
     with pytest.raises(ValueError, match="no shared_prefix"):
@@ -74,15 +77,20 @@ def test_the_engine_client_takes_the_benchmarks_lengths_and_refuses_what_it_cann
         Workload("e", client="locust")
 
 
-def test_the_held_out_grid_has_open_loops_and_is_vllms():
+def test_the_held_out_grid_has_open_loops_and_each_engine_sends_what_its_client_can_draw():
     assert len(HELDOUT) >= 8 and sum(w.open_loop for w in HELDOUT) >= 2
     assert any(w.burstiness != 1.0 for w in HELDOUT if w.open_loop)
     assert {w.name for w in HELDOUT}.isdisjoint(w.name for w in GRIDS["default"])
     assert Plan.for_engine("vllm", "heldout").configs == HELDOUT
-    with pytest.raises(CalibrationInputError, match="--grid"):
-        Plan.for_engine("sglang", "heldout")
+    sglang = Plan.for_engine("sglang", "heldout")
+    # SGLang 0.5.23's benchmark draws only Poisson gaps: its bursty load goes through the own client
+    assert [c.name for c in sglang.configs] == [c.name for c in HELDOUT]
+    assert all((c.client == "own") == (c.burstiness != 1.0) for c in sglang.configs)
+    assert sum(c.client == "engine" and c.open_loop for c in sglang.configs) >= 2
     with pytest.raises(CalibrationInputError, match="--grid"):
         Plan.for_engine("vllm", "huge")
+    with pytest.raises(CalibrationInputError, match="--engine"):
+        Plan.for_engine("trt", "heldout")
 
 
 def test_the_benchmark_command_names_rate_and_cap_only_when_set(tmp_path):
@@ -110,6 +118,69 @@ def test_the_benchmarks_detailed_result_becomes_the_clients_records():
     assert c["error"] == "HTTP 500" and c["end_s"] is None
     assert out["start_s"] == 10.0 and out["end_s"] == pytest.approx(10.55)
     assert not any(r["warmup"] for r in out["requests"])
+
+
+def test_sglangs_range_ratio_is_low_over_high_as_its_benchmark_draws_lengths():
+    # compute_random_lens: uniform integers on [int(hi * ratio), hi]
+    assert sglang_bench.range_ratio([128, 128]) == 1.0
+    assert sglang_bench.range_ratio([72, 120]) == pytest.approx(0.6)
+    assert int(120 * sglang_bench.range_ratio([72, 120])) == 72
+    with pytest.raises(ValueError):
+        sglang_bench.range_ratio([0, 10])
+    with pytest.raises(ValueError):
+        sglang_bench.range_ratio([20, 10])
+
+
+def test_the_sglang_benchmark_command_sends_its_own_client_and_refuses_burstiness(tmp_path):
+    base = {"name": "s", "num_requests": 8, "warmup_requests": 2, "input_range": [72, 120],
+            "output_range": [120, 200], "seed": 4}
+    closed = sglang_bench.command({**base, "concurrency": 4}, "http://h:1", "/m", tmp_path / "s.bench.json")
+    assert closed[closed.index("--dataset-name") + 1] == "random-ids" and "--request-rate" not in closed
+    assert closed[closed.index("--random-input-len") + 1] == "120"
+    assert closed[closed.index("--random-output-len") + 1] == "200"
+    assert float(closed[closed.index("--random-range-ratio") + 1]) == pytest.approx(0.6)
+    assert closed[closed.index("--max-concurrency") + 1] == "4" and closed[closed.index("--warmup-requests") + 1] == "2"
+    assert closed[closed.index("--backend") + 1] == "sglang"
+    opened = sglang_bench.command({**base, "concurrency": 0, "rate_per_s": 2.5}, "http://h:1", "/m",
+                                  tmp_path / "s.bench.json")
+    assert opened[opened.index("--request-rate") + 1] == "2.5" and "--max-concurrency" not in opened
+    with pytest.raises(ValueError, match="Poisson"):
+        sglang_bench.command({**base, "rate_per_s": 2.5, "burstiness": 0.25}, "http://h:1", "/m", tmp_path / "x")
+    with pytest.raises(ValueError, match="range-ratio"):
+        sglang_bench.command({**base, "output_range": [16, 96]}, "http://h:1", "/m", tmp_path / "x")
+
+
+def test_what_the_sglang_wrapper_kept_becomes_the_clients_records():
+    kept = [{"drawn_s": 9.9, "start_time": 10.0, "success": True, "error": "", "ttft": 0.02, "itl": [0.01, 0.01],
+             "latency": 0.04, "output_len": 3, "prompt_len": 70},
+            # a chunk of two tokens arrives as two equal gaps (the benchmark's own rule); one token short
+            {"drawn_s": 10.5, "start_time": 10.5, "success": True, "error": "", "ttft": 0.03, "itl": [0.01],
+             "latency": 0.05, "output_len": 3, "prompt_len": 66},
+            {"drawn_s": None, "start_time": 11.0, "success": False, "error": "HTTP 500", "ttft": 0.0, "itl": [],
+             "latency": 0.0, "output_len": 0, "prompt_len": 64}]
+    out = sglang_bench.records(kept, "p")
+    a, b, c = out["requests"]
+    assert a["rid"] == "p-0" and a["send_lag_s"] == pytest.approx(0.1) and a["input_len"] == 70
+    assert a["token_times_s"] == pytest.approx([10.02, 10.03, 10.04]) and a["end_s"] == pytest.approx(10.04)
+    assert b["token_times_s"] == pytest.approx([10.53, 10.54, 10.54]) and b["send_lag_s"] == 0.0
+    assert c["error"] == "HTTP 500" and c["end_s"] is None and c["send_lag_s"] is None
+    assert out["start_s"] == 10.0 and out["end_s"] == pytest.approx(10.55)
+    assert out["client"] == "sglang.benchmark.serving" and not any(r["warmup"] for r in out["requests"])
+
+
+def test_a_benchmark_client_that_fails_or_writes_nothing_is_an_error_quoting_its_log(tmp_path):
+    import sys
+
+    from realengines.launching import run_benchmark
+
+    out, log = tmp_path / "b.bench.json", tmp_path / "b.bench.log"
+    run_benchmark([sys.executable, "-c", f"open({str(out)!r}, 'w').write('[]'); print('ok')"], out, log, "stand-in")
+    assert out.read_text() == "[]" and log.read_text().strip() == "ok"
+    out.unlink()
+    with pytest.raises(RuntimeError, match=r"stand-in failed \(exit 3\):\nboom"):
+        run_benchmark([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], out, log, "stand-in")
+    with pytest.raises(RuntimeError, match="exit 0"):  # exited cleanly but wrote no result
+        run_benchmark([sys.executable, "-c", "pass"], out, log, "stand-in")
 
 
 def _rows(n: int, open_loop: bool) -> list[dict]:
@@ -256,51 +327,62 @@ def test_a_snapshot_of_this_process_counts_its_own_cpu_time():
     assert os.getpid() in procstat.process_tree(os.getpid())
 
 
-# --- a recorded session of the real vLLM server with vLLM's own client ---------------------------
-# tests/data/vllm/heldout/: one session per setting, both loads below, recorded by record_fixture.
+# --- recorded sessions of the real servers with the engines' own clients -------------------------
+# tests/data/<engine>/heldout/: one session per setting, both loads below, recorded by record_fixture.
 
-FIXTURE = Path(__file__).parent / "data" / "vllm" / "heldout"
+FIXTURES = {e: Path(__file__).parent / "data" / e / "heldout" for e in ("vllm", "sglang")}
+SETTINGS = {"vllm": ("sync", "async"), "sglang": ("normal", "overlap")}
+PROFILES = {"vllm": "cpu-vllm-tiny.json", "sglang": "cpu-sglang-tiny.json"}
 FIXTURE_LOADS = (
     Workload("fx-p20", num_requests=9, warmup_requests=1, concurrency=0, rate_per_s=20.0, input_len=(64, 64),
              output_len=(16, 16), client="engine", seed=31),
     Workload("fx-c2", num_requests=7, warmup_requests=1, concurrency=2, input_len=(96, 96), output_len=(12, 12),
              client="engine", seed=32),
 )
+CLIENTS = {"vllm": "vllm bench serve", "sglang": "sglang.benchmark.serving"}
+SERVER_PROCESSES = {"vllm": {"VLLM::EngineCor", "VLLM::Worker"}, "sglang": {"sglang::schedul"}}
 
 
-def _fixture_plan():
+def _fixture_plan(engine: str = "vllm"):
     from dataclasses import replace
 
-    return replace(Plan.for_engine("vllm", "heldout", repeats=1), configs=FIXTURE_LOADS)
+    return replace(Plan.for_engine(engine, "heldout", repeats=1), configs=FIXTURE_LOADS)
 
 
-@pytest.mark.parametrize("setting", ["sync", "async"])
-def test_a_recorded_open_loop_of_vllms_own_client_reads_through_the_simulators_metrics(setting):
+def _recorded(engine: str) -> Path:
+    if not FIXTURES[engine].exists():
+        pytest.skip(f"no recorded {engine} fixture (python -m tests.test_open_loop_loads {engine})")
+    return FIXTURES[engine]
+
+
+@pytest.mark.parametrize("engine,setting", [(e, s) for e in SETTINGS for s in SETTINGS[e]])
+def test_a_recorded_open_loop_of_the_engines_own_client_reads_through_the_simulators_metrics(engine, setting):
     from calibrate.real.validate import measured_run
 
-    folder = FIXTURE / "sessions" / f"{setting}-0"
-    summary, rows = measured_run(folder, FIXTURE_LOADS[0], "vllm")
+    folder = _recorded(engine) / "sessions" / f"{setting}-0"
+    summary, rows = measured_run(folder, FIXTURE_LOADS[0], engine)
     assert summary["completed"] == 8 and summary["failed"] == 0 and summary["total_output_tokens"] == 8 * 16
     sent = [r["arrival_s"] for r in rows]
     assert len(rows) == 8 and sent[0] == 0.0 and sent == sorted(sent)
     assert all(r["input_len"] > 0 and r["output_len"] == 16 for r in rows)  # the server's own token counts
     load = json.loads((folder / "fx-p20.json").read_text())
-    assert load["client"] == "vllm bench serve" and all(r["send_lag_s"] >= 0 for r in load["requests"])
-    assert {row["name"] for row in load["host_use"]} >= {"VLLM::EngineCor", "VLLM::Worker"}
+    assert load["client"] == CLIENTS[engine] and all(r["send_lag_s"] >= 0 for r in load["requests"])
+    assert {row["name"] for row in load["host_use"]} >= SERVER_PROCESSES[engine]
 
 
-def test_a_recorded_held_out_validation_scores_with_the_speedup_first(tmp_path):
+@pytest.mark.parametrize("engine", list(SETTINGS))
+def test_a_recorded_held_out_validation_scores_with_the_speedup_first(engine, tmp_path):
     import shutil
 
     from calibrate.real.validate import compare
 
-    shutil.copytree(FIXTURE, tmp_path / "v")
-    profile = Path(__file__).parents[1] / "scenarios" / "profiles" / "cpu-vllm-tiny.json"
-    result = compare(tmp_path / "v", _fixture_plan(), profile)
+    shutil.copytree(_recorded(engine), tmp_path / "v")
+    profile = Path(__file__).parents[1] / "scenarios" / "profiles" / PROFILES[engine]
+    result = compare(tmp_path / "v", _fixture_plan(engine), profile)
     assert [c["name"] for c in result["cases"]] == ["fx-p20", "fx-c2"]
     assert result["plan"]["client_nice"] == -10 and len(result["plan"]["loads"]) == 2
     for case in result["cases"]:
-        for setting in ("async", "sync"):
+        for setting in SETTINGS[engine]:
             v = case["settings"][setting]
             assert v["predicted"]["output_throughput"] > 0 and v["measured"]["output_throughput"] > 0
         assert case["speedup"]["predicted"] > 0
@@ -308,30 +390,34 @@ def test_a_recorded_held_out_validation_scores_with_the_speedup_first(tmp_path):
     assert 0 <= signs["right"] <= signs["decided"] <= 2
 
 
-def record_fixture() -> None:  # pragma: no cover - run by hand: python -m tests.test_open_loop_loads
-    """Record tests/data/vllm/heldout/ with the vLLM environment (about 2 minutes)."""
+def record_fixture(engine: str = "vllm") -> None:  # pragma: no cover - run by hand
+    """Record tests/data/<engine>/heldout/ with the engine's environment (about 2 minutes):
+    ``python -m tests.test_open_loop_loads [vllm|sglang]``."""
     import shutil
     import tempfile
 
     from calibrate.real.environment import REPO, find_engine, test_model
     from calibrate.real.validate import run_sessions
 
-    engine = find_engine("vllm")
-    model = test_model(engine, REPO / ".venvs" / "models" / "tiny-llama")
+    found = find_engine(engine)
+    model = test_model(found, REPO / ".venvs" / "models" / "tiny-llama")
     with tempfile.TemporaryDirectory() as tmp:
-        run_sessions(engine, model, _fixture_plan(), Path(tmp), print)
-        if FIXTURE.exists():
-            shutil.rmtree(FIXTURE)
-        for setting in ("sync", "async"):
-            src, dst = Path(tmp) / "sessions" / f"{setting}-0", FIXTURE / "sessions" / f"{setting}-0"
+        run_sessions(found, model, _fixture_plan(engine), Path(tmp), print)
+        if FIXTURES[engine].exists():
+            shutil.rmtree(FIXTURES[engine])
+        for setting in SETTINGS[engine]:
+            src, dst = Path(tmp) / "sessions" / f"{setting}-0", FIXTURES[engine] / "sessions" / f"{setting}-0"
             dst.mkdir(parents=True)
             for f in src.iterdir():
-                if f.suffix in (".json", ".jsonl") and not f.name.startswith("host_speed"):
+                if f.suffix in (".json", ".jsonl") and not f.name.startswith("host_speed") and not f.name.endswith(".bench.jsonl"):
                     shutil.copy(f, dst / f.name)
-            # the server log: only the lines the validation reads (the KV cache size)
-            lines = [ln for ln in (src / "server.log").read_text().splitlines() if "KV cache size" in ln]
+            # the server log: only the lines the validation reads (the KV cache size, SGLang's limits)
+            lines = [ln for ln in (src / "server.log").read_text().splitlines()
+                     if "KV cache size" in ln or "max_total_num_tokens=" in ln]
             (dst / "server.log").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":  # pragma: no cover
-    record_fixture()
+    import sys
+
+    record_fixture(*sys.argv[1:2])

@@ -72,7 +72,8 @@ class Workload:
 
     ``client``: ``own`` sends this list through :mod:`realengines.client` (token-id prompts);
     ``engine`` has the engine's own benchmark client draw and send the load
-    (:func:`Workload.engine_load`: vLLM's ``vllm bench serve``, random text prompts): the lengths
+    (:func:`Workload.engine_load`: vLLM's ``vllm bench serve``, SGLang's
+    ``sglang.benchmark.serving``; random text prompts): the lengths
     are then the benchmark's ``--random-input-len`` / ``--random-output-len`` with one
     ``--random-range-ratio`` for both, so the two ranges must have the same relative half-width;
     ``shared_prefix`` and ``stop`` are not available to it."""
@@ -119,13 +120,15 @@ class Workload:
         return np.cumsum(gaps).tolist()
 
     def engine_load(self) -> dict:
-        """The load for the engine's own client (:mod:`realengines.vllm.bench`): mean lengths,
-        the range ratio, the arrival knobs."""
+        """The load for the engine's own client (:mod:`realengines.vllm.bench`,
+        :mod:`realengines.sglang.bench`): mean lengths and vLLM's range ratio, the ranges
+        themselves (SGLang's benchmark reads its ratio as ``lo / hi``), the arrival knobs."""
         return {"name": self.name, "client": "engine", "num_requests": self.num_requests - self.warmup_requests,
                 "warmup_requests": self.warmup_requests, "concurrency": self.concurrency,
                 "rate_per_s": self.rate_per_s, "burstiness": self.burstiness,
                 "input_len": round(sum(self.input_len) / 2), "output_len": round(sum(self.output_len) / 2),
-                "range_ratio": _ratio(self.input_len), "seed": self.seed}
+                "range_ratio": _ratio(self.input_len), "input_range": list(self.input_len),
+                "output_range": list(self.output_len), "seed": self.seed}
 
     def requests(self, prefix: str = "q") -> list[dict]:
         """The request list (ids ``<prefix>0``, ``<prefix>1``, ...), the same for a given seed."""

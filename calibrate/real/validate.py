@@ -45,8 +45,10 @@ CONFIGS = (
 # Loads the calibration never ran, sent by the engine's own benchmark client (random text prompts:
 # the API server tokenizes them), closed loops of other shapes and open loops below, near and past
 # the server's saturation, Poisson and bursty: the validation held out from the calibration's
-# designed loads (decode waves of 1-16 requests at fixed contexts, prefill groups). vLLM only (its
-# ``vllm bench serve``); the lengths are uniform with one range ratio for input and output.
+# designed loads (decode waves of 1-16 requests at fixed contexts, prefill groups). The lengths are
+# uniform with one range ratio for input and output (both benchmarks). SGLang's benchmark (0.5.23)
+# draws only Poisson arrivals: for SGLang the gamma load is sent by the own client
+# (:data:`ENGINE_CLIENT_BURSTY`, :meth:`Plan.for_engine`).
 HELDOUT = (
     Workload("c2-256x64", num_requests=42, warmup_requests=2, concurrency=2, input_len=(256, 256),
              output_len=(64, 64), client="engine", seed=21),
@@ -66,6 +68,9 @@ HELDOUT = (
              input_len=(128, 128), output_len=(96, 96), client="engine", seed=28),
 )
 GRIDS = {"default": CONFIGS, "heldout": HELDOUT}
+# engine -> whether its benchmark client draws gamma (bursty) arrivals: vLLM's ``--burstiness``;
+# SGLang 0.5.23's ``get_request`` draws exponential gaps only
+ENGINE_CLIENT_BURSTY = {"vllm": True, "sglang": False}
 # The load generator's niceness per grid (realengines.server, ``client_nice``). The held-out loads
 # run the client ten steps more favoured: on this project's 2-vCPU VM the vLLM worker is pinned to
 # one core and busy-waits there, the engine core busy-waits on the other, and a client at the same
@@ -93,17 +98,20 @@ class Plan:
     def for_engine(cls, engine: str, grid: str = "default", **kwargs) -> "Plan":
         """The plan of ``engine`` over the loads of ``grid`` (:data:`GRIDS`).
 
+        A load for the engine's client with arrivals that client cannot draw (gamma for SGLang,
+        :data:`ENGINE_CLIENT_BURSTY`) is sent by the own client (token-id prompts) instead.
+
         Raises:
-            CalibrationInputError: an unknown grid, or one whose client the engine lacks
-                (``heldout`` is vLLM's: SGLang's ``bench_serving`` is not wired in yet).
+            CalibrationInputError: an unknown grid or engine.
         """
         if grid not in GRIDS:
             raise CalibrationInputError("--grid", "", f"one of {', '.join(GRIDS)} (got {grid!r})")
-        if engine != "vllm" and any(c.client == "engine" for c in GRIDS[grid]):
-            raise CalibrationInputError("--grid", "", f"{grid!r} sends vLLM's own benchmark client; for {engine} "
-                                        "use the default grid")
+        if engine not in ENGINE_PLANS:
+            raise CalibrationInputError("--engine", "", f"one of {', '.join(ENGINE_PLANS)} (got {engine!r})")
+        configs = tuple(replace(c, client="own") if c.client == "engine" and c.burstiness != 1.0
+                        and not ENGINE_CLIENT_BURSTY[engine] else c for c in GRIDS[grid])
         settings, args = ENGINE_PLANS[engine]
-        return cls(configs=GRIDS[grid], settings=settings, server_args=args, engine=engine,
+        return cls(configs=configs, settings=settings, server_args=args, engine=engine,
                    client_nice=CLIENT_NICE[grid], **kwargs)
 
     def order(self) -> list[tuple[int, str]]:

@@ -30,9 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch: cpu or cuda; mlx: cpu or gpu (Metal) (without --engine)")
     p.add_argument("--grid", choices=["quick", "full", "smoke", "heldout"], default="quick",
                    help="quick: minutes on 2 cores; full: more sizes and lengths; smoke: two tiny configurations "
-                        "(under a minute, no waiting for a quiet machine); with --engine vllm, heldout: loads the "
-                        "calibration never ran, closed and open loops, sent by vLLM's own benchmark client (any "
-                        "other value: the engine's default grid)")
+                        "(under a minute, no waiting for a quiet machine); with --engine, heldout: loads the "
+                        "calibration never ran, closed and open loops, sent by the engine's own benchmark client "
+                        "(any other value: the engine's default grid)")
     p.add_argument("--profile", type=Path, default=None,
                    help="use this calibration profile for every configuration and setting instead of calibrating")
     p.add_argument("--out", type=Path, default=None,
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         args.repeats = 5 if args.repeats is None else args.repeats
         return run_validate(args)
     if args.grid == "heldout":
-        raise CalibrationInputError("--grid", "", "heldout is a real engine's grid: add --engine vllm")
+        raise CalibrationInputError("--grid", "", "heldout is a real engine's grid: add --engine vllm or --engine sglang")
     for flag in ("backend", "device"):
         if getattr(args, flag) is None:
             raise CalibrationInputError(f"--{flag}", "", "required (or --engine sglang to score against the real server)")

@@ -21,12 +21,21 @@ JOB (JSON)::
                 | {"kind": "waves", "waves": [[rid, ...], ...]} (the requests, listed wave by wave),
      "requests": [{"rid": str, "input_ids": [int], "max_new_tokens": int, "ignore_eos": bool,
                    "stop_token_ids": [int] (optional), "stop": [str] (optional),
-                   "temperature": float (default 0: greedy), "sampling_seed": int (optional)}],
+                   "temperature": float (default 0: greedy), "sampling_seed": int (optional),
+                   "stream": bool (default true)}],
      "wait_before_process_s": float (optional: a blocking sleep after each sampling, before the
                                      result is processed, as a GPU host blocks on its copy),
      "stub_forward": bool (optional: the model's forward replaced by a stub, :func:`_stub_forward`),
      "stub_touch_bytes": int (optional, with stub_forward: the stub also reads this many bytes, as a
                               CPU forward streams its weights through the host's caches)}
+
+Requests stream by default, as every client of a server does (``bench_serving``, ``vllm bench
+serve``, this project's): ``process_batch_result`` then sends each step's new tokens of every
+streaming request to the detokenizer (``stream_output``, ``scheduler_output_processor_mixin.py``),
+a per-step cost of the loop. Non-streaming requests (what this driver sent until 4 December 2026)
+send only when they finish: in the held-out validation's server sessions that step's
+``process`` phase took 0.28-0.58 ms against 0.15-0.36 ms in the non-streaming calibration at the
+same batch sizes (``docs/real-engines.md``).
 
 OUT (JSON lines): ``{"kind": "meta", ...}`` (versions, the scheduler's resolved limits), then
 the tracer's phase records (:mod:`realengines.sglang.tracer`) interleaved with one
@@ -76,7 +85,7 @@ def make_request(spec: dict, tokenizer):
     return TokenizedGenerateReqInput(
         rid=str(spec["rid"]), input_text=None, input_ids=array("q", spec["input_ids"]), input_embeds=None,
         mm_inputs=None, token_type_ids=None, sampling_params=params, return_logprob=False, logprob_start_len=-1,
-        top_logprobs_num=0, token_ids_logprob=None, stream=False)
+        top_logprobs_num=0, token_ids_logprob=None, stream=bool(spec.get("stream", True)))
 
 
 class Client:

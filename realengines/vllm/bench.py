@@ -27,9 +27,10 @@ benchmark keeps none); the session notes their number.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
+
+from realengines.launching import run_benchmark
 
 
 RUNNER = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
@@ -90,12 +91,8 @@ def run(load: dict, url: str, model_dir: str, out_dir: Path, served_model_name: 
     """
     out_file = out_dir / f"{load['name']}.bench.json"
     log = out_dir / f"{load['name']}.bench.log"
-    with open(log, "w") as f:
-        proc = subprocess.run(command(load, url, model_dir, out_file, served_model_name), stdout=f,
-                              stderr=subprocess.STDOUT)
-    if proc.returncode != 0 or not out_file.exists():
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-10:])
-        raise RuntimeError(f"vllm bench serve failed for load {load['name']} (exit {proc.returncode}):\n{tail}")
+    run_benchmark(command(load, url, model_dir, out_file, served_model_name), out_file, log,
+                  f"vllm bench serve for load {load['name']}")
     out = records(json.loads(out_file.read_text()), load["name"])
     out["warmup_requests"] = int(load.get("warmup_requests", 0))
     return out

@@ -9,17 +9,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Callable, Union
 
 import numpy as np
-import simpy
 
-from sim.engines.sglang.loops import LOOPS
-from sim.engines.sglang.phases import Phases
-from sim.engines.sglang.rules.loop_rules import setting_faults
-from sim.engines.sglang.policy.scheduler import Scheduler, ServerDied
-from sim.engines.vllm.server import SETTINGS as VLLM_SETTINGS, VllmServer
-from sim.model.costs import Jitter, make_cost_model
-from sim.model.device import DeviceStream
-from sim.model.reach import reach_outcome
-from sim.model.workload import ClosedLoopClients, make_requests, open_loop_arrivals
+from sim.model.costs import Jitter
+from sim.model.workload import make_requests
 from sim.scenario import Scenario, load_scenario
 from sim.trace.metrics import summarize
 from sim.trace.recorder import FAILURE_KINDS, STEP_COLUMNS, TraceRecorder
@@ -102,11 +94,20 @@ class Result:
 TABLES = ("steps", "summary", "none")
 
 
+# server.engine -> "module:function" that runs one setting of a scenario of that engine:
+# ``run(scenario, setting, specs, warmup, recorder) -> (outcome, stats)``, raising ValueError for a
+# setting the engine does not run. The engine's modules are imported for its scenarios only; a
+# third engine registers here and keeps everything else in its own package.
+RUNNERS = {"sglang": "sim.engines.sglang.run:run_sglang", "vllm": "sim.engines.vllm.run:run_vllm"}
+
+
 def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps") -> Result:
     """Simulate ``scenario`` under the event loop ``setting``.
 
     Deterministic for a given scenario (its seed included). The settings of one scenario share
-    request lengths, arrival times and jitter streams (common random numbers).
+    request lengths, arrival times and jitter streams (common random numbers). The engine's own
+    package runs it (:data:`RUNNERS`: :func:`sim.engines.sglang.run.run_sglang`,
+    :func:`sim.engines.vllm.run.run_vllm`).
 
     Args:
         tables: ``steps`` keeps the per-step, per-request and ITL tables (exact metrics);
@@ -118,76 +119,24 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
         ScenarioError: bad scenario; ValueError: unknown setting or tables mode.
     """
     scenario = load_scenario(scenario)
-    if isinstance(scenario.server, VllmServer):
-        return _simulate_vllm(scenario, setting, tables)
-    if setting not in LOOPS:
-        raise ValueError(f"unknown setting {setting!r}; expected one of {sorted(LOOPS)}")
+    run = _runner(scenario.server.engine)
     if tables not in TABLES:
         raise ValueError(f"unknown tables mode {tables!r}; expected one of {TABLES}")
-    wall0 = time.perf_counter()
-    w, srv = scenario.workload, scenario.server
-    specs = make_requests(scenario)
-    env = simpy.Environment()
-    costs = make_cost_model(_run_noise_applied(scenario, setting), setting)
-    warmup = min(w.warmup_requests, len(specs) - 1)
-    recorder = TraceRecorder() if tables == "steps" else StreamingRecorder(warmup, keep_requests=tables == "summary")
-    clients = None
-    if w.arrival == "closed_loop":
-        clients = ClosedLoopClients(len(specs), w.concurrency, lambda rid, t: phases.submit(rid, t),
-                                    warmup if w.warmup_before_benchmark else 0)
-        on_finish = clients.on_finish
-    else:
-        on_finish = _ignore
-    scheduler = Scheduler(specs, srv, warmup, w.finish == "length", recorder, on_finish,
-                          lookahead_policy=setting != "overlap_mlx",
-                          deferred_results=setting in ("overlap", "thread_overlap"))
-    faults = setting_faults(srv.device, setting, srv.version)
-    phases = Phases(
-        env, scheduler, DeviceStream(), costs,
-        Jitter(scenario.costs.noise.gpu_cv, np.random.default_rng([scenario.seed, 2])),
-        Jitter(scenario.costs.noise.cpu_cv, np.random.default_rng([scenario.seed, 3])),
-        recorder, forward_extra_s=costs.overlap_residue_s if setting == "overlap" and not srv.blocking_forward else 0.0,
-        faults=faults, external_arrival_s=None if clients is not None else specs.arrival_s,
-        blocking_forward=srv.blocking_forward, after_wait_scale=scenario.costs.cpu.after_wait_scale,
-    )
-    outcome = {"status": "ok", "reason": "", "time_s": math.nan}
-    if clients is not None:
-        clients.start()
-    else:
-        env.process(open_loop_arrivals(env, specs.arrival_s, phases.submit))
-    env.process(_serve(env, LOOPS[setting], phases, srv, outcome))
-    env.run()
-    if not scheduler.all_done:
-        raise RuntimeError(f"simulation stalled at t={env.now:.6f}s with {scheduler.num_done}/{len(specs)} "
-                           "requests done (a modelling bug: please report it with the scenario)")
-    outcome["peak_token_usage"] = scheduler.kv_peak / srv.kv_pool_tokens
-    if outcome["status"] != "ok":
-        outcome["token_usage_at_failure"] = scheduler.usage_at_failure
-        outcome["last_logged_token_usage"] = scheduler.last_logged_usage
-    outcome.update(retractions=scheduler.retracted_reqs, retraction_steps=scheduler.retraction_events,
-                   reprefill_tokens=scheduler.reprefill_tokens, skipped_decodes=scheduler.skipped_decodes,
-                   faults=[f.id for f in faults], **reach_outcome(costs))
-    stats = {"sim_time_s": env.now, "steps": scheduler.next_step_seq, "decode_steps": scheduler.next_decode_seq,
-             "wall_s": time.perf_counter() - wall0}
-    return _result(scenario, setting, recorder, tables, outcome, stats)
-
-
-def _simulate_vllm(scenario: Scenario, setting: str, tables: str) -> Result:
-    """:func:`simulate` for ``server.engine: vllm`` (the engine core and worker of
-    :mod:`sim.engines.vllm`)."""
-    if setting not in VLLM_SETTINGS:
-        raise ValueError(f"unknown setting {setting!r} for a vLLM scenario; expected one of {sorted(VLLM_SETTINGS)}")
-    if tables not in TABLES:
-        raise ValueError(f"unknown tables mode {tables!r}; expected one of {TABLES}")
-    from sim.engines.vllm.run import run_vllm  # vLLM's engine modules: imported for a vLLM scenario only
-
     wall0 = time.perf_counter()
     specs = make_requests(scenario)
     warmup = min(scenario.workload.warmup_requests, len(specs) - 1)
     recorder = TraceRecorder() if tables == "steps" else StreamingRecorder(warmup, keep_requests=tables == "summary")
-    outcome, stats = run_vllm(_run_noise_applied(scenario, setting), setting, specs, warmup, recorder)
+    outcome, stats = run(_run_noise_applied(scenario, setting), setting, specs, warmup, recorder)
     stats["wall_s"] = time.perf_counter() - wall0
     return _result(scenario, setting, recorder, tables, outcome, stats)
+
+
+def _runner(engine: str):
+    """The run function :data:`RUNNERS` registers for ``engine`` (its module imported now)."""
+    import importlib
+
+    module, name = RUNNERS[engine].split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _result(scenario: Scenario, setting: str, recorder, tables: str, outcome: dict, stats: dict) -> Result:
@@ -223,26 +172,6 @@ def _run_noise_applied(scenario: Scenario, setting: str) -> Scenario:
     gpu = scenario.costs.gpu.model_copy(update={"scale": scenario.costs.gpu.scale * factors[0]})
     cpu = scenario.costs.cpu.model_copy(update={"scale": scenario.costs.cpu.scale * factors[1]})
     return scenario.model_copy(update={"costs": scenario.costs.model_copy(update={"gpu": gpu, "cpu": cpu})})
-
-
-def _ignore(_rid: int, _t: float) -> None:
-    pass
-
-
-def _serve(env, loop, phases: Phases, server, outcome: dict):
-    """Run the event loop; if the server dies, fail what it holds and refuse later arrivals."""
-    sched = phases.scheduler
-    try:
-        yield from loop(env, phases, server)
-    except ServerDied as err:
-        if err.time_s is not None and err.time_s > env.now:
-            yield env.timeout(err.time_s - env.now)  # the iteration ran up to the failure
-        outcome.update(status="server_died", reason=err.reason, time_s=env.now)
-        sched.fail_all(env.now)
-        while not sched.all_done:
-            sched.reject_arrivals(env.now)
-            if not sched.all_done:
-                yield phases.idle()
 
 
 def compare(scenario: Scenario | str | dict) -> pd.DataFrame:

@@ -1,0 +1,102 @@
+"""One simulated run of an SGLang scenario under one event loop: the workload, the scheduler, the
+CPU phases and the device stream wired together (:func:`run_sglang`); :func:`sim.simulate.simulate`
+calls it for ``server.engine: sglang`` (the default) and turns what it returns into a
+:class:`sim.simulate.Result`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import simpy
+
+from sim.engines.sglang.loops import LOOPS
+from sim.engines.sglang.phases import Phases
+from sim.engines.sglang.policy.scheduler import Scheduler, ServerDied
+from sim.engines.sglang.rules.loop_rules import setting_faults
+from sim.model.costs import Jitter, make_cost_model
+from sim.model.device import DeviceStream
+from sim.model.reach import reach_outcome
+from sim.model.workload import ClosedLoopClients, RequestSpecs, open_loop_arrivals
+
+SETTINGS = frozenset(LOOPS)
+
+
+def run_sglang(scenario, setting: str, specs: RequestSpecs, warmup: int, recorder) -> tuple[dict, dict]:
+    """Simulate ``scenario`` (an SGLang scenario, run noise already folded into its scales) under
+    the event loop ``setting`` (:data:`sim.engines.sglang.loops.LOOPS`) for the requests ``specs``
+    (ids below ``warmup`` are warm-up), feeding ``recorder``.
+
+    Returns:
+        (outcome, stats): outcome as :class:`sim.simulate.Result` documents it (status, KV peak,
+        retractions, release faults that applied, extrapolated steps), stats (simulated time,
+        steps, decode steps; wall time is the caller's).
+
+    Raises:
+        ValueError: an unknown setting. ProfileError: an unusable profile.
+        RuntimeError: the simulation stalled (a modelling bug).
+    """
+    if setting not in LOOPS:
+        raise ValueError(f"unknown setting {setting!r}; expected one of {sorted(LOOPS)}")
+    w, srv = scenario.workload, scenario.server
+    env = simpy.Environment()
+    costs = make_cost_model(scenario, setting)
+    clients = None
+    if w.arrival == "closed_loop":
+        clients = ClosedLoopClients(len(specs), w.concurrency, lambda rid, t: phases.submit(rid, t),
+                                    warmup if w.warmup_before_benchmark else 0)
+        on_finish = clients.on_finish
+    else:
+        on_finish = _ignore
+    scheduler = Scheduler(specs, srv, warmup, w.finish == "length", recorder, on_finish,
+                          lookahead_policy=setting != "overlap_mlx",
+                          deferred_results=setting in ("overlap", "thread_overlap"))
+    faults = setting_faults(srv.device, setting, srv.version)
+    phases = Phases(
+        env, scheduler, DeviceStream(), costs,
+        Jitter(scenario.costs.noise.gpu_cv, np.random.default_rng([scenario.seed, 2])),
+        Jitter(scenario.costs.noise.cpu_cv, np.random.default_rng([scenario.seed, 3])),
+        recorder, forward_extra_s=costs.overlap_residue_s if setting == "overlap" and not srv.blocking_forward else 0.0,
+        faults=faults, external_arrival_s=None if clients is not None else specs.arrival_s,
+        blocking_forward=srv.blocking_forward, after_wait_scale=scenario.costs.cpu.after_wait_scale,
+    )
+    outcome = {"status": "ok", "reason": "", "time_s": math.nan}
+    if clients is not None:
+        clients.start()
+    else:
+        env.process(open_loop_arrivals(env, specs.arrival_s, phases.submit))
+    env.process(_serve(env, LOOPS[setting], phases, srv, outcome))
+    env.run()
+    if not scheduler.all_done:
+        raise RuntimeError(f"simulation stalled at t={env.now:.6f}s with {scheduler.num_done}/{len(specs)} "
+                           "requests done (a modelling bug: please report it with the scenario)")
+    outcome["peak_token_usage"] = scheduler.kv_peak / srv.kv_pool_tokens
+    if outcome["status"] != "ok":
+        outcome["token_usage_at_failure"] = scheduler.usage_at_failure
+        outcome["last_logged_token_usage"] = scheduler.last_logged_usage
+    outcome.update(retractions=scheduler.retracted_reqs, retraction_steps=scheduler.retraction_events,
+                   reprefill_tokens=scheduler.reprefill_tokens, skipped_decodes=scheduler.skipped_decodes,
+                   faults=[f.id for f in faults], **reach_outcome(costs))
+    stats = {"sim_time_s": env.now, "steps": scheduler.next_step_seq, "decode_steps": scheduler.next_decode_seq}
+    return outcome, stats
+
+
+def _ignore(_rid: int, _t: float) -> None:
+    pass
+
+
+def _serve(env, loop, phases: Phases, server, outcome: dict):
+    """Run the event loop; if the server dies, fail what it holds and refuse later arrivals."""
+    sched = phases.scheduler
+    try:
+        yield from loop(env, phases, server)
+    except ServerDied as err:
+        if err.time_s is not None and err.time_s > env.now:
+            yield env.timeout(err.time_s - env.now)  # the iteration ran up to the failure
+        outcome.update(status="server_died", reason=err.reason, time_s=env.now)
+        sched.fail_all(env.now)
+        while not sched.all_done:
+            sched.reject_arrivals(env.now)
+            if not sched.all_done:
+                yield phases.idle()

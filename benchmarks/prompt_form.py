@@ -69,12 +69,18 @@ def main(argv: list[str] | None = None) -> int:
         print("prompt_form.py: --repeats: an integer >= 1", file=sys.stderr)
         return 2
     from calibrate.real.environment import REPO, find_engine, test_model
-    from calibrate.real.validate import Plan, run_sessions
+    from calibrate.errors import CalibrationInputError
+    from calibrate.real.validate import Plan, check_client_nice, run_sessions
 
-    engine = find_engine(args.engine)
+    plan = replace(Plan.for_engine(args.engine, "heldout", repeats=args.repeats), configs=loads())
+    try:
+        check_client_nice(plan)
+        engine = find_engine(args.engine)
+    except CalibrationInputError as e:
+        print(f"prompt_form.py: {e}", file=sys.stderr)
+        return 2
     model = test_model(engine, REPO / ".venvs" / "models" / "tiny-llama")
     work = args.work or Path("results") / f"prompt-form-{args.engine}"
-    plan = replace(Plan.for_engine(args.engine, "heldout", repeats=args.repeats), configs=loads())
     run_sessions(engine, model, plan, work, lambda m: print(m, file=sys.stderr, flush=True))
     rows = []
     for r, setting in plan.order():

@@ -112,7 +112,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from calibrate.profile import save_profile
     from calibrate.real.environment import REPO, find_engine, session_order, test_model
-    from calibrate.real.validate import Plan, noise_floor_line, pooled_line, run_sessions, validate
+    from calibrate.errors import CalibrationInputError
+    from calibrate.real.validate import Plan, check_client_nice, noise_floor_line, pooled_line, run_sessions, validate
+
+    try:  # before the first calibration run: a held-out client that cannot be favoured fails now
+        check_client_nice(Plan.for_engine(args.engine, args.grid, repeats=args.repeats))
+    except CalibrationInputError as e:
+        print(f"validate_interleaved.py: {e}", file=sys.stderr)
+        return 2
 
     def report(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

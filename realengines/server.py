@@ -115,10 +115,10 @@ def run_session(session: dict, out_dir: Path) -> dict:
             "versions": engine.versions(), "loads": []}
     with open(log, "w") as log_file:
         proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
-    if nice := int(session.get("client_nice", 0)):  # after the server started: only the load generator
-        os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) + nice)
-        meta["client_nice"] = nice
     try:
+        if nice := int(session.get("client_nice", 0)):  # after the server started: only the load generator
+            os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) + nice)
+            meta["client_nice"] = nice
         meta["ready_s"] = wait_ready(proc, f"http://127.0.0.1:{port}{engine.READY_PATH}",
                                      float(session.get("ready_timeout_s", 600)), log)
         url = f"http://127.0.0.1:{port}"

@@ -120,6 +120,24 @@ def test_the_benchmarks_detailed_result_becomes_the_clients_records():
     assert not any(r["warmup"] for r in out["requests"])
 
 
+def test_a_favoured_client_is_refused_before_anything_starts_where_the_process_may_not_renice(monkeypatch):
+    import os
+    import resource
+
+    from calibrate.real.validate import check_client_nice
+
+    plan = Plan.for_engine("sglang", "heldout")
+    assert plan.client_nice == -10
+    check_client_nice(Plan.for_engine("sglang", "default"))  # niceness 0: nothing to check
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "getpriority", lambda which, who: 0)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (0, 0))  # the default: no raising of priority
+    with pytest.raises(CalibrationInputError, match=r"--grid.*niceness -10.*RLIMIT_NICE of at least 30"):
+        check_client_nice(plan)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (30, 30))  # 20 - 30 = -10: allowed
+    check_client_nice(plan)
+
+
 def test_sglangs_range_ratio_is_low_over_high_as_its_benchmark_draws_lengths():
     # compute_random_lens: uniform integers on [int(hi * ratio), hi]
     assert sglang_bench.range_ratio([128, 128]) == 1.0

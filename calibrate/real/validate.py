@@ -123,6 +123,27 @@ class Plan:
         return out
 
 
+def check_client_nice(plan: Plan) -> None:
+    """Refuse, before anything starts, a plan whose load generator must run more favoured
+    (``client_nice`` < 0) than this process may make itself: root, or a soft ``RLIMIT_NICE``
+    that reaches the niceness (``setpriority(2)``).
+
+    Raises:
+        CalibrationInputError: naming ``--grid``.
+    """
+    import os
+    import resource
+
+    if plan.client_nice >= 0 or os.geteuid() == 0:
+        return
+    soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
+    target = os.getpriority(os.PRIO_PROCESS, 0) + plan.client_nice
+    if soft != resource.RLIM_INFINITY and target < 20 - soft:
+        raise CalibrationInputError("--grid", "", f"this grid runs its load generator at niceness {plan.client_nice} "
+                                    "(CLIENT_NICE: a starved client measures itself), which needs root or a "
+                                    f"soft RLIMIT_NICE of at least {20 - target}")
+
+
 def session_spec(engine: Engine, model_dir: Path, plan: Plan, setting: str) -> dict:
     loads = [c.engine_load() if c.client == "engine" else
              {"name": c.name, "concurrency": c.concurrency, "warmup_requests": c.warmup_requests,
@@ -379,6 +400,7 @@ def validate(engine: Engine, model_dir: Path, profile: Path, out: Path, plan: Pl
         load_profile(profile)
     if plan.repeats < 1:
         raise CalibrationInputError("--repeats", "", "an integer >= 1")
+    check_client_nice(plan)
     run_sessions(engine, model_dir, plan, out, report)
     result = compare(out, plan, profile)
     result["profile"] = str(profile)

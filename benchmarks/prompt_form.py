@@ -49,10 +49,9 @@ def front_end(folder: Path, name: str, engine: str) -> dict:
 
         records, _ = vllm_trace.read_files(sorted(folder.glob("trace.*.jsonl")))
         added = {vllm_trace.client_rid(r["rid"]): r for r in records if r["ph"] == "add"}
-        mine = [added[r["rid"]] for r in recs if r["rid"] in added]
-        out["send_to_add_ms"] = statistics.median((added[r["rid"]]["t0"] - r["send_s"]) * 1e3
-                                                  for r in recs if r["rid"] in added)
-        out["prompt_tokens"] = statistics.median(int(a["prompt"]) for a in mine)
+        pairs = [(r, added[r["rid"]]) for r in recs if r["rid"] in added]
+        out["send_to_add_ms"] = statistics.median((a["t0"] - r["send_s"]) * 1e3 for r, a in pairs)
+        out["prompt_tokens"] = statistics.median(int(a["prompt"]) for _, a in pairs)
     elif recs and "input_len" in recs[0]:
         out["prompt_tokens"] = statistics.median(int(r["input_len"]) for r in recs)
     return out
@@ -65,15 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    if args.repeats < 1:
-        print("prompt_form.py: --repeats: an integer >= 1", file=sys.stderr)
-        return 2
-    from calibrate.real.environment import REPO, find_engine, test_model
     from calibrate.errors import CalibrationInputError
+    from calibrate.real.environment import REPO, find_engine, test_model
     from calibrate.real.validate import Plan, check_client_nice, run_sessions
 
-    plan = replace(Plan.for_engine(args.engine, "heldout", repeats=args.repeats), configs=loads())
-    try:
+    try:  # a bad --repeats, a client that may not be favoured, no environment: one line, before anything runs
+        plan = replace(Plan.for_engine(args.engine, "heldout", repeats=args.repeats), configs=loads())
         check_client_nice(plan)
         engine = find_engine(args.engine)
     except CalibrationInputError as e:

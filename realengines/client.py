@@ -165,6 +165,35 @@ async def run_load(load: dict) -> dict:
     return {"start_s": start, "end_s": end, "requests": records}
 
 
+def benchmark_record(rid: str, send_s: float, ttft_s: float, gaps_s: list[float], latency_s: float,
+                     output_len: int, error: str, input_len: int, send_lag_s: float | None) -> dict:
+    """One request's record from what an engine's own benchmark client measured of it (seconds,
+    ``time.perf_counter``): its send instant, time to first token, the gaps after it (one per
+    streamed chunk, or per token where the benchmark spreads a chunk's tokens) and latency. The
+    token times are the first token then the running sum of the gaps; a stream short of
+    ``output_len`` puts the rest at its last time. A request without error but without a token
+    gets the error ``no output token``."""
+    rec = {"rid": rid, "warmup": False, "send_s": send_s, "first_s": None, "end_s": None, "output_len": output_len,
+           "token_times_s": [], "error": error, "input_len": input_len, "send_lag_s": send_lag_s}
+    if not error and output_len > 0:
+        times = [send_s + ttft_s]
+        for gap in gaps_s:
+            times.append(times[-1] + float(gap))
+        times = times[:output_len] + [times[-1]] * max(0, output_len - len(times))
+        rec.update(first_s=times[0], end_s=send_s + latency_s, token_times_s=times)
+    elif not error:
+        rec["error"] = "no output token"
+    return rec
+
+
+def benchmark_load(reqs: list[dict], client: str) -> dict:
+    """A load's records (:func:`benchmark_record` each) with their window: from the first send to
+    the last finish."""
+    start = min((r["send_s"] for r in reqs), default=0.0)
+    end = max((r["end_s"] for r in reqs if r["end_s"] is not None), default=start)
+    return {"start_s": start, "end_s": end, "requests": reqs, "client": client}
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:

@@ -84,7 +84,11 @@ PROBE_FILE = "host_speed.json"  # a session's host speed probes (calibrate.hosts
 
 @dataclass(frozen=True)
 class Plan:
-    """What to run: configurations, settings, repeats, the engine's extra launch flags."""
+    """What to run: configurations, settings, repeats, the engine's extra launch flags.
+
+    Raises:
+        CalibrationInputError: ``repeats`` below 1 (named ``--repeats``), when built.
+    """
 
     configs: tuple[Workload, ...] = CONFIGS
     settings: tuple[str, ...] = ("overlap", "normal")
@@ -93,6 +97,10 @@ class Plan:
     port: int = 30123
     engine: str = "sglang"
     client_nice: int = 0
+
+    def __post_init__(self):
+        if self.repeats < 1:
+            raise CalibrationInputError("--repeats", "", "an integer >= 1")
 
     @classmethod
     def for_engine(cls, engine: str, grid: str = "default", **kwargs) -> "Plan":
@@ -398,8 +406,6 @@ def validate(engine: Engine, model_dir: Path, profile: Path, out: Path, plan: Pl
         load_vllm_profile(profile)  # fail now, not after the sessions
     else:
         load_profile(profile)
-    if plan.repeats < 1:
-        raise CalibrationInputError("--repeats", "", "an integer >= 1")
     check_client_nice(plan)
     run_sessions(engine, model_dir, plan, out, report)
     result = compare(out, plan, profile)

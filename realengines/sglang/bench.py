@@ -39,12 +39,9 @@ import sys
 import time
 from pathlib import Path
 
+from realengines.client import benchmark_load, benchmark_record
 from realengines.launching import run_benchmark
 from realengines.sglang.launch import environment
-
-
-def _range_args(span: list[int], flag: str) -> list[str]:
-    return [flag, str(int(span[1]))]
 
 
 def range_ratio(span: list[int]) -> float:
@@ -72,8 +69,8 @@ def command(load: dict, url: str, model_dir: str, out_file: Path) -> list[str]:
                          f"and output {load['output_range']}")
     argv = [sys.executable, "-m", "realengines.sglang.bench", str(out_file), load["name"],
             "--backend", "sglang", "--base-url", url, "--model", model_dir, "--tokenizer", model_dir,
-            "--dataset-name", "random-ids", *_range_args(load["input_range"], "--random-input-len"),
-            *_range_args(load["output_range"], "--random-output-len"), "--random-range-ratio", repr(ratio),
+            "--dataset-name", "random-ids", "--random-input-len", str(int(load["input_range"][1])),
+            "--random-output-len", str(int(load["output_range"][1])), "--random-range-ratio", repr(ratio),
             "--num-prompts", str(int(load["num_requests"])),
             "--warmup-requests", str(int(load.get("warmup_requests", 0))),
             "--seed", str(int(load.get("seed", 0))), "--disable-tqdm",
@@ -87,34 +84,21 @@ def command(load: dict, url: str, model_dir: str, out_file: Path) -> list[str]:
 
 
 def record(name: str, i: int, out: dict) -> dict:
-    """One request's record (:mod:`realengines.client`'s form) from what the wrapper kept of its
-    ``RequestFuncOutput``: ``{"start_time", "drawn_s", "success", "error", "ttft", "itl",
-    "latency", "output_len", "prompt_len"}`` (seconds, ``time.perf_counter``)."""
+    """One request's record (:func:`realengines.client.benchmark_record`) from what the wrapper
+    kept of its ``RequestFuncOutput``: ``{"start_time", "drawn_s", "success", "error", "ttft",
+    "itl", "latency", "output_len", "prompt_len"}`` (seconds, ``time.perf_counter``)."""
     send = float(out["start_time"])
-    n = int(out.get("output_len") or 0)
-    error = "" if out.get("success") else (out.get("error") or "failed")
-    rec = {"rid": f"{name}-{i}", "warmup": False, "send_s": send, "first_s": None, "end_s": None,
-           "output_len": n, "token_times_s": [], "error": error, "input_len": int(out.get("prompt_len") or 0),
-           "send_lag_s": max(0.0, send - float(out["drawn_s"])) if out.get("drawn_s") is not None else None}
-    if not error and n > 0:
-        times = [send + float(out["ttft"])]
-        for gap in out.get("itl") or []:
-            times.append(times[-1] + float(gap))
-        times = times[:n] + [times[-1]] * max(0, n - len(times))
-        rec.update(first_s=times[0], end_s=send + float(out["latency"]), token_times_s=times)
-    elif not error:
-        rec["error"] = "no output token"
-    return rec
+    lag = max(0.0, send - float(out["drawn_s"])) if out.get("drawn_s") is not None else None
+    return benchmark_record(f"{name}-{i}", send, float(out.get("ttft") or 0.0), out.get("itl") or [],
+                            float(out.get("latency") or 0.0), int(out.get("output_len") or 0),
+                            "" if out.get("success") else (out.get("error") or "failed"),
+                            int(out.get("prompt_len") or 0), lag)
 
 
 def records(kept: list[dict], name: str) -> dict:
     """The wrapper's kept outputs (measured requests, in the order they were sent) as the
     client's load records."""
-    reqs = [record(name, i, out) for i, out in enumerate(kept)]
-    done = [r for r in reqs if r["end_s"] is not None]
-    start = min((r["send_s"] for r in reqs), default=0.0)
-    return {"start_s": start, "end_s": max((r["end_s"] for r in done), default=start), "requests": reqs,
-            "client": "sglang.benchmark.serving"}
+    return benchmark_load([record(name, i, out) for i, out in enumerate(kept)], "sglang.benchmark.serving")
 
 
 def run(load: dict, url: str, model_dir: str, out_dir: Path, served_model_name: str = "") -> dict:

@@ -30,6 +30,7 @@ import json
 import sys
 from pathlib import Path
 
+from realengines.client import benchmark_load, benchmark_record
 from realengines.launching import run_benchmark
 
 
@@ -60,26 +61,12 @@ def command(load: dict, url: str, model_dir: str, out_file: Path, served_model_n
 def records(result: dict, name: str) -> dict:
     """The benchmark's detailed result as :mod:`realengines.client`'s load records
     (``{"start_s", "end_s", "requests": [...]}``, rids ``<name>-<i>`` in the benchmark's order)."""
-    reqs = []
-    for i, send in enumerate(result["start_times"]):
-        error = result["errors"][i] or ""
-        n = int(result["output_lens"][i] or 0)
-        rec = {"rid": f"{name}-{i}", "warmup": False, "send_s": float(send), "first_s": None, "end_s": None,
-               "output_len": n, "token_times_s": [], "error": error, "input_len": int(result["input_lens"][i]),
-               "send_lag_s": float((result.get("queue_times") or [0.0] * len(result["start_times"]))[i])}
-        if not error and n > 0:
-            chunks = [float(send) + float(result["ttfts"][i])]
-            for gap in result["itls"][i]:
-                chunks.append(chunks[-1] + float(gap))
-            times = chunks[:n] + [chunks[-1]] * max(0, n - len(chunks))
-            rec.update(first_s=chunks[0], end_s=float(send) + float(result["latencies"][i]), token_times_s=times)
-        elif not error:
-            rec["error"] = "no output token"
-        reqs.append(rec)
-    done = [r for r in reqs if r["end_s"] is not None]
-    start = min(r["send_s"] for r in reqs)
-    return {"start_s": start, "end_s": max((r["end_s"] for r in done), default=start), "requests": reqs,
-            "client": "vllm bench serve"}
+    lags = result.get("queue_times") or [0.0] * len(result["start_times"])
+    reqs = [benchmark_record(f"{name}-{i}", float(send), float(result["ttfts"][i] or 0.0), result["itls"][i],
+                             float(result["latencies"][i] or 0.0), int(result["output_lens"][i] or 0),
+                             result["errors"][i] or "", int(result["input_lens"][i]), float(lags[i]))
+            for i, send in enumerate(result["start_times"])]
+    return benchmark_load(reqs, "vllm bench serve")
 
 
 def run(load: dict, url: str, model_dir: str, out_dir: Path, served_model_name: str) -> dict:

@@ -88,10 +88,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=None, help="runs kept here (default results/interleaved-<engine>)")
     ap.add_argument("--result", type=Path, default=None,
                     help="default benchmarks/results/validate-<engine>-cpu-interleaved.json")
-    ap.add_argument("--grid", choices=("default", "heldout"), default="default",
+    ap.add_argument("--grid", choices=("default", "heldout", "speculative"), default="default",
                     help="the validation's loads (calibrate.real.validate.GRIDS): heldout = loads the calibration "
                          "never ran, closed and open loops, sent by the engine's own benchmark client (SGLang: its "
                          "gamma load by the own client)")
+    ap.add_argument("--speculative", default=None, metavar="JSON",
+                    help="vLLM: serve with --speculative-config of these keys (method, model, num_speculative_tokens; "
+                         "MODEL in model: the test model) and predict with its draft_cost_ratio and the acceptance "
+                         "each load's sessions measured (use with --grid speculative)")
+    ap.add_argument("--client-nice", type=int, default=None, metavar="N",
+                    help="the load generator's niceness (default: the grid's, calibrate.real.validate.CLIENT_NICE)")
     ap.add_argument("--stub-control", action="store_true",
                     help="vLLM: each calibration round also runs the stubbed server on the calibration's own grid "
                          "(forward stubbed, busy-waiting); the validation is scored again with the full forward "
@@ -106,6 +112,17 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"validate_interleaved.py: --rounds/--repeats: {e}", file=sys.stderr)
         return 2
+    speculative = None
+    if args.speculative is not None:
+        try:
+            speculative = json.loads(args.speculative)
+            if not isinstance(speculative, dict) or args.engine != "vllm" or not {
+                    "method", "num_speculative_tokens", "draft_cost_ratio"} <= set(speculative):
+                raise ValueError
+        except ValueError:
+            print("validate_interleaved.py: --speculative: a JSON object with method, num_speculative_tokens and "
+                  "draft_cost_ratio (and model), for --engine vllm", file=sys.stderr)
+            return 2
     suffix = "" if args.grid == "default" else f"-{args.grid}"
     work = args.work or Path("results") / f"interleaved-{args.engine}{suffix}"
     result_path = args.result or Path("benchmarks/results") / f"validate-{args.engine}-cpu-interleaved{suffix}.json"
@@ -115,8 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     from calibrate.errors import CalibrationInputError
     from calibrate.real.validate import Plan, check_client_nice, noise_floor_line, pooled_line, run_sessions, validate
 
+    def plan(repeats: int) -> Plan:
+        nice = {} if args.client_nice is None else {"client_nice": args.client_nice}
+        return Plan.for_engine(args.engine, args.grid, repeats=repeats, speculative=speculative, **nice)
+
     try:  # before the first calibration run: a held-out client that cannot be favoured fails now
-        check_client_nice(Plan.for_engine(args.engine, args.grid, repeats=args.repeats))
+        check_client_nice(plan(args.repeats))
     except CalibrationInputError as e:
         print(f"validate_interleaved.py: {e}", file=sys.stderr)
         return 2
@@ -126,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = find_engine(args.engine)
     model = test_model(engine, REPO / ".venvs" / "models" / "tiny-llama")
+    if speculative and speculative.get("model") == "MODEL":  # the target drafting for itself
+        speculative["model"] = str(model)
     cal_dir, val_dir, profile_path = work / "calibrate", work / "validate", work / "profile.json"
     if args.engine == "vllm":
         from calibrate.real.vllm_profile import VllmGrid, calibrate_vllm, run_session
@@ -169,15 +192,15 @@ def main(argv: list[str] | None = None) -> int:
             for setting, name in cal_runs[2 * i:2 * i + 2]:
                 calibration_run(setting, name)
         else:
-            run_sessions(engine, model, Plan.for_engine(args.engine, args.grid, repeats=i + 1), val_dir, report)
+            run_sessions(engine, model, plan(i + 1), val_dir, report)
     command = shlex.join(["python", "benchmarks/validate_interleaved.py", *(argv if argv is not None else sys.argv[1:])])
     save_profile(profile_path, build(command))
-    result = validate(engine, model, profile_path, val_dir, Plan.for_engine(args.engine, args.grid, repeats=args.repeats),
+    result = validate(engine, model, profile_path, val_dir, plan(args.repeats),
                       report=report, command=command)
     result["interleaved_order"] = [f"{step}-{i}" for step, i in order]
     if args.stub_control:
         result["stub_control"] = stub_control(engine, model, stub_grid, stub_dir, profile_path, val_dir,
-                                              Plan.for_engine(args.engine, args.grid, repeats=args.repeats), args.rounds,
+                                              plan(args.repeats), args.rounds,
                                               command, report)
     result_path.parent.mkdir(parents=True, exist_ok=True)
     result_path.write_text(json.dumps(result, indent=1) + "\n")

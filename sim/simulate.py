@@ -37,7 +37,8 @@ class Result:
             'retraction_steps', 'retractions' (requests retracted), 'reprefill_tokens',
             'skipped_decodes': ints, 'faults': ids of the release faults that applied,
             'extrapolated_steps', 'far_steps': steps priced beyond the calibration profile's data and
-            beyond sim.model.reach.FAR of it, 'max_extrapolation': the largest distance}.
+            beyond sim.model.reach.FAR of it, 'max_extrapolation': the largest distance;
+            'spec_accept_length': with speculative decoding, tokens per verify step per request}.
         metrics: the streamed metrics (tables 'summary'/'none'); None: computed from the tables.
         stats: {'sim_time_s', 'wall_s': seconds, 'steps', 'decode_steps': counts}.
     """
@@ -82,6 +83,8 @@ class Result:
                     "far_steps"):
             out[key] = int(o.get(key, 0))
         out["max_extrapolation"] = float(o.get("max_extrapolation", 1.0))
+        if "spec_accept_length" in o:  # speculative decoding: tokens per verify step per request, as drawn
+            out["spec_accept_length"] = float(o["spec_accept_length"])
         out["outcome"] = o.get("status", "ok")
         if o.get("status") != "ok":
             out["outcome_reason"] = o.get("reason", "")

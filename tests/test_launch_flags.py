@@ -80,7 +80,8 @@ def test_each_vllm_flag_gets_a_status():
                      "--gpu-memory-utilization", "0.8", "-dp", "1"])
     assert dict(cfg.flags) == {
         "-tp 2": "refused: not modelled (tensor parallelism)",
-        "--speculative-config.method ngram": "refused: not modelled (speculative decoding)",
+        "--speculative-config.method ngram": "refused: not modelled (speculative decoding by ngram: modelled are "
+                                             "draft_model, eagle, eagle3 and mtp with num_speculative_tokens)",
         "--max-num-seqs 64": "modelled",  # vLLM's parser reads _ as -
         "--gpu-memory-utilization 0.8": "no effect on the loop",
         "-dp 1": "modelled"}

@@ -204,8 +204,8 @@ def test_a_mixed_step_is_priced_by_its_parts_when_the_profile_says_so():
 
 
 def test_the_worker_splits_a_mixed_step_into_its_decodes_and_its_prefill():
-    """The worker passes how many of a step's entries run one token, and their context
-    (computed before the step + 1), to the cost model."""
+    """The worker passes how many of a step's entries run one token (plus their drafts), their
+    context (computed before the step + scheduled) and their tokens, to the cost model."""
     from types import SimpleNamespace
 
     from sim.engines.vllm.worker import Worker
@@ -218,10 +218,15 @@ def test_the_worker_splits_a_mixed_step_into_its_decodes_and_its_prefill():
     stream = SimpleNamespace(enqueue=lambda step, at, dur: setattr(step, "forward_end", at + dur))
     w = Worker(costs, stream, lambda: 1.0, lambda: 1.0, blocking_forward=True, async_scheduling=False)
     step = Batch(0, EXTEND, 3, 52, 0)
-    step.chunks = [["r1", 1, 40, True], ["r2", 50, 0, True], ["r3", 1, 60, True]]
+    step.chunks = [["r1", 1, 40, True, 0], ["r2", 50, 0, True, 0], ["r3", 1, 60, True, 0]]
     step.sum_ctx = 41 + 50 + 61
     assert w.forward(step, 1.0) == pytest.approx(0.01)
-    assert seen[-1] == (EXTEND, 3, 52, 152, 0, 2, 41 + 61)
+    assert seen[-1] == (EXTEND, 3, 52, 152, 0, 2, 41 + 61, 2)
     dec = Batch(1, DECODE, 2, 2, 102)
     w.forward(dec, 2.0)
-    assert seen[-1][-2:] == (0, 0)  # a decode step is not split
+    assert seen[-1][-3:] == (0, 0, 0)  # a decode step is not split
+    spec = Batch(2, EXTEND, 2, 53, 0)  # one request verifying 1 + 3 drafts beside a prefill
+    spec.chunks = [["r1", 4, 40, True, 3], ["r2", 49, 0, True, 0]]
+    spec.sum_ctx = 44 + 49
+    w.forward(spec, 3.0)
+    assert seen[-1] == (EXTEND, 2, 53, 93, 0, 1, 44, 4)

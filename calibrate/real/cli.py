@@ -156,7 +156,8 @@ def run_validate(args: argparse.Namespace) -> int:
         raise CalibrationInputError("--profile", "", "a calibration profile of this engine (calibrate --engine "
                                     f"{args.engine} makes one)")
     grid = "heldout" if args.grid == "heldout" else "default"  # the harness's grid names mean the default here
-    plan = Plan.for_engine(args.engine, grid=grid, repeats=args.repeats)  # refuses --repeats < 1
+    nice = {} if args.client_nice is None else {"client_nice": args.client_nice}
+    plan = Plan.for_engine(args.engine, grid=grid, repeats=args.repeats, **nice)  # refuses --repeats < 1
     if args.only:
         configs = tuple(c for c in plan.configs if any(s in c.name for s in args.only))
         if not configs:

@@ -17,7 +17,7 @@ import json
 import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 from calibrate.errors import CalibrationInputError
 from calibrate.real import server_runs, sglang_trace
@@ -67,7 +67,17 @@ HELDOUT = (
     Workload("g12-128x96", num_requests=98, warmup_requests=2, concurrency=0, rate_per_s=12.0, burstiness=0.25,
              input_len=(128, 128), output_len=(96, 96), client="engine", seed=28),
 )
-GRIDS = {"default": CONFIGS, "heldout": HELDOUT}
+# Loads for speculative decoding (vLLM's own client): a closed loop below and one at the
+# running-request cap, and a Poisson open loop; run with :attr:`Plan.speculative`
+SPECULATIVE = (
+    Workload("c4-128x128", num_requests=38, warmup_requests=6, concurrency=4, input_len=(128, 128),
+             output_len=(128, 128), client="engine", seed=31),
+    Workload("c16-96x160", num_requests=50, warmup_requests=2, concurrency=16, input_len=(72, 120),
+             output_len=(120, 200), client="engine", seed=32),
+    Workload("p10-64x96", num_requests=82, warmup_requests=2, concurrency=0, rate_per_s=10.0, input_len=(64, 64),
+             output_len=(96, 96), client="engine", seed=33),
+)
+GRIDS = {"default": CONFIGS, "heldout": HELDOUT, "speculative": SPECULATIVE}
 # engine -> whether its benchmark client draws gamma (bursty) arrivals: vLLM's ``--burstiness``;
 # SGLang 0.5.23's ``get_request`` draws exponential gaps only
 ENGINE_CLIENT_BURSTY = {"vllm": True, "sglang": False}
@@ -77,7 +87,7 @@ ENGINE_CLIENT_BURSTY = {"vllm": True, "sglang": False}
 # priority was found starved for up to seconds (its open-loop sends late by up to 1.4 s, tokens read
 # in bursts while the API server had processed each step's output on time): the load generator then
 # measures itself. The default grid keeps its recorded conditions (0).
-CLIENT_NICE = {"default": 0, "heldout": -10}
+CLIENT_NICE = {"default": 0, "heldout": -10, "speculative": -10}
 SESSION_TIMEOUT_S = 3600  # one server session: a few minutes here
 PROBE_FILE = "host_speed.json"  # a session's host speed probes (calibrate.hostspeed), before and after it
 
@@ -87,7 +97,8 @@ class Plan:
     """What to run: configurations, settings, repeats, the engine's extra launch flags.
 
     Raises:
-        CalibrationInputError: ``repeats`` below 1 (named ``--repeats``), when built.
+        CalibrationInputError: ``repeats`` below 1 (named ``--repeats``) or ``client_nice`` outside
+            -20..19 (``--client-nice``), when built.
     """
 
     configs: tuple[Workload, ...] = CONFIGS
@@ -97,10 +108,15 @@ class Plan:
     port: int = 30123
     engine: str = "sglang"
     client_nice: int = 0
+    # vLLM speculative decoding: ``--speculative-config`` (method, model, num_speculative_tokens)
+    # plus ``draft_cost_ratio`` for the prediction; None: plain decoding
+    speculative: Optional[dict] = None
 
     def __post_init__(self):
         if self.repeats < 1:
             raise CalibrationInputError("--repeats", "", "an integer >= 1")
+        if not -20 <= self.client_nice <= 19:
+            raise CalibrationInputError("--client-nice", "", f"a niceness from -20 to 19 (got {self.client_nice})")
 
     @classmethod
     def for_engine(cls, engine: str, grid: str = "default", **kwargs) -> "Plan":
@@ -119,8 +135,8 @@ class Plan:
         configs = tuple(replace(c, client="own") if c.client == "engine" and c.burstiness != 1.0
                         and not ENGINE_CLIENT_BURSTY[engine] else c for c in GRIDS[grid])
         settings, args = ENGINE_PLANS[engine]
-        return cls(configs=configs, settings=settings, server_args=args, engine=engine,
-                   client_nice=CLIENT_NICE[grid], **kwargs)
+        kwargs.setdefault("client_nice", CLIENT_NICE[grid])  # ``--client-nice`` overrides the grid's
+        return cls(configs=configs, settings=settings, server_args=args, engine=engine, **kwargs)
 
     def order(self) -> list[tuple[int, str]]:
         """(repeat, setting) sessions in run order: settings alternate, swapped every repeat."""
@@ -156,8 +172,11 @@ def session_spec(engine: Engine, model_dir: Path, plan: Plan, setting: str) -> d
     loads = [c.engine_load() if c.client == "engine" else
              {"name": c.name, "concurrency": c.concurrency, "warmup_requests": c.warmup_requests,
               "requests": c.requests(prefix=f"{c.name}-")} for c in plan.configs]
+    args = list(plan.server_args)
+    if plan.speculative:
+        args += ["--speculative-config", json.dumps({k: v for k, v in plan.speculative.items() if k != "draft_cost_ratio"})]
     return {"engine": engine.name, "model_dir": str(model_dir), "setting": setting, "port": plan.port,
-            "server_args": list(plan.server_args), "trace": True, "loads": loads, "client_nice": plan.client_nice}
+            "server_args": args, "trace": True, "loads": loads, "client_nice": plan.client_nice}
 
 
 def run_sessions(engine: Engine, model_dir: Path, plan: Plan, out: Path, report: Callable[[str], None]) -> None:
@@ -257,7 +276,25 @@ def measured_run(folder: Path, config: Workload, engine: str = "sglang") -> tupl
             for r in load["requests"] if not (config.open_loop and r["warmup"])]
     summary = summarize(steps, requests, itl)
     summary["hidden_cpu_share"] = hidden_cpu_share(steps, *measured_window(requests))
+    if engine == "vllm":
+        summary["spec_accepted"] = accepted_counts(engine_records, t0, load["end_s"])
     return summary, rows
+
+
+def accepted_counts(engine_records: list[dict], t0: float, t1: float) -> list[int]:
+    """Speculative decoding: how often a request-step of the window [t0, t1] (s, the trace's
+    clock) accepted 0, 1, ... of its drafts, over requests given the full k drafts that did not
+    stop in that step (the tracer's ``update`` records, ``accepted``); [] without speculation."""
+    pairs = [p for rec in engine_records if rec["ph"] == "update" and t0 <= rec["t0"] <= t1
+             for p in rec.get("accepted", ())]
+    if not pairs:
+        return []
+    k = max(d for d, _ in pairs)
+    counts = [0] * (k + 1)
+    for drafts, acc in pairs:
+        if drafts == k:
+            counts[min(max(acc, 0), k)] += 1
+    return counts
 
 
 def _first_prefixes(records: list[dict]) -> dict[str, int]:
@@ -302,6 +339,28 @@ def scenario(config: Workload, rows: list[dict], profile: Path, settings: tuple[
                        "chunked_prefill_size": int(limits.get("chunked_prefill_size") or 4096),
                        "kv_pool_tokens": int(limits.get("max_total_num_tokens") or 400_000)},
             "costs": {"profile": str(Path(profile).resolve()), "profile_statistic": "mean"}}
+
+
+def measured_speculative(spec: dict, runs: dict[str, list[dict]]) -> dict:
+    """The scenario's ``server.speculative`` for a load: ``spec``'s method, k and
+    ``draft_cost_ratio``, and the accepted-draft histogram pooled over the load's sessions
+    (``spec_accepted`` of :func:`measured_run`).
+
+    Raises:
+        CalibrationInputError: the sessions recorded no speculative step (the server ran without
+            ``--speculative-config``, or the trace predates the ``accepted`` field)."""
+    k = int(spec["num_speculative_tokens"])
+    counts = [0] * (k + 1)
+    for summaries in runs.values():
+        for summary in summaries:
+            for a, n in enumerate(summary.get("spec_accepted") or ()):
+                counts[min(a, k)] += n
+    if not sum(counts):
+        raise CalibrationInputError("sessions", "accepted", "no speculative step in the trace: rerun the sessions "
+                                    "with --speculative-config (and the current tracer)")
+    return {"method": spec["method"], "num_speculative_tokens": k,
+            "accepted_histogram": [n / sum(counts) for n in counts],
+            "draft_cost_ratio": float(spec["draft_cost_ratio"]), "measured_request_steps": sum(counts)}
 
 
 def session_drift(out: Path, plan: Plan, profile: dict) -> dict[tuple[int, str], dict] | None:
@@ -356,6 +415,9 @@ def compare(out: Path, plan: Plan, profile: Path) -> dict:
         limits = server_limits(out / "sessions" / f"{plan.settings[0]}-0")
         sc = scenario(config, rows, profile, plan.settings, out, limits, plan.engine)
         case = {"name": config.name, "config": asdict(config), "settings": {}}
+        if plan.speculative:  # the acceptance the server measured, over every session of this load
+            case["speculative"] = measured_speculative(plan.speculative, runs)
+            sc["server"]["speculative"] = {k: v for k, v in case["speculative"].items() if k != "measured_request_steps"}
         fixed = {"name": config.name, "settings": {}}
         for setting in plan.settings:
             res = sim.simulate(sc, setting)

@@ -24,7 +24,7 @@ from pathlib import Path
 from calibrate.errors import CalibrationInputError
 
 ENGINE_PHASES = {"schedule", "update", "add", "step", "step_bq"}
-WORKER_PHASES = {"execute", "forward", "sample"}
+WORKER_PHASES = {"execute", "forward", "sample", "draft"}
 BACKLOG_FACTOR = 2.0  # frontend samples: a delivery delay above this x the median is a backlog
 
 

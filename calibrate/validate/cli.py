@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="runs per setting, interleaved (median of each metric); default 1, with --engine 5")
     p.add_argument("--only", action="append", default=[], metavar="NAME",
                    help="run only configurations whose name contains NAME (repeatable)")
+    p.add_argument("--client-nice", type=int, default=None, metavar="N",
+                   help="with --engine: the load generator's niceness (default: the grid's, -10 for heldout, 0 "
+                        "otherwise; below 0 needs root)")
     p.add_argument("--fresh", action="store_true", help="run again the configurations already saved in --out")
     p.add_argument("--json", action="store_true", help="print one JSON object (rows and error summary) on stdout")
     p.add_argument("--no-plot", action="store_true", help="skip the predicted-vs-measured plot")
@@ -97,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
 
         args.repeats = 5 if args.repeats is None else args.repeats
         return run_validate(args)
+    if args.client_nice is not None:
+        raise CalibrationInputError("--client-nice", "", "the niceness of a real engine's load generator: add --engine")
     if args.grid == "heldout":
         raise CalibrationInputError("--grid", "", "heldout is a real engine's grid: add --engine vllm or --engine sglang")
     for flag in ("backend", "device"):

@@ -16,6 +16,8 @@ record ``ph``      wrapped function (file in ``vllm/``)                process
                    inherits it)
 ``forward``        ``GPUModelRunner._model_forward`` (same file)        worker (inside ``execute``)
 ``sample``         ``GPUModelRunner.sample_tokens`` (same file)         worker
+``draft``          ``GPUModelRunner.propose_draft_token_ids`` (same     worker (inside ``sample``;
+                   file): speculative decoding's drafter                speculative decoding only)
 ``output``         ``OutputProcessor.process_outputs``                  API server (detokenize, stream)
                    (v1/engine/output_processor.py)
 ``api_in``         ``OpenAIServingCompletion.create_completion``        API server (entry stamp only:
@@ -39,7 +41,8 @@ splits at ``api_in`` (the handler entered: ``rid`` from the ``x-request-id`` hea
 ``request_id``) and ``api_add`` into the HTTP trip, the API server's rendering and input
 processing, and the trip to the engine core's input queue.
 ``update`` records carry ``n`` (requests in the output) and
-``finished`` (ids finished). ``execute``/``sample``/``forward`` carry ``n_tok`` where known.
+``finished`` (ids finished), and with speculative decoding ``accepted``: ``[drafts scheduled,
+drafts accepted]`` per request that had drafts and did not stop in that step. ``execute``/``sample``/``forward`` carry ``n_tok`` where known.
 
 Records go to ``PREFIX.<pid>.jsonl`` (``OVERLAP_SIM_TRACE=PREFIX``, see shims/sitecustomize.py),
 written by a daemon thread every half second; information is gathered after the clock stops; a
@@ -119,9 +122,16 @@ def _update_info(rec, self, args, kwargs, out):
     sched_out = args[0] if args else kwargs.get("scheduler_output")
     rec["n"] = len(sched_out.num_scheduled_tokens)
     finished = []
+    spec = getattr(sched_out, "scheduled_spec_decode_tokens", None) or {}
+    accepted = []  # speculative decoding: per request with drafts, the drafts accepted (tokens - 1)
     for outputs in (out or {}).values():
         finished += [o.request_id for o in outputs.outputs if o.finish_reason is not None]
+        if spec:
+            accepted += [[len(spec[o.request_id]), len(o.new_token_ids) - 1] for o in outputs.outputs
+                         if o.request_id in spec and o.finish_reason is None]
     rec["finished"] = finished
+    if spec:
+        rec["accepted"] = accepted  # [drafts scheduled, accepted], requests that did not stop (a stop cuts them short)
 
 
 def _add_info(rec, self, args, kwargs, out):
@@ -176,6 +186,8 @@ def patch_model_runner(module, sink) -> None:
     wrap(module.GPUModelRunner, "execute_model", "execute", sink, _execute_info)
     wrap(module.GPUModelRunner, "_model_forward", "forward", sink, _forward_info)
     wrap(module.GPUModelRunner, "sample_tokens", "sample", sink)
+    # speculative decoding: the drafter's whole proposal (its inputs, metadata and passes), inside sample_tokens
+    wrap(module.GPUModelRunner, "propose_draft_token_ids", "draft", sink)
 
 
 def patch_output_processor(module, sink) -> None:

@@ -119,6 +119,9 @@ class Verdict:
     far_share: float = 0.0  # of the steps, beyond sim.model.reach.FAR of the data (no measurement there)
     max_extrapolation: float = 1.0  # the farthest step's distance from the data (sim.model.reach.distance)
     placeholder: bool = False  # the scenario's inline cost terms, no measured profile
+    # speculative decoding: (overlapping, synchronous) tokens per verify step per request, as
+    # drawn from the scenario's given acceptance law; None without speculation
+    accept_length: Optional[tuple] = None
 
     def with_range(self, lo: float, hi: float, what: list) -> "Verdict":
         """This verdict over the stated range: the answer becomes :data:`UNSURE` ("cannot tell")
@@ -160,6 +163,8 @@ class Verdict:
         out["far_share"] = self.far_share
         out["max_extrapolation"] = self.max_extrapolation
         out["placeholder"] = self.placeholder
+        if self.accept_length is not None:
+            out["spec_accept_length"] = [finite(x) for x in self.accept_length]
         return out
 
     def head(self) -> str:
@@ -200,6 +205,10 @@ class Verdict:
         """What the answer stands on: the stated range, the share of extrapolated steps, or
         placeholder costs (empty for a measured profile used inside its grid)."""
         out = ""
+        if self.accept_length is not None:
+            an, ad = self.accept_length
+            out += (f"; speculative decoding: {an:.2f} and {ad:.2f} tokens per verify step per request, from the "
+                    "given acceptance (server.speculative, not measured)")
         if self.placeholder:
             out += "; on the scenario's inline cost terms (placeholders: no device was measured)"
         if self.stated_range is not None:
@@ -258,7 +267,9 @@ def verdict(summaries: dict[str, dict], run_cv: float, cv_source: str) -> Option
         return None
     ratio = ta / tb
     ttft = (float(a.get("median_ttft_ms") or math.nan), float(b.get("median_ttft_ms") or math.nan))
-    return Verdict(decide(ratio, run_cv), pair, ratio, tpot, run_cv, cv_source, ttft_ms=ttft)
+    accept = (float(a.get("spec_accept_length", math.nan)), float(b.get("spec_accept_length", math.nan)))
+    return Verdict(decide(ratio, run_cv), pair, ratio, tpot, run_cv, cv_source, ttft_ms=ttft,
+                   accept_length=accept if "spec_accept_length" in a or "spec_accept_length" in b else None)
 
 
 def verdict_platform_note(server) -> Optional[str]:

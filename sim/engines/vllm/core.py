@@ -160,3 +160,11 @@ class EngineCore:
         if step.num_reqs:
             self.recorder.step(step)
         return dur
+
+    def take_drafts(self, step: Batch) -> float:
+        """Synchronous speculative decoding's ``post_step`` (``core.py:693``): the
+        ``take_draft_token_ids`` RPC to the worker and ``update_draft_token_ids``. Returns the
+        engine core's time, priced as the profile's ``vllm.roundtrip`` (another RPC round trip to
+        the idle worker; not timed on its own: stated by the scenario's warning)."""
+        self.scheduler.take_draft_token_ids(step)
+        return self.costs.phase_s("roundtrip", step.num_reqs) * self.cpu_jitter()

@@ -208,23 +208,28 @@ class VllmProfileCosts:
         return self._cpu[name](num_reqs) * self.cpu_scale
 
     def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int, shared_kv: int = 0,
-                  decode_reqs: int = 0, decode_sum_ctx: int = 0) -> float:
+                  decode_reqs: int = 0, decode_sum_ctx: int = 0, decode_tokens: int = 0, count: bool = True) -> float:
         """The model forward of a step; ``shared_kv``: tokens of the step's contexts that repeat a
         prefix another of its requests holds ((m - 1) p, module docstring). ``decode_reqs``,
-        ``decode_sum_ctx``: how many of the step's requests run one token and their summed
-        context; when some do and others prefill (a mixed step) and the profile says
+        ``decode_sum_ctx``, ``decode_tokens``: how many of the step's requests run one token (plus
+        their drafts, speculative decoding), their summed context and their tokens (0: one each);
+        when some do and others prefill (a mixed step) and the profile says
         ``metadata.mixed_steps: "sum_of_parts"``, the step costs its prefill part plus its decode
         part, each priced as a step of its own (module docstring). Counts the step in
-        :attr:`reach` with its distance from the data: the forward (or each part of it) and every
-        phase curve at ``num_reqs``."""
+        :attr:`reach` with its distance from the data (unless ``count`` is False: a draft pass
+        of a step already counted): the forward (or each part of it) and every phase curve at
+        ``num_reqs``."""
         if self.mixed_sum_of_parts and 0 < decode_reqs < num_reqs:
-            parts = ((num_tokens - decode_reqs, (sum_ctx - decode_sum_ctx) / (num_reqs - decode_reqs)),
-                     (decode_reqs, decode_sum_ctx / decode_reqs))
-            self.reach.step(max(self._phases_distance(num_reqs),
-                                *(distance(self._hull_forward, n, c) for n, c in parts)))
+            decode_tokens = decode_tokens or decode_reqs
+            parts = ((num_tokens - decode_tokens, (sum_ctx - decode_sum_ctx) / (num_reqs - decode_reqs)),
+                     (decode_tokens, decode_sum_ctx / decode_reqs))
+            if count:
+                self.reach.step(max(self._phases_distance(num_reqs),
+                                    *(distance(self._hull_forward, n, c) for n, c in parts)))
             return sum(self._forward(n, c) for n, c in parts) * self.gpu_scale
         ctx = (sum_ctx - self.shared_prefix_saving * shared_kv) / num_reqs
-        self.reach.step(max(distance(self._hull_forward, num_tokens, ctx), self._phases_distance(num_reqs)))
+        if count:
+            self.reach.step(max(distance(self._hull_forward, num_tokens, ctx), self._phases_distance(num_reqs)))
         return self._forward(num_tokens, ctx) * self.gpu_scale
 
     def _phases_distance(self, num_reqs: int) -> float:
@@ -269,8 +274,9 @@ class VllmInlineCosts:
     mixed_sum_of_parts = False  # and a mixed step as one prefill
 
     def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int, shared_kv: int = 0,
-                  decode_reqs: int = 0, decode_sum_ctx: int = 0) -> float:
-        """The inline prefill or decode term over the whole step (a mixed step is a prefill)."""
+                  decode_reqs: int = 0, decode_sum_ctx: int = 0, decode_tokens: int = 0, count: bool = True) -> float:
+        """The inline prefill or decode term over the whole step (a mixed step is a prefill; a
+        speculative verify step of one token plus drafts per request is a decode)."""
         return self._linear.forward_s(kind, num_reqs, num_tokens, sum_ctx)
 
     def describe(self) -> dict:

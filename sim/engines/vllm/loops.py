@@ -12,6 +12,10 @@ engine core's work hides behind the worker's: step = max(T_core, T_worker) plus 
 request's tokens are processed one step late; a request that stops on a stop token has one more
 step scheduled for it, whose token is dropped (``max_tokens`` stops are foreseen).
 
+With speculative decoding (:mod:`sim.engines.vllm.speculative`) the synchronous loop fetches the
+step's drafts from the worker after ``update_from_output`` (``post_step``, l.693: one more RPC
+round trip); under async scheduling the drafts stay in the worker.
+
 ``run_busy_loop`` (l.1547) wraps each: ``_process_input_queue`` blocks while there is no work, and
 a call that ran no model while requests remain sleeps 1 ms (``_process_engine_step``, l.1617).
 """
@@ -46,6 +50,8 @@ def sync_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store):
         back = yield core.result(step)  # future.result(), then the blocking sample_tokens RPC
         yield env.timeout(max(0.0, back - env.now))
         yield env.timeout(core.update(step, env.now))
+        if sched.num_spec_tokens and step.num_reqs:  # post_step: take_draft_token_ids, one more RPC
+            yield env.timeout(core.take_drafts(step))
         if not step.num_reqs and sched.has_requests():
             yield env.timeout(EMPTY_STEP_SLEEP_S)
 

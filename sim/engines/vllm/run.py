@@ -45,12 +45,13 @@ def run_vllm(scenario, setting: str, specs: RequestSpecs, warmup: int, recorder)
         clients = ClosedLoopClients(len(specs), w.concurrency, lambda rid, t: core.submit(rid, t),
                                     warmup if w.warmup_before_benchmark else 0)
     on_finish = clients.on_finish if clients is not None else (lambda _rid, _t: None)
-    scheduler = Scheduler(srv, setting == "async", recorder, on_finish)
+    scheduler = Scheduler(srv, setting == "async", recorder, on_finish, np.random.default_rng([scenario.seed, 7]))
     core = EngineCore(env, scheduler, specs, warmup, costs, Jitter(noise.cpu_cv, np.random.default_rng([scenario.seed, 3])),
                       recorder)
     worker = Worker(costs, DeviceStream(), Jitter(noise.gpu_cv, np.random.default_rng([scenario.seed, 2])),
                     Jitter(noise.cpu_cv, np.random.default_rng([scenario.seed, 5])), srv.blocking_forward,
-                    setting == "async", srv.resolved_block_size if w.prefix_sharing == "shared" else 0)
+                    setting == "async", srv.resolved_block_size if w.prefix_sharing == "shared" else 0,
+                    srv.speculative)
     rpcs = simpy.Store(env)
     if clients is not None:
         clients.start()
@@ -68,5 +69,7 @@ def run_vllm(scenario, setting: str, specs: RequestSpecs, warmup: int, recorder)
                "retractions": scheduler.preempted_reqs, "retraction_steps": scheduler.preemption_steps,
                "reprefill_tokens": scheduler.recompute_tokens, "skipped_decodes": 0, "faults": [],
                **reach_outcome(costs)}
+    if scheduler.accept is not None:  # tokens per verify step per request, as drawn
+        outcome["spec_accept_length"] = scheduler.accept.mean_accept_length
     stats = {"sim_time_s": env.now, "steps": scheduler.next_step_seq}
     return outcome, stats

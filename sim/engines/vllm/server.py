@@ -14,6 +14,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from sim.engines.vllm.speculative import Speculative
 from sim.model.schema import MAX_POOL_TOKENS, MAX_REQUESTS, MAX_TOKENS, StrictModel
 
 SETTINGS = ("sync", "async")
@@ -35,7 +36,9 @@ class VllmServer(StrictModel):
     ``CacheConfig.DEFAULT_BLOCK_SIZE``), ``num_gpu_blocks`` (the KV cache in blocks, the null
     block included, as vLLM logs it and ``--num-gpu-blocks-override`` sets it; None: a cache of
     400,000 tokens), ``enable_chunked_prefill`` and ``enable_prefix_caching`` (both on by default
-    for generative models), ``long_prefill_token_threshold`` (0: off).
+    for generative models), ``long_prefill_token_threshold`` (0: off), ``speculative``
+    (``--speculative-config`` and what the simulator is told of it: :mod:`sim.engines.vllm.speculative`;
+    None: plain decoding).
     """
 
     engine: Literal["vllm"]
@@ -50,6 +53,7 @@ class VllmServer(StrictModel):
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     long_prefill_token_threshold: int = Field(default=0, ge=0, le=MAX_TOKENS)
+    speculative: Optional[Speculative] = None
     _from_launch_args: tuple = PrivateAttr(default=())  # as the SGLang section (scenario overrides read it)
 
     @field_validator("settings", mode="before")
@@ -85,9 +89,10 @@ class VllmServer(StrictModel):
         return "server.max_num_seqs", self.seqs_limit
 
     def warnings(self) -> list[str]:
-        """What this server section asks for that is answered only approximately (none here: the
-        launch arguments vLLM's rules read are checked where they are parsed)."""
-        return []
+        """What this server section asks for that is answered only approximately: speculative
+        decoding's given values (:meth:`Speculative.caveats`); the launch arguments vLLM's rules
+        read are checked where they are parsed."""
+        return self.speculative.caveats() if self.speculative is not None else []
 
     @property
     def blocking_forward(self) -> bool:

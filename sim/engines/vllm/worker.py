@@ -38,11 +38,15 @@ class Worker:
         async_scheduling: ``sample_tokens`` follows ``execute_model`` without a round trip.
         shared_prefix_block_size: the KV block size when the workload's cached prefixes are one
             shared prefix (``prefix_sharing: shared``); 0: each request's own.
+        speculative: the server's :class:`sim.engines.vllm.speculative.Speculative` (None: plain
+            decoding): each forward that samples is followed by the drafts' passes.
     """
 
     def __init__(self, costs, stream: DeviceStream, gpu_jitter: Jitter, cpu_jitter: Jitter,
-                 blocking_forward: bool, async_scheduling: bool, shared_prefix_block_size: int = 0):
+                 blocking_forward: bool, async_scheduling: bool, shared_prefix_block_size: int = 0,
+                 speculative=None):
         self.costs = costs
+        self.spec = speculative
         # a shared prefix is priced only when the workload's prefixes are shared and the profile
         # measured a saving; then the block size turns hit blocks into tokens
         self.shared_block_size = shared_prefix_block_size if costs.shared_prefix_saving else 0
@@ -61,16 +65,37 @@ class Worker:
         """Start the model forward at ``at`` (sets ``forward_start``/``forward_end``). Returns how
         long the worker is held: the forward itself on the CPU platform, 0 on a GPU."""
         shared = self.shared_kv(step) if self.shared_block_size and step.kind == DECODE else 0
-        decode_reqs = decode_sum_ctx = 0
-        if self.split_mixed and step.kind != DECODE:  # the requests that run one token (entry: req, new, computed, ...)
-            for entry in step.chunks:
-                if entry[1] == 1:
+        decode_reqs = decode_sum_ctx = decode_tokens = 0
+        if self.split_mixed and step.kind != DECODE:  # the requests that run one token plus their drafts
+            for entry in step.chunks:  # (req, new, computed, samples, drafts)
+                if entry[1] == 1 + entry[4]:
                     decode_reqs += 1
-                    decode_sum_ctx += entry[2] + 1
+                    decode_tokens += entry[1]
+                    decode_sum_ctx += entry[2] + entry[1]
         dur = self.costs.forward_s(step.kind, step.num_reqs, step.num_tokens, step.sum_ctx, shared,
-                                   decode_reqs, decode_sum_ctx) * self.gpu_jitter()
+                                   decode_reqs, decode_sum_ctx, decode_tokens)
+        if self.spec is not None:
+            dur += self.draft_s(step, dur)
+        dur *= self.gpu_jitter()
         self.stream.enqueue(step, at, dur)
         return step.forward_end - at if self.blocking_forward else 0.0
+
+    def draft_s(self, step: Batch, verify_s: float) -> float:
+        """Device time of the drafts after a forward of ``verify_s`` seconds
+        (:func:`sim.engines.vllm.speculative.draft_forward_s`): the first pass of the step's shape,
+        then k - 1 one-token passes over its sampling requests at their contexts; 0 when none
+        samples."""
+        from sim.engines.vllm.speculative import draft_forward_s
+
+        m = ctx = 0
+        for entry in step.chunks:
+            if entry[3]:
+                m += 1
+                ctx += entry[2] + entry[1]
+        if not m:
+            return 0.0
+        one_pass = self.costs.forward_s(DECODE, m, m, ctx, count=False) if self.spec.num_speculative_tokens > 1 else 0.0
+        return draft_forward_s(self.spec, verify_s, one_pass)
 
     def pickup(self, step: Batch, queued: bool) -> float:
         """Async scheduling: the worker taking ``step``'s ``execute_model`` RPC when it was already

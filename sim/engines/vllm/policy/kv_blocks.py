@@ -11,11 +11,15 @@ watermark exceed the free blocks (kv_cache_manager.py:573-579); with
 ``full_sequence_must_fit`` (the default ``scheduler_reserve_full_isl``) a new admission also
 needs the blocks of its whole current sequence (``num_tokens``) free (l.522-539).
 
-Simplifications, stated: one KV cache group (a full-attention decoder, no sliding window, no
-spec-decode lookahead); prefix-cache hits are the workload's cached prefix only, in whole
-blocks, and their blocks are resident and shared (they are not taken from the free pool and
-never evicted); a request's own blocks are not found again in the cache after it is preempted
-or finished (no LRU eviction model); the watermark is 0 (vLLM's default).
+Speculative decoding's lookahead (``num_lookahead_tokens``: slots for the drafts the drafter
+writes, l.542) is allocated with the request's tokens; vLLM caps it at ``max_model_len``, the
+simulator does not (at most k slots more near the end of a maximal request).
+
+Simplifications, stated: one KV cache group (a full-attention decoder, no sliding window);
+prefix-cache hits are the workload's cached prefix only, in whole blocks, and their blocks are
+resident and shared (they are not taken from the free pool and never evicted); a request's own
+blocks are not found again in the cache after it is preempted or finished (no LRU eviction
+model); the watermark is 0 (vLLM's default).
 """
 
 from __future__ import annotations
@@ -63,10 +67,11 @@ class BlockPool:
         return max(usable, 0) // self.block_size * self.block_size
 
     def allocate_slots(self, req: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
-                       full_sequence_must_fit: bool = False) -> bool:
+                       full_sequence_must_fit: bool = False, num_lookahead_tokens: int = 0) -> bool:
         """Give ``req`` blocks for ``num_new_tokens`` more tokens after its computed ones and
-        ``num_new_computed_tokens`` prefix-cache hits (a new admission). Returns False (and
-        changes nothing) when the free blocks do not suffice.
+        ``num_new_computed_tokens`` prefix-cache hits (a new admission), plus
+        ``num_lookahead_tokens`` slots beyond them (speculative decoding's drafts). Returns False
+        (and changes nothing) when the free blocks do not suffice.
 
         Raises:
             ValueError: ``num_new_tokens`` < 1 (vLLM: "num_new_tokens must be greater than 0").
@@ -77,7 +82,7 @@ class BlockPool:
         held = req.num_blocks + hit_blocks
         if full_sequence_must_fit and cdiv(req.num_tokens, self.block_size) - held > self.num_free_blocks:
             return False
-        total = req.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        total = req.num_computed_tokens + num_new_computed_tokens + num_new_tokens + num_lookahead_tokens
         need = max(cdiv(total, self.block_size) - held, 0)
         if need > self.num_free_blocks:
             return False

@@ -8,7 +8,7 @@ blocks, forgets its computed tokens (``num_computed_tokens = 0``: it will recomp
 and the output tokens it has so far) and goes to the FRONT of the waiting queue
 (``waiting.prepend_request``, l.1613). Under async scheduling the output of its steps still in
 flight is marked stale: it is delivered when it arrives, but must not touch the reset counters
-(``num_stale_output_tokens = num_in_flight_tokens``; placeholders reset to 0). No waiting request
+(``num_stale_output_tokens = num_in_flight_tokens``; placeholders reset to 0; its drafts dropped). No waiting request
 is admitted in a step that preempted (l.900).
 """
 
@@ -34,6 +34,7 @@ def preempt_request(req: Request, kv: BlockPool, waiting: deque) -> None:
     req.num_computed_tokens = 0
     req.num_stale_output_tokens = req.num_in_flight_tokens
     req.num_output_placeholders = 0
+    req.num_spec_tokens = 0  # spec_token_ids = []
     req.is_prefill_chunk = False
     req.num_preemptions += 1
     waiting.appendleft(req)

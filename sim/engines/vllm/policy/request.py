@@ -56,6 +56,7 @@ class Request:
     num_output_placeholders: int = 0
     num_in_flight_tokens: int = 0
     num_stale_output_tokens: int = 0
+    num_spec_tokens: int = 0  # len(spec_token_ids): drafts (or async placeholders) to verify next
     num_preemptions: int = 0
     is_prefill_chunk: bool = False
     num_blocks: int = 0  # KV blocks held, prefix-cache hits included
@@ -69,6 +70,11 @@ class Request:
     def num_tokens(self) -> int:
         """Prompt plus delivered output tokens (``Request.num_tokens``)."""
         return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        """``num_tokens`` plus the drafts waiting to be verified (``Request.num_tokens_with_spec``)."""
+        return self.num_prompt_tokens + self.num_output_tokens + self.num_spec_tokens
 
     @property
     def stops_by_length(self) -> bool:

@@ -5,8 +5,11 @@ into :class:`sim.engines.vllm.policy.scheduler.Scheduler`.
 For each request of the step: its in-flight tokens (and stale share) go down; a request already
 finished (async scheduling: a step scheduled before its stop token was seen) gets nothing: that
 token is discarded (counted as the step's ``overshoot``); a prefill chunk gets no token; else one
-token is appended (async: a placeholder consumed, unless the output is stale) and ``check_stop``
-runs: the stop token (the ``output_len``-th token of a request that does not stop by length), or
+token is appended, with speculative decoding ``1 + a`` (a drafts accepted, drawn:
+:class:`sim.engines.vllm.speculative.AcceptanceDraws`; the rejected ones roll
+``num_computed_tokens`` and the placeholders back), one at a time with ``check_stop`` after each
+(tokens past a stop are dropped; async: a placeholder consumed per token, unless the output is
+stale); ``check_stop``: the stop token (the ``output_len``-th token of a request that does not stop by length), or
 ``num_output_tokens >= max_tokens`` / ``num_tokens >= max_model_len`` (FINISHED_LENGTH_CAPPED).
 A stopped request frees its blocks at once (``_free_request``), leaves ``running`` (or
 ``waiting``, if it was preempted), and its id is sent to the worker with the next step.
@@ -29,7 +32,8 @@ class ResultsMixin:
         requests finished."""
         stopped: list[Request] = []
         itl: dict[float, int] = {}
-        for req, num_new, _computed, samples in step.chunks:
+        accept = self.accept
+        for req, num_new, _computed, samples, spec in step.chunks:
             req.num_in_flight_tokens -= num_new
             stale = req.num_stale_output_tokens > 0
             if stale:
@@ -39,11 +43,27 @@ class ResultsMixin:
                 continue
             if not samples:
                 continue
-            req.num_output_tokens += 1
+            if spec:  # 1 + a tokens; the rejected drafts roll the counters back (l.2110)
+                accepted = accept(spec)
+                if not stale:
+                    if req.num_computed_tokens > 0:
+                        req.num_computed_tokens -= spec - accepted
+                    if req.num_output_placeholders > 0:
+                        req.num_output_placeholders -= spec - accepted
+                appended = 0
+                stops = False
+                while appended <= accepted and not stops:  # _update_request_with_output: stop checked per token
+                    req.num_output_tokens += 1
+                    appended += 1
+                    stops = self._check_stop(req)
+            else:
+                req.num_output_tokens += 1
+                appended = 1
+                stops = self._check_stop(req)
             if self.async_scheduling and not stale:
-                req.num_output_placeholders -= 1
+                req.num_output_placeholders -= appended
             self._deliver(req, deliver_s, itl)
-            if self._check_stop(req):
+            if stops:
                 stopped.append(req)
         for value, weight in itl.items():
             self.recorder.itl(value, weight)
@@ -51,6 +71,15 @@ class ResultsMixin:
             self._finish(req, deliver_s)
         step.finished = len(stopped)
         return len(stopped)
+
+    def take_draft_token_ids(self, step: Batch) -> None:
+        """Synchronous speculative decoding's ``post_step``: the drafts proposed for ``step``'s
+        sampling requests reach the scheduler (``update_draft_token_ids``, scheduler.py:2550): k
+        each, except for finished requests and prefill chunks."""
+        k = self.num_spec_tokens
+        for req, _num_new, _computed, samples, _spec in step.chunks:
+            if samples and not req.is_finished and not req.is_prefill_chunk:
+                req.num_spec_tokens = k
 
     def _check_stop(self, req: Request) -> bool:
         """``check_stop``: the stop token, then the length caps."""

@@ -23,14 +23,22 @@ within one token budget (``max_num_batched_tokens``; ``max_num_scheduled_tokens`
    gets one output placeholder (``AsyncScheduler._update_after_schedule``).
 
 The step is a :class:`sim.model.batch.Batch`: ``chunks`` lists ``(request, num_scheduled_tokens,
-num_computed_tokens before the step, samples)`` per scheduled request (``samples``: the step
-ends its known tokens, so the model runner returns a sampled token for it). ``kind`` is DECODE
-when every entry is one sampled token, else EXTEND (a step with prefill tokens, mixed or not);
-``num_tokens`` and ``sum_ctx`` (sum of ``num_computed + num_scheduled``) are the step's sizes.
+num_computed_tokens before the step, samples, drafts scheduled)`` per scheduled request
+(``samples``: the step ends its known tokens, so the model runner returns a sampled token for
+it). ``kind`` is DECODE when every entry is one sampled token (plus its drafts), else EXTEND (a
+step with prefill tokens, mixed or not); ``num_tokens`` and ``sum_ctx`` (sum of ``num_computed +
+num_scheduled``) are the step's sizes.
+
+Speculative decoding (``server.speculative``, :mod:`sim.engines.vllm.speculative`): a running
+request's drafts (``num_spec_tokens``) count in ``num_new`` (``num_tokens_with_spec``), the drafts
+scheduled are those past its known tokens (the entry's fifth field), its blocks cover
+``num_lookahead_tokens`` = k more, and async scheduling counts ``1 + drafts`` placeholders and
+gives it k placeholder drafts. A step whose every entry samples after one token plus its drafts is
+a decode step (the verify).
 
 Results (``update_from_output``) are in :mod:`.results`. Simplifications: FCFS only (no priority
-policy), no speculative decoding, structured output, LoRA, multimodal inputs, KV connectors or
-pipeline parallelism; see :mod:`.kv_blocks` for the KV cache.
+policy), speculative decoding as above only, no structured output, LoRA, multimodal inputs, KV
+connectors or pipeline parallelism; see :mod:`.kv_blocks` for the KV cache.
 """
 
 from __future__ import annotations
@@ -38,10 +46,13 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable
 
+import numpy as np
+
 from sim.engines.vllm.policy.kv_blocks import BlockPool
 from sim.engines.vllm.policy.preemption import preempt_request
 from sim.engines.vllm.policy.request import RUNNING, Request
 from sim.engines.vllm.policy.results import ResultsMixin
+from sim.engines.vllm.speculative import AcceptanceDraws
 from sim.model.batch import Batch
 from sim.model.costs import DECODE, EXTEND
 
@@ -55,9 +66,16 @@ class Scheduler(ResultsMixin):
         async_scheduling: ``AsyncScheduler`` (placeholders for in-flight tokens) or ``Scheduler``.
         recorder: receives finished requests and ITL samples (:class:`sim.trace.recorder.TraceRecorder`).
         on_finish: called as ``on_finish(rid, time_s)`` when a request completes or fails.
+        accept_rng: the generator of the accepted-draft draws (speculative decoding; default seed 0).
     """
 
-    def __init__(self, server, async_scheduling: bool, recorder, on_finish: Callable[[int, float], None]):
+    def __init__(self, server, async_scheduling: bool, recorder, on_finish: Callable[[int, float], None],
+                 accept_rng: np.random.Generator | None = None):
+        spec = server.speculative
+        self.num_spec_tokens = spec.num_speculative_tokens if spec is not None else 0
+        self.num_lookahead_tokens = self.num_spec_tokens  # draft_model / EAGLE / MTP (VllmConfig.num_lookahead_tokens)
+        self.accept = AcceptanceDraws(spec, accept_rng if accept_rng is not None else np.random.default_rng(0)) \
+            if spec is not None else None
         self.kv = BlockPool(server.kv_blocks, server.resolved_block_size)
         self.async_scheduling = async_scheduling
         self.max_num_seqs = server.seqs_limit
@@ -115,19 +133,24 @@ class Scheduler(ResultsMixin):
             if self.async_scheduling and req.num_output_placeholders > 0 and \
                     req.num_computed_tokens + 2 - req.num_output_placeholders >= req.num_prompt_tokens + req.max_tokens:
                 continue  # the in-flight step already reaches max_tokens
-            num_new = req.num_tokens + req.num_output_placeholders - req.num_computed_tokens
+            num_new = req.num_tokens_with_spec + req.num_output_placeholders - req.num_computed_tokens
             if 0 < threshold < num_new:
                 num_new = threshold
             num_new = min(num_new, budget, self.max_model_len - req.num_computed_tokens - 1)
             if num_new <= 0:
                 continue
-            while not self.kv.allocate_slots(req, num_new):
+            while not self.kv.allocate_slots(req, num_new, num_lookahead_tokens=self.num_lookahead_tokens):
                 victim = self.running.pop()
                 preempt_request(victim, self.kv, self.waiting)
                 preempted.append(victim)
                 if victim is req:
                     return preempted
-            self._add_entry(step, req, num_new)
+            spec = 0
+            if req.num_spec_tokens:  # the drafts past its known tokens (l.861); new ones come with the output
+                spec = min(req.num_spec_tokens, max(0, num_new + req.num_computed_tokens - req.num_tokens
+                                                    - req.num_output_placeholders))
+                req.num_spec_tokens = 0
+            self._add_entry(step, req, num_new, spec)
             budget -= num_new
         return preempted
 
@@ -146,7 +169,8 @@ class Scheduler(ResultsMixin):
             if not self.enable_chunked_prefill and num_new > budget:
                 break
             num_new = min(num_new, budget)
-            if not self.kv.allocate_slots(req, num_new, hit, full_sequence_must_fit=True):
+            if not self.kv.allocate_slots(req, num_new, hit, full_sequence_must_fit=True,
+                                          num_lookahead_tokens=self.num_lookahead_tokens):
                 break
             self.waiting.popleft()
             self.running.append(req)
@@ -159,26 +183,29 @@ class Scheduler(ResultsMixin):
         self.waiting.extendleft(reversed(skipped))
 
     @staticmethod
-    def _add_entry(step: Batch, req: Request, num_new: int) -> None:
-        step.chunks.append([req, num_new, req.num_computed_tokens, False])
+    def _add_entry(step: Batch, req: Request, num_new: int, spec: int = 0) -> None:
+        step.chunks.append([req, num_new, req.num_computed_tokens, False, spec])
         step.num_reqs += 1
         step.num_tokens += num_new
         step.sum_ctx += req.num_computed_tokens + num_new
 
     def _update_after_schedule(self, step: Batch) -> None:
         """Advance the computed tokens of what was scheduled; mark sampling entries; async:
-        one placeholder per request that is past its prefill."""
+        one placeholder per request that is past its prefill, plus one per draft scheduled, and
+        (speculative decoding) k placeholder drafts."""
         decode = step.num_reqs > 0
+        k = self.num_spec_tokens
         for entry in step.chunks:
-            req, num_new = entry[0], entry[1]
+            req, num_new, spec = entry[0], entry[1], entry[4]
             req.num_computed_tokens += num_new
             req.num_in_flight_tokens += num_new
             req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens + req.num_output_placeholders
             entry[3] = samples = not req.is_prefill_chunk
-            decode = decode and samples and num_new == 1
+            decode = decode and samples and num_new == 1 + spec
             step.num_warmup += req.warmup
             if samples and self.async_scheduling:
-                req.num_output_placeholders += 1
+                req.num_output_placeholders += 1 + spec
+                req.num_spec_tokens = k
         step.kind = DECODE if decode else EXTEND
         step.num_running = len(self.running)
         step.num_queued = len(self.waiting)

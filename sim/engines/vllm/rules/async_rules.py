@@ -23,7 +23,7 @@ from typing import Callable
 
 from packaging.version import Version
 
-from sim.engines.vllm.rules.launch_args import CHECKED_VERSIONS, VllmLaunch, env_flag, parse_launch_args
+from sim.engines.vllm.rules.launch_args import CHECKED_VERSIONS, VllmLaunch, env_flag, parse_launch_args, unmodelled
 
 # speculative methods async scheduling refuses (config/vllm.py:1563-1575: only EagleModelTypes,
 # NgramGPUTypes, draft_model, dspark, dflash are allowed; config/speculative.py:67-83)
@@ -172,7 +172,7 @@ def _advice(c: VllmLaunch, on: bool | None, decided: tuple, refused: bool) -> Vl
                      "the rules are assumed to still hold")
     elif c.version not in CHECKED_VERSIONS:
         notes.append(f"release {c.version} was not checked (checked: {', '.join(CHECKED_VERSIONS)})")
-    modelled = not refused and c.fields["pipeline_parallel_size"] == 1 and c.speculative_method is None
+    modelled = not refused and not unmodelled(c.fields)
     setting = None if not modelled else ("async" if on else "sync")
     return VllmAdvice(c, on, setting, decided, refused, tuple(notes))
 

@@ -98,15 +98,35 @@ def known_flags():
     return load(str(resources.files("sim.engines.vllm.rules").joinpath(FLAGS_FILE)))
 
 
+def speculative_server(spec_config) -> dict | None:
+    """The scenario's ``server.speculative`` fields a ``--speculative-config`` gives (``method``,
+    ``num_speculative_tokens``) when the simulator models it
+    (:data:`sim.engines.vllm.speculative.MODELLED_METHODS`, k an integer from 1 to 64); None
+    otherwise (not given, another method, or no k). The acceptance law and the draft's cost are
+    not in the command: the scenario gives them."""
+    from sim.engines.vllm.speculative import MAX_SPEC_TOKENS, MODELLED_METHODS
+
+    if not isinstance(spec_config, dict) or spec_config.get("method") not in MODELLED_METHODS:
+        return None
+    k = spec_config.get("num_speculative_tokens")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPEC_TOKENS:
+        return None
+    return {"method": spec_config["method"], "num_speculative_tokens": k}
+
+
 def unmodelled(fields: dict) -> dict[str, str]:
     """Engine argument -> what it turns on, for each launch setting that changes the timeline in a
-    way the simulator does not model (one engine core, one worker, one token per request-step):
-    speculative decoding (a draft and a verify forward per step), tensor, pipeline and data
-    parallelism (workers in lockstep and all-reduces; a pipeline of batches; several engine
-    cores)."""
+    way the simulator does not model (one engine core, one worker): speculative decoding other than
+    a device drafter's k drafts per step (:func:`speculative_server`: n-gram and suffix proposers,
+    parallel drafters, or no ``num_speculative_tokens``), tensor, pipeline and data parallelism
+    (workers in lockstep and all-reduces; a pipeline of batches; several engine cores)."""
     out = {}
-    if fields.get("speculative_config"):
-        out["speculative_config"] = "speculative decoding"
+    spec = fields.get("speculative_config")
+    if spec and speculative_server(spec) is None:
+        method = spec.get("method") if isinstance(spec, dict) else None
+        out["speculative_config"] = (f"speculative decoding by {method}: modelled are draft_model, eagle, eagle3 and "
+                                     "mtp with num_speculative_tokens" if method else
+                                     "speculative decoding without a method")
     for name, what in (("tensor_parallel_size", "tensor parallelism"), ("pipeline_parallel_size",
                        "pipeline parallelism"), ("data_parallel_size", "data parallelism")):
         if isinstance(fields.get(name), int) and fields[name] > 1:
@@ -231,6 +251,10 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
         raise UserInputError(source, "--speculative-config", f"a method name (a string) as its method (got "
                              f"{spec_config['method']!r})")
     refused = unmodelled(fields)
+    if spec_config and "speculative_config" not in refused:
+        server["speculative"] = speculative_server(spec_config)
+        notes.append("--speculative-config: modelled given what the command does not say: the scenario's "
+                     "server.speculative.acceptance_rate (or accepted_histogram) and draft_cost_ratio")
     flags = tuple((shown, NO_EFFECT if what == NO_EFFECT else
                    f"refused: not modelled ({refused[what]})" if what in refused else MODELLED)
                   for shown, what in statuses)

@@ -345,7 +345,8 @@ MODEL = REPO / ".venvs" / "models" / "tiny-llama"
 
 
 @pytest.mark.skipif(not SGLANG_PYTHON.exists() or not MODEL.exists(),
-                    reason="no SGLang environment (realengines/sglang/setup.sh) or test model")
+                    reason="no SGLang environment (realengines/sglang/setup.sh) or test model "
+                           "(python -m realengines.model)")
 def test_a_real_server_records_a_trace_that_imports(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "realengines" / "sglang" / "shims"), str(REPO)]),
                OMP_NUM_THREADS="1")

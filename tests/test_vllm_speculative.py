@@ -43,16 +43,24 @@ def run(tmp_path, setting, speculative=None, **kw):
 
 # --- the acceptance law, by hand ----------------------------------------------------------
 
-def test_acceptance_rate_is_geometric_up_to_k():
-    s = Speculative(**spec(k=3, rate=0.5))
-    np.testing.assert_allclose(s.probabilities(), [0.5, 0.25, 0.125, 0.125])
-    assert s.mean_accepted() == pytest.approx(0.25 + 0.25 + 0.375)  # r (1 - r^k) / (1 - r) = 0.875
+def test_per_position_acceptance_is_vllms_log_read_exactly():
+    """vLLM's "Per-position acceptance rate" r_i: P(a) = r_a - r_(a+1)."""
+    s = Speculative(**spec(k=3) | {"accepted_histogram": None, "per_position_acceptance": [0.8, 0.6, 0.4]})
+    np.testing.assert_allclose(s.probabilities(), [0.2, 0.2, 0.2, 0.4])
+    assert s.mean_accepted() == pytest.approx(0.8 + 0.6 + 0.4)
 
 
-@pytest.mark.parametrize("rate", [0.0, 1.0])
-def test_acceptance_rate_ends(rate):
-    s = Speculative(**spec(k=4, rate=rate))
-    assert s.mean_accepted() == pytest.approx(4 * rate)
+def test_acceptance_rate_is_vllms_average_spread_geometrically():
+    """vLLM's "Avg Draft acceptance rate" A = mean accepted / k; q + q^2 + q^3 = 3 A."""
+    s = Speculative(**spec(k=3, rate=0.875 / 3))  # q = 0.5: 0.5 + 0.25 + 0.125
+    np.testing.assert_allclose(s.probabilities(), [0.5, 0.25, 0.125, 0.125], atol=1e-9)
+    assert s.mean_accepted() == pytest.approx(0.875)
+
+
+@settings(max_examples=30, deadline=None)
+@given(k=st.integers(1, 12), rate=st.floats(0, 1))
+def test_acceptance_rate_mean_is_rate_times_k(k, rate):
+    assert Speculative(**spec(k=k, rate=rate)).mean_accepted() == pytest.approx(rate * k, abs=1e-9)
 
 
 def test_draws_of_a_point_mass_are_exact_and_capped():
@@ -74,21 +82,23 @@ def test_draws_follow_the_histogram(raw):
     assert abs(np.mean(got) - mean) <= 6 * sd / math.sqrt(4000) + 1e-9
 
 
-@pytest.mark.parametrize("bad, field", [
+@pytest.mark.parametrize("bad, words", [
     ({"acceptance_rate": 0.5, "accepted_histogram": [0.5, 0.5, 0, 0]}, "exactly one"),
-    ({"accepted_histogram": [0.5, 0.5]}, "k + 1"),
+    ({"accepted_histogram": [0.5, 0.5]}, "needs 4 values"),
     ({"accepted_histogram": [0.5, 0.6, 0, 0]}, "summing to 1"),
-    ({"acceptance_rate": float("nan")}, "finite"),
-    ({"acceptance_rate": 1.5}, "less than or equal"),
-    ({"method": "ngram"}, "method"),
+    ({"accepted_histogram": None, "per_position_acceptance": [0.5, 0.6, 0.1]}, "must not increase"),
+    ({"accepted_histogram": None, "per_position_acceptance": [0.5, 0.4]}, "needs 3 values"),
+    ({"accepted_histogram": None, "per_position_acceptance": [1.5, 0.4, 0.1]}, "from 0 to 1"),
+    ({"accepted_histogram": None, "acceptance_rate": float("nan")}, "finite"),
+    ({"accepted_histogram": None, "acceptance_rate": 1.5}, "less than or equal"),
+    ({"method": "ngram"}, "not modelled"),
     ({"num_speculative_tokens": 0}, "greater than or equal"),
 ])
-def test_bad_speculative_sections_are_refused(bad, field):
-    s = {**spec(k=3), **bad}
-    if "acceptance_rate" in bad and "accepted_histogram" not in bad:
-        s.pop("accepted_histogram")
-    with pytest.raises(ScenarioError, match="speculative"):
+def test_bad_speculative_sections_are_refused(bad, words):
+    s = {k: v for k, v in {**spec(k=3), **bad}.items() if v is not None}
+    with pytest.raises(ScenarioError, match="speculative") as err:
         sim.load_scenario(vllm_scenario(server__speculative=s))
+    assert words in str(err.value)
 
 
 def test_acceptance_needs_to_be_given():
@@ -218,7 +228,7 @@ def test_a_device_drafter_is_modelled_and_ngram_refused():
     assert ngram.setting is None and ngram.async_scheduling is False
     assert "refused" in ngram.config.flags[0][1]
     no_k = advise(["--speculative-config.method", "eagle"])
-    assert no_k.setting is None and "refused" in no_k.config.flags[0][1]
+    assert no_k.setting is None and "without num_speculative_tokens" in no_k.config.flags[0][1]
 
 
 def test_every_run_says_what_speculation_rests_on(tmp_path):
@@ -226,7 +236,8 @@ def test_every_run_says_what_speculation_rests_on(tmp_path):
     from sim.output.report import load_warnings
 
     lines = load_warnings(res.scenario)
-    assert any("server.speculative" in w and "acceptance_rate 0.6" in w and "not measured" in w for w in lines)
+    assert any("server.speculative" in w and "acceptance_rate 0.6" in w and "not measured" in w
+               and "ITL is per step" in w for w in lines)
 
 
 def test_the_shipped_speculative_scenario_says_what_it_assumed(run_cli, tmp_path):
@@ -240,6 +251,6 @@ def test_the_shipped_speculative_scenario_says_what_it_assumed(run_cli, tmp_path
     assert "speculative decoding" in verdict and "tokens per verify step" in verdict and "not measured" in verdict
     summary = json.loads((tmp_path / "summary.json").read_text())
     accept = summary["verdict"]["spec_accept_length"]
-    law = Speculative(method="eagle3", num_speculative_tokens=3, acceptance_rate=0.6, draft_cost_ratio=0.1)
-    assert all(abs(a - (1 + law.mean_accepted())) < 0.1 for a in accept)  # drawn around the law's mean
+    assert all(abs(a - (1 + 0.75 + 0.55 + 0.4)) < 0.1 for a in accept)  # drawn around the logged rates' mean
+    assert "(async) and" in verdict and "(sync) tokens per verify step" in verdict
     assert any("server.speculative" in w for w in summary["warnings"])

@@ -207,8 +207,9 @@ class Verdict:
         out = ""
         if self.accept_length is not None:
             an, ad = self.accept_length
-            out += (f"; speculative decoding: {an:.2f} and {ad:.2f} tokens per verify step per request, from the "
-                    "given acceptance (server.speculative, not measured)")
+            num, den = self.pair[:2]
+            out += (f"; speculative decoding: {an:.2f} ({num}) and {ad:.2f} ({den}) tokens per verify step per "
+                    "request as drawn from the given acceptance (server.speculative, not measured)")
         if self.placeholder:
             out += "; on the scenario's inline cost terms (placeholders: no device was measured)"
         if self.stated_range is not None:

@@ -25,10 +25,10 @@ What vLLM does (source, 0.32.0):
 
 What the simulator takes as given, and how (stated on every run, :meth:`Speculative.caveats`):
 
-- the accepted drafts per request-step: drawn, seeded, from ``accepted_histogram`` (P(a) for a =
-  0..k) or from ``acceptance_rate`` (each draft accepted with that probability, independently,
-  up to the first rejection: P(a) = r^a (1 - r) for a < k, r^k for a = k); the same law for every
-  request and step (real acceptance depends on the text and the position in it);
+- the accepted drafts per request-step: drawn, seeded, from the law the scenario gives (vLLM's
+  logged per-position acceptance, exactly; or its average acceptance rate, spread over positions
+  as the law "each draft accepted with one probability up to the first rejection"; or a
+  histogram); the same law for every request and step (real acceptance depends on the text);
 - a draft pass costs ``draft_cost_ratio`` times the target's forward of the same shape (1.0: the
   target model drafting for itself; an EAGLE head over an L-layer target is of the order of 1/L);
 - the synchronous ``take_draft_token_ids`` round trip is priced as the profile's ``vllm.roundtrip``
@@ -51,7 +51,7 @@ import math
 from typing import Literal, Optional
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from sim.model.schema import StrictModel
 
@@ -64,34 +64,65 @@ class Speculative(StrictModel):
     """``server.speculative`` of a vLLM scenario: vLLM's ``--speculative-config`` (``method``,
     ``num_speculative_tokens``) and what the simulator must be told about it.
 
-    Fields: ``method`` (one of :data:`MODELLED_METHODS`), ``num_speculative_tokens`` (k, 1-64),
-    ``acceptance_rate`` (per draft, 0-1) or ``accepted_histogram`` (k + 1 probabilities of
-    accepting 0..k drafts, summing to 1), exactly one of them; ``draft_cost_ratio`` (>= 0, a
-    draft pass against the target's forward of the same shape).
+    Fields: ``method`` (one of :data:`MODELLED_METHODS`), ``num_speculative_tokens`` (k, 1-64);
+    the accepted drafts, exactly one of (each read off vLLM's own ``SpecDecoding metrics`` log
+    line, ``SpecDecodingLogging.log``, ``v1/spec_decode/metrics.py``):
 
-    Raises (pydantic ValidationError, as ValueError): neither or both acceptance fields; a
-    histogram of the wrong length, with a negative entry, or not summing to 1.
+    - ``per_position_acceptance``: the log's "Per-position acceptance rate", k shares of drafts
+      whose i-th token was accepted (non-increasing: a draft token counts only after the ones
+      before it); P(a accepted) = r_a - r_(a+1), r_0 = 1, r_(k+1) = 0: exact;
+    - ``acceptance_rate``: the log's "Avg Draft acceptance rate" as a fraction (accepted drafts
+      over drafts proposed: mean accepted / k); the simulator draws from the law in which each
+      draft is accepted with one probability q up to the first rejection, q chosen so that the
+      mean matches (an assumption about the shape, stated on every run);
+    - ``accepted_histogram``: k + 1 probabilities of accepting 0..k drafts, summing to 1;
+
+    ``draft_cost_ratio`` (>= 0, a draft pass against the target's forward of the same shape).
+
+    Raises (pydantic ValidationError, as ValueError): a method that is not modelled (named);
+    none or several acceptance fields; a list of the wrong length, out of [0, 1], increasing
+    (per position) or not summing to 1 (histogram).
     """
 
     method: Literal["draft_model", "eagle", "eagle3", "mtp"]
     num_speculative_tokens: int = Field(ge=1, le=MAX_SPEC_TOKENS)
+    per_position_acceptance: Optional[list[float]] = None
     acceptance_rate: Optional[float] = Field(default=None, ge=0.0, le=1.0)
     accepted_histogram: Optional[list[float]] = None
     draft_cost_ratio: float = Field(ge=0.0, le=100.0)
 
+    @field_validator("method", mode="before")
+    @classmethod
+    def _modelled(cls, value):
+        if isinstance(value, str) and value not in MODELLED_METHODS:
+            raise ValueError(f"{value!r} is not modelled (proposals found in the text or on the CPU, or parallel "
+                             f"drafters); modelled: {', '.join(MODELLED_METHODS)}")
+        return value
+
     @model_validator(mode="after")
     def _one_law(self):
-        if (self.acceptance_rate is None) == (self.accepted_histogram is None):
-            raise ValueError("give exactly one of acceptance_rate (per draft token, 0-1) and accepted_histogram "
-                             "(the probabilities of accepting 0..k drafts): the server log's 'Avg Draft acceptance "
-                             "rate' or its per-position acceptance gives them")
-        if self.accepted_histogram is not None:
-            h, k = self.accepted_histogram, self.num_speculative_tokens
-            if len(h) != k + 1:
-                raise ValueError(f"accepted_histogram: needs k + 1 = {k + 1} probabilities (0..{k} accepted), "
-                                 f"got {len(h)}")
-            if any(p < 0 for p in h) or abs(sum(h) - 1.0) > HISTOGRAM_TOLERANCE:
-                raise ValueError(f"accepted_histogram: probabilities >= 0 summing to 1 (sum {sum(h):.6g})")
+        given = [n for n in LAWS if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of per_position_acceptance (the vLLM log's 'Per-position acceptance "
+                             "rate', k values), acceptance_rate (its 'Avg Draft acceptance rate' as a fraction) and "
+                             "accepted_histogram (the probabilities of accepting 0..k drafts)"
+                             + (f" (got {', '.join(given)})" if given else ""))
+        k = self.num_speculative_tokens
+        for name, want in (("per_position_acceptance", k), ("accepted_histogram", k + 1)):
+            values = getattr(self, name)
+            if values is None:
+                continue
+            if len(values) != want:
+                raise ValueError(f"{name}: needs {want} values for k = {k}, got {len(values)}")
+            if any(not 0.0 <= v <= 1.0 for v in values):
+                raise ValueError(f"{name}: values from 0 to 1")
+        r = self.per_position_acceptance
+        if r is not None and any(b > a + HISTOGRAM_TOLERANCE for a, b in zip(r, r[1:])):
+            raise ValueError("per_position_acceptance: must not increase (a later draft token is accepted only "
+                             f"after the earlier ones), got {r}")
+        h = self.accepted_histogram
+        if h is not None and abs(sum(h) - 1.0) > HISTOGRAM_TOLERANCE:
+            raise ValueError(f"accepted_histogram: probabilities summing to 1 (sum {sum(h):.6g})")
         return self
 
     def probabilities(self) -> np.ndarray:
@@ -99,9 +130,12 @@ class Speculative(StrictModel):
         k = self.num_speculative_tokens
         if self.accepted_histogram is not None:
             p = np.asarray(self.accepted_histogram, dtype=float)
-            return p / p.sum()
-        r = self.acceptance_rate
-        p = np.array([r ** a * (1.0 - r) for a in range(k)] + [r ** k])
+        elif self.per_position_acceptance is not None:
+            r = np.concatenate([[1.0], np.minimum.accumulate(self.per_position_acceptance), [0.0]])
+            p = np.maximum(r[:-1] - r[1:], 0.0)
+        else:
+            q = geometric_q(self.acceptance_rate * k, k)
+            p = np.array([q ** a * (1.0 - q) for a in range(k)] + [q ** k])
         return p / p.sum()
 
     def mean_accepted(self) -> float:
@@ -111,16 +145,42 @@ class Speculative(StrictModel):
 
     def caveats(self) -> list[str]:
         """The warning lines every run of this scenario carries: what rests on given values."""
-        law = (f"acceptance_rate {self.acceptance_rate:g}" if self.acceptance_rate is not None
-               else f"accepted_histogram {self.accepted_histogram}")
+        k = self.num_speculative_tokens
+        if self.acceptance_rate is not None:
+            q = geometric_q(self.acceptance_rate * k, k)
+            law = (f"acceptance_rate {self.acceptance_rate:g} (spread over positions as if each draft were "
+                   f"accepted with probability {q:.3f} up to the first rejection: give per_position_acceptance "
+                   "for the measured shape)")
+        else:
+            name = "per_position_acceptance" if self.per_position_acceptance is not None else "accepted_histogram"
+            law = f"{name} {getattr(self, name)}"
         return [f"warning: server.speculative: {self.method} with k={self.num_speculative_tokens}: the accepted "
-                f"drafts are drawn from the given {law} (mean accept length {1 + self.mean_accepted():.2f} tokens "
-                "per step, the same for every request and position; not measured by the simulator), a draft pass "
-                f"costs draft_cost_ratio {self.draft_cost_ratio:g} x the target's forward of its shape (given), "
-                "the synchronous take_draft_token_ids RPC is priced as vllm.roundtrip and the rejection sampler "
-                "as part of vllm.sample (neither timed with speculation); the drafter's own host work per step "
-                "(its inputs and metadata) is not modelled: against vLLM's CPU server with a draft model the "
+                f"drafts are drawn from the given {law}, expected accept length {1 + self.mean_accepted():.2f} "
+                "tokens per verify step, the same law for every request and position (not measured by the "
+                f"simulator); a draft pass costs draft_cost_ratio {self.draft_cost_ratio:g} x the target's forward "
+                "of its shape (given); a step's tokens reach the client together, so ITL is per step and TPOT per "
+                "token; the synchronous take_draft_token_ids RPC is priced as vllm.roundtrip and the rejection "
+                "sampler as part of vllm.sample (neither timed with speculation); the drafter's own host work per "
+                "step (its inputs and metadata) is not modelled: against vLLM's CPU server with a draft model the "
                 "steps were priced 1.5-5 ms short, throughput 36% high and TPOT 29% low (medians; docs/vllm.md)"]
+
+
+LAWS = ("per_position_acceptance", "acceptance_rate", "accepted_histogram")
+
+
+def geometric_q(mean_accepted: float, k: int) -> float:
+    """The per-draft acceptance q (0-1) of the law "each draft accepted with probability q up to
+    the first rejection" whose mean accepted count, q + q^2 + ... + q^k, is ``mean_accepted``
+    (0 <= mean_accepted <= k; clipped). Bisection to 1e-12."""
+    target = min(max(mean_accepted, 0.0), float(k))
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(mid ** i for i in range(1, k + 1)) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
 
 
 class AcceptanceDraws:

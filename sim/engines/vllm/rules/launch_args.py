@@ -123,10 +123,16 @@ def unmodelled(fields: dict) -> dict[str, str]:
     out = {}
     spec = fields.get("speculative_config")
     if spec and speculative_server(spec) is None:
+        from sim.engines.vllm.speculative import MODELLED_METHODS
+
         method = spec.get("method") if isinstance(spec, dict) else None
-        out["speculative_config"] = (f"speculative decoding by {method}: modelled are draft_model, eagle, eagle3 and "
-                                     "mtp with num_speculative_tokens" if method else
-                                     "speculative decoding without a method")
+        if method in MODELLED_METHODS:
+            out["speculative_config"] = (f"speculative decoding by {method} without num_speculative_tokens from 1 "
+                                         "to 64: the simulator needs k")
+        else:
+            out["speculative_config"] = (f"speculative decoding by {method}: modelled are draft_model, eagle, eagle3 "
+                                         "and mtp with num_speculative_tokens" if method else
+                                         "speculative decoding without a method")
     for name, what in (("tensor_parallel_size", "tensor parallelism"), ("pipeline_parallel_size",
                        "pipeline parallelism"), ("data_parallel_size", "data parallelism")):
         if isinstance(fields.get(name), int) and fields[name] > 1:

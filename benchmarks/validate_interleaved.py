@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--result", type=Path, default=None,
                     help="default benchmarks/results/validate-<engine>-cpu-interleaved.json")
     ap.add_argument("--grid", choices=("default", "heldout", "speculative"), default="default",
-                    help="the validation's loads (calibrate.real.validate.GRIDS): heldout = loads the calibration "
+                    help="the validation's loads (calibrate.real.validation_loads.GRIDS): heldout = loads the calibration "
                          "never ran, closed and open loops, sent by the engine's own benchmark client (SGLang: its "
                          "gamma load by the own client)")
     ap.add_argument("--speculative", default=None, metavar="JSON",
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                          "MODEL in model: the test model) and predict with its draft_cost_ratio and the acceptance "
                          "each load's sessions measured (use with --grid speculative)")
     ap.add_argument("--client-nice", type=int, default=None, metavar="N",
-                    help="the load generator's niceness (default: the grid's, calibrate.real.validate.CLIENT_NICE)")
+                    help="the load generator's niceness (default: the grid's, calibrate.real.validation_loads.CLIENT_NICE)")
     ap.add_argument("--stub-control", action="store_true",
                     help="vLLM: each calibration round also runs the stubbed server on the calibration's own grid "
                          "(forward stubbed, busy-waiting); the validation is scored again with the full forward "

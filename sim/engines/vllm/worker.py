@@ -22,6 +22,7 @@ Costs from the cost model (:mod:`sim.engines.vllm.costs`), times per-step jitter
 
 from __future__ import annotations
 
+from sim.engines.vllm.speculative import draft_forward_s
 from sim.model.batch import Batch
 from sim.model.costs import DECODE, Jitter
 from sim.model.device import DeviceStream
@@ -85,8 +86,6 @@ class Worker:
         (:func:`sim.engines.vllm.speculative.draft_forward_s`): the first pass of the step's shape,
         then k - 1 one-token passes over its sampling requests at their contexts; 0 when none
         samples."""
-        from sim.engines.vllm.speculative import draft_forward_s
-
         m = ctx = 0
         for entry in step.chunks:
             if entry[3]:
@@ -94,7 +93,8 @@ class Worker:
                 ctx += entry[2] + entry[1]
         if not m:
             return 0.0
-        one_pass = self.costs.forward_s(DECODE, m, m, ctx, count=False) if self.spec.num_speculative_tokens > 1 else 0.0
+        one_pass = self.costs.forward_s(DECODE, m, m, ctx, count=False) if self.spec.num_speculative_tokens > 1 \
+            else 0.0
         return draft_forward_s(self.spec, verify_s, one_pass)
 
     def pickup(self, step: Batch, queued: bool) -> float:

@@ -16,6 +16,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from sim.engines.vllm.speculative import MAX_SPEC_TOKENS, MODELLED_METHODS
 from sim.errors import UserInputError
 
 PLATFORMS = ("cuda", "cpu")
@@ -98,20 +99,22 @@ def known_flags():
     return load(str(resources.files("sim.engines.vllm.rules").joinpath(FLAGS_FILE)))
 
 
-def speculative_server(spec_config) -> dict | None:
-    """The scenario's ``server.speculative`` fields a ``--speculative-config`` gives (``method``,
-    ``num_speculative_tokens``) when the simulator models it
-    (:data:`sim.engines.vllm.speculative.MODELLED_METHODS`, k an integer from 1 to 64); None
-    otherwise (not given, another method, or no k). The acceptance law and the draft's cost are
+def speculative_server(spec_config) -> dict | str:
+    """What a ``--speculative-config`` gives the scenario: its ``server.speculative`` fields
+    (``method``, ``num_speculative_tokens``) when the simulator models it (a method of
+    :data:`sim.engines.vllm.speculative.MODELLED_METHODS` with k an integer from 1 to 64), else
+    what it turns on that is not modelled, in words. The acceptance law and the draft's cost are
     not in the command: the scenario gives them."""
-    from sim.engines.vllm.speculative import MAX_SPEC_TOKENS, MODELLED_METHODS
-
-    if not isinstance(spec_config, dict) or spec_config.get("method") not in MODELLED_METHODS:
-        return None
+    method = spec_config.get("method") if isinstance(spec_config, dict) else None
+    if method not in MODELLED_METHODS:
+        modelled = f"{', '.join(MODELLED_METHODS[:-1])} and {MODELLED_METHODS[-1]}"
+        return (f"speculative decoding by {method}: modelled are {modelled} with num_speculative_tokens" if method
+                else "speculative decoding without a method")
     k = spec_config.get("num_speculative_tokens")
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPEC_TOKENS:
-        return None
-    return {"method": spec_config["method"], "num_speculative_tokens": k}
+        return (f"speculative decoding by {method} without num_speculative_tokens from 1 to {MAX_SPEC_TOKENS}: "
+                "the simulator needs k")
+    return {"method": method, "num_speculative_tokens": k}
 
 
 def unmodelled(fields: dict) -> dict[str, str]:
@@ -122,17 +125,8 @@ def unmodelled(fields: dict) -> dict[str, str]:
     (workers in lockstep and all-reduces; a pipeline of batches; several engine cores)."""
     out = {}
     spec = fields.get("speculative_config")
-    if spec and speculative_server(spec) is None:
-        from sim.engines.vllm.speculative import MODELLED_METHODS
-
-        method = spec.get("method") if isinstance(spec, dict) else None
-        if method in MODELLED_METHODS:
-            out["speculative_config"] = (f"speculative decoding by {method} without num_speculative_tokens from 1 "
-                                         "to 64: the simulator needs k")
-        else:
-            out["speculative_config"] = (f"speculative decoding by {method}: modelled are draft_model, eagle, eagle3 "
-                                         "and mtp with num_speculative_tokens" if method else
-                                         "speculative decoding without a method")
+    if spec and isinstance(why := speculative_server(spec), str):
+        out["speculative_config"] = why
     for name, what in (("tensor_parallel_size", "tensor parallelism"), ("pipeline_parallel_size",
                        "pipeline parallelism"), ("data_parallel_size", "data parallelism")):
         if isinstance(fields.get(name), int) and fields[name] > 1:
@@ -260,7 +254,8 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
     if spec_config and "speculative_config" not in refused:
         server["speculative"] = speculative_server(spec_config)
         notes.append("--speculative-config: modelled given what the command does not say: the scenario's "
-                     "server.speculative.acceptance_rate (or accepted_histogram) and draft_cost_ratio")
+                     "server.speculative acceptance (per_position_acceptance, acceptance_rate or accepted_histogram) "
+                     "and draft_cost_ratio")
     flags = tuple((shown, NO_EFFECT if what == NO_EFFECT else
                    f"refused: not modelled ({refused[what]})" if what in refused else MODELLED)
                   for shown, what in statuses)

@@ -45,7 +45,7 @@ def front_end(folder: Path, name: str, engine: str) -> dict:
             if not r["warmup"] and not r.get("error") and r["first_s"] is not None]
     out = {"ttft_ms": statistics.median((r["first_s"] - r["send_s"]) * 1e3 for r in recs), "requests": len(recs)}
     if engine == "vllm":
-        from calibrate.real import vllm_trace
+        from calibrate.real.vllm import trace as vllm_trace
 
         records, _ = vllm_trace.read_files(sorted(folder.glob("trace.*.jsonl")))
         added = {vllm_trace.client_rid(r["rid"]): r for r in records if r["ph"] == "add"}

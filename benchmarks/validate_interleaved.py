@@ -88,10 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=None, help="runs kept here (default results/interleaved-<engine>)")
     ap.add_argument("--result", type=Path, default=None,
                     help="default benchmarks/results/validate-<engine>-cpu-interleaved.json")
-    ap.add_argument("--grid", choices=("default", "heldout", "speculative"), default="default",
+    ap.add_argument("--grid", choices=("default", "heldout", "speculative", "structured"), default="default",
                     help="the validation's loads (calibrate.real.validation_loads.GRIDS): heldout = loads the calibration "
                          "never ran, closed and open loops, sent by the engine's own benchmark client (SGLang: its "
-                         "gamma load by the own client)")
+                         "gamma load by the own client); speculative: with --speculative; structured: every request "
+                         "constrained to a JSON schema, the calibration with its constrained sessions (vLLM)")
     ap.add_argument("--speculative", default=None, metavar="JSON",
                     help="vLLM: serve with --speculative-config of these keys (method, model, num_speculative_tokens; "
                          "MODEL in model: the test model) and predict with its draft_cost_ratio and the acceptance "
@@ -114,14 +115,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     speculative = None
     if args.speculative is not None:
+        from calibrate.errors import CalibrationInputError
+        from calibrate.real.cli import parse_speculative
+
         try:
-            speculative = json.loads(args.speculative)
-            if not isinstance(speculative, dict) or args.engine != "vllm" or not {
-                    "method", "num_speculative_tokens", "draft_cost_ratio"} <= set(speculative):
-                raise ValueError
-        except ValueError:
-            print("validate_interleaved.py: --speculative: a JSON object with method, num_speculative_tokens and "
-                  "draft_cost_ratio (and model), for --engine vllm", file=sys.stderr)
+            if args.engine != "vllm":
+                raise CalibrationInputError("--speculative", "", "only with --engine vllm")
+            speculative = parse_speculative(args.speculative)
+        except CalibrationInputError as e:
+            print(f"validate_interleaved.py: {e}", file=sys.stderr)
             return 2
     suffix = "" if args.grid == "default" else f"-{args.grid}"
     work = args.work or Path("results") / f"interleaved-{args.engine}{suffix}"
@@ -151,16 +153,24 @@ def main(argv: list[str] | None = None) -> int:
         speculative["model"] = str(model)
     cal_dir, val_dir, profile_path = work / "calibrate", work / "validate", work / "profile.json"
     if args.engine == "vllm":
-        from calibrate.real.vllm_profile import VllmGrid, calibrate_vllm, run_session
+        from calibrate.real.vllm.profile import (VllmGrid, calibrate_vllm, run_session, run_speculative_session,
+                                                 run_structured_session)
 
         grid = VllmGrid()
         settings = ("sync", "async")  # the calibration's order (its base setting first)
 
+        structured = args.grid == "structured"
+
         def calibration_run(setting: str, name: str) -> None:
             run_session(engine, model, grid, setting, cal_dir, report, name)
+            if speculative:  # the drafting session beside it (the speculative host curves)
+                run_speculative_session(engine, model, grid, setting, cal_dir, report, name, speculative)
+            if structured:  # the constrained session beside it (the grammar curves)
+                run_structured_session(engine, model, grid, setting, cal_dir, report, name)
 
         def build(command: str) -> dict:
-            return calibrate_vllm(engine, model, grid, cal_dir, command=command, report=report, sessions=args.rounds)
+            return calibrate_vllm(engine, model, grid, cal_dir, command=command, report=report, sessions=args.rounds,
+                                  speculative=speculative, structured=structured)
 
         if args.stub_control:
             from dataclasses import asdict

@@ -10,7 +10,7 @@ one that scheduled its prompt; every prompt of the validation's loads fits one s
   server, stream).
 
 Measured from the traces of every session of a validation folder (the client's send and first
-token, the engine core's ``add``/``schedule``/``update`` records, :mod:`calibrate.real.vllm_trace`);
+token, the engine core's ``add``/``schedule``/``update`` records, :mod:`calibrate.real.vllm.trace`);
 predicted from the simulator's tables for the same requests and profile as
 :func:`calibrate.real.validate.compare` builds them (``in``: from the arrival to the start of
 the step whose output is the last before the first token, ``step`` to its ``process_end``,
@@ -33,7 +33,7 @@ PARTS = ("in", "step", "out", "ttft")
 
 def measured_parts(sessions: Path, load: str, setting: str) -> dict[str, list[float]]:
     """Seconds per part, one value per measured request of every ``setting-<r>`` session."""
-    from calibrate.real.vllm_trace import client_rid, read_files, steps
+    from calibrate.real.vllm.trace import client_rid, read_files, steps
 
     out: dict[str, list[float]] = {p: [] for p in PARTS}
     for sess in sorted(p for p in sessions.glob(f"{setting}-*") if p.is_dir()):

@@ -53,6 +53,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --engine: N runs per setting (vLLM: server sessions; SGLang: in-process runs), in an "
                         "alternating order (sync-0, async-0, async-1, sync-1, ...), every curve from all of "
                         "them; a larger N adds runs to the finished ones (default 1)")
+    p.add_argument("--speculative", default=None, metavar="JSON",
+                   help="with --engine vllm: after each session, one more with the server drafting "
+                        "(--speculative-config of the object's method, model, num_speculative_tokens; its "
+                        "draft_cost_ratio is the draft pass against the target's of the same shape, 1.0 when "
+                        "model is \"MODEL\": the target drafting for itself), which times the speculative host "
+                        "curves (the drafter's host work, the rejection sampler; docs/vllm.md)")
+    p.add_argument("--structured-output", action="store_true",
+                   help="with --engine vllm: after each session, one more whose requests all carry a JSON schema, "
+                        "which times the grammar curves (the engine core's bitmask, the worker's mask, the "
+                        "grammar's accept; docs/vllm.md)")
     p.add_argument("--from-trace", type=Path, nargs="+", default=None, metavar="TRACE",
                    help="read the profile from an SGLang server's torch.profiler traces (/start_profile, .json or "
                         ".json.gz; several profile windows of one server merge) instead of timing anything "
@@ -199,6 +209,13 @@ def run(args: argparse.Namespace) -> int:
         raise CalibrationInputError("--sessions", "", "only with --engine")
     if args.sessions is not None and not 1 <= args.sessions <= MAX_SESSIONS:
         raise CalibrationInputError("--sessions", "", f"expected an integer from 1 to {MAX_SESSIONS} (got {args.sessions})")
+    if args.speculative is not None and args.engine != "vllm":
+        raise CalibrationInputError("--speculative", "", "only with --engine vllm")
+    if args.structured_output and (args.engine != "vllm" or args.host_only):
+        raise CalibrationInputError("--structured-output", "", "only with --engine vllm (not --host-only)")
+    if args.speculative is not None and args.host_only:
+        raise CalibrationInputError("--speculative", "", "not with --host-only (the drafter's passes need the real "
+                                    "forward)")
     if args.host_only and not args.engine:
         raise CalibrationInputError("--host-only", "", "only with --engine sglang or --engine vllm")
     if args.host_only and args.engine == "vllm":

@@ -60,6 +60,8 @@ def _openai_body(req: dict) -> tuple[str, dict]:
         body["stop_token_ids"] = list(req["stop_token_ids"])
     if req.get("sampling_seed") is not None:
         body["seed"] = int(req["sampling_seed"])
+    if req.get("structured_outputs"):  # vLLM 0.32's grammar field (e.g. {"json": schema})
+        body["structured_outputs"] = req["structured_outputs"]
     return "/v1/completions", body
 
 

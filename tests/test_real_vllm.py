@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calibrate.errors import CalibrationInputError
-from calibrate.real import vllm_trace
+from calibrate.real.vllm import trace as vllm_trace
 from calibrate.real.environment import REPO
-from calibrate.real.vllm_profile import VllmGrid, design, samples
+from calibrate.real.vllm.profile import VllmGrid, design, samples
 
 DATA = Path(__file__).parent / "data" / "vllm"
 
@@ -119,7 +119,7 @@ def test_the_design_sends_each_prefill_group_behind_a_blocker():
     """Four 128-token prompts for one 512-token step: each group of four goes out behind a lone
     blocker the engine core prefills while the group arrives; the blocker's step (384 tokens)
     is no prefill point, so it prices nothing."""
-    from calibrate.real.vllm_profile import BLOCKER_TOKENS
+    from calibrate.real.vllm.profile import BLOCKER_TOKENS
 
     grid = VllmGrid()
     ld = {ld["name"]: ld for ld in design(grid)}["prefill-n512-c128"]
@@ -171,7 +171,7 @@ def test_a_recorded_vllm_session_reads_through_the_simulators_metrics(setting, t
 
 
 def _step(k: int, rids: list[str], tok: list[int], done: list[int], update_end_s: float):
-    from calibrate.real.vllm_trace import VllmStep
+    from calibrate.real.vllm.trace import VllmStep
 
     return VllmStep(k, rids, tok, done, 0, [], len(rids), 0, None, {"t0": update_end_s - 0.01, "dur": 0.001},
                     update={"t0": update_end_s - 0.001, "dur": 0.001})
@@ -180,7 +180,7 @@ def _step(k: int, rids: list[str], tok: list[int], done: list[int], update_end_s
 def test_the_front_end_latencies_are_read_from_the_client_and_the_engine_core(tmp_path):
     """Hand-made: one request alone (send 10.000 s, add_request 10.006 s: 6 ms in), then two
     requests decoding together whose tokens arrive 3 and 4 ms after each update ends."""
-    from calibrate.real.vllm_trace import frontend_samples
+    from calibrate.real.vllm.trace import frontend_samples
 
     eng = [{"ph": "add", "t0": 10.006, "dur": 1e-5, "rid": "cmpl-one-0-0-aa", "prompt": 4},
            {"ph": "add", "t0": 20.0, "dur": 1e-5, "rid": "cmpl-two-0-0-bb", "prompt": 4},
@@ -204,8 +204,8 @@ def test_the_front_end_latencies_are_read_from_the_client_and_the_engine_core(tm
 def test_a_recorded_session_gives_front_end_latencies_of_milliseconds(setting):
     """The recorded sessions (2 clients): every token's delivery delay after its step's update
     is positive and a few milliseconds (the API server and the stream)."""
-    from calibrate.real import vllm_trace
-    from calibrate.real.vllm_trace import frontend_samples
+    from calibrate.real.vllm import trace as vllm_trace
+    from calibrate.real.vllm.trace import frontend_samples
 
     folder = DATA / setting
     eng, wrk = vllm_trace.read_files(sorted(folder.glob("trace.*.jsonl")))
@@ -222,7 +222,7 @@ def test_the_forward_is_one_curve_from_both_settings_and_the_phases_stay_apart(m
     """calibrate_vllm over recorded sessions (fixtures standing in for the server runs): the model
     forward's samples are those of both settings (the same code under both loops); async keeps
     its own worker phases, collect and pickup."""
-    from calibrate.real import vllm_profile
+    from calibrate.real.vllm import profile as vllm_profile
     from calibrate.real.environment import Engine
 
     monkeypatch.setattr(vllm_profile, "run_session",
@@ -246,7 +246,7 @@ def test_the_forward_is_one_curve_from_both_settings_and_the_phases_stay_apart(m
 def test_the_shared_prefix_saving_inverts_the_forward_curve():
     """With a forward linear in the context, a step measured at F(m, C - f (m-1) p / m) gives back
     f; a step no faster than the full context gives 0, one faster than the repeats removed 1."""
-    from calibrate.real.vllm_profile import shared_prefix_saving
+    from calibrate.real.vllm.profile import shared_prefix_saving
 
     def line(_n, ctx):
         return 1e-3 + 1e-5 * ctx
@@ -262,7 +262,7 @@ def test_the_shared_prefix_saving_inverts_the_forward_curve():
 
 
 def test_the_shared_prefix_loads_share_whole_blocks_at_a_mean_context_of_512():
-    from calibrate.real.vllm_profile import SHARED_LOAD, SHARED_PREFIX_TOKENS
+    from calibrate.real.vllm.profile import SHARED_LOAD, SHARED_PREFIX_TOKENS
 
     loads = {ld["name"]: ld for ld in design(VllmGrid())}
     shared = [ld for n, ld in loads.items() if n.startswith(SHARED_LOAD)]
@@ -280,7 +280,7 @@ def test_the_shared_prefix_loads_share_whole_blocks_at_a_mean_context_of_512():
        st.floats(1e-9, 1e-2), st.floats(0.0, 1e-4))
 def test_the_shared_prefix_saving_is_a_share(steps, base, per_ctx):
     """Whatever the steps (NaN, infinities, negative times), the saving is a share in [0, 1]."""
-    from calibrate.real.vllm_profile import shared_prefix_saving
+    from calibrate.real.vllm.profile import shared_prefix_saving
 
     got = shared_prefix_saving(lambda _n, ctx: base + per_ctx * ctx, steps)
     finite = [s for s in steps if s[0] >= 2 and math.isfinite(s[1]) and math.isfinite(s[2])]

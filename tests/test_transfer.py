@@ -336,7 +336,7 @@ def test_vllm_host_curves_divided_and_setting_curves_moved():
 
     old = _vllm_profile(host_s=1e-3, slope=2e-4)
     new = transfer_profile(old, "l4", host_speed=4.0, curves=VLLM_CURVES)
-    host = [n for n in VLLM_CURVES.all if n != "vllm.forward"]
+    host = [n for n in old["curves"] if n not in VLLM_CURVES.forward]
     assert set(host) <= set(new["curves"]) and {"vllm.frontend_in", "vllm.frontend_out"} <= set(host)
     for name in host:
         assert new["curves"][name]["values_s"] == [v / 4 for v in old["curves"][name]["values_s"]], name

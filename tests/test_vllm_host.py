@@ -12,7 +12,7 @@ import pytest
 from calibrate.errors import CalibrationInputError
 from calibrate.host.compose import compose
 from calibrate.host.vllm import HOST_FUNCTIONS, VllmHostGrid, context_dependence, host_costs, host_design
-from calibrate.real import vllm_trace
+from calibrate.real.vllm import trace as vllm_trace
 from calibrate.real.environment import Engine
 from sim.engines.vllm.costs import VLLM_CURVES, VLLM_HOST_CURVES
 from sim.model.profile import validate_profile

@@ -214,7 +214,7 @@ def test_the_worker_splits_a_mixed_step_into_its_decodes_and_its_prefill():
 
     seen = []
     costs = SimpleNamespace(shared_prefix_saving=0.0, mixed_sum_of_parts=True,
-                            forward_s=lambda *a: seen.append(a) or 0.01)
+                            forward_s=lambda *a, verify=False: seen.append(a) or 0.01)
     stream = SimpleNamespace(enqueue=lambda step, at, dur: setattr(step, "forward_end", at + dur))
     w = Worker(costs, stream, lambda: 1.0, lambda: 1.0, blocking_forward=True, async_scheduling=False)
     step = Batch(0, EXTEND, 3, 52, 0)

@@ -3,7 +3,7 @@
 ``overlap-sim calibrate --engine vllm --host-only --out host.json`` starts the real vLLM 0.32
 server (CPU build) once per setting (``sync``: ``EngineCore.step``; ``async``:
 ``--async-scheduling``, ``EngineCore.step_with_batch_queue``) exactly as ``calibrate --engine
-vllm`` does (:mod:`calibrate.real.vllm_profile`: API server, engine core and worker in their own
+vllm`` does (:mod:`calibrate.real.vllm.profile`: API server, engine core and worker in their own
 processes, the RPCs between them, the tracer), with one change: ``GPUModelRunner._model_forward``
 (``v1/worker/gpu_model_runner.py``) is a stub (:func:`realengines.vllm.startup._stub_forward`)
 that holds the worker :data:`STUB_HOLD_S` busy-waiting and returns zero hidden states. Busy, not
@@ -17,7 +17,7 @@ contexts to 8k, prefills to 8k tokens (one step of 8192 tokens: vLLM 0.32's
 prefix-cache hits, and chunked prefills where a wave's prompts exceed the step budget.
 
 The curves and the mapping of vLLM's functions to them are the CPU calibration's
-(:func:`calibrate.real.vllm_profile.samples`, :mod:`sim.engines.vllm.costs`): ``schedule``,
+(:func:`calibrate.real.vllm.profile.samples`, :mod:`sim.engines.vllm.costs`): ``schedule``,
 ``prepare`` (``execute_model`` less the stub), ``sample``, ``update``, ``add_request``, the RPC
 intervals ``dispatch``/``roundtrip``/``collect`` (sync) and ``pickup``/``collect`` (async), the API
 server's ``frontend_in``/``frontend_out``; the base curves from ``sync``, ``async``'s own in
@@ -55,10 +55,10 @@ from typing import Callable
 
 from calibrate.errors import CalibrationInputError
 from calibrate.host import yardstick
-from calibrate.real import vllm_trace
+from calibrate.real.vllm import trace as vllm_trace
 from calibrate.real.environment import Engine, mean_probe, session_order
 from calibrate.real.jobs import Prompts, request
-from calibrate.real.vllm_profile import (HOST_FUNCTIONS, VllmGrid, add_request_samples, design, frontend_samples,
+from calibrate.real.vllm.profile import (HOST_FUNCTIONS, VllmGrid, add_request_samples, design, frontend_samples,
                                          merge_sample, run_session, samples)
 
 STUB_HOLD_S = 0.004  # the stub's hold: about a small model's decode forward on an H200 (s)
@@ -125,7 +125,7 @@ class VllmHostGrid(VllmGrid):
 
 def host_design(grid: VllmHostGrid) -> list[dict]:
     """The loads of one host session: the decode waves within the cap, then the CPU calibration's
-    prefill loads (:func:`calibrate.real.vllm_profile.design`) at the host grid's lengths."""
+    prefill loads (:func:`calibrate.real.vllm.profile.design`) at the host grid's lengths."""
     prompts = Prompts(grid.seed + 1)
     loads = []
     for c in grid.contexts:

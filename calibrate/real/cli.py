@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from calibrate.errors import CalibrationInputError
+from calibrate.real.vllm.speculative import check_config
 from sim.commands import command
 
 CONFORM_HELP = "run the same requests through a real engine's scheduler and the simulator's policy; compare the batches"
@@ -89,18 +90,36 @@ def run_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_speculative(text: str, where: str = "--speculative") -> dict:
+    """``--speculative``'s JSON object, checked (:func:`calibrate.real.vllm.speculative.check_config`).
+
+    Raises:
+        CalibrationInputError: not JSON, or a field missing or out of range (named)."""
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError:
+        raise CalibrationInputError(where, "", f"not a JSON object: {text!r}") from None
+    return check_config(spec, where)
+
+
 def _calibrate_vllm(args: argparse.Namespace) -> int:
     """``calibrate --engine vllm``: the profile from the real vLLM server's own functions."""
     from calibrate.profile import save_profile
-    from calibrate.real.vllm_profile import VllmGrid, calibrate_vllm, phase_table
+    from calibrate.real.vllm.profile import VllmGrid, calibrate_vllm, phase_table
 
+    speculative = parse_speculative(args.speculative) if args.speculative is not None else None
     engine, model = _engine(args)
     work = args.work or Path("results") / "calibrate-vllm"
     sessions = args.sessions or 1
     argv = ["overlap-sim", "calibrate", "--engine", "vllm", "--out", str(args.out)]
     argv += ["--sessions", str(sessions)] if sessions > 1 else []
+    argv += ["--speculative", args.speculative] if speculative else []
+    structured = bool(getattr(args, "structured_output", False))
+    argv += ["--structured-output"] if structured else []
+    if speculative and speculative.get("model") == "MODEL":  # the target drafting for itself
+        speculative["model"] = str(model)
     profile = calibrate_vllm(engine, model, VllmGrid(), work, command=shlex.join(argv), report=_report,
-                             sessions=sessions)
+                             sessions=sessions, speculative=speculative, structured=structured)
     save_profile(args.out, profile)
     for curve, point, med in phase_table(profile):
         _report(f"  {curve:24s} {point:>8s}  median {med:8.3f} ms")

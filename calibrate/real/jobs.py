@@ -76,7 +76,11 @@ class Workload:
     ``sglang.benchmark.serving``; random text prompts): the lengths
     are then the benchmark's ``--random-input-len`` / ``--random-output-len`` with one
     ``--random-range-ratio`` for both, so the two ranges must have the same relative half-width;
-    ``shared_prefix`` and ``stop`` are not available to it."""
+    ``shared_prefix`` and ``stop`` are not available to it.
+
+    ``grammar``: ``"json_schema"`` constrains every request to :data:`JSON_SCHEMA` (vLLM's
+    ``structured_outputs.json``; the engine's client gets it through ``--extra-body``); ``""``:
+    none."""
 
     name: str
     num_requests: int = 40
@@ -92,10 +96,13 @@ class Workload:
     rate_per_s: float = 0.0
     burstiness: float = 1.0
     client: str = "own"
+    grammar: str = ""
 
     def __post_init__(self):
         if self.client not in ("own", "engine"):
             raise ValueError(f"client: 'own' or 'engine', not {self.client!r}")
+        if self.grammar not in GRAMMARS:
+            raise ValueError(f"grammar: one of {sorted(GRAMMARS)}, not {self.grammar!r}")
         if self.client == "engine":
             if self.shared_prefix or self.stop:
                 raise ValueError(f"{self.name}: the engine's client draws random prompts that finish by length "
@@ -128,7 +135,8 @@ class Workload:
                 "rate_per_s": self.rate_per_s, "burstiness": self.burstiness,
                 "input_len": round(sum(self.input_len) / 2), "output_len": round(sum(self.output_len) / 2),
                 "range_ratio": _ratio(self.input_len), "input_range": list(self.input_len),
-                "output_range": list(self.output_len), "seed": self.seed}
+                "output_range": list(self.output_len), "seed": self.seed,
+                **({"extra_body": {"structured_outputs": GRAMMARS[self.grammar]}} if self.grammar else {})}
 
     def requests(self, prefix: str = "q") -> list[dict]:
         """The request list (ids ``<prefix>0``, ``<prefix>1``, ...), the same for a given seed."""
@@ -147,7 +155,17 @@ class Workload:
                 out.append(request(f"{prefix}{i}", ids, n_out))
         for req, at in zip(out[self.warmup_requests:], self.arrivals_s()):
             req["arrival_s"] = at
+        if self.grammar:
+            for req in out:
+                req["structured_outputs"] = GRAMMARS[self.grammar]
         return out
+
+
+# One free string: a random-weight model stays inside it for most of its tokens (a request whose
+# grammar ended runs unconstrained in vLLM)
+JSON_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"],
+               "additionalProperties": False}
+GRAMMARS = {"": None, "json_schema": {"json": JSON_SCHEMA}}  # Workload.grammar -> structured_outputs
 
 
 def _ratio(span: tuple[int, int]) -> float:

@@ -84,11 +84,11 @@ def sglang_steps_frame(records: list[dict], t0: float, t1: float, rid_index: dic
 
 
 def vllm_steps_frame(steps: list, t0: float, t1: float, rid_index: dict[str, int], warm: set[str]) -> pd.DataFrame:
-    """The steps table of vLLM's joined steps (:func:`calibrate.real.vllm_trace.steps`) scheduled
+    """The steps table of vLLM's joined steps (:func:`calibrate.real.vllm.trace.steps`) scheduled
     in [t0, t1] (wall clock), times relative to ``t0``: schedule = ``Scheduler.schedule``, launch
     up to the worker's ``execute_model``, the forward = the model forward(s) inside it, process =
     ``update_from_output``. Steps without tokens are left out (the simulator records none)."""
-    from calibrate.real.vllm_trace import client_rid
+    from calibrate.real.vllm.trace import client_rid
 
     rows = []
     for s in steps:

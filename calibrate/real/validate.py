@@ -23,6 +23,7 @@ from calibrate.errors import CalibrationInputError
 from calibrate.real import server_runs, sglang_trace
 from calibrate.real.environment import Engine, mean_probe, run_module, run_probed
 from calibrate.real.jobs import Workload
+from calibrate.real.vllm.speculative import speculative_args
 from calibrate.real import scoring
 from calibrate.real.scoring import METRICS, noise_floor, noise_floor_line, pooled_line, pooled_speedup  # noqa: F401 (re-exported)
 from calibrate.real.validation_loads import (  # noqa: F401 (re-exported)
@@ -72,6 +73,8 @@ class Plan:
             raise CalibrationInputError("--grid", "", f"one of {', '.join(GRIDS)} (got {grid!r})")
         if engine not in ENGINE_PLANS:
             raise CalibrationInputError("--engine", "", f"one of {', '.join(ENGINE_PLANS)} (got {engine!r})")
+        if engine != "vllm" and any(c.grammar for c in GRIDS[grid]):
+            raise CalibrationInputError("--grid", "", f"{grid}: structured output is modelled for vLLM only")
         configs = tuple(replace(c, client="own") if c.client == "engine" and c.burstiness != 1.0
                         and not ENGINE_CLIENT_BURSTY[engine] else c for c in GRIDS[grid])
         settings, args = ENGINE_PLANS[engine]
@@ -114,7 +117,7 @@ def session_spec(engine: Engine, model_dir: Path, plan: Plan, setting: str) -> d
               "requests": c.requests(prefix=f"{c.name}-")} for c in plan.configs]
     args = list(plan.server_args)
     if plan.speculative:
-        args += ["--speculative-config", json.dumps({k: v for k, v in plan.speculative.items() if k != "draft_cost_ratio"})]
+        args += speculative_args(plan.speculative)
     return {"engine": engine.name, "model_dir": str(model_dir), "setting": setting, "port": plan.port,
             "server_args": args, "trace": True, "loads": loads, "client_nice": plan.client_nice}
 
@@ -163,7 +166,7 @@ def _trace_records(folder: Path) -> list[dict]:
 
 def _vllm_prefixes(steps) -> dict[str, int]:
     """Client request id -> tokens computed before its first step (the prefix cache's hit)."""
-    from calibrate.real.vllm_trace import client_rid
+    from calibrate.real.vllm.trace import client_rid
 
     out: dict[str, int] = {}
     for s in steps:
@@ -186,7 +189,7 @@ def measured_run(folder: Path, config: Workload, engine: str = "sglang") -> tupl
     warm = {r["rid"] for r in load["requests"] if r["warmup"]}
     t0 = min(r["send_s"] for r in load["requests"] if not r["warmup"])
     if engine == "vllm":
-        from calibrate.real import vllm_trace
+        from calibrate.real.vllm import trace as vllm_trace
 
         engine_records, worker_records = vllm_trace.read_files(sorted(folder.glob("trace.*.jsonl")))
         vsteps = vllm_trace.steps(engine_records, worker_records)
@@ -355,6 +358,8 @@ def compare(out: Path, plan: Plan, profile: Path) -> dict:
         limits = server_limits(out / "sessions" / f"{plan.settings[0]}-0")
         sc = scenario(config, rows, profile, plan.settings, out, limits, plan.engine)
         case = {"name": config.name, "config": asdict(config), "settings": {}}
+        if config.grammar:  # every request constrained
+            sc["server"]["structured_output"] = {"share": 1.0, "kind": config.grammar}
         if plan.speculative:  # the acceptance the server measured, over every session of this load
             case["speculative"] = measured_speculative(plan.speculative, runs)
             sc["server"]["speculative"] = {k: v for k, v in case["speculative"].items() if k != "measured_request_steps"}

@@ -62,7 +62,17 @@ SPECULATIVE = (
     Workload("p10-64x96", num_requests=82, warmup_requests=2, concurrency=0, rate_per_s=10.0, input_len=(64, 64),
              output_len=(96, 96), client="engine", seed=33),
 )
-GRIDS = {"default": CONFIGS, "heldout": HELDOUT, "speculative": SPECULATIVE}
+# Loads for structured output (vLLM's own client, every request constrained to the JSON schema
+# calibrate.real.jobs.JSON_SCHEMA through --extra-body): closed loops of 4 and 16, a Poisson load
+STRUCTURED = (
+    Workload("c4-128x128-json", num_requests=38, warmup_requests=6, concurrency=4, input_len=(128, 128),
+             output_len=(128, 128), client="engine", seed=41, grammar="json_schema"),
+    Workload("c16-96x160-json", num_requests=50, warmup_requests=2, concurrency=16, input_len=(72, 120),
+             output_len=(120, 200), client="engine", seed=42, grammar="json_schema"),
+    Workload("p10-64x96-json", num_requests=82, warmup_requests=2, concurrency=0, rate_per_s=10.0,
+             input_len=(64, 64), output_len=(96, 96), client="engine", seed=43, grammar="json_schema"),
+)
+GRIDS = {"default": CONFIGS, "heldout": HELDOUT, "speculative": SPECULATIVE, "structured": STRUCTURED}
 # engine -> whether its benchmark client draws gamma (bursty) arrivals: vLLM's ``--burstiness``;
 # SGLang 0.5.23's ``get_request`` draws exponential gaps only
 ENGINE_CLIENT_BURSTY = {"vllm": True, "sglang": False}
@@ -72,4 +82,4 @@ ENGINE_CLIENT_BURSTY = {"vllm": True, "sglang": False}
 # priority was found starved for up to seconds (its open-loop sends late by up to 1.4 s, tokens read
 # in bursts while the API server had processed each step's output on time): the load generator then
 # measures itself. The default grid keeps its recorded conditions (0).
-CLIENT_NICE = {"default": 0, "heldout": -10, "speculative": -10}
+CLIENT_NICE = {"default": 0, "heldout": -10, "speculative": -10, "structured": -10}

@@ -55,6 +55,8 @@ def command(load: dict, url: str, model_dir: str, out_file: Path, served_model_n
         argv += ["--request-rate", repr(rate), "--burstiness", repr(float(load.get("burstiness", 1.0)))]
     if int(load.get("concurrency") or 0) > 0:
         argv += ["--max-concurrency", str(int(load["concurrency"]))]
+    if load.get("extra_body"):  # merged into every request (structured output: {"structured_outputs": ...})
+        argv += ["--extra-body", json.dumps(load["extra_body"])]
     return argv
 
 

@@ -18,6 +18,14 @@ record ``ph``      wrapped function (file in ``vllm/``)                process
 ``sample``         ``GPUModelRunner.sample_tokens`` (same file)         worker
 ``draft``          ``GPUModelRunner.propose_draft_token_ids`` (same     worker (inside ``sample``;
                    file): speculative decoding's drafter                speculative decoding only)
+``bitmask``        ``Scheduler.get_grammar_bitmask`` (v1/core/sched/    engine core (structured output)
+                   scheduler.py)
+``accept``         ``StructuredOutputManager.accept_tokens``           engine core (inside ``update``)
+                   (v1/structured_output/__init__.py)
+``compile``        ``StructuredOutputManager._create_grammar``         engine core (its grammar thread pool)
+                   (same file)
+``mask``           ``apply_grammar_bitmask`` as ``gpu_model_runner``    worker (inside ``sample``)
+                   calls it (v1/structured_output/utils.py)
 ``output``         ``OutputProcessor.process_outputs``                  API server (detokenize, stream)
                    (v1/engine/output_processor.py)
 ``api_in``         ``OpenAIServingCompletion.create_completion``        API server (entry stamp only:
@@ -42,7 +50,8 @@ splits at ``api_in`` (the handler entered: ``rid`` from the ``x-request-id`` hea
 processing, and the trip to the engine core's input queue.
 ``update`` records carry ``n`` (requests in the output) and
 ``finished`` (ids finished), and with speculative decoding ``accepted``: ``[drafts scheduled,
-drafts accepted]`` per request that had drafts and did not stop in that step. ``execute``/``sample``/``forward`` carry ``n_tok`` where known.
+drafts accepted]`` per request that had drafts and did not stop in that step. ``bitmask`` records
+carry ``n``, the constrained requests whose rows it filled (0: the step had none). ``execute``/``sample``/``forward`` carry ``n_tok`` where known.
 
 Records go to ``PREFIX.<pid>.jsonl`` (``OVERLAP_SIM_TRACE=PREFIX``, see shims/sitecustomize.py),
 written by a daemon thread every half second; information is gathered after the clock stops; a
@@ -171,9 +180,19 @@ def _output_info(rec, self, args, kwargs, out):
     rec["n"] = len(outputs)
 
 
+def _bitmask_info(rec, self, args, kwargs, out):
+    rec["n"] = len(out.structured_output_request_ids) if out is not None else 0
+
+
 def patch_scheduler(module, sink) -> None:
     wrap(module.Scheduler, "schedule", "schedule", sink, _schedule_info)
     wrap(module.Scheduler, "update_from_output", "update", sink, _update_info)
+    wrap(module.Scheduler, "get_grammar_bitmask", "bitmask", sink, _bitmask_info)
+
+
+def patch_structured_output(module, sink) -> None:
+    wrap(module.StructuredOutputManager, "accept_tokens", "accept", sink)
+    wrap(module.StructuredOutputManager, "_create_grammar", "compile", sink)
 
 
 def patch_engine_core(module, sink) -> None:
@@ -188,6 +207,9 @@ def patch_model_runner(module, sink) -> None:
     wrap(module.GPUModelRunner, "sample_tokens", "sample", sink)
     # speculative decoding: the drafter's whole proposal (its inputs, metadata and passes), inside sample_tokens
     wrap(module.GPUModelRunner, "propose_draft_token_ids", "draft", sink)
+    # structured output: the module-level function as the runner calls it (its first argument
+    # passes through as wrap's ``self``)
+    wrap(module, "apply_grammar_bitmask", "mask", sink)
 
 
 def patch_output_processor(module, sink) -> None:
@@ -205,6 +227,7 @@ PATCHES = {
     "vllm.v1.engine.core": patch_engine_core,
     "vllm.v1.worker.gpu_model_runner": patch_model_runner,
     "vllm.v1.engine.output_processor": patch_output_processor,
+    "vllm.v1.structured_output": patch_structured_output,
 }
 
 

@@ -77,6 +77,11 @@ class Batch:
     kv_used_after_alloc: int = 0
     num_running: int = 0  # requests in the running batch when this batch was scheduled
     num_queued: int = 0  # waiting queue length (incl. a chunked prefill) after scheduling it
+    # vLLM structured output: sampling requests under a grammar; a grammar request's token in
+    # flight (async: sample_tokens deferred); the event the worker's sampling waits for (the bitmask)
+    num_grammar: int = 0
+    grammar_pending: bool = False
+    mask_ready: object = None
     # timeline, filled in by the event loop (seconds)
     recv_start: float = math.nan
     schedule_start: float = math.nan

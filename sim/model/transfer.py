@@ -34,7 +34,7 @@ A vLLM profile (``metadata.engine: "vllm"``, :data:`sim.engines.vllm.costs.VLLM_
 forward curve, ``vllm.forward`` over ``num_tokens`` x ``ctx`` (scheduled tokens of the step x the
 mean over its requests of the context after the step), which does not say how many requests the
 step held. :func:`vllm_forward_point` maps a node onto the two shapes above by the fewest and the
-most requests the point allows, as vLLM's calibration (:mod:`calibrate.real.vllm_profile`)
+most requests the point allows, as vLLM's calibration (:mod:`calibrate.real.vllm.profile`)
 measured it: ``n`` tokens up to the largest decode batch of the profile (``metadata.grid``'s
 ``decode_batch_sizes``, else ``max_num_seqs``) are a decode of ``n`` requests over ``ctx`` keys
 (``forward.decode`` at ``n x ctx``); more tokens are prefills of ``r = max(1, n / ctx)`` requests
@@ -304,7 +304,7 @@ def _point_map(table: CurveTable, meta: dict, source: str):
 def _method_spread(curves: dict, names, point, m: dict, src: Card, dst: Card, efficiency: float) -> float:
     """The largest relative difference between the two methods' forward times over the grid."""
     worst = 0.0
-    for name in names:
+    for name in (n for n in names if n in curves):
         c = curves[name]
         for x, row in zip(c["grid"][0], c["values_s"]):
             for y, t in zip(c["grid"][1], row):

@@ -234,11 +234,12 @@ def composed_note(meta: dict | None) -> str | None:
 def load_warnings(scenario) -> list[str]:
     """The warnings a run prints under its table and ``summary.json`` carries (``warnings``): what
     the scenario asks for that is answered only approximately, each naming the value. The engine's
-    own (its server section's ``warnings()``: launch arguments it passed over, a loop on a device
+    own (its server section's ``warnings()``, given the profile's metadata: launch arguments it passed over, a loop on a device
     its engine does not run it on; ``running_cap``: which field caps the running requests); an output length of 0 (a request produces at least one token
     here); a closed loop with more clients than requests or than the server's running cap."""
     w, server = scenario.workload, scenario.server
-    out = list(server.warnings())
+    meta = profile_metadata(scenario.resolve_path(scenario.costs.profile)) if scenario.costs.profile else None
+    out = list(server.warnings(meta))
     cached, prompt = getattr(w, "cached_len", None), getattr(w, "input_len", None)
     if isinstance(cached, int) and isinstance(prompt, int) and cached >= prompt > 0:
         out.append(f"warning: workload.cached_len {cached} >= input_len {prompt}: the last prompt token is always "

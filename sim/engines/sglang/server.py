@@ -66,8 +66,9 @@ class Server(StrictModel):
         """(the field, its value) that caps the requests running at once."""
         return "server.max_running_requests", self.max_running_requests
 
-    def warnings(self) -> list[str]:
-        """What this server section asks for that the simulator answers only approximately, in
+    def warnings(self, profile_meta: dict | None = None) -> list[str]:
+        """What this server section asks for that the simulator answers only approximately (the
+        profile's metadata ``profile_meta`` is not read here), in
         words that name the value: a launch argument the rules do not read (SGLang would act on
         it or refuse it), a loop selected on a device its engine does not run it on (the MLX
         chain on a CUDA card, the thread-era forward thread under MLX)."""

@@ -53,10 +53,11 @@ class EngineCore:
         costs: a vLLM cost model (:mod:`sim.engines.vllm.costs`).
         cpu_jitter: per-phase multiplicative noise.
         recorder: receives the recorded steps.
+        grammar: which requests carry a grammar (bool per request id; None: none).
     """
 
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, specs: RequestSpecs, warmup_requests: int,
-                 costs, cpu_jitter: Jitter, recorder):
+                 costs, cpu_jitter: Jitter, recorder, grammar=None):
         self.env = env
         self.scheduler = scheduler
         self.specs = specs
@@ -72,6 +73,7 @@ class EngineCore:
         self._drain_start = math.nan
         self._results: dict[int, simpy.Event] = {}
         self.num_requests = len(specs)
+        self.grammar = grammar
 
     # --- input ---------------------------------------------------------------------------
     def submit(self, rid: int, arrival_s: float) -> None:
@@ -113,6 +115,7 @@ class EngineCore:
             max_tokens = min(asked, sched.max_model_len - prompt)
             req = Request(rid, arrival, prompt, int(s.cached_len[rid]), min(output, max(max_tokens, 1)),
                           max_tokens, rid < self.warmup_requests)
+            req.grammar = self.grammar is not None and bool(self.grammar[rid])
             if max_tokens < 1:
                 sched.fail(req, arrival, "too_long")
                 continue
@@ -142,6 +145,8 @@ class EngineCore:
     def send(self, step: Batch, rpcs: simpy.Store) -> None:
         """Hand ``step`` to the worker process (its RPC has arrived there)."""
         done = self._results[step.seq] = self.env.event()
+        if step.num_grammar:  # its sample_tokens waits for the bitmask (grammar_bitmask)
+            step.mask_ready = self.env.event()
         rpcs.put((step, done))
 
     def result(self, step: Batch) -> simpy.Event:
@@ -153,7 +158,10 @@ class EngineCore:
     def update(self, step: Batch, at: float) -> float:
         """``Scheduler.update_from_output`` from ``at``: tokens reach the clients when the API
         server has handled the step's outputs (:meth:`ApiServer.egress`). Returns the CPU time."""
-        dur = self.costs.phase_s("update", step.num_reqs) * self.cpu_jitter()
+        dur = self.costs.phase_s("update", step.num_reqs)
+        if step.num_grammar:  # accept_tokens advancing each constrained request's grammar
+            dur += self.costs.grammar.accept_s(step.num_grammar)
+        dur *= self.cpu_jitter()
         step.process_start = at
         step.process_end = at + dur
         self.scheduler.update_from_output(step, self.frontend.egress(at + dur, step.num_reqs))
@@ -161,10 +169,26 @@ class EngineCore:
             self.recorder.step(step)
         return dur
 
+    def grammar_bitmask(self, step: Batch) -> float:
+        """``Scheduler.get_grammar_bitmask`` for ``step`` from now (``scheduler.py:1995``): the
+        engine core's CPU time; the step's ``mask_ready`` (made when the step was sent) fires when
+        it ends (the worker's ``sample_tokens`` carries the bitmask). 0 for a step with no
+        constrained request."""
+        if not step.num_grammar:
+            return 0.0
+        dur = self.costs.grammar.bitmask_s(step.num_grammar) * self.cpu_jitter()
+        self.env.process(self._fire_at(step.mask_ready, dur))
+        return dur
+
+    def _fire_at(self, event: simpy.Event, delay: float):
+        yield self.env.timeout(delay)
+        event.succeed()
+
     def take_drafts(self, step: Batch) -> float:
         """Synchronous speculative decoding's ``post_step`` (``core.py:693``): the
         ``take_draft_token_ids`` RPC to the worker and ``update_draft_token_ids``. Returns the
-        engine core's time, priced as the profile's ``vllm.roundtrip`` (another RPC round trip to
-        the idle worker; not timed on its own: stated by the scenario's warning)."""
+        engine core's time: the profile's ``vllm.take_drafts`` where it was measured, else its
+        ``vllm.roundtrip`` (another RPC round trip to the idle worker; stated by the scenario's
+        warning)."""
         self.scheduler.take_draft_token_ids(step)
-        return self.costs.phase_s("roundtrip", step.num_reqs) * self.cpu_jitter()
+        return self.costs.take_drafts_s(step.num_reqs) * self.cpu_jitter()

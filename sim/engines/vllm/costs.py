@@ -53,6 +53,22 @@ curve                axes             the time of (process)
 ``vllm.frontend_out`` num_reqs        optional: from the end of ``update_from_output`` to the
                                       client's receipt of the step's tokens (engine core output
                                       thread, API server, stream) (:mod:`sim.engines.vllm.frontend`)
+``vllm.spec_schedule`` num_reqs       optional, speculative decoding: ``schedule``, ``prepare``,
+``vllm.spec_prepare``                 ``sample`` (less the drafter) and ``update`` timed with drafts
+``vllm.spec_sample``                  in the batch (:mod:`calibrate.real.vllm.speculative`); a
+``vllm.spec_update``                  scenario with ``server.speculative`` uses them in place of
+                                      the plain ones where the profile has them
+``vllm.draft_host``   num_reqs        optional, speculative decoding: ``propose_draft_token_ids``
+                                      less its passes as priced: the drafter's host work (W)
+``vllm.spec_forward`` num_tokens, ctx optional, speculative decoding: the model forward of verify
+                                      steps (every request 1 + k tokens); used for them in place of
+                                      ``vllm.forward`` where the profile has it (W, or the GPU)
+``vllm.grammar_bitmask`` num_reqs     optional, structured output: ``Scheduler.get_grammar_bitmask``
+``vllm.grammar_sample``               (E), ``sample_tokens`` (W) and ``update_from_output`` (E)
+``vllm.grammar_update``               with every request constrained (:mod:`sim.engines.vllm.structured`)
+``vllm.take_drafts``  num_reqs        optional, synchronous speculative decoding: ``post_step``'s
+                                      ``take_draft_token_ids`` RPC and ``update_draft_token_ids``
+                                      (E); without it priced as ``vllm.roundtrip``
 ===================  ===============  =====================================================
 
 What the calibration must record per engine step: ``scheduler_output.num_scheduled_tokens``
@@ -72,7 +88,7 @@ because the calibration of 1 December 2026 measured 1.0 synchronously and 0.72 u
 scheduling, and both validations of that day saw async's decode forward over a shared prefix
 x1.15-1.2 slower than sync's, where over distinct contexts the two were alike), measured by the
 calibration (decode waves whose requests share a cached prefix, against the
-forward curve of distinct contexts; :mod:`calibrate.real.vllm_profile`); 0 without it (each
+forward curve of distinct contexts; :mod:`calibrate.real.vllm.profile`); 0 without it (each
 request's context priced in full, the model before this was measured). Steps that prefill are
 priced in full (not measured; a prefill's many queries per request reuse what they read).
 
@@ -107,6 +123,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sim.engines.vllm.structured import GrammarCosts
+from sim.errors import ScenarioError
 from sim.model.costs import DECODE, LinearCostModel
 from sim.model.profile import CurveTable, load_profile, load_profile_read_only, profile_curves
 from sim.model.reach import ReachMeter, distance, hulls
@@ -128,14 +146,27 @@ VLLM_OPTIONAL_CURVE_AXES: dict[str, tuple[str, ...]] = {
     "vllm.pickup": ("num_reqs",),  # a profile without it (or a sync run): 0
     "vllm.frontend_in": ("num_reqs",),
     "vllm.frontend_out": ("num_reqs",),
+    # speculative decoding (:mod:`calibrate.real.vllm.speculative`)
+    "vllm.spec_schedule": ("num_reqs",),
+    "vllm.spec_prepare": ("num_reqs",),
+    "vllm.spec_sample": ("num_reqs",),
+    "vllm.spec_update": ("num_reqs",),
+    "vllm.draft_host": ("num_reqs",),
+    "vllm.take_drafts": ("num_reqs",),
+    "vllm.spec_forward": ("num_tokens", "ctx"),
+    # structured output (:mod:`calibrate.real.vllm.structured`)
+    "vllm.grammar_bitmask": ("num_reqs",),
+    "vllm.grammar_sample": ("num_reqs",),
+    "vllm.grammar_update": ("num_reqs",),
 }
-VLLM_CURVES = CurveTable("vllm", VLLM_CURVE_AXES, VLLM_OPTIONAL_CURVE_AXES, ("vllm.forward",))
+VLLM_CURVES = CurveTable("vllm", VLLM_CURVE_AXES, VLLM_OPTIONAL_CURVE_AXES, ("vllm.forward", "vllm.spec_forward"))
 # a vLLM host-costs file (``metadata.kind == "host"``: calibrate --engine vllm --host-only, the
 # forward stubbed): every curve but the forward; overlap-sim compose joins it to a card's forward
 VLLM_HOST_CURVES = CurveTable("vllm", {k: v for k, v in VLLM_CURVE_AXES.items() if k != "vllm.forward"},
-                              VLLM_OPTIONAL_CURVE_AXES, ())
+                              {k: v for k, v in VLLM_OPTIONAL_CURVE_AXES.items() if k != "vllm.spec_forward"}, ())
 MIXED_SUM_OF_PARTS = "sum_of_parts"  # metadata.mixed_steps of a profile whose mixed steps are priced by parts
 PHASES = ("add_request", "schedule", "dispatch", "prepare", "roundtrip", "sample", "collect", "update")
+SPEC_PHASES = ("schedule", "prepare", "sample", "update")  # with a ``vllm.spec_<phase>`` curve
 
 
 def load_vllm_profile(path: str | Path, read_only: bool = False) -> dict:
@@ -154,15 +185,28 @@ class VllmProfileCosts:
         gpu_scale, cpu_scale: multipliers of the forward and of every other curve.
         statistic: ``median`` or ``mean`` (see :func:`sim.model.profile.profile_curves`).
         source: where the profile came from (for :meth:`describe`).
+        speculative: the server drafts (``server.speculative``): the phases of
+            :data:`SPEC_PHASES` are read from their ``vllm.spec_<phase>`` curves where the profile
+            has them, and :meth:`draft_host_s` from ``vllm.draft_host``.
     """
 
+    grammar = None  # structured output's costs (make_vllm_costs sets them)
+
     def __init__(self, profile: dict, setting: str, gpu_scale: float = 1.0, cpu_scale: float = 1.0,
-                 statistic: str = "median", source: str = "<dict>"):
+                 statistic: str = "median", source: str = "<dict>", speculative: bool = False):
         self.curves = profile_curves(profile, statistic, setting, VLLM_CURVES)
         self.profile, self.setting, self.source, self.statistic = profile, setting, source, statistic
         self.gpu_scale, self.cpu_scale = gpu_scale, cpu_scale
         self.reach = ReachMeter()
         self._cpu = {name: self.curves[f"vllm.{name}"] for name in PHASES}
+        if speculative:
+            self._cpu.update({name: self.curves[f"vllm.spec_{name}"] for name in SPEC_PHASES
+                              if f"vllm.spec_{name}" in self.curves})
+        self._draft_host = self.curves.get("vllm.draft_host") if speculative else None
+        self._take_drafts = self.curves.get("vllm.take_drafts") if speculative else None
+        self._verify_forward = self.curves.get("vllm.spec_forward") if speculative else None
+        # what the profile's speculative curves were measured with (method, k, ...); None: not measured
+        self.speculative_calibration = profile["metadata"].get("speculative") if self._draft_host else None
         self._forward = self.curves["vllm.forward"]
         self._frontend = {k: self.curves.get(f"vllm.frontend_{k}") for k in ("in", "out")}
         self._pickup = self.curves.get("vllm.pickup")
@@ -171,6 +215,7 @@ class VllmProfileCosts:
         self.mixed_sum_of_parts = profile["metadata"].get("mixed_steps") == MIXED_SUM_OF_PARTS
         h = hulls(profile, self.curves)
         self._hull_forward = h["vllm.forward"]
+        self._hull_verify = h.get("vllm.spec_forward")
         self._hull_phases = tuple(h[f"vllm.{name}"] for name in PHASES if name != "add_request")
 
     @property
@@ -181,6 +226,24 @@ class VllmProfileCosts:
     def pickup_s(self, num_reqs: int) -> float:
         """The worker taking an already queued RPC (``vllm.pickup``); 0 without the curve."""
         return self._pickup(num_reqs) * self.cpu_scale if self._pickup is not None else 0.0
+
+    def draft_host_s(self, num_reqs: int, k: int) -> float:
+        """The drafter's host work in a step of ``num_reqs`` requests drafting ``k`` tokens each
+        (``vllm.draft_host``, measured at the calibration's k: scaled by k over it when they
+        differ, an assumption :meth:`sim.engines.vllm.speculative.Speculative.caveats` states);
+        0 without the curve."""
+        if self._draft_host is None:
+            return 0.0
+        k_cal = int(self.speculative_calibration.get("num_speculative_tokens", k)) if self.speculative_calibration else k
+        return self._draft_host(num_reqs) * self.cpu_scale * k / k_cal
+
+    def take_drafts_s(self, num_reqs: int) -> float:
+        """Synchronous speculative decoding's ``post_step`` (``take_draft_token_ids`` and
+        ``update_draft_token_ids``): ``vllm.take_drafts``, or ``vllm.roundtrip`` (another RPC
+        round trip to the idle worker) without it."""
+        if self._take_drafts is None:
+            return self.phase_s("roundtrip", num_reqs)
+        return self._take_drafts(num_reqs) * self.cpu_scale
 
     def frontend_s(self, kind: str, num_reqs: int) -> float:
         """The API server's latency for ``num_reqs`` requests sent together (``kind`` "in") or a
@@ -208,7 +271,8 @@ class VllmProfileCosts:
         return self._cpu[name](num_reqs) * self.cpu_scale
 
     def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int, shared_kv: int = 0,
-                  decode_reqs: int = 0, decode_sum_ctx: int = 0, decode_tokens: int = 0, count: bool = True) -> float:
+                  decode_reqs: int = 0, decode_sum_ctx: int = 0, decode_tokens: int = 0, count: bool = True,
+                  verify: bool = False) -> float:
         """The model forward of a step; ``shared_kv``: tokens of the step's contexts that repeat a
         prefix another of its requests holds ((m - 1) p, module docstring). ``decode_reqs``,
         ``decode_sum_ctx``, ``decode_tokens``: how many of the step's requests run one token (plus
@@ -218,7 +282,8 @@ class VllmProfileCosts:
         part, each priced as a step of its own (module docstring). Counts the step in
         :attr:`reach` with its distance from the data (unless ``count`` is False: a draft pass
         of a step already counted): the forward (or each part of it) and every phase curve at
-        ``num_reqs``."""
+        ``num_reqs``. ``verify``: a speculative verify step (every request one token plus its
+        drafts), priced by ``vllm.spec_forward`` where the profile has it and the server drafts."""
         if self.mixed_sum_of_parts and 0 < decode_reqs < num_reqs:
             decode_tokens = decode_tokens or decode_reqs
             parts = ((num_tokens - decode_tokens, (sum_ctx - decode_sum_ctx) / (num_reqs - decode_reqs)),
@@ -228,9 +293,12 @@ class VllmProfileCosts:
                                     *(distance(self._hull_forward, n, c) for n, c in parts)))
             return sum(self._forward(n, c) for n, c in parts) * self.gpu_scale
         ctx = (sum_ctx - self.shared_prefix_saving * shared_kv) / num_reqs
+        curve, hull = self._forward, self._hull_forward
+        if verify and self._verify_forward is not None:  # a verify step, measured as such
+            curve, hull = self._verify_forward, self._hull_verify
         if count:
-            self.reach.step(max(distance(self._hull_forward, num_tokens, ctx), self._phases_distance(num_reqs)))
-        return self._forward(num_tokens, ctx) * self.gpu_scale
+            self.reach.step(max(distance(hull, num_tokens, ctx), self._phases_distance(num_reqs)))
+        return curve(num_tokens, ctx) * self.gpu_scale
 
     def _phases_distance(self, num_reqs: int) -> float:
         # add_request is priced per drained request, not at the step's num_reqs
@@ -245,6 +313,8 @@ class VllmProfileCosts:
 
 class VllmInlineCosts:
     """Step costs from the scenario's inline linear terms (mapping in the module docstring)."""
+
+    grammar = None  # structured output's costs (make_vllm_costs sets them)
 
     def __init__(self, costs):
         self._linear = LinearCostModel(costs)
@@ -261,6 +331,16 @@ class VllmInlineCosts:
         """The inline terms have no RPC pickup: 0."""
         return 0.0
 
+    speculative_calibration = None
+
+    def draft_host_s(self, num_reqs: int, k: int) -> float:
+        """The inline terms have no drafter host work: 0."""
+        return 0.0
+
+    def take_drafts_s(self, num_reqs: int) -> float:
+        """The inline terms price ``post_step``'s RPC as the round trip (0 here)."""
+        return self.phase_s("roundtrip", num_reqs)
+
     def phase_s(self, name: str, num_reqs: int) -> float:
         lin = self._linear
         if name == "add_request":
@@ -274,7 +354,8 @@ class VllmInlineCosts:
     mixed_sum_of_parts = False  # and a mixed step as one prefill
 
     def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int, shared_kv: int = 0,
-                  decode_reqs: int = 0, decode_sum_ctx: int = 0, decode_tokens: int = 0, count: bool = True) -> float:
+                  decode_reqs: int = 0, decode_sum_ctx: int = 0, decode_tokens: int = 0, count: bool = True,
+                  verify: bool = False) -> float:
         """The inline prefill or decode term over the whole step (a mixed step is a prefill; a
         speculative verify step of one token plus drafts per request is a decode)."""
         return self._linear.forward_s(kind, num_reqs, num_tokens, sum_ctx)
@@ -286,12 +367,25 @@ class VllmInlineCosts:
 def make_vllm_costs(scenario, setting: str):
     """The cost model a vLLM scenario asks for: its profile (``costs.profile``) or the inline terms.
 
+    With ``server.structured_output`` (a share above 0) the model gets ``grammar``, the step's
+    grammar costs (:class:`sim.engines.vllm.structured.GrammarCosts`); else ``grammar`` is None.
+
     Raises:
         ProfileError: the profile is unusable or not a vLLM profile.
+        ScenarioError: structured output whose costs neither the profile nor the section give.
     """
     c = scenario.costs
     if c.profile:
         path = scenario.resolve_path(c.profile)
-        return VllmProfileCosts(load_vllm_profile(path, read_only=True), setting, c.gpu.scale, c.cpu.scale, c.profile_statistic,
-                                str(path))
-    return VllmInlineCosts(c)
+        costs = VllmProfileCosts(load_vllm_profile(path, read_only=True), setting, c.gpu.scale, c.cpu.scale,
+                                 c.profile_statistic, str(path), speculative=scenario.server.speculative is not None)
+        curves = costs.curves
+    else:
+        costs, curves, path = VllmInlineCosts(c), None, scenario.source
+    section = scenario.server.structured_output
+    if section is not None and section.share > 0:
+        try:
+            costs.grammar = GrammarCosts(section, curves, curves, c.cpu.scale)
+        except ValueError as err:
+            raise ScenarioError(str(path), "server.structured_output", str(err).split(": ", 1)[1]) from None
+    return costs

@@ -9,7 +9,7 @@ each step's outputs from the engine core (``get_output_async``), runs
 ``OutputProcessor.process_outputs`` and hands each request's tokens to its streaming response.
 
 Modelled (:class:`ApiServer`), from what the calibration measured (``vllm.frontend_in``,
-``vllm.frontend_out``, :func:`calibrate.real.vllm_trace.frontend_samples`):
+``vllm.frontend_out``, :func:`calibrate.real.vllm.trace.frontend_samples`):
 
 - **in**: a request's handler takes a fixed latency ``L`` plus its share of the event loop: the
   handlers of requests sent together interleave at their ``await`` points, so they are served

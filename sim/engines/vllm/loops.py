@@ -12,6 +12,13 @@ engine core's work hides behind the worker's: step = max(T_core, T_worker) plus 
 request's tokens are processed one step late; a request that stops on a stop token has one more
 step scheduled for it, whose token is dropped (``max_tokens`` stops are foreseen).
 
+With structured output (:mod:`sim.engines.vllm.structured`) the engine core fills the step's
+grammar bitmask after sending ``execute_model`` and the worker's ``sample_tokens`` waits for it;
+under async scheduling a step whose constrained requests have a token in flight defers its
+``sample_tokens`` until the previous step's output is back and updated (l.737-810). The worker
+then takes the RPC a round trip (sync) or a pickup (async) after both the forward and the bitmask
+are done (a simplification: the RPC's own latency after a late bitmask is not priced apart).
+
 With speculative decoding (:mod:`sim.engines.vllm.speculative`) the synchronous loop fetches the
 step's drafts from the worker after ``update_from_output`` (``post_step``, l.693: one more RPC
 round trip); under async scheduling the drafts stay in the worker.
@@ -47,6 +54,7 @@ def sync_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store):
         t += s + core.dispatch(step, env.now + t + s)
         yield env.timeout(t)
         core.send(step, rpcs)
+        yield env.timeout(core.grammar_bitmask(step))  # behind the worker's forward
         back = yield core.result(step)  # future.result(), then the blocking sample_tokens RPC
         yield env.timeout(max(0.0, back - env.now))
         yield env.timeout(core.update(step, env.now))
@@ -65,17 +73,22 @@ def async_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store)
             yield core.idle()
         t = core.add_requests(env.now)
         executed = False
+        deferred = None
         if sched.has_requests():  # schedule k+1 and send it before waiting for k
             step, s = core.schedule(env.now + t)
             t += s + core.dispatch(step, env.now + t + s)
             yield env.timeout(t)
             core.send(step, rpcs)
-            queue.appendleft(step)
             executed = step.num_reqs > 0
-            if len(queue) < BATCH_QUEUE_SIZE and (executed or sched.has_requests()):
-                if not executed:
-                    yield env.timeout(EMPTY_STEP_SLEEP_S)
-                continue  # the queue is not full: schedule again before blocking
+            if step.grammar_pending and queue:  # its grammars need k's tokens: sample_tokens after k's update
+                deferred = step
+            else:
+                yield env.timeout(core.grammar_bitmask(step))
+                queue.appendleft(step)
+                if len(queue) < BATCH_QUEUE_SIZE and (executed or sched.has_requests()):
+                    if not executed:
+                        yield env.timeout(EMPTY_STEP_SLEEP_S)
+                    continue  # the queue is not full: schedule again before blocking
         else:
             yield env.timeout(t)
         if queue:
@@ -83,6 +96,9 @@ def async_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store)
             back = yield core.result(oldest)
             yield env.timeout(max(0.0, back - env.now))
             yield env.timeout(core.update(oldest, env.now))
+        if deferred is not None:
+            yield env.timeout(core.grammar_bitmask(deferred))
+            queue.appendleft(deferred)
         if not executed and sched.has_requests():
             yield env.timeout(EMPTY_STEP_SLEEP_S)
 
@@ -95,6 +111,8 @@ def worker_loop(env: simpy.Environment, worker: Worker, rpcs: simpy.Store):
         yield env.timeout(worker.pickup(step, queued) + worker.prepare(step))
         if step.num_reqs:
             yield env.timeout(worker.forward(step, env.now))
+            if step.mask_ready is not None:  # sample_tokens carries the engine core's bitmask
+                yield step.mask_ready
             yield env.timeout(worker.roundtrip(step))
             yield env.timeout(worker.sample(step))
         done.succeed(worker.output_back_s(step, env.now))

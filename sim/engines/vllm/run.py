@@ -46,8 +46,10 @@ def run_vllm(scenario, setting: str, specs: RequestSpecs, warmup: int, recorder)
                                     warmup if w.warmup_before_benchmark else 0)
     on_finish = clients.on_finish if clients is not None else (lambda _rid, _t: None)
     scheduler = Scheduler(srv, setting == "async", recorder, on_finish, np.random.default_rng([scenario.seed, 7]))
+    section = srv.structured_output
+    grammar = section.draw(len(specs), scenario.seed) if section is not None and section.share > 0 else None
     core = EngineCore(env, scheduler, specs, warmup, costs, Jitter(noise.cpu_cv, np.random.default_rng([scenario.seed, 3])),
-                      recorder)
+                      recorder, grammar)
     worker = Worker(costs, DeviceStream(), Jitter(noise.gpu_cv, np.random.default_rng([scenario.seed, 2])),
                     Jitter(noise.cpu_cv, np.random.default_rng([scenario.seed, 5])), srv.blocking_forward,
                     setting == "async", srv.resolved_block_size if w.prefix_sharing == "shared" else 0,

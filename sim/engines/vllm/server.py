@@ -15,6 +15,7 @@ from typing import Literal, Optional
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from sim.engines.vllm.speculative import Speculative
+from sim.engines.vllm.structured import StructuredOutput
 from sim.model.schema import MAX_POOL_TOKENS, MAX_REQUESTS, MAX_TOKENS, StrictModel
 
 SETTINGS = ("sync", "async")
@@ -38,7 +39,8 @@ class VllmServer(StrictModel):
     400,000 tokens), ``enable_chunked_prefill`` and ``enable_prefix_caching`` (both on by default
     for generative models), ``long_prefill_token_threshold`` (0: off), ``speculative``
     (``--speculative-config`` and what the simulator is told of it: :mod:`sim.engines.vllm.speculative`;
-    None: plain decoding).
+    None: plain decoding), ``structured_output`` (the share of requests with a grammar and its
+    costs: :mod:`sim.engines.vllm.structured`; None: none).
     """
 
     engine: Literal["vllm"]
@@ -54,6 +56,7 @@ class VllmServer(StrictModel):
     enable_prefix_caching: bool = True
     long_prefill_token_threshold: int = Field(default=0, ge=0, le=MAX_TOKENS)
     speculative: Optional[Speculative] = None
+    structured_output: Optional[StructuredOutput] = None
     _from_launch_args: tuple = PrivateAttr(default=())  # as the SGLang section (scenario overrides read it)
 
     @field_validator("settings", mode="before")
@@ -88,11 +91,20 @@ class VllmServer(StrictModel):
         ``max_num_seqs`` when unset)."""
         return "server.max_num_seqs", self.seqs_limit
 
-    def warnings(self) -> list[str]:
+    def warnings(self, profile_meta: dict | None = None) -> list[str]:
         """What this server section asks for that is answered only approximately: speculative
-        decoding's given values (:meth:`Speculative.caveats`); the launch arguments vLLM's rules
-        read are checked where they are parsed."""
-        return self.speculative.caveats() if self.speculative is not None else []
+        decoding's given values (:meth:`Speculative.caveats`, told what the profile whose
+        metadata is ``profile_meta`` measured of it); the launch arguments vLLM's rules read are
+        checked where they are parsed."""
+        out = []
+        meta = profile_meta if isinstance(profile_meta, dict) else {}
+        if self.speculative is not None:
+            measured = meta.get("speculative")
+            out += self.speculative.caveats(measured if isinstance(measured, dict) else None)
+        if self.structured_output is not None and self.structured_output.share > 0:
+            measured = meta.get("structured_output")
+            out += self.structured_output.caveats(measured if isinstance(measured, dict) else None)
+        return out
 
     @property
     def blocking_forward(self) -> bool:
@@ -104,6 +116,9 @@ class VllmServer(StrictModel):
     def _consistent(self):
         """vLLM's own start-up checks (``SchedulerConfig.verify_max_model_len``,
         ``config/scheduler.py``; ``check_enough_kv_cache_memory``, ``v1/core/kv_cache_utils.py:1104``)."""
+        if self.speculative is not None and self.structured_output is not None and self.structured_output.share > 0:
+            raise ValueError("structured_output: with speculative decoding not modelled (vLLM validates the drafts "
+                             "against the grammar before the bitmask; not simulated)")
         if len(set(self.settings)) != len(self.settings):
             raise ValueError(f"settings: must not repeat a setting (got {self.settings})")
         if self.max_num_batched_tokens < self.seqs_limit:

@@ -31,14 +31,17 @@ What the simulator takes as given, and how (stated on every run, :meth:`Speculat
   histogram); the same law for every request and step (real acceptance depends on the text);
 - a draft pass costs ``draft_cost_ratio`` times the target's forward of the same shape (1.0: the
   target model drafting for itself; an EAGLE head over an L-layer target is of the order of 1/L);
-- the synchronous ``take_draft_token_ids`` round trip is priced as the profile's ``vllm.roundtrip``
-  (another engine-core-to-worker RPC round trip; not timed on its own);
-- the rejection sampler is inside the profile's ``vllm.sample`` (timed without speculation);
-- the drafter's host work per step (its input preparation and attention metadata, around its
-  passes) is not priced: measured on vLLM's CPU server with a draft model (4 December 2026), the
-  worker's ``sample_tokens`` with drafting took 1.5-5 ms a step more than ``vllm.sample`` plus the
-  passes priced here, which left the predicted throughput 36% high and TPOT 29% low (medians over
-  three loads and both settings; docs/vllm.md).
+- the synchronous ``take_draft_token_ids`` round trip: the profile's ``vllm.take_drafts``, else
+  its ``vllm.roundtrip`` (another engine-core-to-worker RPC round trip);
+- the drafter's host work per step (its input preparation, attention metadata and draft
+  sampling, around its passes) and the rejection sampler: the profile's ``vllm.draft_host`` and
+  ``vllm.spec_sample`` (with ``vllm.spec_schedule``/``spec_prepare``/``spec_update``), measured
+  on the real server drafting (:mod:`calibrate.real.vllm.speculative`) at one method and k; at
+  another k the host work is scaled by k over the measured k (stated). A profile without them
+  prices the rejection sampler as ``vllm.sample`` and no drafter host work: measured on vLLM's
+  CPU server with a draft model (4 December 2026), that left the steps 1.5-5 ms short, the
+  predicted throughput 36% high and TPOT 29% low (medians over three loads and both settings;
+  docs/vllm.md).
 
 Methods modelled: those whose drafts come from a model on the device and are k per step
 (``draft_model``, ``eagle``, ``eagle3``, ``mtp``). N-gram and suffix proposers (drafts found in the
@@ -143,8 +146,10 @@ class Speculative(StrictModel):
         p = self.probabilities()
         return float(np.dot(np.arange(len(p)), p))
 
-    def caveats(self) -> list[str]:
-        """The warning lines every run of this scenario carries: what rests on given values."""
+    def caveats(self, measured: dict | None = None) -> list[str]:
+        """The warning lines every run of this scenario carries: what rests on given values.
+        ``measured``: the profile's ``metadata.speculative`` when it has the speculative host
+        curves (:mod:`calibrate.real.vllm.speculative`), else None."""
         k = self.num_speculative_tokens
         if self.acceptance_rate is not None:
             q = geometric_q(self.acceptance_rate * k, k)
@@ -154,15 +159,26 @@ class Speculative(StrictModel):
         else:
             name = "per_position_acceptance" if self.per_position_acceptance is not None else "accepted_histogram"
             law = f"{name} {getattr(self, name)}"
-        return [f"warning: server.speculative: {self.method} with k={self.num_speculative_tokens}: the accepted "
-                f"drafts are drawn from the given {law}, expected accept length {1 + self.mean_accepted():.2f} "
-                "tokens per verify step, the same law for every request and position (not measured by the "
-                f"simulator); a draft pass costs draft_cost_ratio {self.draft_cost_ratio:g} x the target's forward "
-                "of its shape (given); a step's tokens reach the client together, so ITL is per step and TPOT per "
-                "token; the synchronous take_draft_token_ids RPC is priced as vllm.roundtrip and the rejection "
-                "sampler as part of vllm.sample (neither timed with speculation); the drafter's own host work per "
-                "step (its inputs and metadata) is not modelled: against vLLM's CPU server with a draft model the "
-                "steps were priced 1.5-5 ms short, throughput 36% high and TPOT 29% low (medians; docs/vllm.md)"]
+        head = (f"warning: server.speculative: {self.method} with k={k}: the accepted drafts are drawn from the "
+                f"given {law}, expected accept length {1 + self.mean_accepted():.2f} tokens per verify step, the "
+                "same law for every request and position (not measured by the simulator); a draft pass costs "
+                f"draft_cost_ratio {self.draft_cost_ratio:g} x the target's forward of its shape (given); a step's "
+                "tokens reach the client together, so ITL is per step and TPOT per token")
+        if not measured:
+            return [head + "; the synchronous take_draft_token_ids RPC is priced as vllm.roundtrip, the rejection "
+                    "sampler as vllm.sample, and the drafter's own host work per "
+                    "step (its inputs and metadata) is not modelled, as the profile has no speculative curves: "
+                    "against vLLM's CPU server with a draft model that left the steps 1.5-5 ms short, throughput "
+                    "36% high and TPOT 29% low (medians; docs/vllm.md); calibrate --engine vllm --speculative "
+                    "measures them on vLLM's CPU server, a GPU profile has none yet"]
+        k_cal, method = int(measured.get("num_speculative_tokens", k)), measured.get("method")
+        tail = (f"; the drafter's host work, the rejection sampler, the synchronous take_draft_token_ids RPC and "
+                f"the scheduling and update with drafts are the profile's, measured with {method} k={k_cal}")
+        if k_cal != k:
+            tail += f", the drafter's host work scaled by k/{k_cal} (an assumption: not measured at k={k})"
+        if method != self.method:
+            tail += f" (this scenario drafts with {self.method}: its host work is assumed alike)"
+        return [head + tail]
 
 
 LAWS = ("per_position_acceptance", "acceptance_rate", "accepted_histogram")
@@ -225,8 +241,9 @@ class AcceptanceDraws:
         return 1.0 + self.accepted / self.draws if self.draws else math.nan
 
 
-def draft_forward_s(spec: Speculative, verify_s: float, decode_pass_s: float) -> float:
-    """Device time of drafting after a verify forward (s): ``draft_cost_ratio`` x (the first draft
-    pass, of the verify's shape, ``verify_s``, plus ``k - 1`` one-token passes over the sampling
-    requests, ``decode_pass_s`` each; both in seconds of the target's forward)."""
-    return spec.draft_cost_ratio * (verify_s + (spec.num_speculative_tokens - 1) * decode_pass_s)
+def draft_passes_s(k: int, ratio: float, verify_s: float, decode_pass_s: float) -> float:
+    """Device time of drafting after a verify forward (s): ``ratio`` (``draft_cost_ratio``) x (the
+    first draft pass, of the verify's shape, ``verify_s``, plus ``k - 1`` one-token passes over
+    the sampling requests, ``decode_pass_s`` each; both in seconds of the target's forward)
+    (``SpecDecodeBaseProposer.propose``, ``v1/spec_decode/llm_base_proposer.py`` l.600 and l.689)."""
+    return ratio * (verify_s + (k - 1) * decode_pass_s)

@@ -22,7 +22,7 @@ Costs from the cost model (:mod:`sim.engines.vllm.costs`), times per-step jitter
 
 from __future__ import annotations
 
-from sim.engines.vllm.speculative import draft_forward_s
+from sim.engines.vllm.speculative import draft_passes_s
 from sim.model.batch import Batch
 from sim.model.costs import DECODE, Jitter
 from sim.model.device import DeviceStream
@@ -73,8 +73,9 @@ class Worker:
                     decode_reqs += 1
                     decode_tokens += entry[1]
                     decode_sum_ctx += entry[2] + entry[1]
+        verify = self.spec is not None and step.kind == DECODE  # every request: one token plus its drafts
         dur = self.costs.forward_s(step.kind, step.num_reqs, step.num_tokens, step.sum_ctx, shared,
-                                   decode_reqs, decode_sum_ctx, decode_tokens)
+                                   decode_reqs, decode_sum_ctx, decode_tokens, verify=verify)
         if self.spec is not None:
             dur += self.draft_s(step, dur)
         dur *= self.gpu_jitter()
@@ -83,7 +84,7 @@ class Worker:
 
     def draft_s(self, step: Batch, verify_s: float) -> float:
         """Device time of the drafts after a forward of ``verify_s`` seconds
-        (:func:`sim.engines.vllm.speculative.draft_forward_s`): the first pass of the step's shape,
+        (:func:`sim.engines.vllm.speculative.draft_passes_s`): the first pass of the step's shape,
         then k - 1 one-token passes over its sampling requests at their contexts; 0 when none
         samples."""
         m = ctx = 0
@@ -95,7 +96,7 @@ class Worker:
             return 0.0
         one_pass = self.costs.forward_s(DECODE, m, m, ctx, count=False) if self.spec.num_speculative_tokens > 1 \
             else 0.0
-        return draft_forward_s(self.spec, verify_s, one_pass)
+        return draft_passes_s(self.spec.num_speculative_tokens, self.spec.draft_cost_ratio, verify_s, one_pass)
 
     def pickup(self, step: Batch, queued: bool) -> float:
         """Async scheduling: the worker taking ``step``'s ``execute_model`` RPC when it was already
@@ -122,8 +123,15 @@ class Worker:
         return self.costs.phase_s("roundtrip", step.num_reqs) * self.cpu_jitter()
 
     def sample(self, step: Batch) -> float:
-        """CPU time of ``sample_tokens``."""
-        return self.costs.phase_s("sample", step.num_reqs) * self.cpu_jitter()
+        """CPU time of ``sample_tokens``; with speculative decoding, when a request of the step
+        samples, the drafter's host work too (``propose_draft_token_ids`` runs inside it after
+        sampling, ``gpu_model_runner.py:4395``; its passes are in :meth:`draft_s`)."""
+        t = self.costs.phase_s("sample", step.num_reqs)
+        if step.num_grammar:  # apply_grammar_bitmask before sampling
+            t += self.costs.grammar.apply_s(step.num_grammar)
+        if self.spec is not None and any(entry[3] for entry in step.chunks):
+            t += self.costs.draft_host_s(step.num_reqs, self.spec.num_speculative_tokens)
+        return t * self.cpu_jitter()
 
     def output_back_s(self, step: Batch, at: float) -> float:
         """When the output of ``step``, whose ``sample_tokens`` (or empty ``execute_model``) ended

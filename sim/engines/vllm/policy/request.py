@@ -57,6 +57,7 @@ class Request:
     num_in_flight_tokens: int = 0
     num_stale_output_tokens: int = 0
     num_spec_tokens: int = 0  # len(spec_token_ids): drafts (or async placeholders) to verify next
+    grammar: bool = False  # structured output: sampled under a grammar (use_structured_output)
     num_preemptions: int = 0
     is_prefill_chunk: bool = False
     num_blocks: int = 0  # KV blocks held, prefix-cache hits included

@@ -192,7 +192,9 @@ class Scheduler(ResultsMixin):
     def _update_after_schedule(self, step: Batch) -> None:
         """Advance the computed tokens of what was scheduled; mark sampling entries; async:
         one placeholder per request that is past its prefill, plus one per draft scheduled, and
-        (speculative decoding) k placeholder drafts."""
+        (speculative decoding) k placeholder drafts; count the sampling requests under a grammar
+        and (async) whether one of them has a token in flight (``pending_structured_output_tokens``,
+        ``async_scheduler.py``: its ``sample_tokens`` waits for the previous step's update)."""
         decode = step.num_reqs > 0
         k = self.num_spec_tokens
         for entry in step.chunks:
@@ -203,6 +205,9 @@ class Scheduler(ResultsMixin):
             entry[3] = samples = not req.is_prefill_chunk
             decode = decode and samples and num_new == 1 + spec
             step.num_warmup += req.warmup
+            if samples and req.grammar:  # get_grammar_bitmask's rows; AsyncScheduler's pending flag
+                step.num_grammar += 1
+                step.grammar_pending |= self.async_scheduling and req.num_output_placeholders > 0
             if samples and self.async_scheduling:
                 req.num_output_placeholders += 1 + spec
                 req.num_spec_tokens = k

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from calibrate.errors import CalibrationInputError
 
-ENGINE_PHASES = {"schedule", "update", "add", "step", "step_bq"}
-WORKER_PHASES = {"execute", "forward", "sample", "draft"}
+ENGINE_PHASES = {"schedule", "update", "add", "step", "step_bq", "bitmask", "accept", "compile"}
+WORKER_PHASES = {"execute", "forward", "sample", "draft", "mask"}
 BACKLOG_FACTOR = 2.0  # frontend samples: a delivery delay above this x the median is a backlog
 
 
@@ -50,6 +50,8 @@ class VllmStep:
     forward_start: float = float("nan")  # wall clock of the first forward's start in execute
     forward_end: float = float("nan")  # and of the last one's end
     sample: dict | None = None
+    draft: dict | None = None  # speculative decoding: the drafter's proposal inside ``sample``
+    bitmask: dict | None = None  # structured output: get_grammar_bitmask for this step (E)
     update: dict | None = None
     finished: list = field(default_factory=list)
 
@@ -125,9 +127,10 @@ def steps(engine: list[dict], worker: list[dict]) -> list[VllmStep]:
     executes = [r for r in worker if r["ph"] == "execute"]
     forwards = [r for r in worker if r["ph"] == "forward"]
     samples = [r for r in worker if r["ph"] == "sample"]
+    drafts = [r for r in worker if r["ph"] == "draft"]
     updates = [r for r in engine if r["ph"] == "update"]
     n = min(len(out), len(executes))
-    fi, si = 0, 0
+    fi, si, di = 0, 0, 0
     for step, ex in zip(out[:n], executes[:n]):
         if ex.get("n_tok", step.num_tokens) != step.num_tokens:
             raise CalibrationInputError("trace", f"step {step.k}", f"the worker executed {ex.get('n_tok')} tokens, "
@@ -148,10 +151,31 @@ def steps(engine: list[dict], worker: list[dict]) -> list[VllmStep]:
         if step.num_tokens and si < len(samples):
             step.sample = samples[si]
             si += 1
+            sa_end = step.sample["t0"] + step.sample["dur"]
+            while di < len(drafts) and drafts[di]["t0"] + drafts[di]["dur"] <= sa_end:
+                if drafts[di]["t0"] >= step.sample["t0"]:
+                    step.draft = drafts[di]
+                di += 1
     for step, up in zip([s for s in out if s.num_reqs], [u for u in updates if u.get("n", 1)]):
         step.update = up
         step.finished = up.get("finished", [])
+    _join_bitmasks(out, [r for r in engine if r["ph"] == "bitmask"])
     return out
+
+
+def _join_bitmasks(out: list[VllmStep], bitmasks: list[dict]) -> None:
+    """Give each step its ``get_grammar_bitmask`` call: the first that starts after its
+    ``schedule`` ended and before the next step's began (synchronously before its update;
+    under async scheduling a deferred one after the previous step's update)."""
+    bi = 0
+    for step, nxt in zip(out, out[1:] + [None]):
+        end = step.schedule["t0"] + step.schedule["dur"]
+        limit = nxt.schedule["t0"] if nxt is not None else float("inf")
+        while bi < len(bitmasks) and bitmasks[bi]["t0"] < end:
+            bi += 1
+        if bi < len(bitmasks) and bitmasks[bi]["t0"] < limit:
+            step.bitmask = bitmasks[bi]
+            bi += 1
 
 
 def steps_of_session(folder: Path) -> list[VllmStep]:

@@ -4,7 +4,7 @@
 setting (``sync``, ``async``) with the tracer (:mod:`realengines.vllm.tracer`), runs designed
 closed-loop loads (:func:`design`) and prices the curves of
 :data:`sim.engines.vllm.costs.VLLM_CURVE_AXES` from the steps it ran
-(:mod:`calibrate.real.vllm_trace`):
+(:mod:`calibrate.real.vllm.trace`):
 
 - decode waves: for each batch size B and context C, B clients with prompts of ``C - 16`` tokens
   and 32 output tokens (equal lengths, so each wave starts and ends together): its all-decode
@@ -45,7 +45,7 @@ activity during the forward); a per-setting forward curve would carry whichever 
 every async prediction, and it left prefills of more than 128 tokens unmeasured under async
 (priced at a third of their real time by extrapolation: 32 ms for a real 104 ms).
 The front end (``vllm.frontend_in``/``frontend_out``,
-:func:`calibrate.real.vllm_trace.frontend_samples`) is measured from the client's records of
+:func:`calibrate.real.vllm.trace.frontend_samples`) is measured from the client's records of
 each session. Simplification: ``vllm.add_request`` is priced per call at
 ``num_reqs`` 1 (the tracer times each ``EngineCore.add_request``).
 """
@@ -62,10 +62,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from calibrate.real import vllm_trace
+from calibrate.real.vllm import speculative as vllm_speculative, structured as vllm_structured, trace as vllm_trace
 from calibrate.real.environment import Engine, mean_probe, model_metadata, run_module, run_probed, session_order
 from calibrate.real.jobs import Prompts, request
-from calibrate.real.vllm_trace import frontend_samples
+from calibrate.real.vllm.trace import frontend_samples
 
 SESSION_TIMEOUT_S = 3600
 BLOCK_SIZE = 128  # vllm/platforms/cpu.py: the CPU platform's default block size
@@ -116,7 +116,7 @@ class VllmGrid:
 
 # curves priced from the steps of every setting: the model forward is the same code under both
 # loops (see the module docstring)
-POOLED_CURVES = ("vllm.forward",)
+POOLED_CURVES = ("vllm.forward", "vllm.spec_forward")
 
 
 SHARED_PREFIX_TOKENS = 384  # the shared-prefix loads: 3 whole blocks of 128 that every request holds
@@ -272,14 +272,15 @@ def add_request_samples(engine_records: list[dict]) -> list[dict]:
 
 def run_session(engine: Engine, model_dir: Path, grid: VllmGrid, setting: str, folder: Path,
                 report: Callable[[str], None], name: str | None = None, loads: list[dict] | None = None,
-                env: dict | None = None) -> Path:
+                env: dict | None = None, extra_args: list[str] | None = None) -> Path:
     """Run (or reuse a finished) calibration session of ``setting`` in ``folder/name`` (``name``:
-    the setting by default) with ``loads`` (default :func:`design`) and ``env`` set in the
-    server's environment (``realengines.server``); returns its folder."""
+    the setting by default) with ``loads`` (default :func:`design`), ``env`` set in the server's
+    environment (``realengines.server``) and ``extra_args`` after the grid's server arguments;
+    returns its folder."""
     name = name or setting
     out = folder / name
     spec = {"engine": "vllm", "model_dir": str(model_dir), "setting": setting, "port": 30300,
-            "server_args": grid.server_args(), "trace": True, "ready_timeout_s": 900,
+            "server_args": grid.server_args() + list(extra_args or ()), "trace": True, "ready_timeout_s": 900,
             "loads": design(grid) if loads is None else loads, "pause_between_loads_s": 1.0}
     if env:
         spec["env"] = env
@@ -300,13 +301,34 @@ def run_session(engine: Engine, model_dir: Path, grid: VllmGrid, setting: str, f
     return out
 
 
+def run_speculative_session(engine: Engine, model_dir: Path, grid: VllmGrid, setting: str, folder: Path,
+                            report: Callable[[str], None], name: str, speculative: dict) -> Path:
+    """Run (or reuse) the speculative session beside the plain session ``name``
+    (:mod:`calibrate.real.vllm.speculative`): ``folder/spec-<name>``."""
+    loads = vllm_speculative.design(grid.decode_batch_sizes, grid.decode_steps, grid.waves, grid.seed)
+    return run_session(engine, model_dir, grid, setting, folder, report, f"{vllm_speculative.SPEC_LOAD}{name}",
+                       loads=loads, extra_args=vllm_speculative.speculative_args(speculative))
+
+
+def run_structured_session(engine: Engine, model_dir: Path, grid: VllmGrid, setting: str, folder: Path,
+                           report: Callable[[str], None], name: str) -> Path:
+    """Run (or reuse) the structured-output session beside the plain session ``name``
+    (:mod:`calibrate.real.vllm.structured`): ``folder/grammar-<name>``."""
+    loads = vllm_structured.design(grid.decode_batch_sizes, grid.decode_steps, grid.waves, grid.seed)
+    return run_session(engine, model_dir, grid, setting, folder, report, f"{vllm_structured.GRAMMAR_LOAD}{name}",
+                       loads=loads)
+
+
 def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path, command: str = "",
                    settings: tuple[str, ...] = ("sync", "async"), report: Callable[[str], None] = print,
-                   sessions: int = 1) -> dict:
+                   sessions: int = 1, speculative: dict | None = None, structured: bool = False) -> dict:
     """Run the sessions (``sessions`` per setting, :func:`session_order`) and build the vLLM
     profile: base curves from the first setting, the other settings' own curves in
     ``setting_curves``, the curves of :data:`POOLED_CURVES` from every session; a point's
-    samples are those of every session that measured it.
+    samples are those of every session that measured it. ``speculative`` (a config,
+    :func:`calibrate.real.vllm.speculative.check_config`): each session is followed by one with
+    the server drafting, whose steps give the speculative host curves; ``structured``: and by
+    one whose requests all carry a JSON schema (the grammar curves).
 
     Raises:
         ProfileError: a curve without samples or a grid with holes (the message names it).
@@ -322,7 +344,14 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
     versions: dict = {}
     shared: dict[str, list[tuple[int, float, float]]] = {}
     order = session_order(settings, sessions)
-    outs = [run_session(engine, model_dir, grid, setting, folder, report, name) for setting, name in order]
+    outs, spec_outs, grammar_outs = [], [], []
+    for setting, name in order:
+        outs.append(run_session(engine, model_dir, grid, setting, folder, report, name))
+        if speculative:
+            spec_outs.append(run_speculative_session(engine, model_dir, grid, setting, folder, report, name,
+                                                     speculative))
+        if structured:
+            grammar_outs.append(run_structured_session(engine, model_dir, grid, setting, folder, report, name))
     reference = mean_probe(folder / f"{name}.hostspeed.json" for _, name in order)
     for (setting, _), out in zip(order, outs):
         versions = json.loads((out / "session.json").read_text()).get("versions", {})
@@ -333,7 +362,7 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
                + frontend_samples(out, eng, steps_, design(grid), set(grid.decode_batch_sizes)))
         for smp in got:
             merge_sample(merged, smp, setting, settings)
-    _drop_incomplete_rows(merged, grid, report, settings[0])
+    _drop_incomplete_rows(merged, grid.contexts, report, settings[0])
     smp_list = list(merged.values())
     meta = {"backend": "vllm", "device": "cpu", "engine": "vllm", "engine_version": engine.version,
             "device_name": f"cpu (vLLM {engine.version} CPU build, worker on its own core)",
@@ -354,6 +383,10 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
     meta["mixed_steps"] = MIXED_SUM_OF_PARTS  # the CPU forward prices each request's own part
     profile = build_profile(meta, smp_list, VLLM_CURVES)
     forward = profile_curves(profile, "median", None, VLLM_CURVES)["vllm.forward"]
+    if speculative:
+        profile = _add_speculative(profile, merged, meta, speculative, grid, order, spec_outs, settings, engine, report)
+    if structured:
+        profile = _add_structured(merged, meta, grid, order, grammar_outs, settings, engine)
     saving = shared_prefix_saving(forward, [x for steps_ in shared.values() for x in steps_])
     if saving is not None:  # each setting's own where its sessions measured it
         own = {st: shared_prefix_saving(forward, steps_) for st, steps_ in shared.items()}
@@ -362,6 +395,51 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
         report(f"shared prefix: {saving['saving']:.2f} of its attention cost saved per repeat "
                f"(by batch size {saving['by_batch']}, by setting {saving['by_setting']}, {saving['steps']} steps)")
     return profile
+
+
+def _add_speculative(profile: dict, merged: dict, meta: dict, speculative: dict, grid: VllmGrid,
+                     order: list[tuple[str, str]], spec_outs: list[Path], settings: tuple[str, ...],
+                     engine: Engine, report: Callable[[str], None]) -> dict:
+    """The profile rebuilt with the speculative curves (:mod:`calibrate.real.vllm.speculative`):
+    the verify forward from every drafting session first, then the host curves, whose drafter
+    passes are priced from the forward curves."""
+    from calibrate.profile import build_profile
+    from sim.engines.vllm.costs import VLLM_CURVES
+    from sim.model.profile import profile_curves
+
+    sizes = set(grid.decode_batch_sizes)
+    steps = [vllm_trace.steps_of_session(out) for out in spec_outs]
+    for (setting, _), steps_ in zip(order, steps):
+        for smp in vllm_speculative.verify_forward_samples(steps_, speculative, sizes, grid.decode_steps):
+            merge_sample(merged, smp, setting, settings)
+    _drop_incomplete_rows(merged, vllm_speculative.CONTEXTS, report, settings[0], "vllm.spec_forward")
+    curves = profile_curves(build_profile(meta, list(merged.values()), VLLM_CURVES), "median", None, VLLM_CURVES)
+    for (setting, _), steps_ in zip(order, steps):
+        for smp in vllm_speculative.samples(steps_, curves["vllm.forward"], speculative, sizes, setting,
+                                            curves.get("vllm.spec_forward")):
+            merge_sample(merged, smp, setting, settings)
+    meta["speculative"] = vllm_speculative.metadata(speculative, [o.name for o in spec_outs])
+    for name, fn in vllm_speculative.FUNCTIONS.items():
+        meta["curve_sources"][name] = {"source": "measured", "engine": f"vllm {engine.version}", "function": fn}
+    return build_profile(meta, list(merged.values()), VLLM_CURVES)
+
+
+def _add_structured(merged: dict, meta: dict, grid: VllmGrid, order: list[tuple[str, str]], outs: list[Path],
+                    settings: tuple[str, ...], engine: Engine) -> dict:
+    """The profile rebuilt with the grammar curves (:mod:`calibrate.real.vllm.structured`)."""
+    from calibrate.profile import build_profile
+    from sim.engines.vllm.costs import VLLM_CURVES
+
+    compile_s = []
+    for (setting, _), out in zip(order, outs):
+        eng, wrk = vllm_trace.read_files(sorted(out.glob("trace.*.jsonl")))
+        compile_s += [r["dur"] for r in eng if r["ph"] == "compile"]
+        for smp in vllm_structured.samples(vllm_trace.steps(eng, wrk), set(grid.decode_batch_sizes)):
+            merge_sample(merged, smp, setting, settings)
+    meta["structured_output"] = vllm_structured.metadata(compile_s, [o.name for o in outs])
+    for name, fn in vllm_structured.FUNCTIONS.items():
+        meta["curve_sources"][name] = {"source": "measured", "engine": f"vllm {engine.version}", "function": fn}
+    return build_profile(meta, list(merged.values()), VLLM_CURVES)
 
 
 def merge_sample(merged: dict, smp: dict, setting: str, settings: tuple[str, ...]) -> None:
@@ -377,19 +455,22 @@ def merge_sample(merged: dict, smp: dict, setting: str, settings: tuple[str, ...
     into["times_s"] = into["times_s"] + smp["times_s"]
 
 
-def _drop_incomplete_rows(merged: dict, grid: VllmGrid, report: Callable[[str], None], setting: str) -> None:
-    """Leave out the forward samples of ``setting`` at a token count that lacks a context of the
-    grid (a prefill whose prompts the server happened to split over two steps): the curve needs
-    a full grid, and steps beyond the largest complete row are then priced by extrapolation."""
-    fwd = [k for k in merged if k[0] == "vllm.forward" and k[2] == setting]
+def _drop_incomplete_rows(merged: dict, contexts, report: Callable[[str], None], setting: str,
+                          curve: str = "vllm.forward") -> None:
+    """Leave out the samples of ``curve`` (a forward curve over ``num_tokens`` and ``ctx``) of
+    ``setting`` at a token count that lacks one of ``contexts`` (a prefill whose prompts the
+    server happened to split over two steps; a verify step of a batch size seen at one context
+    only): the curve needs a full grid, and steps beyond the largest complete row are then
+    priced by extrapolation."""
+    fwd = [k for k in merged if k[0] == curve and k[2] == setting]
     seen: dict[int, set] = {}
     for k in fwd:
         p = dict(k[1])
         seen.setdefault(p["num_tokens"], set()).add(p["ctx"])
     for n, ctxs in sorted(seen.items()):
-        if set(grid.contexts) - ctxs:
-            report(f"vllm.forward ({setting}): no step of {n} tokens at context(s) "
-                   f"{sorted(set(grid.contexts) - ctxs)}; the {n}-token row is left out")
+        if set(contexts) - ctxs:
+            report(f"{curve} ({setting}): no step of {n} tokens at context(s) "
+                   f"{sorted(set(contexts) - ctxs)}; the {n}-token row is left out")
             for k in fwd:
                 if dict(k[1])["num_tokens"] == n:
                     del merged[k]

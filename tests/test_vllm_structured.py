@@ -190,3 +190,9 @@ def test_a_constrained_load_sends_its_schema_through_either_client():
     assert all(r["structured_outputs"] == {"json": JSON_SCHEMA} for r in own.requests())
     with pytest.raises(ValueError):
         Workload("j", grammar="xml")
+
+
+def test_advise_points_a_grammar_backend_flag_at_the_scenario_key(run_cli):
+    code, out, _ = run_cli(["advise", "--engine", "vllm", "--device", "cuda", "--", "--model", "m",
+                            "--structured-outputs-config", '{"backend": "xgrammar"}'])
+    assert code == 0 and "server.structured_output" in " ".join(out.split())

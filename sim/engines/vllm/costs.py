@@ -381,11 +381,11 @@ def make_vllm_costs(scenario, setting: str):
                                  c.profile_statistic, str(path), speculative=scenario.server.speculative is not None)
         curves = costs.curves
     else:
-        costs, curves, path = VllmInlineCosts(c), None, scenario.source
+        costs, curves = VllmInlineCosts(c), None
     section = scenario.server.structured_output
     if section is not None and section.share > 0:
         try:
             costs.grammar = GrammarCosts(section, curves, curves, c.cpu.scale)
         except ValueError as err:
-            raise ScenarioError(str(path), "server.structured_output", str(err).split(": ", 1)[1]) from None
+            raise ScenarioError(scenario.source, "server.structured_output", str(err).split(": ", 1)[1]) from None
     return costs

@@ -211,8 +211,11 @@ def run(args: argparse.Namespace) -> int:
         raise CalibrationInputError("--sessions", "", f"expected an integer from 1 to {MAX_SESSIONS} (got {args.sessions})")
     if args.speculative is not None and args.engine != "vllm":
         raise CalibrationInputError("--speculative", "", "only with --engine vllm")
-    if args.structured_output and (args.engine != "vllm" or args.host_only):
-        raise CalibrationInputError("--structured-output", "", "only with --engine vllm (not --host-only)")
+    if args.structured_output and args.engine != "vllm":
+        raise CalibrationInputError("--structured-output", "", "only with --engine vllm")
+    if args.structured_output and args.host_only:
+        raise CalibrationInputError("--structured-output", "", "not with --host-only (the grammar sessions time the "
+                                    "real server)")
     if args.speculative is not None and args.host_only:
         raise CalibrationInputError("--speculative", "", "not with --host-only (the drafter's passes need the real "
                                     "forward)")

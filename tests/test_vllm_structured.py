@@ -196,3 +196,28 @@ def test_advise_points_a_grammar_backend_flag_at_the_scenario_key(run_cli):
     code, out, _ = run_cli(["advise", "--engine", "vllm", "--device", "cuda", "--", "--model", "m",
                             "--structured-outputs-config", '{"backend": "xgrammar"}'])
     assert code == 0 and "server.structured_output" in " ".join(out.split())
+
+
+def test_the_measured_profile_prices_grammars_and_matches_the_readme_example():
+    """benchmarks/results/profile-vllm-cpu-structured.json (the 4 December calibration's curves):
+    a constrained run prices the grammars from them, and the README's per-request example is
+    what they give at 16 requests, sync."""
+    import re
+    from pathlib import Path
+
+    from sim.engines.vllm.costs import VLLM_CURVES
+    from sim.model.profile import profile_curves
+
+    root = Path(__file__).resolve().parent.parent
+    path = root / "benchmarks" / "results" / "profile-vllm-cpu-structured.json"
+    c = profile_curves(json.loads(path.read_text()), "median", "sync", VLLM_CURVES)
+    per = [c["vllm.grammar_bitmask"](16) / 16, (c["vllm.grammar_sample"](16) - c["vllm.sample"](16)) / 16,
+           (c["vllm.grammar_update"](16) - c["vllm.update"](16)) / 16]
+    readme = (root / "README.md").read_text()
+    given = [float(re.search(rf"structured_output\.{k}_us_per_request=([0-9.]+)", readme).group(1))
+             for k in ("bitmask", "apply", "accept")]
+    np.testing.assert_allclose(given, [round(x * 1e6) for x in per])
+    scen = vllm_scenario(profile=str(path), c=4, n=8, output_len=40, server__structured_output={"share": 1.0})
+    with_grammar = sim.simulate(scen, "sync").summary()["duration_s"]
+    scen["server"].pop("structured_output")
+    assert with_grammar > sim.simulate(scen, "sync").summary()["duration_s"]

@@ -272,11 +272,11 @@ def add_request_samples(engine_records: list[dict]) -> list[dict]:
 
 def run_session(engine: Engine, model_dir: Path, grid: VllmGrid, setting: str, folder: Path,
                 report: Callable[[str], None], name: str | None = None, loads: list[dict] | None = None,
-                env: dict | None = None, extra_args: list[str] | None = None) -> Path:
+                env: dict | None = None, extra_args: list[str] | None = None, client_nice: int = 0) -> Path:
     """Run (or reuse a finished) calibration session of ``setting`` in ``folder/name`` (``name``:
     the setting by default) with ``loads`` (default :func:`design`), ``env`` set in the server's
-    environment (``realengines.server``) and ``extra_args`` after the grid's server arguments;
-    returns its folder."""
+    environment (``realengines.server``), ``extra_args`` after the grid's server arguments and
+    the load generator at niceness ``client_nice``; returns its folder."""
     name = name or setting
     out = folder / name
     spec = {"engine": "vllm", "model_dir": str(model_dir), "setting": setting, "port": 30300,
@@ -284,6 +284,8 @@ def run_session(engine: Engine, model_dir: Path, grid: VllmGrid, setting: str, f
             "loads": design(grid) if loads is None else loads, "pause_between_loads_s": 1.0}
     if env:
         spec["env"] = env
+    if client_nice:
+        spec["client_nice"] = client_nice
     spec_path = folder / f"{name}.json"
     text = json.dumps(spec)
     if (out / "session.json").exists() and spec_path.exists() and spec_path.read_text() == text:
@@ -302,12 +304,14 @@ def run_session(engine: Engine, model_dir: Path, grid: VllmGrid, setting: str, f
 
 
 def run_speculative_session(engine: Engine, model_dir: Path, grid: VllmGrid, setting: str, folder: Path,
-                            report: Callable[[str], None], name: str, speculative: dict) -> Path:
+                            report: Callable[[str], None], name: str, speculative: dict,
+                            client_nice: int = 0) -> Path:
     """Run (or reuse) the speculative session beside the plain session ``name``
     (:mod:`calibrate.real.vllm.speculative`): ``folder/spec-<name>``."""
     loads = vllm_speculative.design(grid.decode_batch_sizes, grid.decode_steps, grid.waves, grid.seed)
     return run_session(engine, model_dir, grid, setting, folder, report, f"{vllm_speculative.SPEC_LOAD}{name}",
-                       loads=loads, extra_args=vllm_speculative.speculative_args(speculative))
+                       loads=loads, extra_args=vllm_speculative.speculative_args(speculative),
+                       client_nice=client_nice)
 
 
 def run_structured_session(engine: Engine, model_dir: Path, grid: VllmGrid, setting: str, folder: Path,

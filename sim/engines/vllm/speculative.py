@@ -161,7 +161,9 @@ class Speculative(StrictModel):
             law = f"{name} {getattr(self, name)}"
         head = (f"warning: server.speculative: {self.method} with k={k}: the accepted drafts are drawn from the "
                 f"given {law}, expected accept length {1 + self.mean_accepted():.2f} tokens per verify step, the "
-                "same law for every request and position (not measured by the simulator); a draft pass costs "
+                "same law for every request and position (not measured by the simulator); the verify step is priced by "
+                "the profile's forward at requests x (1 + k) tokens (its vllm.spec_forward where measured); a draft "
+                "pass costs "
                 f"draft_cost_ratio {self.draft_cost_ratio:g} x the target's forward of its shape (given); a step's "
                 "tokens reach the client together, so ITL is per step and TPOT per token")
         if not measured:

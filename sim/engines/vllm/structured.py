@@ -132,9 +132,10 @@ class GrammarCosts:
             self._per = (section.bitmask_us_per_request * 1e-6, section.apply_us_per_request * 1e-6,
                          section.accept_us_per_request * 1e-6)
         else:
+            missing = [n for n in ("bitmask_us_per_request", "apply_us_per_request", "accept_us_per_request")
+                       if getattr(section, n) is None]
             raise ValueError("server.structured_output: the grammar's costs are unknown: calibrate a CPU profile "
-                             "with --structured-output (vllm.grammar_* curves) or give bitmask_us_per_request, "
-                             "apply_us_per_request and accept_us_per_request")
+                             "with --structured-output (vllm.grammar_* curves) or give " + ", ".join(missing))
 
     def bitmask_s(self, n: int) -> float:
         """The engine core's fill for ``n`` constrained requests (0 for none)."""

@@ -106,7 +106,8 @@ RULES: tuple[Rule, ...] = (
          "models pp_size 1 only", "config/vllm.py:577-587 max_concurrent_batches", applies_if_async=True),
     Rule("async_tokens_late", "note", lambda c: True,
          "each step's output is processed after the next step is scheduled: a request that stops on a stop "
-         "token (EOS) gets one more step whose token is dropped; max_tokens stops are foreseen",
+         "token (EOS) gets one more step whose token is dropped; max_tokens stops are foreseen (with speculative "
+         "decoding not when a request's last tokens rest on accepted drafts: one more step, dropped)",
          "v1/engine/core.py:698 step_with_batch_queue; v1/core/sched/scheduler.py:659-674",
          applies_if_async=True),
 )

@@ -58,8 +58,9 @@ from calibrate.host import yardstick
 from calibrate.real.vllm import trace as vllm_trace
 from calibrate.real.environment import Engine, mean_probe, session_order
 from calibrate.real.jobs import Prompts, request
+from calibrate.real.vllm.merge import merge_sample
 from calibrate.real.vllm.profile import (HOST_FUNCTIONS, VllmGrid, add_request_samples, design, frontend_samples,
-                                         merge_sample, run_session, samples)
+                                         run_session, samples)
 
 STUB_HOLD_S = 0.004  # the stub's hold: about a small model's decode forward on an H200 (s)
 KV_CACHE_GIB = "2"  # the wave cap's KV (2^18 tokens of the tiny model: 1 GiB) with room for the next wave

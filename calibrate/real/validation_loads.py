@@ -7,6 +7,8 @@ grid.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from calibrate.real.jobs import Workload
 
 SERVER_ARGS = ("--context-length", "2048", "--max-running-requests", "16", "--mem-fraction-static", "0.05")
@@ -62,16 +64,9 @@ SPECULATIVE = (
     Workload("p10-64x96", num_requests=82, warmup_requests=2, concurrency=0, rate_per_s=10.0, input_len=(64, 64),
              output_len=(96, 96), client="engine", seed=33),
 )
-# Loads for structured output (vLLM's own client, every request constrained to the JSON schema
-# calibrate.real.jobs.JSON_SCHEMA through --extra-body): closed loops of 4 and 16, a Poisson load
-STRUCTURED = (
-    Workload("c4-128x128-json", num_requests=38, warmup_requests=6, concurrency=4, input_len=(128, 128),
-             output_len=(128, 128), client="engine", seed=41, grammar="json_schema"),
-    Workload("c16-96x160-json", num_requests=50, warmup_requests=2, concurrency=16, input_len=(72, 120),
-             output_len=(120, 200), client="engine", seed=42, grammar="json_schema"),
-    Workload("p10-64x96-json", num_requests=82, warmup_requests=2, concurrency=0, rate_per_s=10.0,
-             input_len=(64, 64), output_len=(96, 96), client="engine", seed=43, grammar="json_schema"),
-)
+# Loads for structured output: the speculative grid's loads (vLLM's own client), each request
+# constrained to the JSON schema calibrate.real.jobs.JSON_SCHEMA (through --extra-body), seeds 41-43
+STRUCTURED = tuple(replace(c, name=f"{c.name}-json", seed=c.seed + 10, grammar="json_schema") for c in SPECULATIVE)
 GRIDS = {"default": CONFIGS, "heldout": HELDOUT, "speculative": SPECULATIVE, "structured": STRUCTURED}
 # engine -> whether its benchmark client draws gamma (bursty) arrivals: vLLM's ``--burstiness``;
 # SGLang 0.5.23's ``get_request`` draws exponential gaps only

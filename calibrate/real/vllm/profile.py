@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Callable
 
 from calibrate.real.vllm import speculative as vllm_speculative, structured as vllm_structured, trace as vllm_trace
+from calibrate.real.vllm.merge import drop_incomplete_rows, merge_sample, note_sources
 from calibrate.real.environment import Engine, mean_probe, model_metadata, run_module, run_probed, session_order
 from calibrate.real.jobs import Prompts, request
 from calibrate.real.vllm.trace import frontend_samples
@@ -114,9 +115,6 @@ class VllmGrid:
         return ["--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs)]
 
 
-# curves priced from the steps of every setting: the model forward is the same code under both
-# loops (see the module docstring)
-POOLED_CURVES = ("vllm.forward", "vllm.spec_forward")
 
 
 SHARED_PREFIX_TOKENS = 384  # the shared-prefix loads: 3 whole blocks of 128 that every request holds
@@ -328,7 +326,7 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
                    sessions: int = 1, speculative: dict | None = None, structured: bool = False) -> dict:
     """Run the sessions (``sessions`` per setting, :func:`session_order`) and build the vLLM
     profile: base curves from the first setting, the other settings' own curves in
-    ``setting_curves``, the curves of :data:`POOLED_CURVES` from every session; a point's
+    ``setting_curves``, the curves of :data:`calibrate.real.vllm.merge.POOLED_CURVES` from every session; a point's
     samples are those of every session that measured it. ``speculative`` (a config,
     :func:`calibrate.real.vllm.speculative.check_config`): each session is followed by one with
     the server drafting, whose steps give the speculative host curves; ``structured``: and by
@@ -366,7 +364,7 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
                + frontend_samples(out, eng, steps_, design(grid), set(grid.decode_batch_sizes)))
         for smp in got:
             merge_sample(merged, smp, setting, settings)
-    _drop_incomplete_rows(merged, grid.contexts, report, settings[0])
+    drop_incomplete_rows(merged, grid.contexts, report, settings[0])
     smp_list = list(merged.values())
     meta = {"backend": "vllm", "device": "cpu", "engine": "vllm", "engine_version": engine.version,
             "device_name": f"cpu (vLLM {engine.version} CPU build, worker on its own core)",
@@ -387,10 +385,16 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
     meta["mixed_steps"] = MIXED_SUM_OF_PARTS  # the CPU forward prices each request's own part
     profile = build_profile(meta, smp_list, VLLM_CURVES)
     forward = profile_curves(profile, "median", None, VLLM_CURVES)["vllm.forward"]
-    if speculative:
-        profile = _add_speculative(profile, merged, meta, speculative, grid, order, spec_outs, settings, engine, report)
+    sizes = set(grid.decode_batch_sizes)
+    if speculative:  # the drafter's passes are priced from the forward curves built so far
+        meta["speculative"] = vllm_speculative.add_samples(merged, meta, order, spec_outs, speculative, sizes,
+                                                           grid.decode_steps, settings, report)
+        note_sources(meta, vllm_speculative.FUNCTIONS, engine.version)
     if structured:
-        profile = _add_structured(merged, meta, grid, order, grammar_outs, settings, engine)
+        meta["structured_output"] = vllm_structured.add_samples(merged, order, grammar_outs, sizes, settings)
+        note_sources(meta, vllm_structured.FUNCTIONS, engine.version)
+    if speculative or structured:
+        profile = build_profile(meta, list(merged.values()), VLLM_CURVES)
     saving = shared_prefix_saving(forward, [x for steps_ in shared.values() for x in steps_])
     if saving is not None:  # each setting's own where its sessions measured it
         own = {st: shared_prefix_saving(forward, steps_) for st, steps_ in shared.items()}
@@ -399,85 +403,6 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
         report(f"shared prefix: {saving['saving']:.2f} of its attention cost saved per repeat "
                f"(by batch size {saving['by_batch']}, by setting {saving['by_setting']}, {saving['steps']} steps)")
     return profile
-
-
-def _add_speculative(profile: dict, merged: dict, meta: dict, speculative: dict, grid: VllmGrid,
-                     order: list[tuple[str, str]], spec_outs: list[Path], settings: tuple[str, ...],
-                     engine: Engine, report: Callable[[str], None]) -> dict:
-    """The profile rebuilt with the speculative curves (:mod:`calibrate.real.vllm.speculative`):
-    the verify forward from every drafting session first, then the host curves, whose drafter
-    passes are priced from the forward curves."""
-    from calibrate.profile import build_profile
-    from sim.engines.vllm.costs import VLLM_CURVES
-    from sim.model.profile import profile_curves
-
-    sizes = set(grid.decode_batch_sizes)
-    steps = [vllm_trace.steps_of_session(out) for out in spec_outs]
-    for (setting, _), steps_ in zip(order, steps):
-        for smp in vllm_speculative.verify_forward_samples(steps_, speculative, sizes, grid.decode_steps):
-            merge_sample(merged, smp, setting, settings)
-    _drop_incomplete_rows(merged, vllm_speculative.CONTEXTS, report, settings[0], "vllm.spec_forward")
-    curves = profile_curves(build_profile(meta, list(merged.values()), VLLM_CURVES), "median", None, VLLM_CURVES)
-    for (setting, _), steps_ in zip(order, steps):
-        for smp in vllm_speculative.samples(steps_, curves["vllm.forward"], speculative, sizes, setting,
-                                            curves.get("vllm.spec_forward")):
-            merge_sample(merged, smp, setting, settings)
-    meta["speculative"] = vllm_speculative.metadata(speculative, [o.name for o in spec_outs])
-    for name, fn in vllm_speculative.FUNCTIONS.items():
-        meta["curve_sources"][name] = {"source": "measured", "engine": f"vllm {engine.version}", "function": fn}
-    return build_profile(meta, list(merged.values()), VLLM_CURVES)
-
-
-def _add_structured(merged: dict, meta: dict, grid: VllmGrid, order: list[tuple[str, str]], outs: list[Path],
-                    settings: tuple[str, ...], engine: Engine) -> dict:
-    """The profile rebuilt with the grammar curves (:mod:`calibrate.real.vllm.structured`)."""
-    from calibrate.profile import build_profile
-    from sim.engines.vllm.costs import VLLM_CURVES
-
-    compile_s = []
-    for (setting, _), out in zip(order, outs):
-        eng, wrk = vllm_trace.read_files(sorted(out.glob("trace.*.jsonl")))
-        compile_s += [r["dur"] for r in eng if r["ph"] == "compile"]
-        for smp in vllm_structured.samples(vllm_trace.steps(eng, wrk), set(grid.decode_batch_sizes)):
-            merge_sample(merged, smp, setting, settings)
-    meta["structured_output"] = vllm_structured.metadata(compile_s, [o.name for o in outs])
-    for name, fn in vllm_structured.FUNCTIONS.items():
-        meta["curve_sources"][name] = {"source": "measured", "engine": f"vllm {engine.version}", "function": fn}
-    return build_profile(meta, list(merged.values()), VLLM_CURVES)
-
-
-def merge_sample(merged: dict, smp: dict, setting: str, settings: tuple[str, ...]) -> None:
-    """Add one session's sample to ``merged`` (key: curve, point, setting): the first setting's
-    and the pooled curves' (:data:`POOLED_CURVES`) as base samples, another setting's as its own
-    (``dispatch`` and ``roundtrip`` are measured synchronously only: another setting's are
-    dropped)."""
-    own = setting != settings[0] and smp["curve"] not in POOLED_CURVES
-    if own and smp["curve"] in ("vllm.dispatch", "vllm.roundtrip"):
-        return
-    key = (smp["curve"], tuple(sorted(smp["point"].items())), setting if own else settings[0])
-    into = merged.setdefault(key, {**smp, "times_s": [], **({"setting": setting} if own else {})})
-    into["times_s"] = into["times_s"] + smp["times_s"]
-
-
-def _drop_incomplete_rows(merged: dict, contexts, report: Callable[[str], None], setting: str,
-                          curve: str = "vllm.forward") -> None:
-    """Leave out the samples of ``curve`` (a forward curve over ``num_tokens`` and ``ctx``) of
-    ``setting`` at a token count that lacks one of ``contexts`` (a prefill whose prompts the
-    server happened to split over two steps; a verify step of a batch size seen at one context
-    only): the curve needs a full grid, and steps beyond the largest complete row are then
-    priced by extrapolation."""
-    fwd = [k for k in merged if k[0] == curve and k[2] == setting]
-    seen: dict[int, set] = {}
-    for k in fwd:
-        p = dict(k[1])
-        seen.setdefault(p["num_tokens"], set()).add(p["ctx"])
-    for n, ctxs in sorted(seen.items()):
-        if set(contexts) - ctxs:
-            report(f"{curve} ({setting}): no step of {n} tokens at context(s) "
-                   f"{sorted(set(contexts) - ctxs)}; the {n}-token row is left out")
-            for k in fwd:
-                if dict(k[1])["num_tokens"] == n:
-                    del merged[k]
 
 
 def phase_table(profile: dict) -> list[tuple[str, str, float]]:

@@ -44,12 +44,17 @@ names on every run (:meth:`sim.engines.vllm.speculative.Speculative.caveats`).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Callable
 
 from calibrate.errors import CalibrationInputError
+from calibrate.profile import build_profile
 from calibrate.real.vllm import trace as vllm_trace
 from calibrate.real.jobs import Prompts, request
+from calibrate.real.vllm.merge import drop_incomplete_rows, merge_sample
+from sim.engines.vllm.costs import VLLM_CURVES
 from sim.engines.vllm.speculative import MODELLED_METHODS, draft_passes_s
+from sim.model.profile import profile_curves
 
 CONTEXTS = (128, 512)
 SPEC_LOAD = "spec-"  # the loads' names and request ids start with this
@@ -167,6 +172,25 @@ def samples(steps: list[vllm_trace.VllmStep], forward: Callable[[float, float], 
         if setting == "sync" and nxt is not None and nxt.reqs == s.reqs:  # the next step follows at once
             add("vllm.take_drafts", m, nxt.schedule["t0"] - (s.update["t0"] + s.update["dur"]))
     return [{"curve": c, "point": {"num_reqs": m}, "times_s": ts} for (c, m), ts in sorted(acc.items())]
+
+
+def add_samples(merged: dict, meta: dict, order: list[tuple[str, str]], outs: list[Path], spec: dict,
+                sizes: set[int], decode_steps: int, settings: tuple[str, ...],
+                report: Callable[[str], None]) -> dict:
+    """Merge the drafting sessions' samples (``outs``, one per ``(setting, name)`` of ``order``)
+    into ``merged`` (:func:`calibrate.real.vllm.merge.merge_sample`): the verify forward first,
+    then the host curves, whose drafter passes are priced from the forward curves of everything
+    merged so far (a profile built with ``meta``). Returns ``metadata.speculative``."""
+    steps = [vllm_trace.steps_of_session(out) for out in outs]
+    for (setting, _), steps_ in zip(order, steps):
+        for smp in verify_forward_samples(steps_, spec, sizes, decode_steps):
+            merge_sample(merged, smp, setting, settings)
+    drop_incomplete_rows(merged, CONTEXTS, report, settings[0], "vllm.spec_forward")
+    curves = profile_curves(build_profile(meta, list(merged.values()), VLLM_CURVES), "median", None, VLLM_CURVES)
+    for (setting, _), steps_ in zip(order, steps):
+        for smp in samples(steps_, curves["vllm.forward"], spec, sizes, setting, curves.get("vllm.spec_forward")):
+            merge_sample(merged, smp, setting, settings)
+    return metadata(spec, [o.name for o in outs])
 
 
 def metadata(spec: dict, sessions: list[str]) -> dict:

@@ -27,8 +27,10 @@ and its steps are left out of the samples (``bitmask`` records count the constra
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 from calibrate.real.jobs import GRAMMARS, JSON_SCHEMA, Prompts, request
+from calibrate.real.vllm.merge import merge_sample
 from calibrate.real.vllm import trace as vllm_trace
 
 CONTEXTS = (128, 512)
@@ -75,6 +77,20 @@ def samples(steps: list[vllm_trace.VllmStep], sizes: set[int]) -> list[dict]:
                          ("vllm.grammar_update", s.update["dur"])):
             acc.setdefault((curve, s.num_reqs), []).append(t)
     return [{"curve": c, "point": {"num_reqs": m}, "times_s": ts} for (c, m), ts in sorted(acc.items())]
+
+
+def add_samples(merged: dict, order: list[tuple[str, str]], outs: list[Path], sizes: set[int],
+                settings: tuple[str, ...]) -> dict:
+    """Merge the constrained sessions' samples (``outs``, one per ``(setting, name)`` of
+    ``order``) into ``merged`` (:func:`calibrate.real.vllm.merge.merge_sample`). Returns
+    ``metadata.structured_output`` (with the grammar compilations' times)."""
+    compile_s = []
+    for (setting, _), out in zip(order, outs):
+        eng, wrk = vllm_trace.read_files(sorted(out.glob("trace.*.jsonl")))
+        compile_s += [r["dur"] for r in eng if r["ph"] == "compile"]
+        for smp in samples(vllm_trace.steps(eng, wrk), sizes):
+            merge_sample(merged, smp, setting, settings)
+    return metadata(compile_s, [o.name for o in outs])
 
 
 def metadata(compile_s: list[float], sessions: list[str]) -> dict:

@@ -169,20 +169,14 @@ class EngineCore:
             self.recorder.step(step)
         return dur
 
-    def grammar_bitmask(self, step: Batch) -> float:
-        """``Scheduler.get_grammar_bitmask`` for ``step`` from now (``scheduler.py:1995``): the
-        engine core's CPU time; the step's ``mask_ready`` (made when the step was sent) fires when
-        it ends (the worker's ``sample_tokens`` carries the bitmask). 0 for a step with no
-        constrained request."""
-        if not step.num_grammar:
-            return 0.0
-        dur = self.costs.grammar.bitmask_s(step.num_grammar) * self.cpu_jitter()
-        self.env.process(self._fire_at(step.mask_ready, dur))
-        return dur
-
-    def _fire_at(self, event: simpy.Event, delay: float):
-        yield self.env.timeout(delay)
-        event.succeed()
+    def grammar_bitmask(self, step: Batch):
+        """``Scheduler.get_grammar_bitmask`` for ``step`` from now (``scheduler.py:1995``), for a
+        loop to ``yield from``: the engine core's CPU time, then the step's ``mask_ready`` (made
+        when the step was sent) fires (the worker's ``sample_tokens`` carries the bitmask).
+        Nothing for a step with no constrained request."""
+        if step.num_grammar:
+            yield self.env.timeout(self.costs.grammar.bitmask_s(step.num_grammar) * self.cpu_jitter())
+            step.mask_ready.succeed()
 
     def take_drafts(self, step: Batch) -> float:
         """Synchronous speculative decoding's ``post_step`` (``core.py:693``): the

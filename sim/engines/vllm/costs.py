@@ -205,8 +205,8 @@ class VllmProfileCosts:
         self._draft_host = self.curves.get("vllm.draft_host") if speculative else None
         self._take_drafts = self.curves.get("vllm.take_drafts") if speculative else None
         self._verify_forward = self.curves.get("vllm.spec_forward") if speculative else None
-        # what the profile's speculative curves were measured with (method, k, ...); None: not measured
-        self.speculative_calibration = profile["metadata"].get("speculative") if self._draft_host else None
+        # the k the drafter's host work was measured at (metadata.speculative; 0: not known)
+        self._draft_k = int((profile["metadata"].get("speculative") or {}).get("num_speculative_tokens", 0))
         self._forward = self.curves["vllm.forward"]
         self._frontend = {k: self.curves.get(f"vllm.frontend_{k}") for k in ("in", "out")}
         self._pickup = self.curves.get("vllm.pickup")
@@ -234,8 +234,7 @@ class VllmProfileCosts:
         0 without the curve."""
         if self._draft_host is None:
             return 0.0
-        k_cal = int(self.speculative_calibration.get("num_speculative_tokens", k)) if self.speculative_calibration else k
-        return self._draft_host(num_reqs) * self.cpu_scale * k / k_cal
+        return self._draft_host(num_reqs) * self.cpu_scale * (k / self._draft_k if self._draft_k else 1.0)
 
     def take_drafts_s(self, num_reqs: int) -> float:
         """Synchronous speculative decoding's ``post_step`` (``take_draft_token_ids`` and
@@ -331,8 +330,6 @@ class VllmInlineCosts:
         """The inline terms have no RPC pickup: 0."""
         return 0.0
 
-    speculative_calibration = None
-
     def draft_host_s(self, num_reqs: int, k: int) -> float:
         """The inline terms have no drafter host work: 0."""
         return 0.0
@@ -385,7 +382,7 @@ def make_vllm_costs(scenario, setting: str):
     section = scenario.server.structured_output
     if section is not None and section.share > 0:
         try:
-            costs.grammar = GrammarCosts(section, curves, curves, c.cpu.scale)
+            costs.grammar = GrammarCosts(section, curves, c.cpu.scale)
         except ValueError as err:
-            raise ScenarioError(scenario.source, "server.structured_output", str(err).split(": ", 1)[1]) from None
+            raise ScenarioError(scenario.source, "server.structured_output", str(err)) from None
     return costs

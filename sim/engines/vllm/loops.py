@@ -54,7 +54,7 @@ def sync_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store):
         t += s + core.dispatch(step, env.now + t + s)
         yield env.timeout(t)
         core.send(step, rpcs)
-        yield env.timeout(core.grammar_bitmask(step))  # behind the worker's forward
+        yield from core.grammar_bitmask(step)  # behind the worker's forward
         back = yield core.result(step)  # future.result(), then the blocking sample_tokens RPC
         yield env.timeout(max(0.0, back - env.now))
         yield env.timeout(core.update(step, env.now))
@@ -83,7 +83,7 @@ def async_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store)
             if step.grammar_pending and queue:  # its grammars need k's tokens: sample_tokens after k's update
                 deferred = step
             else:
-                yield env.timeout(core.grammar_bitmask(step))
+                yield from core.grammar_bitmask(step)
                 queue.appendleft(step)
                 if len(queue) < BATCH_QUEUE_SIZE and (executed or sched.has_requests()):
                     if not executed:
@@ -97,7 +97,7 @@ def async_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store)
             yield env.timeout(max(0.0, back - env.now))
             yield env.timeout(core.update(oldest, env.now))
         if deferred is not None:
-            yield env.timeout(core.grammar_bitmask(deferred))
+            yield from core.grammar_bitmask(deferred)
             queue.appendleft(deferred)
         if not executed and sched.has_requests():
             yield env.timeout(EMPTY_STEP_SLEEP_S)

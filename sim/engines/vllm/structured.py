@@ -111,9 +111,8 @@ class GrammarCosts:
     Args:
         section: the scenario's :class:`StructuredOutput`.
         curves: the profile's curves for the setting (``name -> callable(num_reqs)``), or None
-            (inline costs).
-        plain: the plain ``vllm.sample`` and ``vllm.update`` curves (the excess over them is the
-            grammar's), or None.
+            (inline costs); the grammar's sample and update are the excess of its curves over
+            the plain ``vllm.sample`` and ``vllm.update``.
         cpu_scale: the scenario's ``costs.cpu.scale``.
 
     Raises:
@@ -122,19 +121,19 @@ class GrammarCosts:
 
     CURVES = ("vllm.grammar_bitmask", "vllm.grammar_sample", "vllm.grammar_update")
 
-    def __init__(self, section: StructuredOutput, curves: dict | None, plain: dict | None, cpu_scale: float):
+    def __init__(self, section: StructuredOutput, curves: dict | None, cpu_scale: float):
         self.scale = cpu_scale
         self.measured = curves is not None and all(c in curves for c in self.CURVES)
         if self.measured:
             self._bitmask, self._sample, self._update = (curves[c] for c in self.CURVES)
-            self._plain_sample, self._plain_update = plain["vllm.sample"], plain["vllm.update"]
+            self._plain_sample, self._plain_update = curves["vllm.sample"], curves["vllm.update"]
         elif section.given:
             self._per = (section.bitmask_us_per_request * 1e-6, section.apply_us_per_request * 1e-6,
                          section.accept_us_per_request * 1e-6)
         else:
             missing = [n for n in ("bitmask_us_per_request", "apply_us_per_request", "accept_us_per_request")
                        if getattr(section, n) is None]
-            raise ValueError("server.structured_output: the grammar's costs are unknown: calibrate a CPU profile "
+            raise ValueError("the grammar's costs are unknown: calibrate a CPU profile "
                              "with --structured-output (vllm.grammar_* curves) or give " + ", ".join(missing))
 
     def bitmask_s(self, n: int) -> float:

@@ -88,22 +88,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=None, help="runs kept here (default results/interleaved-<engine>)")
     ap.add_argument("--result", type=Path, default=None,
                     help="default benchmarks/results/validate-<engine>-cpu-interleaved.json")
-    ap.add_argument("--grid", choices=("default", "heldout", "speculative", "structured"), default="default",
+    ap.add_argument("--grid", choices=("default", "heldout", "speculative", "structured", "tp"), default="default",
                     help="the validation's loads (calibrate.real.validation_loads.GRIDS): heldout = loads the calibration "
                          "never ran, closed and open loops, sent by the engine's own benchmark client (SGLang: its "
                          "gamma load by the own client); speculative: with --speculative; structured: every request "
-                         "constrained to a JSON schema, the calibration with its constrained sessions (vLLM)")
+                         "constrained to a JSON schema, the calibration with its constrained sessions (vLLM); tp: the "
+                         "speculative grid's loads plain (with --tensor-parallel-size)")
     ap.add_argument("--speculative", default=None, metavar="JSON",
                     help="vLLM: serve with --speculative-config of these keys (method, model, num_speculative_tokens; "
                          "MODEL in model: the test model) and predict with its draft_cost_ratio and the acceptance "
                          "each load's sessions measured (use with --grid speculative)")
     ap.add_argument("--client-nice", type=int, default=None, metavar="N",
                     help="the load generator's niceness (default: the grid's, calibrate.real.validation_loads.CLIENT_NICE)")
+    ap.add_argument("--feature-client", choices=("own", "engine"), default="own",
+                    help="vLLM: the calibration's drafting and constrained sessions' load generator: own (token ids) "
+                         "or engine (vllm bench serve, as the validation's loads)")
+    ap.add_argument("--feature-client-nice", type=int, default=0, metavar="N",
+                    help="vLLM: that load generator's niceness (the validation's grids run theirs at -10)")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                    help="vLLM: every server (calibration and validation) at --tensor-parallel-size N, its workers "
+                         "bound to their own cores")
     ap.add_argument("--stub-control", action="store_true",
                     help="vLLM: each calibration round also runs the stubbed server on the calibration's own grid "
                          "(forward stubbed, busy-waiting); the validation is scored again with the full forward "
                          "curves and these host curves (the stub check, in one window)")
     args = ap.parse_args(argv)
+    if args.engine != "vllm" and (args.tensor_parallel_size != 1 or args.feature_client != "own"
+                                  or args.feature_client_nice):
+        print("validate_interleaved.py: --tensor-parallel-size/--feature-client/--feature-client-nice: vLLM's only",
+              file=sys.stderr)
+        return 2
     if args.stub_control and args.engine != "vllm":
         print("validate_interleaved.py: --stub-control: vLLM's only (SGLang's stub check is "
               "benchmarks/stub_check.py)", file=sys.stderr)
@@ -136,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def plan(repeats: int) -> Plan:
         nice = {} if args.client_nice is None else {"client_nice": args.client_nice}
-        return Plan.for_engine(args.engine, args.grid, repeats=repeats, speculative=speculative, **nice)
+        return Plan.for_engine(args.engine, args.grid, repeats=repeats, speculative=speculative,
+                               tensor_parallel_size=args.tensor_parallel_size, **nice)
 
     try:  # before the first calibration run: a held-out client that cannot be favoured fails now
         check_client_nice(plan(args.repeats))
@@ -156,7 +171,18 @@ def main(argv: list[str] | None = None) -> int:
         from calibrate.real.vllm.profile import (VllmGrid, calibrate_vllm, run_session, run_speculative_session,
                                                  run_structured_session)
 
-        grid = VllmGrid()
+        from dataclasses import replace
+
+        from calibrate.real.vllm.profile import check_feature_client_nice, tp_bind
+
+        try:
+            check_feature_client_nice(args.feature_client_nice)
+            tp_bind(args.tensor_parallel_size)
+        except CalibrationInputError as e:
+            print(f"validate_interleaved.py: {e}", file=sys.stderr)
+            return 2
+        grid = replace(VllmGrid(), feature_client=args.feature_client, feature_client_nice=args.feature_client_nice,
+                       tensor_parallel_size=args.tensor_parallel_size)
         settings = ("sync", "async")  # the calibration's order (its base setting first)
 
         structured = args.grid == "structured"

@@ -63,6 +63,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --engine vllm: after each session, one more whose requests all carry a JSON schema, "
                         "which times the grammar curves (the engine core's bitmask, the worker's mask, the "
                         "grammar's accept; docs/vllm.md)")
+    p.add_argument("--feature-client", choices=("own", "engine"), default=None,
+                   help="with --speculative or --structured-output: the load generator of those sessions: own (this "
+                        "project's client, token-id prompts; default) or engine (vLLM's own benchmark client, "
+                        "text prompts): calibrate under the client the server will run with")
+    p.add_argument("--feature-client-nice", type=int, default=None, metavar="N",
+                   help="with --speculative or --structured-output: that load generator's niceness (-20..19; "
+                        "below 0 needs root; default 0)")
+    p.add_argument("--tensor-parallel-size", type=int, default=None, metavar="N",
+                   help="with --engine vllm: serve with --tensor-parallel-size N (N workers, each bound to its own "
+                        "share of the cores); the profile prices a scenario with server.tensor_parallel_size N")
     p.add_argument("--from-trace", type=Path, nargs="+", default=None, metavar="TRACE",
                    help="read the profile from an SGLang server's torch.profiler traces (/start_profile, .json or "
                         ".json.gz; several profile windows of one server merge) instead of timing anything "
@@ -219,6 +229,22 @@ def run(args: argparse.Namespace) -> int:
     if args.speculative is not None and args.host_only:
         raise CalibrationInputError("--speculative", "", "not with --host-only (the drafter's passes need the real "
                                     "forward)")
+    if args.tensor_parallel_size is not None:
+        if args.engine != "vllm" or args.host_only:
+            raise CalibrationInputError("--tensor-parallel-size", "", "only with --engine vllm (the real CPU server; "
+                                        "not --host-only)")
+        if args.tensor_parallel_size < 1:
+            raise CalibrationInputError("--tensor-parallel-size", "", f"an integer >= 1 (got {args.tensor_parallel_size})")
+        from calibrate.real.vllm.profile import tp_bind
+
+        tp_bind(args.tensor_parallel_size)  # refuses more ranks than cores
+    for flag in ("feature_client", "feature_client_nice"):
+        if getattr(args, flag, None) is not None and args.speculative is None and not args.structured_output:
+            raise CalibrationInputError("--" + flag.replace("_", "-"), "", "only with --speculative or --structured-output")
+    if args.feature_client_nice is not None:
+        from calibrate.real.vllm.profile import check_feature_client_nice
+
+        check_feature_client_nice(args.feature_client_nice)
     if args.host_only and not args.engine:
         raise CalibrationInputError("--host-only", "", "only with --engine sglang or --engine vllm")
     if args.host_only and args.engine == "vllm":

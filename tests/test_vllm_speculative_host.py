@@ -157,3 +157,30 @@ def test_the_calibrate_flag_is_refused_outside_vllm(run_cli, tmp_path):
     code, _, err = run_cli(["calibrate", "--engine", "sglang", "--speculative", "{}", "--out", str(tmp_path / "p.json")])
     assert code == 2 and "--speculative" in err and "Traceback" not in err
     assert not (tmp_path / "p.json").exists()
+
+
+def test_the_drafting_waves_can_be_sent_by_vllms_own_client():
+    """--feature-client engine: the same waves (B in flight, B x waves requests, C - 16 prompt
+    tokens, 32 output tokens) as loads of vLLM's benchmark client; the constrained waves carry
+    the schema in the body."""
+    from calibrate.real.vllm import structured as vllm_structured
+
+    own = vllm_speculative.design((1, 4), 32, 2, 0)
+    eng = vllm_speculative.design((1, 4), 32, 2, 0, client="engine")
+    assert [x["name"] for x in own] == [x["name"] for x in eng]
+    for o, e in zip(own, eng):
+        assert e["client"] == "engine" and e["concurrency"] == o["concurrency"]
+        assert e["num_requests"] == len(o["requests"]) and e["output_len"] == 32
+        assert e["input_len"] == len(o["requests"][0]["input_ids"]) and e["range_ratio"] == 0.0
+    (g, *_) = vllm_structured.design((2,), 32, 2, 0, client="engine")
+    assert g["extra_body"] == {"structured_outputs": {"json": vllm_structured.SCHEMA}}
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--feature-client", "engine"], "--feature-client"),
+    (["--speculative", '{"method": "eagle", "num_speculative_tokens": 2, "draft_cost_ratio": 1}',
+      "--feature-client-nice", "25"], "--feature-client-nice")])
+def test_the_feature_client_flags_are_refused_by_name(run_cli, tmp_path, argv, flag):
+    code, _, err = run_cli(["calibrate", "--engine", "vllm", *argv, "--out", str(tmp_path / "p.json")])
+    assert code == 2 and flag in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "p.json").exists()

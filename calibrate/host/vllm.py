@@ -298,7 +298,8 @@ def host_costs(engine: Engine, grid: VllmHostGrid, order: list[tuple[str, str]],
         versions = json.loads((out / "session.json").read_text()).get("versions", {})
         eng, wrk = vllm_trace.read_files(sorted(out.glob("trace.*.jsonl")))
         steps = vllm_trace.steps(eng, wrk)
-        got = samples(steps, grid, setting) + add_request_samples(eng) + frontend_samples(out, eng, steps, loads, sizes)
+        got = (samples(steps, grid, setting) + add_request_samples(eng) + frontend_samples(out, eng, steps, loads, sizes)
+               + vllm_trace.output_work_samples(sorted(out.glob("trace.*.jsonl")), sizes))
         periods = step_periods(steps)
         for smp in got:
             if smp["curve"] == "vllm.forward":

@@ -104,6 +104,8 @@ def parse_speculative(text: str, where: str = "--speculative") -> dict:
 
 def _calibrate_vllm(args: argparse.Namespace) -> int:
     """``calibrate --engine vllm``: the profile from the real vLLM server's own functions."""
+    from dataclasses import replace
+
     from calibrate.profile import save_profile
     from calibrate.real.vllm.profile import VllmGrid, calibrate_vllm, phase_table
 
@@ -118,7 +120,17 @@ def _calibrate_vllm(args: argparse.Namespace) -> int:
     argv += ["--structured-output"] if structured else []
     if speculative and speculative.get("model") == "MODEL":  # the target drafting for itself
         speculative["model"] = str(model)
-    profile = calibrate_vllm(engine, model, VllmGrid(), work, command=shlex.join(argv), report=_report,
+    grid = VllmGrid()
+    if getattr(args, "feature_client", None) is not None:
+        grid = replace(grid, feature_client=args.feature_client)
+        argv += ["--feature-client", args.feature_client]
+    if getattr(args, "tensor_parallel_size", None) is not None:
+        grid = replace(grid, tensor_parallel_size=args.tensor_parallel_size)
+        argv += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
+    if getattr(args, "feature_client_nice", None) is not None:
+        grid = replace(grid, feature_client_nice=args.feature_client_nice)
+        argv += ["--feature-client-nice", str(args.feature_client_nice)]
+    profile = calibrate_vllm(engine, model, grid, work, command=shlex.join(argv), report=_report,
                              sessions=sessions, speculative=speculative, structured=structured)
     save_profile(args.out, profile)
     for curve, point, med in phase_table(profile):

@@ -201,3 +201,14 @@ def test_model(engine: Engine, folder: Path) -> Path:
     if not (folder / "config.json").exists() or not (folder / "model.safetensors").exists():
         run_module(engine, "realengines.model", [str(folder), "--dims", MODEL_DIMS], folder.parent / "model.log")
     return folder
+
+
+def may_renice(nice: int) -> bool:
+    """Whether this process may run ``nice`` steps nicer than now (``setpriority(2)``): any
+    ``nice`` >= 0; below 0 as root, or with a soft ``RLIMIT_NICE`` that reaches it."""
+    import resource
+
+    if nice >= 0 or os.geteuid() == 0:
+        return True
+    soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
+    return soft == resource.RLIM_INFINITY or os.getpriority(os.PRIO_PROCESS, 0) + nice >= 20 - soft

@@ -161,6 +161,19 @@ class Workload:
         return out
 
 
+def engine_wave(name: str, concurrency: int, num_requests: int, input_len: int, output_len: int, seed: int,
+                extra_body: dict | None = None) -> dict:
+    """A calibration load for the engine's own benchmark client (``realengines.<engine>.bench``):
+    ``num_requests`` random text prompts of ``input_len`` tokens (the server's tokenizer may make
+    them a few tokens longer or shorter) and ``output_len`` output tokens each, ignoring EOS,
+    ``concurrency`` in flight: with equal lengths, waves of ``concurrency`` requests that start
+    and finish together, as the own client's decode waves do. ``extra_body`` is merged into
+    every request (``--extra-body``)."""
+    return {"name": name, "client": "engine", "num_requests": num_requests, "warmup_requests": 0,
+            "concurrency": concurrency, "rate_per_s": 0.0, "input_len": input_len, "output_len": output_len,
+            "range_ratio": 0.0, "seed": seed, **({"extra_body": extra_body} if extra_body else {})}
+
+
 # One free string: a random-weight model stays inside it for most of its tokens (a request whose
 # grammar ended runs unconstrained in vLLM)
 JSON_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"],

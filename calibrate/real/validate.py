@@ -14,6 +14,7 @@ profile.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Callable, Optional
 
 from calibrate.errors import CalibrationInputError
 from calibrate.real import server_runs, sglang_trace
-from calibrate.real.environment import Engine, mean_probe, run_module, run_probed
+from calibrate.real.environment import Engine, may_renice, mean_probe, run_module, run_probed
 from calibrate.real.jobs import Workload
 from calibrate.real.vllm.speculative import speculative_args
 from calibrate.real import scoring
@@ -52,6 +53,9 @@ class Plan:
     # vLLM speculative decoding: ``--speculative-config`` (method, model, num_speculative_tokens)
     # plus ``draft_cost_ratio`` for the prediction; None: plain decoding
     speculative: Optional[dict] = None
+    # vLLM: ``--tensor-parallel-size`` of every session (its workers bound to their own cores,
+    # calibrate.real.vllm.profile.tp_bind) and the scenario's server.tensor_parallel_size
+    tensor_parallel_size: int = 1
 
     def __post_init__(self):
         if self.repeats < 1:
@@ -92,23 +96,15 @@ class Plan:
 
 def check_client_nice(plan: Plan) -> None:
     """Refuse, before anything starts, a plan whose load generator must run more favoured
-    (``client_nice`` < 0) than this process may make itself: root, or a soft ``RLIMIT_NICE``
-    that reaches the niceness (``setpriority(2)``).
+    (``client_nice`` < 0) than this process may make itself (:func:`calibrate.real.environment.may_renice`).
 
     Raises:
         CalibrationInputError: naming ``--grid``.
     """
-    import os
-    import resource
-
-    if plan.client_nice >= 0 or os.geteuid() == 0:
-        return
-    soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
-    target = os.getpriority(os.PRIO_PROCESS, 0) + plan.client_nice
-    if soft != resource.RLIM_INFINITY and target < 20 - soft:
+    if not may_renice(plan.client_nice):
         raise CalibrationInputError("--grid", "", f"this grid runs its load generator at niceness {plan.client_nice} "
                                     "(CLIENT_NICE: a starved client measures itself), which needs root or a "
-                                    f"soft RLIMIT_NICE of at least {20 - target}")
+                                    f"soft RLIMIT_NICE of at least {20 - os.getpriority(os.PRIO_PROCESS, 0) - plan.client_nice}")
 
 
 def session_spec(engine: Engine, model_dir: Path, plan: Plan, setting: str) -> dict:
@@ -118,8 +114,14 @@ def session_spec(engine: Engine, model_dir: Path, plan: Plan, setting: str) -> d
     args = list(plan.server_args)
     if plan.speculative:
         args += speculative_args(plan.speculative)
-    return {"engine": engine.name, "model_dir": str(model_dir), "setting": setting, "port": plan.port,
+    spec = {"engine": engine.name, "model_dir": str(model_dir), "setting": setting, "port": plan.port,
             "server_args": args, "trace": True, "loads": loads, "client_nice": plan.client_nice}
+    if plan.tensor_parallel_size > 1:
+        from calibrate.real.vllm.profile import tp_bind
+
+        spec["server_args"] += ["--tensor-parallel-size", str(plan.tensor_parallel_size)]
+        spec["env"] = {"VLLM_CPU_OMP_THREADS_BIND": tp_bind(plan.tensor_parallel_size)}
+    return spec
 
 
 def run_sessions(engine: Engine, model_dir: Path, plan: Plan, out: Path, report: Callable[[str], None]) -> None:
@@ -358,6 +360,8 @@ def compare(out: Path, plan: Plan, profile: Path) -> dict:
         limits = server_limits(out / "sessions" / f"{plan.settings[0]}-0")
         sc = scenario(config, rows, profile, plan.settings, out, limits, plan.engine)
         case = {"name": config.name, "config": asdict(config), "settings": {}}
+        if plan.tensor_parallel_size > 1:
+            sc["server"]["tensor_parallel_size"] = plan.tensor_parallel_size
         if config.grammar:  # every request constrained
             sc["server"]["structured_output"] = {"share": 1.0, "kind": config.grammar}
         if plan.speculative:  # the acceptance the server measured, over every session of this load

@@ -67,7 +67,11 @@ SPECULATIVE = (
 # Loads for structured output: the speculative grid's loads (vLLM's own client), each request
 # constrained to the JSON schema calibrate.real.jobs.JSON_SCHEMA (through --extra-body), seeds 41-43
 STRUCTURED = tuple(replace(c, name=f"{c.name}-json", seed=c.seed + 10, grammar="json_schema") for c in SPECULATIVE)
-GRIDS = {"default": CONFIGS, "heldout": HELDOUT, "speculative": SPECULATIVE, "structured": STRUCTURED}
+# Loads for tensor parallelism (run with --tensor-parallel-size): the speculative grid's loads,
+# plain, seeds 51-53
+TENSOR_PARALLEL = tuple(replace(c, name=f"{c.name}-tp", seed=c.seed + 20) for c in SPECULATIVE)
+GRIDS = {"default": CONFIGS, "heldout": HELDOUT, "speculative": SPECULATIVE, "structured": STRUCTURED,
+         "tp": TENSOR_PARALLEL}
 # engine -> whether its benchmark client draws gamma (bursty) arrivals: vLLM's ``--burstiness``;
 # SGLang 0.5.23's ``get_request`` draws exponential gaps only
 ENGINE_CLIENT_BURSTY = {"vllm": True, "sglang": False}
@@ -77,4 +81,4 @@ ENGINE_CLIENT_BURSTY = {"vllm": True, "sglang": False}
 # priority was found starved for up to seconds (its open-loop sends late by up to 1.4 s, tokens read
 # in bursts while the API server had processed each step's output on time): the load generator then
 # measures itself. The default grid keeps its recorded conditions (0).
-CLIENT_NICE = {"default": 0, "heldout": -10, "speculative": -10, "structured": -10}
+CLIENT_NICE = {"default": 0, "heldout": -10, "speculative": -10, "structured": -10, "tp": -10}

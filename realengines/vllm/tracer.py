@@ -51,7 +51,9 @@ processing, and the trip to the engine core's input queue.
 ``update`` records carry ``n`` (requests in the output) and
 ``finished`` (ids finished), and with speculative decoding ``accepted``: ``[drafts scheduled,
 drafts accepted]`` per request that had drafts and did not stop in that step. ``bitmask`` records
-carry ``n``, the constrained requests whose rows it filled (0: the step had none). ``execute``/``sample``/``forward`` carry ``n_tok`` where known.
+carry ``n``, the constrained requests whose rows it filled (0: the step had none). ``execute``/``sample``/``forward`` carry ``n_tok`` where known, ``execute`` the worker's
+tensor-parallel ``rank`` (with ``--tensor-parallel-size N`` every rank is its own process and
+writes its own file).
 
 Records go to ``PREFIX.<pid>.jsonl`` (``OVERLAP_SIM_TRACE=PREFIX``, see shims/sitecustomize.py),
 written by a daemon thread every half second; information is gathered after the clock stops; a
@@ -149,10 +151,27 @@ def _add_info(rec, self, args, kwargs, out):
     rec["prompt"] = getattr(req, "num_prompt_tokens", None)
 
 
+_RANK: list = []  # this worker's tensor-parallel rank, read once
+
+
+def _tp_rank() -> int | None:
+    """The worker's rank in its tensor-parallel group (``vllm.distributed.parallel_state``); None
+    where it cannot be read."""
+    if not _RANK:
+        try:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+            _RANK.append(int(get_tensor_model_parallel_rank()))
+        except Exception:  # not initialised (no group): a single worker
+            _RANK.append(None)
+    return _RANK[0]
+
+
 def _execute_info(rec, self, args, kwargs, out):
     sched_out = args[0] if args else kwargs.get("scheduler_output")
     rec["n_tok"] = int(getattr(sched_out, "total_num_scheduled_tokens", 0))
     rec["n"] = len(getattr(sched_out, "num_scheduled_tokens", {}) or {})  # matches the k-th schedule record
+    rec["rank"] = _tp_rank()
 
 
 def _forward_info(rec, self, args, kwargs, out):

@@ -64,7 +64,8 @@ from typing import Callable
 
 from calibrate.real.vllm import speculative as vllm_speculative, structured as vllm_structured, trace as vllm_trace
 from calibrate.real.vllm.merge import drop_incomplete_rows, merge_sample, note_sources
-from calibrate.real.environment import Engine, mean_probe, model_metadata, run_module, run_probed, session_order
+from calibrate.real.environment import (Engine, may_renice, mean_probe, model_metadata, run_module, run_probed,
+                                       session_order)
 from calibrate.real.jobs import Prompts, request
 from calibrate.real.vllm.trace import frontend_samples
 
@@ -92,6 +93,7 @@ HOST_FUNCTIONS = {
     "vllm.pickup": "async: the worker taking an RPC already queued for it (W)",
     "vllm.frontend_in": "client send to the first EngineCore.add_request (A: the OpenAI API server)",
     "vllm.frontend_out": "end of update_from_output to the client's receipt of the tokens (E output thread, A)",
+    "vllm.frontend_work": "OutputProcessor.process_outputs of one engine-core output (A)",
 }
 
 @dataclass(frozen=True)
@@ -110,11 +112,62 @@ class VllmGrid:
     max_num_seqs: int = 16
     max_model_len: int = 1024
     seed: int = 0
+    # the drafting and constrained sessions' load generator (--feature-client): ``own`` (this
+    # project's client, token-id prompts) or ``engine`` (vLLM's own benchmark client, text
+    # prompts), at niceness ``feature_client_nice``: a 2-core host shares its cores with the
+    # client, and a phase measured under one client is priced under another
+    feature_client: str = "own"
+    feature_client_nice: int = 0
+    tensor_parallel_size: int = 1  # --tensor-parallel-size: that many workers, each on its own cores
 
     def server_args(self) -> list[str]:
-        return ["--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs)]
+        tp = ["--tensor-parallel-size", str(self.tensor_parallel_size)] if self.tensor_parallel_size > 1 else []
+        return ["--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs), *tp]
+
+    def server_env(self) -> dict:
+        """The server's environment for this grid: at TP N, ``VLLM_CPU_OMP_THREADS_BIND`` (:func:`tp_bind`)."""
+        return {"VLLM_CPU_OMP_THREADS_BIND": tp_bind(self.tensor_parallel_size)} if self.tensor_parallel_size > 1 else {}
 
 
+def tp_bind(tp: int, cores: int | None = None) -> str:
+    """vLLM's CPU ``VLLM_CPU_OMP_THREADS_BIND`` for ``tp`` workers on this host's ``cores``: each
+    rank its own contiguous share of the cores (``0|1`` for 2 ranks on 2 cores; ``0-3|4-7`` on
+    8), the remainder to the last (vLLM's CPU worker binds its OpenMP threads to its share,
+    ``v1/worker/cpu_worker.py``).
+
+    Raises:
+        CalibrationInputError: fewer cores than ranks (named ``--tensor-parallel-size``).
+    """
+    from calibrate.errors import CalibrationInputError
+
+    cores = (os.cpu_count() or 1) if cores is None else cores
+    if tp > cores:
+        raise CalibrationInputError("--tensor-parallel-size", "", f"{tp} workers need at least {tp} cores "
+                                    f"(this host has {cores})")
+    share, parts = cores // tp, []
+    for r in range(tp):
+        lo, hi = r * share, (cores - 1 if r == tp - 1 else (r + 1) * share - 1)
+        parts.append(str(lo) if lo == hi else f"{lo}-{hi}")
+    return "|".join(parts)
+
+
+
+
+def check_feature_client_nice(nice: int) -> int:
+    """``nice`` as :attr:`VllmGrid.feature_client_nice`: -20..19, below 0 only where this process
+    may raise its priority (root, or a soft ``RLIMIT_NICE`` that reaches it).
+
+    Raises:
+        CalibrationInputError: naming ``--feature-client-nice``.
+    """
+    from calibrate.errors import CalibrationInputError
+
+    if not -20 <= nice <= 19:
+        raise CalibrationInputError("--feature-client-nice", "", f"a niceness from -20 to 19 (got {nice})")
+    if not may_renice(nice):
+        raise CalibrationInputError("--feature-client-nice", "", f"niceness {nice} needs root or a soft RLIMIT_NICE "
+                                    "that reaches it")
+    return nice
 
 
 SHARED_PREFIX_TOKENS = 384  # the shared-prefix loads: 3 whole blocks of 128 that every request holds
@@ -280,8 +333,8 @@ def run_session(engine: Engine, model_dir: Path, grid: VllmGrid, setting: str, f
     spec = {"engine": "vllm", "model_dir": str(model_dir), "setting": setting, "port": 30300,
             "server_args": grid.server_args() + list(extra_args or ()), "trace": True, "ready_timeout_s": 900,
             "loads": design(grid) if loads is None else loads, "pause_between_loads_s": 1.0}
-    if env:
-        spec["env"] = env
+    if env or grid.server_env():
+        spec["env"] = {**grid.server_env(), **(env or {})}
     if client_nice:
         spec["client_nice"] = client_nice
     spec_path = folder / f"{name}.json"
@@ -306,19 +359,21 @@ def run_speculative_session(engine: Engine, model_dir: Path, grid: VllmGrid, set
                             client_nice: int = 0) -> Path:
     """Run (or reuse) the speculative session beside the plain session ``name``
     (:mod:`calibrate.real.vllm.speculative`): ``folder/spec-<name>``."""
-    loads = vllm_speculative.design(grid.decode_batch_sizes, grid.decode_steps, grid.waves, grid.seed)
+    loads = vllm_speculative.design(grid.decode_batch_sizes, grid.decode_steps, grid.waves, grid.seed,
+                                    grid.feature_client)
     return run_session(engine, model_dir, grid, setting, folder, report, f"{vllm_speculative.SPEC_LOAD}{name}",
                        loads=loads, extra_args=vllm_speculative.speculative_args(speculative),
-                       client_nice=client_nice)
+                       client_nice=client_nice or grid.feature_client_nice)
 
 
 def run_structured_session(engine: Engine, model_dir: Path, grid: VllmGrid, setting: str, folder: Path,
                            report: Callable[[str], None], name: str) -> Path:
     """Run (or reuse) the structured-output session beside the plain session ``name``
     (:mod:`calibrate.real.vllm.structured`): ``folder/grammar-<name>``."""
-    loads = vllm_structured.design(grid.decode_batch_sizes, grid.decode_steps, grid.waves, grid.seed)
+    loads = vllm_structured.design(grid.decode_batch_sizes, grid.decode_steps, grid.waves, grid.seed,
+                                   grid.feature_client)
     return run_session(engine, model_dir, grid, setting, folder, report, f"{vllm_structured.GRAMMAR_LOAD}{name}",
-                       loads=loads)
+                       loads=loads, client_nice=grid.feature_client_nice)
 
 
 def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path, command: str = "",
@@ -361,13 +416,17 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
         steps_ = vllm_trace.steps(eng, wrk)
         shared.setdefault(setting, []).extend(shared_prefix_steps(steps_, grid))
         got = (samples(steps_, grid, setting) + add_request_samples(eng)
-               + frontend_samples(out, eng, steps_, design(grid), set(grid.decode_batch_sizes)))
+               + frontend_samples(out, eng, steps_, design(grid), set(grid.decode_batch_sizes))
+               + vllm_trace.output_work_samples(sorted(out.glob("trace.*.jsonl")), set(grid.decode_batch_sizes)))
         for smp in got:
             merge_sample(merged, smp, setting, settings)
     drop_incomplete_rows(merged, grid.contexts, report, settings[0])
     smp_list = list(merged.values())
     meta = {"backend": "vllm", "device": "cpu", "engine": "vllm", "engine_version": engine.version,
-            "device_name": f"cpu (vLLM {engine.version} CPU build, worker on its own core)",
+            "device_name": f"cpu (vLLM {engine.version} CPU build, worker on its own core)" if grid.tensor_parallel_size == 1
+            else f"cpu (vLLM {engine.version} CPU build, {grid.tensor_parallel_size} tensor-parallel workers, "
+                 f"cores {grid.server_env()['VLLM_CPU_OMP_THREADS_BIND']})",
+            "tensor_parallel_size": grid.tensor_parallel_size,
             "host_cpu": host_cpu(), "host_cores": os.cpu_count(), "platform": platform.platform(),
             "libraries": versions, "model": model_metadata(), "dtype": "float32",
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

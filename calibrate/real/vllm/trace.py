@@ -89,7 +89,7 @@ def read_files(paths: list[Path]) -> tuple[list[dict], list[dict]]:
         CalibrationInputError: an unreadable file, a line that is not JSON, or no engine core /
             no worker among the files.
     """
-    engine, worker = [], []
+    engine, workers = [], []
     for path in paths:
         try:
             lines = Path(path).read_text().splitlines()
@@ -106,12 +106,60 @@ def read_files(paths: list[Path]) -> tuple[list[dict], list[dict]]:
         if phases & ENGINE_PHASES:
             engine += [r for r in recs if r.get("ph") in ENGINE_PHASES]
         if phases & WORKER_PHASES:
-            worker += [r for r in recs if r.get("ph") in WORKER_PHASES]
-    if not engine or not worker:
+            workers.append((path, [r for r in recs if r.get("ph") in WORKER_PHASES]))
+    if not engine or not workers:
         raise CalibrationInputError(str(paths[0].parent if paths else "trace"), "",
                                     "needs the engine core's and the worker's trace files (a traced vLLM server)")
     end = lambda r: r["t0"] + r["dur"]  # noqa: E731
-    return sorted(engine, key=end), sorted(worker, key=end)
+    return sorted(engine, key=end), sorted(output_rank(workers), key=end)
+
+
+def output_work_samples(paths: list[Path], sizes: set[int]) -> list[dict]:
+    """Samples of ``vllm.frontend_work`` (``num_reqs``): the API server's
+    ``OutputProcessor.process_outputs`` (the tracer's ``output`` records, in the API server's
+    file) for an engine-core output of ``num_reqs`` requests, ``num_reqs`` in ``sizes``. Files
+    that cannot be read are skipped (:func:`read_files` names them)."""
+    acc: dict[int, list[float]] = {}
+    for path in paths:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except (OSError, UnicodeDecodeError):
+            continue
+        for line in lines:
+            if '"output"' not in line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec.get("ph") == "output" and rec.get("n") in sizes:
+                acc.setdefault(int(rec["n"]), []).append(float(rec["dur"]))
+    return [{"curve": "vllm.frontend_work", "point": {"num_reqs": n}, "times_s": ts} for n, ts in sorted(acc.items())]
+
+
+def worker_rank(records: list[dict]) -> int | None:
+    """A worker file's tensor-parallel rank (its ``execute`` records' ``rank``; None: not recorded)."""
+    return next((r["rank"] for r in records if r.get("ph") == "execute" and r.get("rank") is not None), None)
+
+
+def output_rank(workers: list[tuple[Path, list[dict]]]) -> list[dict]:
+    """The records of the worker whose output the engine core takes: with one worker, its own;
+    with tensor parallelism (one file per rank), rank 0's (vLLM 0.32 ``MultiprocExecutor``:
+    ``output_rank`` is the first rank of the last pipeline stage, ``v1/executor/multiproc_executor.py``).
+    Every rank runs every step in lockstep (the all-reduces inside the forward), so rank 0's
+    phases carry the waits for the others.
+
+    Raises:
+        CalibrationInputError: several worker files and no rank 0 among the recorded ranks.
+    """
+    if len(workers) == 1:
+        return workers[0][1]
+    ranks = {worker_rank(recs): (path, recs) for path, recs in workers}
+    if 0 not in ranks:
+        raise CalibrationInputError(str(workers[0][0].parent), "", f"{len(workers)} worker trace files and no rank 0 "
+                                    f"among them (ranks {sorted(map(str, ranks))}): traced by an older tracer?")
+    return ranks[0][1]
+
 
 
 def steps(engine: list[dict], worker: list[dict]) -> list[VllmStep]:

@@ -53,6 +53,10 @@ curve                axes             the time of (process)
 ``vllm.frontend_out`` num_reqs        optional: from the end of ``update_from_output`` to the
                                       client's receipt of the step's tokens (engine core output
                                       thread, API server, stream) (:mod:`sim.engines.vllm.frontend`)
+``vllm.frontend_work`` num_reqs       optional: ``OutputProcessor.process_outputs`` of a step's
+                                      outputs (API server): the part of ``frontend_out`` that
+                                      steps take in turn; the rest is latency (without the curve
+                                      all of ``frontend_out`` is taken in turn)
 ``vllm.spec_schedule`` num_reqs       optional, speculative decoding: ``schedule``, ``prepare``,
 ``vllm.spec_prepare``                 ``sample`` (less the drafter) and ``update`` timed with drafts
 ``vllm.spec_sample``                  in the batch (:mod:`calibrate.real.vllm.speculative`); a
@@ -146,6 +150,7 @@ VLLM_OPTIONAL_CURVE_AXES: dict[str, tuple[str, ...]] = {
     "vllm.pickup": ("num_reqs",),  # a profile without it (or a sync run): 0
     "vllm.frontend_in": ("num_reqs",),
     "vllm.frontend_out": ("num_reqs",),
+    "vllm.frontend_work": ("num_reqs",),  # without it: frontend_out is all the API server's own work
     # speculative decoding (:mod:`calibrate.real.vllm.speculative`)
     "vllm.spec_schedule": ("num_reqs",),
     "vllm.spec_prepare": ("num_reqs",),
@@ -208,7 +213,7 @@ class VllmProfileCosts:
         # the k the drafter's host work was measured at (metadata.speculative; 0: not known)
         self._draft_k = int((profile["metadata"].get("speculative") or {}).get("num_speculative_tokens", 0))
         self._forward = self.curves["vllm.forward"]
-        self._frontend = {k: self.curves.get(f"vllm.frontend_{k}") for k in ("in", "out")}
+        self._frontend = {k: self.curves.get(f"vllm.frontend_{k}") for k in ("in", "out", "work")}
         self._pickup = self.curves.get("vllm.pickup")
         shared = profile["metadata"].get("shared_prefix", {})
         self.shared_prefix_saving = float(shared.get("by_setting", {}).get(setting, shared.get("saving", 0.0)))
@@ -246,7 +251,11 @@ class VllmProfileCosts:
 
     def frontend_s(self, kind: str, num_reqs: int) -> float:
         """The API server's latency for ``num_reqs`` requests sent together (``kind`` "in") or a
-        step's outputs for ``num_reqs`` requests ("out"); 0 when the profile has no such curve."""
+        step's outputs for ``num_reqs`` requests ("out"), or its own work on those outputs
+        ("work": ``process_outputs``); 0 when the profile has no such curve (for "work":
+        the whole "out" latency, as before the curve was measured)."""
+        if kind == "work" and self._frontend["work"] is None:
+            return self.frontend_s("out", num_reqs)
         curve = self._frontend[kind]
         return curve(num_reqs) * self.cpu_scale if curve is not None else 0.0
 
@@ -361,6 +370,33 @@ class VllmInlineCosts:
         return {**self._linear.describe(), "engine": "vllm"}
 
 
+def profile_tensor_parallel(profile: dict) -> int:
+    """The tensor-parallel size a vLLM profile was measured at (``metadata.tensor_parallel_size``;
+    1 where the metadata does not say)."""
+    tp = profile.get("metadata", {}).get("tensor_parallel_size", 1)
+    return tp if isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1 else 1
+
+
+def check_tensor_parallel(scenario, profile: dict, source: str) -> None:
+    """Refuse a scenario whose ``server.tensor_parallel_size`` is not the one ``profile`` was
+    measured at: a vLLM 0.32 server at TP N runs one engine core and N workers in lockstep
+    (``MultiprocExecutor``: ``execute_model`` broadcast to every rank through a shared-memory
+    queue, the output taken from rank 0; the all-reduces inside the forward), which the
+    simulator prices through the curves measured at that TP (dispatch, forward, the workers'
+    phases of rank 0, which wait for the others), not by a model of the all-reduce.
+
+    Raises:
+        ScenarioError: naming ``server.tensor_parallel_size``.
+    """
+    want, measured = scenario.server.tensor_parallel_size, profile_tensor_parallel(profile)
+    if want != measured:
+        raise ScenarioError(scenario.source, "server.tensor_parallel_size",
+                            f"{want}, but the profile {source} was measured at tensor parallel size {measured}: its "
+                            "dispatch and forward carry that many workers' broadcast and all-reduces (calibrate the "
+                            f"TP-{want} server: overlap-sim calibrate --engine vllm --tensor-parallel-size {want}, or "
+                            "give the costs inline)")
+
+
 def make_vllm_costs(scenario, setting: str):
     """The cost model a vLLM scenario asks for: its profile (``costs.profile``) or the inline terms.
 
@@ -369,12 +405,15 @@ def make_vllm_costs(scenario, setting: str):
 
     Raises:
         ProfileError: the profile is unusable or not a vLLM profile.
-        ScenarioError: structured output whose costs neither the profile nor the section give.
+        ScenarioError: structured output whose costs neither the profile nor the section give;
+            a tensor-parallel size the profile was not measured at (:func:`check_tensor_parallel`).
     """
     c = scenario.costs
     if c.profile:
         path = scenario.resolve_path(c.profile)
-        costs = VllmProfileCosts(load_vllm_profile(path, read_only=True), setting, c.gpu.scale, c.cpu.scale,
+        profile = load_vllm_profile(path, read_only=True)
+        check_tensor_parallel(scenario, profile, str(path))
+        costs = VllmProfileCosts(profile, setting, c.gpu.scale, c.cpu.scale,
                                  c.profile_statistic, str(path), speculative=scenario.server.speculative is not None)
         curves = costs.curves
     else:

@@ -40,7 +40,9 @@ class VllmServer(StrictModel):
     for generative models), ``long_prefill_token_threshold`` (0: off), ``speculative``
     (``--speculative-config`` and what the simulator is told of it: :mod:`sim.engines.vllm.speculative`;
     None: plain decoding), ``structured_output`` (the share of requests with a grammar and its
-    costs: :mod:`sim.engines.vllm.structured`; None: none).
+    costs: :mod:`sim.engines.vllm.structured`; None: none), ``tensor_parallel_size`` (``-tp``: one
+    engine core, that many workers in lockstep; priced by a profile measured at that size,
+    :func:`sim.engines.vllm.costs.check_tensor_parallel`, or by the inline costs as given).
     """
 
     engine: Literal["vllm"]
@@ -55,6 +57,7 @@ class VllmServer(StrictModel):
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     long_prefill_token_threshold: int = Field(default=0, ge=0, le=MAX_TOKENS)
+    tensor_parallel_size: int = Field(default=1, ge=1, le=1024)
     speculative: Optional[Speculative] = None
     structured_output: Optional[StructuredOutput] = None
     _from_launch_args: tuple = PrivateAttr(default=())  # as the SGLang section (scenario overrides read it)
@@ -104,6 +107,16 @@ class VllmServer(StrictModel):
         if self.structured_output is not None and self.structured_output.share > 0:
             measured = meta.get("structured_output")
             out += self.structured_output.caveats(measured if isinstance(measured, dict) else None)
+        if self.tensor_parallel_size > 1 and profile_meta is None:
+            out.append(f"tensor_parallel_size {self.tensor_parallel_size}: the inline costs are taken as those of "
+                       f"the TP-{self.tensor_parallel_size} server as given (its broadcast to the workers in "
+                       "dispatch, the all-reduces in the forward); none of it measured")
+        elif self.tensor_parallel_size > 1:
+            out.append(f"tensor_parallel_size {self.tensor_parallel_size}: priced by the profile measured at that size "
+                       "(rank 0's phases, which wait for the other ranks); the ranks' lockstep is not simulated "
+                       "apart, and each process is taken to have a core of its own (held against vLLM's CPU server "
+                       "at TP 2 only on a 2-core VM whose ranks took both cores: 21%/16% median error, noise floor "
+                       "8-12%; docs/vllm.md#tensor-parallelism)")
         return out
 
     @property

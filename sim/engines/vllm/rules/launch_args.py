@@ -33,8 +33,8 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {
     "--async-scheduling": ("async_scheduling", "bool", None),
     "--pipeline-parallel-size": ("pipeline_parallel_size", "int", None),
     "-pp": ("pipeline_parallel_size", "int", None),
-    "--tensor-parallel-size": ("tensor_parallel_size", "int", None),
-    "-tp": ("tensor_parallel_size", "int", None),
+    "--tensor-parallel-size": ("tensor_parallel_size", "int", "tensor_parallel_size"),
+    "-tp": ("tensor_parallel_size", "int", "tensor_parallel_size"),
     "--data-parallel-size": ("data_parallel_size", "int", None),
     "-dp": ("data_parallel_size", "int", None),
     "--speculative-config": ("speculative_config", "json", None),
@@ -121,14 +121,14 @@ def unmodelled(fields: dict) -> dict[str, str]:
     """Engine argument -> what it turns on, for each launch setting that changes the timeline in a
     way the simulator does not model (one engine core, one worker): speculative decoding other than
     a device drafter's k drafts per step (:func:`speculative_server`: n-gram and suffix proposers,
-    parallel drafters, or no ``num_speculative_tokens``), tensor, pipeline and data parallelism
-    (workers in lockstep and all-reduces; a pipeline of batches; several engine cores)."""
+    parallel drafters, or no ``num_speculative_tokens``), pipeline and data parallelism (a
+    pipeline of batches; several engine cores). Tensor parallelism is modelled through a profile
+    measured at that size (``server.tensor_parallel_size``)."""
     out = {}
     spec = fields.get("speculative_config")
     if spec and isinstance(why := speculative_server(spec), str):
         out["speculative_config"] = why
-    for name, what in (("tensor_parallel_size", "tensor parallelism"), ("pipeline_parallel_size",
-                       "pipeline parallelism"), ("data_parallel_size", "data parallelism")):
+    for name, what in (("pipeline_parallel_size", "pipeline parallelism"), ("data_parallel_size", "data parallelism")):
         if isinstance(fields.get(name), int) and fields[name] > 1:
             out[name] = what
     return out
@@ -261,6 +261,12 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
         notes.append("--speculative-config: modelled given what the command does not say: the scenario's "
                      "server.speculative acceptance (per_position_acceptance, acceptance_rate or accepted_histogram) "
                      "and draft_cost_ratio")
+    if fields.get("tensor_parallel_size", 1) > 1:
+        tp = fields["tensor_parallel_size"]
+        notes.append(f"tensor parallel size {tp}: modelled through a profile measured at TP {tp} (one engine core, "
+                     f"{tp} workers in lockstep: the broadcast in its dispatch, the all-reduces in its forward; "
+                     f"overlap-sim calibrate --engine vllm --tensor-parallel-size {tp}); a run whose profile was "
+                     "measured at another size is refused")
     flags = tuple((shown, NO_EFFECT if what == NO_EFFECT else
                    f"refused: not modelled ({refused[what]})" if what in refused else MODELLED)
                   for shown, what in statuses)

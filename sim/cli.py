@@ -92,7 +92,8 @@ def standing(found, scenario, meta: dict | None, summaries: dict[str, dict], sim
     extrapolated = sum(int(s.get("extrapolated_steps") or 0) for s in pair)
     far = sum(int(s.get("far_steps") or 0) for s in pair)
     farthest = max(float(s.get("max_extrapolation") or 1.0) for s in pair)
-    found = replace(found, placeholder=not scenario.costs.profile).with_reach(
+    caveats = tuple(scenario.server.verdict_caveats(meta))
+    found = replace(found, placeholder=not scenario.costs.profile, caveats=caveats).with_reach(
         extrapolated / steps if steps else 0.0, far / steps if steps else 0.0, farthest)
     if stated := stated_uncertainties(meta):
         if not simulate_range:

@@ -79,7 +79,8 @@ def test_each_vllm_flag_gets_a_status():
     cfg = vllm_args(["vllm", "serve", "M", "-tp", "2", "--speculative-config.method", "ngram", "--max_num_seqs", "64",
                      "--gpu-memory-utilization", "0.8", "-dp", "1"])
     assert dict(cfg.flags) == {
-        "-tp 2": "modelled",  # through a profile measured at TP 2 (server.tensor_parallel_size)
+        "-tp 2": "refused: not modelled (tensor parallelism on cuda: no card profile at TP 2 can be measured yet; "
+                 "the TP calibration runs vLLM's CPU server)",  # on cpu: modelled (test_vllm_tensor_parallel)
         "--speculative-config.method ngram": "refused: not modelled (speculative decoding by ngram: modelled are "
                                              "draft_model, eagle, eagle3 and mtp with num_speculative_tokens)",
         "--max-num-seqs 64": "modelled",  # vLLM's parser reads _ as -

@@ -76,9 +76,11 @@ def test_inline_costs_at_tp_say_they_are_taken_as_given():
 def test_the_launch_flag_sets_the_server_field():
     from sim.engines.vllm.rules.launch_args import parse_launch_args
 
-    launch = parse_launch_args(["vllm", "serve", "M", "-tp", "2"])
+    launch = parse_launch_args(["vllm", "serve", "M", "-tp", "2"], platform="cpu")
     assert launch.server["tensor_parallel_size"] == 2
     assert dict(launch.flags)["-tp 2"] == "modelled"
+    on_card = dict(parse_launch_args(["vllm", "serve", "M", "-tp", "2"], platform="cuda").flags)["-tp 2"]
+    assert on_card.startswith("refused: not modelled (tensor parallelism on cuda")
     launch = parse_launch_args(["vllm", "serve", "M", "--pipeline-parallel-size", "2"])
     assert dict(launch.flags)["--pipeline-parallel-size 2"].startswith("refused")
 
@@ -163,3 +165,21 @@ def test_the_readme_tp_example_runs_on_the_committed_profile(run_cli, tmp_path):
                               "--out", tmp_path / "r", "--no-plots"])
     assert code == 0, err
     assert "tensor_parallel_size 2: priced by the profile measured at that size" in out + err
+
+
+def test_the_verdict_of_a_tp_run_says_its_ratio_is_not_validated(run_cli, tmp_path):
+    import yaml
+
+    scen = vllm_scenario(profile=tp_profile(tmp_path, 2), server__tensor_parallel_size=2)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scen))
+    code, out, err = run_cli(["run", path, "--out", tmp_path / "r", "--no-plots"])
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("verdict:"))
+    assert "tensor parallel size 2: the async/sync ratio at TP > 1 is not validated" in line
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["verdict"]["caveats"] and "not validated" in summary["verdict"]["caveats"][0]
+    plain = tmp_path / "p.yaml"
+    plain.write_text(yaml.safe_dump(vllm_scenario(profile=tp_profile(tmp_path, 1, name="one.json"))))
+    code, out, _ = run_cli(["run", plain, "--out", tmp_path / "q", "--no-plots"])
+    assert code == 0 and "tensor parallel size" not in out

@@ -122,6 +122,10 @@ class Verdict:
     # speculative decoding: (overlapping, synchronous) tokens per verify step per request, as
     # drawn from the scenario's given acceptance law; None without speculation
     accept_length: Optional[tuple] = None
+    # what the engine's server section says the answer rests on beyond the profile (its
+    # ``verdict_caveats``: e.g. vLLM at a tensor-parallel size held against the real server only
+    # on a host too small for it)
+    caveats: tuple = ()
 
     def with_range(self, lo: float, hi: float, what: list) -> "Verdict":
         """This verdict over the stated range: the answer becomes :data:`UNSURE` ("cannot tell")
@@ -165,6 +169,8 @@ class Verdict:
         out["placeholder"] = self.placeholder
         if self.accept_length is not None:
             out["spec_accept_length"] = [finite(x) for x in self.accept_length]
+        if self.caveats:
+            out["caveats"] = list(self.caveats)
         return out
 
     def head(self) -> str:
@@ -212,6 +218,8 @@ class Verdict:
                     "request as drawn from the given acceptance (server.speculative, not measured)")
         if self.placeholder:
             out += "; on the scenario's inline cost terms (placeholders: no device was measured)"
+        for caveat in self.caveats:
+            out += f"; {caveat}"
         if self.stated_range is not None:
             lo, hi, what = self.stated_range
             if not (math.isfinite(lo) and math.isfinite(hi)):

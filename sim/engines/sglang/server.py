@@ -66,6 +66,11 @@ class Server(StrictModel):
         """(the field, its value) that caps the requests running at once."""
         return "server.max_running_requests", self.max_running_requests
 
+    def verdict_caveats(self, profile_meta: dict | None = None) -> list[str]:
+        """Clauses the verdict carries beyond the profile's own (none for SGLang's section: what
+        it answers approximately is in :meth:`warnings`)."""
+        return []
+
     def warnings(self, profile_meta: dict | None = None) -> list[str]:
         """What this server section asks for that the simulator answers only approximately (the
         profile's metadata ``profile_meta`` is not read here), in

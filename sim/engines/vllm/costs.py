@@ -390,11 +390,13 @@ def check_tensor_parallel(scenario, profile: dict, source: str) -> None:
     """
     want, measured = scenario.server.tensor_parallel_size, profile_tensor_parallel(profile)
     if want != measured:
+        fix = (f"calibrate the TP-{want} server: overlap-sim calibrate --engine vllm --tensor-parallel-size {want}, or "
+               "give the costs inline" if scenario.server.device == "cpu" else
+               "no card profile can be measured at another TP yet (the TP calibration runs vLLM's CPU server): "
+               "give the TP server's costs inline")
         raise ScenarioError(scenario.source, "server.tensor_parallel_size",
                             f"{want}, but the profile {source} was measured at tensor parallel size {measured}: its "
-                            "dispatch and forward carry that many workers' broadcast and all-reduces (calibrate the "
-                            f"TP-{want} server: overlap-sim calibrate --engine vllm --tensor-parallel-size {want}, or "
-                            "give the costs inline)")
+                            f"dispatch and forward carry that many workers' broadcast and all-reduces ({fix})")
 
 
 def make_vllm_costs(scenario, setting: str):

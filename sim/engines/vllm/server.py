@@ -119,6 +119,16 @@ class VllmServer(StrictModel):
                        "8-12%; docs/vllm.md#tensor-parallelism)")
         return out
 
+    def verdict_caveats(self, profile_meta: dict | None = None) -> list[str]:
+        """Clauses the verdict line carries on what its answer rests on beyond the profile: at
+        tensor parallelism, how far the TP model has been held against the real server (on
+        4 December 2026 only on a 2-core VM whose two ranks took every core, docs/vllm.md)."""
+        if self.tensor_parallel_size <= 1:
+            return []
+        return [f"tensor parallel size {self.tensor_parallel_size}: the async/sync ratio at TP > 1 is not validated "
+                "on a host with a core per process (at TP 2 on 2 cores the real server measured 1.05 where the "
+                "model gave 1.12, per load off by up to 37 points; docs/vllm.md#tensor-parallelism)"]
+
     @property
     def blocking_forward(self) -> bool:
         """The forward occupies the worker process (vLLM's CPU platform: the model runs on the

@@ -32,7 +32,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                                                    "--engine vllm, the vLLM release (default 0.32.0)")
     p.add_argument("--json", action="store_true", help="print the answer as one JSON object")
     p.add_argument("launch_args", nargs=argparse.REMAINDER,
-                   help="after --: the SGLang launch command (NAME=VALUE environment tokens allowed)")
+                   help="after --: the engine's launch command, SGLang's or with --engine vllm vLLM's (NAME=VALUE "
+                        "environment tokens allowed)")
 
 
 def render(adv: Advice, console: Console) -> None:

@@ -256,13 +256,16 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
         raise UserInputError(source, "--speculative-config", f"a method name (a string) as its method (got "
                              f"{spec_config['method']!r})")
     refused = unmodelled(fields)
+    tp = fields.get("tensor_parallel_size", 1)
+    if isinstance(tp, int) and tp > 1 and platform != "cpu":
+        refused["tensor_parallel_size"] = (f"tensor parallelism on {platform}: no card profile at TP {tp} can be "
+                                           "measured yet; the TP calibration runs vLLM's CPU server")
     if spec_config and "speculative_config" not in refused:
         server["speculative"] = speculative_server(spec_config)
         notes.append("--speculative-config: modelled given what the command does not say: the scenario's "
                      "server.speculative acceptance (per_position_acceptance, acceptance_rate or accepted_histogram) "
                      "and draft_cost_ratio")
-    if fields.get("tensor_parallel_size", 1) > 1:
-        tp = fields["tensor_parallel_size"]
+    if tp > 1 and "tensor_parallel_size" not in refused:
         notes.append(f"tensor parallel size {tp}: modelled through a profile measured at TP {tp} (one engine core, "
                      f"{tp} workers in lockstep: the broadcast in its dispatch, the all-reduces in its forward; "
                      f"overlap-sim calibrate --engine vllm --tensor-parallel-size {tp}); a run whose profile was "

@@ -7,7 +7,7 @@ in one window (run by hand; root, vLLM's environment).
 The speculative check of 4 December 2026 (docs/vllm.md) found every worker phase 10-30% slower
 under the validation's loads (vLLM's benchmark client at niceness -10) than in the calibration's
 drafting sessions (the own client at 0). This runs the synchronous drafting session
-(:func:`calibrate.real.vllm.profile.run_speculative_session`, the test model drafting for itself,
+(:func:`calibrate.real.vllm.sessions.run_speculative_session`, the test model drafting for itself,
 k = 2) with the client at 0 and at -10, alternated per repeat (0, -10, -10, 0, ...), and prints
 the medians of the worker's phases per batch size for each niceness, with the -10/0 ratio: if the
 niceness is the reason, the ratios show it here, where the load and the client are the same.
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         print("spec_phases_nice_ab.py: --repeats: an integer >= 1", file=sys.stderr)
         return 2
     from calibrate.real.environment import REPO, find_engine, test_model
-    from calibrate.real.vllm.profile import VllmGrid, run_speculative_session
+    from calibrate.real.vllm.sessions import VllmGrid, run_speculative_session
 
     engine = find_engine("vllm")
     model = test_model(engine, REPO / ".venvs" / "models" / "tiny-llama")

@@ -168,12 +168,11 @@ def main(argv: list[str] | None = None) -> int:
         speculative["model"] = str(model)
     cal_dir, val_dir, profile_path = work / "calibrate", work / "validate", work / "profile.json"
     if args.engine == "vllm":
-        from calibrate.real.vllm.profile import (VllmGrid, calibrate_vllm, run_session, run_speculative_session,
-                                                 run_structured_session)
-
         from dataclasses import replace
 
-        from calibrate.real.vllm.profile import check_feature_client_nice, tp_bind
+        from calibrate.real.vllm.profile import calibrate_vllm
+        from calibrate.real.vllm.sessions import (VllmGrid, check_feature_client_nice, run_session,
+                                                  run_speculative_session, run_structured_session, tp_bind)
 
         try:
             check_feature_client_nice(args.feature_client_nice)
@@ -201,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.stub_control:
             from dataclasses import asdict
 
-            from calibrate.host.vllm import calibrate_vllm_host, control_grid, stub_session
+            from calibrate.host.vllm import control_grid, stub_session
 
             stub_grid, stub_dir = control_grid(asdict(grid)), work / "stub"
             plain_run = calibration_run

@@ -235,14 +235,14 @@ def run(args: argparse.Namespace) -> int:
                                         "not --host-only)")
         if args.tensor_parallel_size < 1:
             raise CalibrationInputError("--tensor-parallel-size", "", f"an integer >= 1 (got {args.tensor_parallel_size})")
-        from calibrate.real.vllm.profile import tp_bind
+        from calibrate.real.vllm.sessions import tp_bind
 
         tp_bind(args.tensor_parallel_size)  # refuses more ranks than cores
     for flag in ("feature_client", "feature_client_nice"):
         if getattr(args, flag, None) is not None and args.speculative is None and not args.structured_output:
             raise CalibrationInputError("--" + flag.replace("_", "-"), "", "only with --speculative or --structured-output")
     if args.feature_client_nice is not None:
-        from calibrate.real.vllm.profile import check_feature_client_nice
+        from calibrate.real.vllm.sessions import check_feature_client_nice
 
         check_feature_client_nice(args.feature_client_nice)
     if args.host_only and not args.engine:

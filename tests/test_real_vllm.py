@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from calibrate.errors import CalibrationInputError
 from calibrate.real.vllm import trace as vllm_trace
 from calibrate.real.environment import REPO
-from calibrate.real.vllm.profile import VllmGrid, design, samples
+from calibrate.real.vllm.profile import samples
+from calibrate.real.vllm.sessions import VllmGrid, design
 
 DATA = Path(__file__).parent / "data" / "vllm"
 
@@ -119,7 +120,7 @@ def test_the_design_sends_each_prefill_group_behind_a_blocker():
     """Four 128-token prompts for one 512-token step: each group of four goes out behind a lone
     blocker the engine core prefills while the group arrives; the blocker's step (384 tokens)
     is no prefill point, so it prices nothing."""
-    from calibrate.real.vllm.profile import BLOCKER_TOKENS
+    from calibrate.real.vllm.sessions import BLOCKER_TOKENS
 
     grid = VllmGrid()
     ld = {ld["name"]: ld for ld in design(grid)}["prefill-n512-c128"]
@@ -262,7 +263,7 @@ def test_the_shared_prefix_saving_inverts_the_forward_curve():
 
 
 def test_the_shared_prefix_loads_share_whole_blocks_at_a_mean_context_of_512():
-    from calibrate.real.vllm.profile import SHARED_LOAD, SHARED_PREFIX_TOKENS
+    from calibrate.real.vllm.sessions import SHARED_LOAD, SHARED_PREFIX_TOKENS
 
     loads = {ld["name"]: ld for ld in design(VllmGrid())}
     shared = [ld for n, ld in loads.items() if n.startswith(SHARED_LOAD)]

@@ -12,7 +12,7 @@ import pytest
 import sim
 from calibrate.errors import CalibrationInputError
 from calibrate.real.vllm import trace as vllm_trace
-from calibrate.real.vllm.profile import VllmGrid, tp_bind
+from calibrate.real.vllm.sessions import VllmGrid, tp_bind
 from tests.test_vllm_loops import steady, total
 from tests.vllm_helpers import CONSTANT, make_profile, vllm_scenario
 

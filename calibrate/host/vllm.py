@@ -59,8 +59,8 @@ from calibrate.real.vllm import trace as vllm_trace
 from calibrate.real.environment import Engine, mean_probe, session_order
 from calibrate.real.jobs import Prompts, request
 from calibrate.real.vllm.merge import merge_sample
-from calibrate.real.vllm.profile import (HOST_FUNCTIONS, VllmGrid, add_request_samples, design, frontend_samples,
-                                         run_session, samples)
+from calibrate.real.vllm.profile import HOST_FUNCTIONS, add_request_samples, frontend_samples, samples
+from calibrate.real.vllm.sessions import VllmGrid, design, run_session
 
 STUB_HOLD_S = 0.004  # the stub's hold: about a small model's decode forward on an H200 (s)
 KV_CACHE_GIB = "2"  # the wave cap's KV (2^18 tokens of the tiny model: 1 GiB) with room for the next wave
@@ -126,7 +126,7 @@ class VllmHostGrid(VllmGrid):
 
 def host_design(grid: VllmHostGrid) -> list[dict]:
     """The loads of one host session: the decode waves within the cap, then the CPU calibration's
-    prefill loads (:func:`calibrate.real.vllm.profile.design`) at the host grid's lengths."""
+    prefill loads (:func:`calibrate.real.vllm.sessions.design`) at the host grid's lengths."""
     prompts = Prompts(grid.seed + 1)
     loads = []
     for c in grid.contexts:

@@ -107,7 +107,8 @@ def _calibrate_vllm(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from calibrate.profile import save_profile
-    from calibrate.real.vllm.profile import VllmGrid, calibrate_vllm, phase_table
+    from calibrate.real.vllm.profile import calibrate_vllm, phase_table
+    from calibrate.real.vllm.sessions import VllmGrid
 
     speculative = parse_speculative(args.speculative) if args.speculative is not None else None
     engine, model = _engine(args)

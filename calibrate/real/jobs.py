@@ -161,17 +161,33 @@ class Workload:
         return out
 
 
-def engine_wave(name: str, concurrency: int, num_requests: int, input_len: int, output_len: int, seed: int,
-                extra_body: dict | None = None) -> dict:
-    """A calibration load for the engine's own benchmark client (``realengines.<engine>.bench``):
-    ``num_requests`` random text prompts of ``input_len`` tokens (the server's tokenizer may make
-    them a few tokens longer or shorter) and ``output_len`` output tokens each, ignoring EOS,
-    ``concurrency`` in flight: with equal lengths, waves of ``concurrency`` requests that start
-    and finish together, as the own client's decode waves do. ``extra_body`` is merged into
-    every request (``--extra-body``)."""
-    return {"name": name, "client": "engine", "num_requests": num_requests, "warmup_requests": 0,
-            "concurrency": concurrency, "rate_per_s": 0.0, "input_len": input_len, "output_len": output_len,
-            "range_ratio": 0.0, "seed": seed, **({"extra_body": extra_body} if extra_body else {})}
+def decode_waves(prefix: str, contexts: tuple[int, ...], batch_sizes: tuple[int, ...], decode_steps: int,
+                 waves: int, seed: int, client: str = "own", fields: dict | None = None) -> list[dict]:
+    """Decode waves of a feature's calibration session (``realengines.server``'s ``loads``): for
+    each context C and batch size B, B requests in flight, ``B x waves`` in all, prompts of
+    ``C - decode_steps / 2`` tokens and ``decode_steps`` output tokens each (equal lengths: each
+    wave starts and finishes together), named ``<prefix>d<B>x<C>``; ``fields`` are added to every
+    request (a grammar: ``structured_outputs``).
+
+    ``client`` ``own``: token-id prompts (:class:`Prompts` of ``seed``) sent by
+    :mod:`realengines.client`; ``engine``: the same waves drawn and sent by the engine's own
+    benchmark client (random text prompts of those lengths, which the server's tokenizer may
+    make a few tokens longer or shorter; ``fields`` through ``--extra-body``)."""
+    prompts = Prompts(seed)
+    loads = []
+    for c in contexts:
+        for b in batch_sizes:
+            name, prompt_len = f"{prefix}d{b}x{c}", c - decode_steps // 2
+            if client == "engine":
+                loads.append({"name": name, "client": "engine", "num_requests": b * waves, "warmup_requests": 0,
+                              "concurrency": b, "rate_per_s": 0.0, "input_len": prompt_len,
+                              "output_len": decode_steps, "range_ratio": 0.0, "seed": seed,
+                              **({"extra_body": fields} if fields else {})})
+                continue
+            reqs = [{**request(f"{name}-{i}", prompts.new(prompt_len), decode_steps), **(fields or {})}
+                    for i in range(b * waves)]
+            loads.append({"name": name, "concurrency": b, "warmup_requests": 0, "requests": reqs})
+    return loads
 
 
 # One free string: a random-weight model stays inside it for most of its tokens (a request whose

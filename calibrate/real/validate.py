@@ -117,10 +117,10 @@ def session_spec(engine: Engine, model_dir: Path, plan: Plan, setting: str) -> d
     spec = {"engine": engine.name, "model_dir": str(model_dir), "setting": setting, "port": plan.port,
             "server_args": args, "trace": True, "loads": loads, "client_nice": plan.client_nice}
     if plan.tensor_parallel_size > 1:
-        from calibrate.real.vllm.profile import tp_bind
+        from calibrate.real.vllm.sessions import tp_launch
 
-        spec["server_args"] += ["--tensor-parallel-size", str(plan.tensor_parallel_size)]
-        spec["env"] = {"VLLM_CPU_OMP_THREADS_BIND": tp_bind(plan.tensor_parallel_size)}
+        tp_args, spec["env"] = tp_launch(plan.tensor_parallel_size)
+        spec["server_args"] += tp_args
     return spec
 
 

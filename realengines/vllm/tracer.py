@@ -151,20 +151,16 @@ def _add_info(rec, self, args, kwargs, out):
     rec["prompt"] = getattr(req, "num_prompt_tokens", None)
 
 
-_RANK: list = []  # this worker's tensor-parallel rank, read once
-
-
+@functools.lru_cache(maxsize=None)
 def _tp_rank() -> int | None:
-    """The worker's rank in its tensor-parallel group (``vllm.distributed.parallel_state``); None
-    where it cannot be read."""
-    if not _RANK:
-        try:
-            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+    """The worker's rank in its tensor-parallel group (``vllm.distributed.parallel_state``), read
+    once per process; None where it cannot be read."""
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
-            _RANK.append(int(get_tensor_model_parallel_rank()))
-        except Exception:  # not initialised (no group): a single worker
-            _RANK.append(None)
-    return _RANK[0]
+        return int(get_tensor_model_parallel_rank())
+    except Exception:  # not initialised (no group): a single worker
+        return None
 
 
 def _execute_info(rec, self, args, kwargs, out):

@@ -50,7 +50,7 @@ from typing import Callable
 from calibrate.errors import CalibrationInputError
 from calibrate.profile import build_profile
 from calibrate.real.vllm import trace as vllm_trace
-from calibrate.real.jobs import Prompts, engine_wave, request
+from calibrate.real.jobs import decode_waves
 from calibrate.real.vllm.merge import drop_incomplete_rows, merge_sample
 from sim.engines.vllm.costs import VLLM_CURVES
 from sim.engines.vllm.speculative import MODELLED_METHODS, draft_passes_s
@@ -105,21 +105,10 @@ def speculative_args(spec: dict) -> list[str]:
 
 def design(decode_batch_sizes: tuple[int, ...], decode_steps: int, waves: int, seed: int,
            client: str = "own") -> list[dict]:
-    """The loads of one speculative session (``realengines.server``'s ``loads``): decode waves of
-    B clients at each context of :data:`CONTEXTS`, sent by this project's client (``client``
-    ``own``: token-id prompts) or by vLLM's own benchmark client (``engine``:
-    :func:`calibrate.real.jobs.engine_wave`, text prompts of the same lengths)."""
-    prompts = Prompts(seed + 1)
-    loads = []
-    for c in CONTEXTS:
-        for b in decode_batch_sizes:
-            name = f"{SPEC_LOAD}d{b}x{c}"
-            if client == "engine":
-                loads.append(engine_wave(name, b, b * waves, c - decode_steps // 2, decode_steps, seed + 1))
-                continue
-            reqs = [request(f"{name}-{i}", prompts.new(c - decode_steps // 2), decode_steps) for i in range(b * waves)]
-            loads.append({"name": name, "concurrency": b, "warmup_requests": 0, "requests": reqs})
-    return loads
+    """The loads of one speculative session: decode waves of B clients at each context of
+    :data:`CONTEXTS` (:func:`calibrate.real.jobs.decode_waves`, prompts of ``seed + 1``), sent by
+    this project's client (``own``) or by vLLM's own benchmark client (``engine``)."""
+    return decode_waves(SPEC_LOAD, CONTEXTS, decode_batch_sizes, decode_steps, waves, seed + 1, client)
 
 
 def verify_forward_samples(steps: list[vllm_trace.VllmStep], spec: dict, sizes: set[int],

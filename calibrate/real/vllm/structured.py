@@ -29,7 +29,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from calibrate.real.jobs import GRAMMARS, JSON_SCHEMA, Prompts, engine_wave, request
+from calibrate.real.jobs import GRAMMARS, JSON_SCHEMA, decode_waves
 from calibrate.real.vllm.merge import merge_sample
 from calibrate.real.vllm import trace as vllm_trace
 
@@ -45,30 +45,14 @@ FUNCTIONS = {
 }
 
 
-def constrained(req: dict) -> dict:
-    """``req`` (:func:`calibrate.real.jobs.request`) with :data:`SCHEMA` as its grammar."""
-    return {**req, "structured_outputs": GRAMMARS[KIND]}
-
-
 def design(decode_batch_sizes: tuple[int, ...], decode_steps: int, waves: int, seed: int,
            client: str = "own") -> list[dict]:
-    """The loads of one structured-output session: decode waves of B constrained clients at each
-    context of :data:`CONTEXTS`, sent by this project's client (``own``) or by vLLM's own
-    benchmark client (``engine``: :func:`calibrate.real.jobs.engine_wave`, the schema through
-    ``--extra-body``)."""
-    prompts = Prompts(seed + 2)
-    loads = []
-    for c in CONTEXTS:
-        for b in decode_batch_sizes:
-            name = f"{GRAMMAR_LOAD}d{b}x{c}"
-            if client == "engine":
-                loads.append(engine_wave(name, b, b * waves, c - decode_steps // 2, decode_steps, seed + 2,
-                                         {"structured_outputs": GRAMMARS[KIND]}))
-                continue
-            reqs = [constrained(request(f"{name}-{i}", prompts.new(c - decode_steps // 2), decode_steps))
-                    for i in range(b * waves)]
-            loads.append({"name": name, "concurrency": b, "warmup_requests": 0, "requests": reqs})
-    return loads
+    """The loads of one structured-output session: decode waves of B clients at each context of
+    :data:`CONTEXTS` whose every request carries :data:`SCHEMA` (:func:`calibrate.real.jobs.decode_waves`,
+    prompts of ``seed + 2``), sent by this project's client (``own``) or by vLLM's own benchmark
+    client (``engine``: the schema through ``--extra-body``)."""
+    return decode_waves(GRAMMAR_LOAD, CONTEXTS, decode_batch_sizes, decode_steps, waves, seed + 2, client,
+                        {"structured_outputs": GRAMMARS[KIND]})
 
 
 def samples(steps: list[vllm_trace.VllmStep], sizes: set[int]) -> list[dict]:

@@ -125,6 +125,7 @@ way ``costs.gpu.scale`` multiplies the forward and ``costs.cpu.scale`` everythin
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from sim.engines.vllm.structured import GrammarCosts
@@ -252,11 +253,12 @@ class VllmProfileCosts:
     def frontend_s(self, kind: str, num_reqs: int) -> float:
         """The API server's latency for ``num_reqs`` requests sent together (``kind`` "in") or a
         step's outputs for ``num_reqs`` requests ("out"), or its own work on those outputs
-        ("work": ``process_outputs``); 0 when the profile has no such curve (for "work":
-        the whole "out" latency, as before the curve was measured)."""
-        if kind == "work" and self._frontend["work"] is None:
-            return self.frontend_s("out", num_reqs)
+        ("work": ``process_outputs``); 0 when the profile has no such curve (for "work": inf, so
+        that :meth:`sim.engines.vllm.frontend.ApiServer.egress`, which caps the work at the "out"
+        latency, takes all of it in turn, as before the curve was measured)."""
         curve = self._frontend[kind]
+        if curve is None and kind == "work":
+            return math.inf
         return curve(num_reqs) * self.cpu_scale if curve is not None else 0.0
 
     def frontend_in_line(self) -> tuple[float, float]:

@@ -126,8 +126,9 @@ class VllmServer(StrictModel):
         if self.tensor_parallel_size <= 1:
             return []
         return [f"tensor parallel size {self.tensor_parallel_size}: the async/sync ratio at TP > 1 is not validated "
-                "on a host with a core per process (at TP 2 on 2 cores the real server measured 1.05 where the "
-                "model gave 1.12, per load off by up to 37 points; docs/vllm.md#tensor-parallelism)"]
+                "on a host with a core per process (on the TP 2 check's three loads, 2 cores, the real server "
+                "measured 1.05 pooled where the model gave 1.12, per load off by up to 37 points; "
+                "docs/vllm.md#tensor-parallelism)"]
 
     @property
     def blocking_forward(self) -> bool:

@@ -16,7 +16,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from sim.commands import COMMANDS, OneLineParser, UsageError, command
+from sim.commands import COMMANDS, OneLineParser, UsageError, add_no_leap_argument, apply_no_leap, command
 from sim.errors import EXIT_BAD_INPUT, EXIT_RUN_FAILED, UserInputError
 
 # modules whose import registers more subcommands with @command (sim.commands); named, not
@@ -60,6 +60,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="tables kept: steps (all, exact metrics), summary (per-request only; streamed metrics), "
                         "none (no tables; memory bounded by requests in flight)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    add_no_leap_argument(p)
     p.add_argument("--no-range", action="store_true",
                    help="do not simulate the profile's stated uncertainties (each costs two streamed runs per "
                         "corner); the verdict line then says it was not computed")
@@ -127,6 +128,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sim.whatif.verdict import check_run_cv, resolve_run_cv, verdict, verdict_platform_note
 
     check_run_cv(args.run_cv)
+    apply_no_leap(args)
     scenario = load_scenario(args.scenario, args.overrides)
     out_dir = check_output_dir(args.out or default_run_folder(scenario.name, args.overrides), "--out")
     results = [simulate(scenario, s, tables=args.tables) for s in scenario.server.settings]

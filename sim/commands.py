@@ -11,6 +11,9 @@ from __future__ import annotations
 import argparse
 from typing import Callable, NoReturn
 
+# "0" in the environment: every sim.simulate.simulate steps through its event loop (--no-leap)
+LEAP_ENV = "OVERLAP_SIM_LEAP"
+
 # name -> (help, add_arguments(parser), run(args) -> exit status)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 
@@ -72,3 +75,19 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         text = " ".join(message.split())
         raise UsageError(f"{self.prog}: error: {text} (see {self.prog} --help)")
+
+
+def add_no_leap_argument(p: argparse.ArgumentParser) -> None:
+    """``--no-leap``: every simulated step through the event loop (see :func:`apply_no_leap`)."""
+    p.add_argument("--no-leap", action="store_true",
+                   help="run every step through the event loop instead of leaping over runs of steady decodes "
+                        "(the same answer, slower; for checking and debugging)")
+
+
+def apply_no_leap(args: argparse.Namespace) -> None:
+    """With ``--no-leap``, set ``OVERLAP_SIM_LEAP=0`` for this process and the workers it starts
+    (:data:`LEAP_ENV`: every :func:`sim.simulate.simulate` then steps)."""
+    if getattr(args, "no_leap", False):
+        import os
+
+        os.environ[LEAP_ENV] = "0"

@@ -31,6 +31,7 @@ class CostModel(Protocol):
     sync_latency_s: float  # from the end of a forward until the host can read its results
     gil: object  # sim.model.schema.GilCosts, read by the thread_overlap loop
     extrapolated_steps: int  # steps priced so far outside measured data (counted by forward_s; 0 inline)
+    decode_submits: bool  # submit_s of a decode can be above 0 (MLX profiles); False: never
 
     def forward_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int, attn_pairs: int = 0) -> float:
         """Device time of the forward, sampling and device-to-host copy of the batch
@@ -48,6 +49,11 @@ class CostModel(Protocol):
 
     def process_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
         """CPU time of ``process_batch_result_{prefill,decode}`` for this batch."""
+
+    def decode_s(self, num_reqs: int, sum_ctx: int) -> tuple[float, float, float, float]:
+        """A decode batch's (schedule, launch, forward, process) seconds: the values of
+        :meth:`schedule_s`, :meth:`launch_s`, :meth:`forward_s` and :meth:`process_s` for
+        ``DECODE, num_reqs, num_reqs, sum_ctx``, in one call (the leap's hot path)."""
 
     def submit_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
         """How long the host stays blocked in the submission of the forward when the device
@@ -79,6 +85,7 @@ class LinearCostModel:
         self._process = _term(c.process, c.scale)
         self.gil = costs.gil  # the thread_overlap loop's GIL parameters
         self.extrapolated_steps = 0
+        self.decode_submits = False
         self._costs = costs
 
     def forward_s(self, kind, num_reqs, num_tokens, sum_ctx, attn_pairs=0):
@@ -100,6 +107,13 @@ class LinearCostModel:
     def process_s(self, kind, num_reqs, num_tokens, sum_ctx):
         t = self._process
         return t[0] + t[1] * num_reqs + t[2] * num_tokens + t[3] * sum_ctx
+
+    def decode_s(self, num_reqs, sum_ctx):
+        s, l, f, p = self._schedule, self._launch, self._forward[DECODE], self._process
+        return (s[0] + s[1] * num_reqs + s[2] * num_reqs + s[3] * sum_ctx,
+                l[0] + l[1] * num_reqs + l[2] * num_reqs + l[3] * sum_ctx,
+                f[0] + f[1] * num_reqs + f[2] * num_reqs + f[3] * sum_ctx,
+                p[0] + p[1] * num_reqs + p[2] * num_reqs + p[3] * sum_ctx)
 
     def submit_s(self, kind, num_reqs, num_tokens, sum_ctx):
         return 0.0

@@ -78,6 +78,7 @@ class ProfileCostModel:
         self._launch = (c["launch.extend"], c["launch.decode"])
         self._process = (c["process.extend"], c["process.decode"])
         self._submit = (c.get("submit.extend"), c.get("submit.decode"))  # MLX profiles only
+        self.decode_submits = self._submit[1] is not None  # a decode's launch can block (the leap steps aside)
         h = hulls(profile, c)
         self._hull = tuple((h[f"forward.{k}"], h[f"launch.{k}"], h[f"schedule.{k}"], h[f"process.{k}"])
                            for k in ("extend", "decode"))
@@ -125,6 +126,12 @@ class ProfileCostModel:
 
     def process_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
         return self._process[kind](num_reqs) * self.cpu_scale
+
+    def decode_s(self, num_reqs: int, sum_ctx: int) -> tuple[float, float, float, float]:
+        """(schedule, launch, forward, process) of a decode batch (:meth:`sim.model.costs.CostModel.decode_s`)."""
+        cpu = self.cpu_scale
+        return (self._schedule[DECODE](num_reqs) * cpu, self._launch[DECODE](num_reqs) * cpu,
+                self.forward_s(DECODE, num_reqs, num_reqs, sum_ctx), self._process[DECODE](num_reqs) * cpu)
 
     def submit_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
         """``submit.<kind>`` at the forward's coordinates (0 without that curve), times ``gpu_scale``."""

@@ -68,11 +68,16 @@ class TraceRecorder:
         """A request was sent (the full trace gets arrivals from the request rows instead)."""
 
     def step(self, b: Batch) -> None:
-        self._step_values.extend((
+        self.step_row((
             b.seq, b.kind, b.num_reqs, b.num_tokens, b.sum_ctx, b.num_warmup, len(b.overshoot), b.finished,
             b.after_idle, b.kv_used_after_alloc, b.num_running, b.num_queued, b.recv_start, b.schedule_start, b.schedule_end, b.launch_start, b.launch_end,
             b.forward_start, b.forward_end, b.sync_start, b.process_start, b.process_end,
         ))
+
+    def step_row(self, row: tuple) -> None:
+        """A step given as its row: the values of :data:`STEP_COLUMNS` in order (``kind`` as its
+        code); what :meth:`step` records for a batch."""
+        self._step_values.extend(row)
 
     def request(self, r: Req) -> None:
         ok = r.status == FINISHED

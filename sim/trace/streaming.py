@@ -132,6 +132,22 @@ class StreamingRecorder:
         else:
             self._admit(rec)
 
+    def step_row(self, row: tuple) -> None:
+        """A step given as its row (:meth:`sim.trace.recorder.TraceRecorder.step_row`): the same
+        record as :meth:`step` of that batch."""
+        fs, fe = row[17], row[18]
+        gap = fs - self._prev_forward_end
+        self._prev_forward_end = fe
+        rec = (fs, fe, gap if gap > 0 else (0.0 if gap == gap else math.nan), row[8], row[1], row[2], row[6],
+               row[20] - row[19], True)
+        start = self.window_start
+        if start != start:
+            self._early.append(rec)
+        elif fs >= start:
+            self._pending.append(rec)
+        else:
+            self._admit(rec)
+
     def request(self, r: Req) -> None:
         if self._rows is not None:
             self._rows.request(r)

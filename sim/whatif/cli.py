@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from sim.commands import command
+from sim.commands import add_no_leap_argument, apply_no_leap, command
 from sim.errors import UserInputError
 from sim.output.report import jsonable, ratio_pair
 from sim.whatif.verdict import add_run_cv_argument, check_run_cv, sweep_verdict_line, verdict_platform_note
@@ -40,6 +40,7 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
                    help="Dask scheduler address (--executor dask; default: a local Dask cluster)")
     p.add_argument("--workers", type=int, default=None, help="processes (local) or local Dask workers; default: cores")
     p.add_argument("--no-plots", action="store_true", help="skip the sweep plots")
+    add_no_leap_argument(p)
     add_run_cv_argument(p)
 
 
@@ -98,6 +99,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from sim.atomic import check_output_dir
 
     check_run_cv(args.run_cv)
+    apply_no_leap(args)  # local worker processes inherit it (a Dask cluster's workers do not)
     scenario = load_scenario(args.scenario, args.overrides)
     grid = parse_grid(args.grid)
     if args.scheduler and args.executor != "dask":

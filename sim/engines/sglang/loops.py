@@ -21,7 +21,14 @@ def normal_loop(env, p: Phases, server):
     The device idles during every CPU phase: step = T_cpu + T_gpu."""
     sched = p.scheduler
     now = env.now  # the CPU thread's clock; SimPy catches up when another process may act
+    leap = p.leap
     while not sched.all_done:
+        if leap is not None:  # a run of steady decodes at once (sim.engines.sglang.leap), the same timeline
+            now, leapt = leap.normal(now)
+            if leapt:
+                if now >= p.horizon:
+                    yield env.timeout(now - env.now)
+                continue
         batch, t = p.recv_and_schedule(now)
         if batch is None:
             now = yield from _idle(env, p, now + t)
@@ -47,7 +54,14 @@ def overlap_loop(env, p: Phases, server):
     last = None
     now = env.now
     consecutive_prefill_off = server.disable_consecutive_prefill_overlap
+    leap = p.leap
     while not sched.all_done or last is not None:
+        if leap is not None:  # a run of steady decodes at once (sim.engines.sglang.leap), the same timeline
+            now, last, leapt = leap.overlap(now, last)
+            if leapt:
+                if now >= p.horizon:
+                    yield env.timeout(now - env.now)
+                continue
         batch, t = p.recv_and_schedule(now)
         if consecutive_prefill_off and last is not None and batch is not None and _overlap_disabled_for(server, batch, last):
             t += p.sync(last, now + t)

@@ -75,6 +75,7 @@ class Phases:
         self._external = None if external_arrival_s is None else list(external_arrival_s)
         self._num_submitted = 0
         self.horizon = self._external[0] if self._external else math.inf
+        self.leap = None  # sim.engines.sglang.leap.Leap, set by the run where its loop can leap
 
     def must_yield(self, until: float) -> bool:
         """True when the loop must hand control to SimPy before running on to ``until``: another

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import simpy
 
+from sim.engines.sglang.leap import Leap
 from sim.engines.sglang.loops import LOOPS
 from sim.engines.sglang.phases import Phases
 from sim.engines.sglang.policy.scheduler import Scheduler, ServerDied
@@ -23,10 +24,12 @@ from sim.model.workload import ClosedLoopClients, RequestSpecs, open_loop_arriva
 SETTINGS = frozenset(LOOPS)
 
 
-def run_sglang(scenario, setting: str, specs: RequestSpecs, warmup: int, recorder) -> tuple[dict, dict]:
+def run_sglang(scenario, setting: str, specs: RequestSpecs, warmup: int, recorder,
+               leap: bool = True) -> tuple[dict, dict]:
     """Simulate ``scenario`` (an SGLang scenario, run noise already folded into its scales) under
     the event loop ``setting`` (:data:`sim.engines.sglang.loops.LOOPS`) for the requests ``specs``
-    (ids below ``warmup`` are warm-up), feeding ``recorder``.
+    (ids below ``warmup`` are warm-up), feeding ``recorder``; ``leap``: let the loop take runs of
+    steady decodes at once (:mod:`sim.engines.sglang.leap`, the same answer), False: step by step.
 
     Returns:
         (outcome, stats): outcome as :class:`sim.simulate.Result` documents it (status, KV peak,
@@ -61,6 +64,8 @@ def run_sglang(scenario, setting: str, specs: RequestSpecs, warmup: int, recorde
         faults=faults, external_arrival_s=None if clients is not None else specs.arrival_s,
         blocking_forward=srv.blocking_forward, after_wait_scale=scenario.costs.cpu.after_wait_scale,
     )
+    if leap:
+        phases.leap = Leap.for_run(phases, setting)
     outcome = {"status": "ok", "reason": "", "time_s": math.nan}
     if clients is not None:
         clients.start()

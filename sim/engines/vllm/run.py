@@ -20,10 +20,12 @@ from sim.model.reach import reach_outcome
 from sim.model.workload import ClosedLoopClients, RequestSpecs, open_loop_arrivals
 
 
-def run_vllm(scenario, setting: str, specs: RequestSpecs, warmup: int, recorder) -> tuple[dict, dict]:
+def run_vllm(scenario, setting: str, specs: RequestSpecs, warmup: int, recorder,
+             leap: bool = True) -> tuple[dict, dict]:
     """Simulate ``scenario`` (a vLLM scenario, run noise already folded into its scales) under
     ``setting`` ('sync' | 'async') for the requests ``specs`` (ids below ``warmup`` are warm-up),
-    feeding ``recorder``.
+    feeding ``recorder``. ``leap`` is accepted for the runner's interface; vLLM's loops run step by
+    step (no leap yet).
 
     Returns:
         (outcome, stats): outcome as :class:`sim.simulate.Result` documents it (status, KV peak,

@@ -46,17 +46,7 @@ class ResultsMixin:
         rec = self.recorder
         finished = self.finishing_at.pop(g, [])
         if finished:
-            self.batch_is_full = False  # requests left the running batch
-        for req in finished:
-            self.reserve.remove(req)
-            self.n_running -= 1
-            self.n_running_warmup -= req.warmup
-            self.ctx_offset -= req.ctx_at_join() - req.join_seq
-            self.finish_sum -= req.finish_seq
-            self.kv.free(self.kv.pages(req.kv_base + (g - req.join_seq + 1)))
-            self.demand.remove(req.kv_base, req.join_seq)
-            req.output_done = req.output_len
-            self._complete(req, t)
+            self.leave_decoded(finished, g, t)
         if batch.overshoot_pages:  # the extra slot of each overshoot member, if not yet freed
             self.kv.free(batch.overshoot_pages)
         nxt = self.inflight_decode
@@ -81,6 +71,21 @@ class ResultsMixin:
         self.last_decode_delivery_s = t
         batch.finished = len(finished)
         return len(finished)
+
+    def leave_decoded(self, finished: list[Req], g: int, t: float) -> None:
+        """Requests whose last token came in decode batch ``g`` leave the running batch at ``t``:
+        their KV freed, their clients told (``process_batch_result_decode``'s finish path)."""
+        self.batch_is_full = False  # requests left the running batch
+        for req in finished:
+            self.reserve.remove(req)
+            self.n_running -= 1
+            self.n_running_warmup -= req.warmup
+            self.ctx_offset -= req.ctx_at_join() - req.join_seq
+            self.finish_sum -= req.finish_seq
+            self.kv.free(self.kv.pages(req.kv_base + (g - req.join_seq + 1)))
+            self.demand.remove(req.kv_base, req.join_seq)
+            req.output_done = req.output_len
+            self._complete(req, t)
 
     def _complete(self, req: Req, t: float) -> None:
         self._settle(req, t, FINISHED)

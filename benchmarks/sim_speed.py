@@ -220,6 +220,85 @@ def default_mode_parts(num_requests: int) -> dict[str, float]:
     return parts
 
 
+# --- the leap (issue 31): the same answers from fewer loop iterations ----------------------------
+def open_loop_scenario(num_requests: int) -> dict:
+    """Issue 31's open-loop workload (the BLIS comparison): Poisson at 4 requests/s, 512-token
+    prompts, 128 output tokens by length, up to 64 running; decode 25 ms + 0.1 ms per request +
+    10 ns per context token, a 512-token prefill 61 ms, CPU phases about 0.7 ms a step."""
+    return {
+        "name": "open-loop-512-128", "seed": 0,
+        "workload": {"arrival": "poisson", "rate_per_s": 4.0, "num_requests": num_requests, "warmup_requests": 0,
+                     "input_len": 512, "output_len": 128, "finish": "length"},
+        "server": {"device": "cuda", "settings": ["overlap", "normal"], "max_running_requests": 64},
+        "costs": {"gpu": {"decode": {"base": 0.025, "per_req": 1.0e-4, "per_ctx_token": 1.0e-8},
+                          "prefill": {"base": 0.005, "per_token": 1.1e-4}},
+                  "cpu": {"recv": {"base": 2e-5, "per_req": 1e-5}, "schedule": {"base": 1.5e-4, "per_req": 4e-6},
+                          "launch": {"base": 3e-4}, "process": {"base": 2e-4, "per_req": 1.2e-5}},
+                  "noise": {"gpu_cv": 0.0, "cpu_cv": 0.0}},
+    }
+
+
+def leap_workload(name: str, num_requests: int):
+    """``open`` (:func:`open_loop_scenario`) or ``closed-C``: the quickstart (its profile, 256
+    output tokens by length) in a closed loop of C clients."""
+    if name == "open":
+        return sim.load_scenario(open_loop_scenario(num_requests))
+    concurrency = int(name.split("-")[1])
+    return sim.load_scenario(ROOT / "scenarios" / "quickstart.yaml",
+                             [f"workload.num_requests={num_requests}", f"workload.concurrency={concurrency}"])
+
+
+def run_leap_case(args: tuple) -> dict:
+    """One (workload, requests, setting, mode) run in this process, ``--tables none``: CPU seconds
+    (this process's), simulated seconds, steps and leapt steps. ``mode``: ``leap`` or ``step``
+    (this tree's ``leap=False``) or ``tree`` (the tree under --tree, as it runs by default)."""
+    workload, num_requests, setting, mode = args
+    scenario = leap_workload(workload, num_requests)
+    kwargs = {} if mode == "tree" else {"leap": mode == "leap"}
+    c0 = time.process_time()
+    res = sim.simulate(scenario, setting, tables="none", **kwargs)
+    summary = res.summary()
+    cpu = time.process_time() - c0
+    return {"workload": workload, "requests": num_requests, "setting": setting, "mode": mode, "cpu_s": cpu,
+            "sim_s": res.stats["sim_time_s"], "steps": res.stats["steps"],
+            "leapt_steps": res.stats.get("leapt_steps", 0), "throughput": summary["output_throughput"],
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def leap_report(workloads: list[str], sizes: list[int], settings: list[str], repeats: int, against: Path | None,
+                out: Path) -> None:
+    """CPU per request and simulated seconds per CPU second with the leap, step by step and (with
+    ``against``) in another checkout, each case a fresh process, the modes alternated, repeated."""
+    modes = ["leap", "step"] + (["tree"] if against else [])
+    rows = []
+    for workload in workloads:
+        for n in sizes:
+            for setting in settings:
+                for _ in range(repeats):
+                    for mode in modes:
+                        tree = ["--tree", str(against)] if mode == "tree" else []
+                        case = json.dumps([workload, n, setting, mode])
+                        text = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--leap-case", case, *tree],
+                                              capture_output=True, text=True, check=True).stdout
+                        rows.append(json.loads(text.splitlines()[-1]))
+                got = [r for r in rows if (r["workload"], r["requests"], r["setting"]) == (workload, n, setting)]
+                by = {m: [r for r in got if r["mode"] == m] for m in modes}
+                if len({r["throughput"] for r in by["leap"] + by["step"]}) != 1:
+                    print(f"  ! {workload} {n} {setting}: the leap's throughput differs from step by step")
+                line = [f"{workload:<9} {n:>8} {setting:<8}"]
+                for m in modes:
+                    per_req = [1e6 * r["cpu_s"] / n for r in by[m]]
+                    line.append(f"{m}: {spread(per_req, '.1f')} us/req, {spread([r['sim_s'] / r['cpu_s'] for r in by[m]], '.0f')} sim-s/CPU-s")
+                base = "tree" if against else "step"
+                ratios = [a["cpu_s"] / b["cpu_s"] for a, b in zip(by["leap"], by[base])]
+                line.append(f"leap/{base} CPU {spread(ratios)}; leapt {by['leap'][0]['leapt_steps'] / by['leap'][0]['steps']:.0%} "
+                            f"of {by['leap'][0]['steps']} steps; peak RSS {max(r['peak_rss_mb'] for r in by['leap']):.0f} MB")
+                print("  ".join(line), flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(out, index=False)
+    print(f"written {out}")
+
+
 def baseline_rss(_=None) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -239,12 +318,26 @@ def main() -> None:
     ap.add_argument("--cli-modes", type=int, default=None, metavar="N",
                     help="instead: `overlap-sim run` wall time, default mode over --tables none, at N requests")
     ap.add_argument("--repeats", type=int, default=3, help="repeats of each case with --against or --cli-modes")
+    ap.add_argument("--leap", nargs="*", default=None, metavar="WORKLOAD",
+                    help="instead: CPU per request with the leap, step by step and (with --against) another "
+                         "checkout, workloads 'open' and/or 'closed-C' (quickstart at C clients), at --sizes, "
+                         "--settings (default overlap normal), --repeats")
     ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # internal: one case, JSON in and out
+    ap.add_argument("--leap-case", default=None, help=argparse.SUPPRESS)  # internal: one leap case
     ap.add_argument("--parts", type=int, default=None, help=argparse.SUPPRESS)  # internal: default_mode_parts
     ap.add_argument("--tree", default=None, help=argparse.SUPPRESS)  # internal: read before the imports
     args = ap.parse_args()
     if args.case:
         print(json.dumps(run_case(tuple(json.loads(args.case)))))
+        return
+    if args.leap_case:
+        print(json.dumps(run_leap_case(tuple(json.loads(args.leap_case)))))
+        return
+    if args.leap is not None:
+        settings = args.settings if args.settings != SETTINGS else ["overlap", "normal"]
+        leap_report(args.leap or ["open", "closed-8", "closed-64"], args.sizes, settings, args.repeats,
+                    args.against.resolve() if args.against else None,
+                    args.out.with_name("sim_speed_leap.csv"))
         return
     if args.parts:
         print(json.dumps(default_mode_parts(args.parts)))

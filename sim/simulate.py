@@ -42,7 +42,8 @@ class Result:
             beyond sim.model.reach.FAR of it, 'max_extrapolation': the largest distance;
             'spec_accept_length': with speculative decoding, tokens per verify step per request}.
         metrics: the streamed metrics (tables 'summary'/'none'); None: computed from the tables.
-        stats: {'sim_time_s', 'wall_s': seconds, 'steps', 'decode_steps': counts}.
+        stats: {'sim_time_s', 'wall_s': seconds, 'steps', 'decode_steps': counts; SGLang runs also
+            'leapt_steps': the steps taken by the leap over steady decode runs}.
     """
 
     def __init__(self, scenario: Scenario, setting: str, steps: Table, requests: Table, itl: Table,

@@ -11,6 +11,7 @@ pages, sync latency, the after-wait scale, jitter, every SGLang setting, and vLL
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -40,27 +41,6 @@ def assert_same(scenario, setting: str, tables: str = "steps") -> None:
         assert leapt[key] == stepped[key], f"{setting} tables={tables}: {key} differs with the leap"
 
 
-class Counter:
-    """Counts the iterations the leap takes (patched over both loops' entry points)."""
-
-    def __init__(self, monkeypatch):
-        self.leapt = 0
-        overlap, normal = leap_module.Leap.overlap, leap_module.Leap.normal
-
-        def counted_overlap(leap, now, last):
-            out = overlap(leap, now, last)
-            self.leapt += out[2]
-            return out
-
-        def counted_normal(leap, now):
-            out = normal(leap, now)
-            self.leapt += out[1]
-            return out
-
-        monkeypatch.setattr(leap_module.Leap, "overlap", counted_overlap)
-        monkeypatch.setattr(leap_module.Leap, "normal", counted_normal)
-
-
 def closed_loop(**workload) -> dict:
     base = {"arrival": "closed_loop", "concurrency": 4, "num_requests": 16, "warmup_requests": 2,
             "input_len": 64, "output_len": 40, "finish": "length"}
@@ -69,43 +49,34 @@ def closed_loop(**workload) -> dict:
 
 
 # --- hand-checked cases --------------------------------------------------------------------------
-def test_a_lone_request_is_leapt_over_all_but_its_first_decodes(monkeypatch):
-    """One request of 40 output tokens, closed loop: a prefill, then 39 decodes. Step by step the
-    first decode (its member fresh from the prefill) and, under overlap, the iteration that
-    processes it run through the loop; the leap takes the other decodes."""
-    count = Counter(monkeypatch)
+def test_a_lone_request_is_leapt_over_all_its_decodes():
+    """One request of 40 output tokens, closed loop: a prefill, then 39 decodes. The prefill's
+    iteration runs through the loop; the leap takes every decode iteration (the first merges the
+    prefilled request and carries it as a fresh member). Under overlap the loop's last iteration,
+    which only processes decode 38 (the request leaves by length, so no decode 39 is scheduled),
+    is the loop's own too."""
     scenario = sim.load_scenario(closed_loop(concurrency=1, num_requests=1, warmup_requests=0))
-    res = sim.simulate(scenario, "normal", leap=True)
-    assert res.stats["decode_steps"] == 39
-    assert count.leapt == 38  # decode 0 carries the fresh member; 1..38 are leapt
-    count.leapt = 0
-    res = sim.simulate(scenario, "overlap", leap=True)
-    assert res.stats["decode_steps"] == 39
-    # overlap: iteration k schedules decode k and processes k-1; the leap starts with decode 0
-    # in flight (processed by the policy's own path) and stops before the finished request's
-    # result would leave the loop with nothing to run
-    assert 36 <= count.leapt <= 38
     for setting in ("normal", "overlap"):
+        res = sim.simulate(scenario, setting, leap=True)
+        assert (res.stats["steps"], res.stats["decode_steps"], res.stats["leapt_steps"]) == (40, 39, 39)
+        assert sim.simulate(scenario, setting, leap=False).stats["leapt_steps"] == 0
         assert_same(scenario, setting)
 
 
-def test_no_leap_where_the_loop_has_none(monkeypatch):
-    """The MLX chain, thread_overlap, SGLang's CPU engine and vLLM run step by step throughout."""
-    count = Counter(monkeypatch)
+def test_no_leap_where_the_loop_has_none():
+    """The MLX chain, thread_overlap and SGLang's CPU engine run step by step throughout."""
     for setting in ("overlap_mlx", "thread_overlap"):
-        sim.simulate(sim.load_scenario(closed_loop()), setting)
+        assert sim.simulate(sim.load_scenario(closed_loop()), setting).stats["leapt_steps"] == 0
     cpu = closed_loop()
     cpu["server"]["device"] = "cpu"
     for setting in ("normal", "overlap"):
-        sim.simulate(sim.load_scenario(cpu), setting)
-    assert count.leapt == 0
+        assert sim.simulate(sim.load_scenario(cpu), setting).stats["leapt_steps"] == 0
 
 
-def test_the_leap_takes_most_steps_of_a_steady_closed_loop(monkeypatch):
-    count = Counter(monkeypatch)
+def test_the_leap_takes_most_steps_of_a_steady_closed_loop():
     scenario = sim.load_scenario(closed_loop(concurrency=8, num_requests=64, output_len=200))
     res = sim.simulate(scenario, "overlap", tables="none")
-    assert count.leapt > 0.9 * res.stats["steps"]
+    assert res.stats["leapt_steps"] > 0.9 * res.stats["steps"]
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "scenarios").glob("*.yaml")), ids=lambda p: p.stem)
@@ -180,3 +151,62 @@ def test_vllm_runs_ignore_the_flag(raw, setting):
     raw["server"] = {"engine": "vllm", "settings": [setting]}
     raw["costs"] = {"noise": raw["costs"]["noise"]}
     assert_same(sim.load_scenario(raw), setting)
+
+
+# --- the numpy runs (sim.engines.sglang.leap_runs) --------------------------------------------
+def test_long_runs_go_to_numpy_and_change_nothing(monkeypatch):
+    """Long steady runs (inline costs and a calibration profile, contexts far beyond the profile's
+    data so that the reach counters move) are computed by the numpy runs, with the same outputs."""
+    from sim.engines.sglang import leap_runs
+
+    calls = {"overlap": 0, "normal": 0}
+    for name in calls:
+        original = getattr(leap_runs, f"{name}_run")
+
+        def counted(*args, _original=original, _name=name):
+            out = _original(*args)
+            calls[_name] += out is not None
+            return out
+
+        monkeypatch.setattr(leap_module, f"{name}_run", counted)
+    inline = sim.load_scenario(closed_loop(concurrency=8, num_requests=48, output_len=300))
+    profiled = sim.load_scenario(ROOT / "scenarios" / "quickstart.yaml",
+                                 ["workload.concurrency=4", "workload.num_requests=12", "workload.output_len=3000",
+                                  "workload.input_len=30000", "workload.cached_len=0"])
+    assert sim.simulate(profiled, "overlap", tables="none").summary()["extrapolated_steps"] > 1000
+    for scenario in (inline, profiled):
+        for setting in ("overlap", "normal"):
+            assert_same(scenario, setting)
+            assert_same(scenario, setting, tables="none")
+    assert calls["overlap"] > 0 and calls["normal"] > 0
+
+
+values_s = st.floats(min_value=-1e-3, max_value=10.0, allow_nan=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(values_s, st.integers(1, 64)), min_size=1, max_size=60))
+def test_a_stat_fed_at_once_equals_one_fed_value_by_value(samples):
+    """The streamed quantile sketch (sim.trace.streaming) given an array: the same count, total,
+    buckets and quantiles as value by value, including zeros, negatives and values that differ
+    only in their last digits."""
+    import numpy as np
+
+    from sim.trace.streaming import _Stat
+
+    one, many = _Stat(), _Stat()
+    for value, weight in samples:
+        one.add(value, weight)
+    many.add_many(np.array([v for v, _ in samples]), np.array([w for _, w in samples], dtype=np.int64))
+    one.fold()
+    many.fold()
+    assert (one.count, one.total, one.zero, one.bins) == (many.count, many.total, many.zero, many.bins)
+    total, keys = 0.0, {}  # value by value, as DDSketch keys them and as a loop sums them
+    for value, weight in samples:
+        total += value * weight
+        if value > one._min_possible:
+            key = math.ceil(math.log(value, 2) * one._multiplier)
+            keys[key] = keys.get(key, 0) + weight
+    assert one.total == total and one.bins == keys
+    for q in (0.0, 0.5, 0.99, 1.0):
+        assert one.quantile(q) == many.quantile(q)

@@ -64,6 +64,33 @@ class Curve:
             y = a + t * (b - a)
         return y if y > 0.0 else 0.0
 
+    def along(self, x0: float, x1):
+        """The curve at (``x0``, each of ``x1``): a float64 array, each value the float
+        ``self(x0, x1[i])`` gives (the same operations elementwise); a one-axis curve at ``x0``,
+        repeated."""
+        import numpy as np  # the scalar path imports no numpy
+
+        x1 = np.asarray(x1, dtype=np.float64)
+        if len(self.axes) == 1:
+            return np.full(len(x1), self(x0))
+        i, t = _segment(self.grid[0], x0)
+        v = self.values
+        i1 = i + 1 if len(v) > 1 else i
+        nodes = self.grid[1]
+        if len(nodes) == 1:
+            j = np.zeros(len(x1), dtype=np.int64)
+            u = np.zeros(len(x1))
+        else:
+            j = np.clip(np.searchsorted(nodes, x1, side="right") - 1, 0, len(nodes) - 2)
+            g = np.asarray(nodes)
+            u = (x1 - g[j]) / (g[j + 1] - g[j])
+        j1 = j + 1 if len(v[0]) > 1 else j
+        row, row1 = np.asarray(v[i]), np.asarray(v[i1])
+        a = row[j] + u * (row[j1] - row[j])
+        b = row1[j] + u * (row1[j1] - row1[j])
+        y = a + t * (b - a)
+        return np.where(y > 0.0, y, 0.0)
+
     def inside(self, *x: float) -> bool:
         """True when ``x`` lies within the measured grid on every axis (no extrapolation)."""
         return all(lo <= xi <= hi for xi, lo, hi in zip(x, self.lo, self.hi))

@@ -133,6 +133,31 @@ class ProfileCostModel:
         return (self._schedule[DECODE](num_reqs) * cpu, self._launch[DECODE](num_reqs) * cpu,
                 self.forward_s(DECODE, num_reqs, num_reqs, sum_ctx), self._process[DECODE](num_reqs) * cpu)
 
+    def decode_arrays(self, num_reqs: int, sum_ctx):
+        """:meth:`decode_s` over an array of contexts (float64), without counting the steps'
+        reach (:meth:`count_decode_steps` does, for the steps that run): four arrays, the same
+        floats elementwise."""
+        import numpy as np
+
+        cpu, k = self.cpu_scale, len(sum_ctx)
+        forward = self._forward[DECODE].along(num_reqs, sum_ctx / num_reqs) * self.gpu_scale
+        return (np.full(k, self._schedule[DECODE](num_reqs) * cpu), np.full(k, self._launch[DECODE](num_reqs) * cpu),
+                forward, np.full(k, self._process[DECODE](num_reqs) * cpu))
+
+    def count_decode_steps(self, num_reqs: int, sum_ctx) -> None:
+        """Count decode steps of ``num_reqs`` requests at the contexts ``sum_ctx`` (an array) in
+        :attr:`reach`, as :meth:`forward_s` counts each."""
+        import numpy as np
+
+        hf, hl, hs, hp = self._hull[DECODE]
+        d = np.full(len(sum_ctx), max(distance(hf, num_reqs), distance(hl, num_reqs), distance(hs, num_reqs),
+                                      distance(hp, num_reqs)))
+        if len(hf[0]) > 1:
+            x, lo, hi = sum_ctx / num_reqs, hf[0][1], hf[1][1]
+            d = np.maximum(d, np.where(x > hi, (x + 1.0) / (hi + 1.0),
+                                       np.where(x < lo, (lo + 1.0) / (np.maximum(x, 0.0) + 1.0), 1.0)))
+        self.reach.steps(d)
+
     def submit_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
         """``submit.<kind>`` at the forward's coordinates (0 without that curve), times ``gpu_scale``."""
         curve = self._submit[kind]

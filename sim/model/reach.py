@@ -62,6 +62,14 @@ class ReachMeter:
             if d > self.max_distance:
                 self.max_distance = d
 
+    def steps(self, d) -> None:
+        """:meth:`step` for each distance of the array ``d``."""
+        beyond = d[d > 1.0]
+        if len(beyond):
+            self.extrapolated_steps += len(beyond)
+            self.far_steps += int((beyond > FAR).sum())
+            self.max_distance = max(self.max_distance, float(beyond.max()))
+
     def outcome(self) -> dict:
         """The summary's keys: ``extrapolated_steps``, ``far_steps``, ``max_extrapolation``."""
         return {"extrapolated_steps": self.extrapolated_steps, "far_steps": self.far_steps,

@@ -79,6 +79,10 @@ class TraceRecorder:
         code); what :meth:`step` records for a batch."""
         self._step_values.extend(row)
 
+    def step_rows(self, rows: np.ndarray) -> None:
+        """Steps given as rows of a (k, 22) float64 array (:meth:`step_row`'s values), in order."""
+        self._step_values.frombytes(np.ascontiguousarray(rows, dtype=np.float64).tobytes())
+
     def request(self, r: Req) -> None:
         ok = r.status == FINISHED
         self._requests.append((
@@ -89,6 +93,11 @@ class TraceRecorder:
     def itl(self, value_s: float, weight: int) -> None:
         self._itl_values.append(value_s)
         self._itl_weights.append(weight)
+
+    def itl_many(self, values_s: np.ndarray, weights: np.ndarray) -> None:
+        """Several ITL samples at once (:meth:`itl` of each, in order)."""
+        self._itl_values.extend(values_s.tolist())
+        self._itl_weights.extend(weights.tolist())
 
     def steps_frame(self) -> pd.DataFrame:
         """The steps table, in launch order (``seq``): each column of :data:`STEP_COLUMNS` typed

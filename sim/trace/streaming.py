@@ -11,8 +11,10 @@ forward start minus the previous step's forward end.
 from __future__ import annotations
 
 import math
+from array import array
 from typing import TYPE_CHECKING
 
+import numpy as np
 from ddsketch.mapping import LogarithmicMapping
 
 if TYPE_CHECKING:
@@ -23,20 +25,25 @@ from sim.trace.metrics import SUMMARY_KEYS
 from sim.trace.recorder import FAILURE_KINDS, REQUEST_COLUMNS, TraceRecorder
 
 RELATIVE_ACCURACY = 0.005
+FOLD = 65536  # values a metric buffers before counting them (memory: 16 bytes each)
 _LN2 = math.log(2)
 
 
 class _Stat:
     """Count, sum and a DDSketch quantile sketch of one metric (seconds in, ms out).
 
-    The sketch's buckets are counted here, one dict update per value, and read with DDSketch's
-    own rule when the run ends: the same keys (its logarithmic mapping, relative accuracy
-    :data:`RELATIVE_ACCURACY`), the same rank walk as ``DDSketch.get_quantile_value``, so the
-    quantiles equal those of ``DDSketch.add`` value by value, at a fraction of the calls on the
-    hot path (``tests/test_streaming.py`` checks they are equal).
+    Values are buffered (two flat arrays) and folded into the sketch in blocks of up to
+    :data:`FOLD` with numpy: the count, the total (a running sum in the order the values came,
+    ``np.add.accumulate``: the same additions a loop of ``+=`` makes) and the buckets: the same
+    keys as DDSketch's logarithmic mapping (relative accuracy :data:`RELATIVE_ACCURACY`), read
+    with DDSketch's own rank walk when the run ends, so the quantiles equal those of
+    ``DDSketch.add`` value by value (``tests/test_streaming.py`` checks it). A key is computed with
+    numpy's log; where its unrounded value lies within 1e-6 of an integer (where a last-digit
+    difference between numpy's and the math module's log could move it) it is taken from
+    ``math.log``, as DDSketch takes it.
     """
 
-    __slots__ = ("count", "total", "zero", "bins", "_multiplier", "_min_possible")
+    __slots__ = ("count", "total", "zero", "bins", "_multiplier", "_min_possible", "_values", "_weights")
 
     _mapping = LogarithmicMapping(RELATIVE_ACCURACY)  # DDSketch(relative_accuracy=...)'s mapping
 
@@ -48,21 +55,51 @@ class _Stat:
         m = self._mapping
         assert m._offset == 0.0  # DDSketch's mapping: keys are not shifted
         self._multiplier, self._min_possible = m._multiplier, m.min_possible
+        self._values, self._weights = array("d"), array("q")
 
     def add(self, value: float, weight: int = 1) -> None:
         """Add ``value`` (seconds; a negative value counts as 0 in the quantiles) ``weight`` times."""
-        self.count += weight
-        self.total += value * weight
-        if value > self._min_possible:  # LogarithmicMapping.key: ceil(log(value, 2) * multiplier) + 0
-            # (math.log(value, 2) is computed as log(value) / log(2): the same double, fewer steps)
-            key = math.ceil(math.log(value) / _LN2 * self._multiplier)
+        values = self._values
+        values.append(value)
+        self._weights.append(weight)
+        if len(values) >= FOLD:
+            self.fold()
+
+    def add_many(self, values: np.ndarray, weights: np.ndarray) -> None:
+        """:meth:`add` of each value (an array, seconds) with its weight (an int array), in order."""
+        self._values.frombytes(np.ascontiguousarray(values, dtype=np.float64).tobytes())
+        self._weights.frombytes(np.ascontiguousarray(weights, dtype=np.int64).tobytes())
+        if len(self._values) >= FOLD:
+            self.fold()
+
+    def fold(self) -> None:
+        """Count the buffered values into the count, total, zero weight and buckets."""
+        if not self._values:
+            return
+        values = np.frombuffer(self._values, dtype=np.float64)
+        weights = np.frombuffer(self._weights, dtype=np.int64)
+        self.count += int(weights.sum())
+        self.total = _running_sum(self.total, values * weights)
+        inside = values > self._min_possible  # LogarithmicMapping.key: ceil(log(value, 2) * multiplier) + 0
+        if not inside.all():
+            self.zero += int(weights[~inside].sum())
+            values, weights = values[inside], weights[inside]
+        if len(values):
+            # math.log(value, 2) is log(value) / log(2): the same double
+            x = np.log(values) / _LN2 * self._multiplier
+            keys = np.ceil(x)
+            for i in np.flatnonzero(np.abs(x - np.rint(x)) < 1e-6):
+                keys[i] = math.ceil(math.log(float(values[i])) / _LN2 * self._multiplier)
+            unique, where = np.unique(keys, return_inverse=True)
+            sums = np.bincount(where, weights=weights)
             bins = self.bins
-            bins[key] = bins.get(key, 0) + weight
-        else:
-            self.zero += weight
+            for key, weight in zip(unique.astype(np.int64).tolist(), sums.astype(np.int64).tolist()):
+                bins[key] = bins.get(key, 0) + weight
+        self._values, self._weights = array("d"), array("q")
 
     def quantile(self, q: float) -> float:
         """The q-quantile (0..1) in seconds, as ``DDSketch.get_quantile_value`` (NaN when empty)."""
+        self.fold()
         if self.count == 0:
             return math.nan
         rank = q * (self.count - 1)
@@ -78,6 +115,7 @@ class _Stat:
         return self._mapping.value(keys[-1])
 
     def into(self, prefix: str, out: dict) -> None:
+        self.fold()
         if self.count == 0:
             out[f"mean_{prefix}_ms"] = out[f"median_{prefix}_ms"] = out[f"p99_{prefix}_ms"] = math.nan
             return
@@ -148,6 +186,27 @@ class StreamingRecorder:
         else:
             self._admit(rec)
 
+    def step_rows(self, rows: np.ndarray) -> None:
+        """Steps given as rows of a (k, 22) array (:meth:`step_row` of each, in order): decode
+        steps inside the measured window are kept as one record of arrays."""
+        start = self.window_start
+        if (start != start or rows[0, 17] < start or rows[0, 8] or (rows[:, 1] != 1).any()
+                or self._prev_forward_end != self._prev_forward_end):
+            for row in rows.tolist():  # the window's start, an idle step, a prefill: row by row
+                self.step_row(row)
+            return
+        fs, fe = rows[:, 17], rows[:, 18]
+        gap = np.empty(len(fs))
+        gap[0] = fs[0] - self._prev_forward_end
+        gap[1:] = fs[1:] - fe[:-1]
+        self._prev_forward_end = float(fe[-1])
+        self._pending.append(_Steps(fs, fe, np.where(gap > 0, gap, 0.0), rows[:, 2], rows[:, 6],
+                                    rows[:, 20] - rows[:, 19]))
+
+    def itl_many(self, values_s: np.ndarray, weights: np.ndarray) -> None:
+        """Several ITL samples at once (:meth:`itl` of each, in order)."""
+        self.itl_stat.add_many(values_s, weights)
+
     def request(self, r: Req) -> None:
         if self._rows is not None:
             self._rows.request(r)
@@ -190,7 +249,17 @@ class StreamingRecorder:
         busy, sync_wait_s, steps, decode_steps, decode_reqs, overshoot = (
             self.busy_s, self.sync_wait_s, self.steps, self.decode_steps, self.decode_reqs, self.overshoot)
         add_gap = self.gap.add
-        for fs, fe, gap, after_idle, kind, num_reqs, over, sync_wait, counted in self._pending:
+        for rec in self._pending:
+            if type(rec) is _Steps:  # decode steps of a leapt run, all inside the window
+                busy = _running_sum(busy, np.minimum(rec.fe, end) - rec.fs)
+                self.gap.add_many(rec.gap, np.ones(len(rec.gap), dtype=np.int64))
+                steps += len(rec.fs)
+                decode_steps += len(rec.fs)
+                decode_reqs += int(rec.num_reqs.sum())
+                overshoot += int(rec.overshoot.sum())
+                sync_wait_s = _running_sum(sync_wait_s, rec.sync_wait)
+                continue
+            fs, fe, gap, after_idle, kind, num_reqs, over, sync_wait, counted = rec
             busy += min(fe, end) - fs
             if not counted:
                 continue
@@ -211,7 +280,15 @@ class StreamingRecorder:
     def finish(self) -> None:
         """Count the steps still pending that started before the last measured finish."""
         end = self.window_end
-        self._pending = [rec for rec in self._pending if rec[0] < end]
+        kept = []
+        for rec in self._pending:
+            if type(rec) is _Steps:
+                rec = rec.before(end)
+                if rec is not None:
+                    kept.append(rec)
+            elif rec[0] < end:
+                kept.append(rec)
+        self._pending = kept
         self._flush_pending()
 
     def requests_frame(self) -> pd.DataFrame:
@@ -246,3 +323,28 @@ class StreamingRecorder:
             out.update(num_steps=0, gpu_idle_fraction=math.nan, mean_sync_wait_ms=math.nan,
                        mean_decode_batch_size=math.nan, overshoot_tokens=0)
         return {**{k: out[k] for k in SUMMARY_KEYS}, **self.failures}
+
+
+class _Steps:
+    """Consecutive decode steps inside the measured window, as arrays (one per column the
+    window's counters read): forward start and end, gap to the previous forward, batch size,
+    overshoot, sync wait (seconds)."""
+
+    __slots__ = ("fs", "fe", "gap", "num_reqs", "overshoot", "sync_wait")
+
+    def __init__(self, fs, fe, gap, num_reqs, overshoot, sync_wait):
+        self.fs, self.fe, self.gap = fs, fe, gap
+        self.num_reqs, self.overshoot, self.sync_wait = num_reqs, overshoot, sync_wait
+
+    def before(self, end: float) -> "_Steps | None":
+        """The steps whose forward started before ``end`` (None if none)."""
+        k = int(np.searchsorted(self.fs, end, side="left"))
+        if k == 0:
+            return None
+        return _Steps(self.fs[:k], self.fe[:k], self.gap[:k], self.num_reqs[:k], self.overshoot[:k],
+                      self.sync_wait[:k])
+
+
+def _running_sum(total: float, values: np.ndarray) -> float:
+    """``total`` plus each of ``values`` in order, as a loop of ``+=`` computes it."""
+    return float(np.add.accumulate(np.concatenate(([total], values)))[-1])

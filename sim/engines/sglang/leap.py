@@ -31,10 +31,16 @@ hold both paths to byte-identical outputs (``tests/test_leap.py``).
 
 from __future__ import annotations
 
+import math
+
+from sim.engines.sglang.leap_runs import MIN_RUN, normal_run, overlap_run
 from sim.engines.sglang.phases import AFTER_WAIT_MIN_S, Phases
 from sim.engines.sglang.policy.decode import DECODE_LOG_INTERVAL
 from sim.model.batch import Batch
 from sim.model.costs import DECODE
+
+
+MAX_RUN = 8192  # iterations one numpy run computes at most (memory: about 30 arrays of this length)
 
 
 class Leap:
@@ -43,6 +49,7 @@ class Leap:
     def __init__(self, p: Phases):
         self.p = p
         self.s = p.scheduler
+        self.leapt = 0  # iterations taken by the leap so far (the run's stats: leapt_steps)
 
     @classmethod
     def for_run(cls, p: Phases, setting: str) -> "Leap | None":
@@ -53,39 +60,71 @@ class Leap:
             return None
         return cls(p)
 
-    def _steady(self, now: float) -> bool:
-        """The scheduler can only run a plain decode next (nothing waiting, arriving or merging)."""
-        s = self.s
-        return not (s.waiting or s.chunked_req is not None or s.pending_merge or s._chunk_in_last_prefill
-                    or s.unmerged_finishers or s.inbox or s.fresh or s.n_running == 0 or now >= self.p.horizon)
-
-    # --- event_loop_overlap ----------------------------------------------------------------
     def overlap(self, now: float, last: Batch | None) -> tuple[float, Batch | None, int]:
-        """Iterations of :func:`sim.engines.sglang.loops.overlap_loop` from ``now`` with ``last``
-        (decode g-1) in flight: schedule and launch decode g, wait for g-1, process it. Returns
-        (the CPU clock after them, the batch then in flight, iterations leapt; 0: none, nothing
-        changed)."""
-        s, p = self.s, self.p
-        if (last is None or last.kind != DECODE or not self._steady(now) or last.decode_seq != s.next_decode_seq - 1
-                or s.last_processed_decode != last.decode_seq - 1):
+        """Iterations of :func:`sim.engines.sglang.loops.overlap_loop` from ``now`` with ``last`` in
+        flight: schedule and launch decode g, wait for the batch before it, process it. Returns (the
+        CPU clock after them, the batch then in flight, iterations leapt; 0: none, nothing changed)."""
+        s = self.s
+        if last is None or (last.kind == DECODE and last.decode_seq != s.next_decode_seq - 1):
             return now, last, 0
+        return self._run(now, last)
+
+    def normal(self, now: float) -> tuple[float, int]:
+        """Iterations of :func:`sim.engines.sglang.loops.normal_loop` from ``now``: schedule decode
+        g, launch it, wait for it, process it. Returns (the CPU clock after them, iterations leapt;
+        0: none, nothing changed)."""
+        if self.s.last_processed_decode != self.s.next_decode_seq - 1:
+            return now, 0
+        now, _, leapt = self._run(now, None)
+        return now, leapt
+
+    def _run(self, now: float, last: Batch | None) -> tuple[float, Batch | None, int]:
+        """The leap of both loops; ``last`` (overlap) is the batch in flight, None for the normal
+        loop, which processes each batch in its own iteration."""
+        s, p = self.s, self.p
+        if (s.waiting or s.chunked_req is not None or s._chunk_in_last_prefill or s.unmerged_finishers or s.inbox
+                or now >= p.horizon or not (s.n_running or s.pending_merge)):
+            return now, last, 0  # a prefill or nothing to run: step by step
+        deferred = last is not None
         costs, stream, rec, kv = p.costs, p.stream, p.recorder, s.kv
         cpu_j = p.cpu_jitter if p._cpu_noisy else None
         gpu_j = p.gpu_jitter if p._gpu_noisy else None
         lat, extra, wait_scale = costs.sync_latency_s, p.forward_extra_s, p.after_wait_scale
         recv0, decode_s = costs.recv_s(0), costs.decode_s
         total, page, counts, finishing_at = kv.total_pages, kv.page_size, s.demand._count, s.finishing_at
-        prev_n, prev_warm, prev_fe = 0, 0, last.forward_end
-        prev_proc = costs.process_s(DECODE, last.num_reqs, last.num_reqs, last.sum_ctx)
-        prev_row = None  # decode g-1's row but for finished (index 7) and what its processing stamps
+        # the batch in flight: the loop's own (processed by the policy's own path), then the leap's
+        # decode g-1 as (its row but for finished and what processing stamps, members, warm-up
+        # members, fresh members, process cost, forward end)
+        prev = None
+        if deferred:
+            prev_fe, prev_proc = last.forward_end, costs.process_s(last.kind, last.num_reqs, last.num_tokens, last.sum_ctx)
         cold = p._cold
         leapt = 0
+        # long runs of an unchanging batch go to numpy (sim.engines.sglang.leap_runs), which gives
+        # the same floats: no jitter, no after-wait scale, costs priced over arrays
+        vector = cpu_j is None and gpu_j is None and wait_scale == 1.0 and hasattr(costs, "decode_arrays")
+        vector_after, step_s = 0, 0.0
         while not s.inbox and now < p.horizon:
             g = s.next_decode_seq
+            if vector and g >= vector_after and not s.pending_merge and not s.fresh and (
+                    not deferred or (prev is not None and not prev[3])):
+                run = self._vector(now, g, prev, prev_proc if deferred else 0.0, step_s)
+                if run is not None:
+                    k, k_max, now, prev, prev_proc, prev_fe = run
+                    leapt += k
+                    if k < k_max:
+                        vector_after = s.next_decode_seq + MIN_RUN
+                    continue
+                vector_after = g + MIN_RUN
+            # --- recv + get_next_batch_to_run: merge the last prefill, then a decode -----------
+            if s.pending_merge:
+                s._merge_prefilled()
             n, warm = s.n_running, s.n_running_warmup
+            if n == 0:
+                break
             ctx = s.ctx_offset + n * g
-            leaving = finishing_at.get(g - 1)  # requests finishing in the batch in flight
-            if leaving:
+            leaving = finishing_at.get(g - 1) if s.last_processed_decode < g - 1 else None
+            if leaving:  # requests finishing in the batch in flight
                 if not s.exclude_length_finishes or not all(r.finish_by_length for r in leaving):
                     break  # an overshoot slot: step by step
                 for r in leaving:  # _compose_decode: left out of this batch
@@ -97,22 +136,26 @@ class Leap:
                 need = counts[(-g) % page] - sum(s.needs_page(r, g) for r in leaving)
             else:
                 need = counts[(-g) % page]
-            if need > total - kv.used_pages:
+            used = kv.used_pages
+            if need > total - used:
                 break  # check_decode_mem fails: retraction or a skipped step, step by step
-            # --- recv + get_next_batch_to_run: a plain decode of the running batch -----------
             if leaving:
                 s.batch_is_full = False
             if s.new_token_ratio > s.min_ratio:
                 s.new_token_ratio = max(s.new_token_ratio - s.ratio_decay, s.min_ratio)
-            kv.alloc(need)
+            kv.used_pages = used = used + need  # KVPool.alloc
+            if used > kv.peak_pages:
+                kv.peak_pages = used
             if g % DECODE_LOG_INTERVAL == 0:
-                s.last_logged_usage = kv.usage()
-            kv_used = kv.used_pages * page
+                s.last_logged_usage = used / total
             s.next_decode_seq = g + 1
             seq = s.next_step_seq
             s.next_step_seq = seq + 1
             s._idle_calls = 0
-            s.now = recv_start = now
+            s.now = now
+            fresh = s.fresh
+            if fresh:
+                s.fresh = []
             num_running = s.n_running
             recv_s = recv0
             if cpu_j is not None:
@@ -125,9 +168,8 @@ class Leap:
             schedule_start = now + recv_s
             after_idle = p._was_idle
             p._was_idle = False
-            t = recv_s + sched_s
-            # --- launch decode g ---------------------------------------------------------------
-            launch_start = now + t
+            # --- launch decode g -------------------------------------------------------------
+            launch_start = now + (recv_s + sched_s)
             if cpu_j is not None:
                 launch_s *= cpu_j()
             launch_s *= cold
@@ -139,142 +181,100 @@ class Leap:
             busy = stream.busy_until
             forward_start = launch_end if launch_end > busy else busy
             stream.busy_until = forward_end = forward_start + forward
-            t += launch_s
-            # --- wait for decode g-1, process it -------------------------------------------
-            sync_start = now + t
-            ready = prev_fe + lat
-            wait = ready - sync_start if ready > sync_start else 0.0
-            if wait >= AFTER_WAIT_MIN_S:
-                cold = wait_scale
-            t += wait
-            process_start = now + t
-            process_s = prev_proc
+            head = (seq, DECODE, n, n, ctx, warm, 0)
+            mid = (after_idle, used * page, num_running, 0, now, schedule_start, schedule_start + sched_s, launch_start,
+                   launch_end, forward_start, forward_end)
+            # --- wait for the batch whose results come now (overlap: g-1; normal: g), process it
+            ready = (prev_fe if deferred else forward_end) + lat
+            if ready > launch_end:
+                if ready - launch_end >= AFTER_WAIT_MIN_S:
+                    cold = wait_scale
+                process_start = ready
+            else:
+                process_start = launch_end
+            process_s = prev_proc if deferred else proc_s
             if cpu_j is not None:
                 process_s *= cpu_j()
             process_s *= cold
             done = process_start + process_s
-            if prev_row is None:  # the batch the loop had in flight (fresh members and all): the policy's own path
-                last.sync_start, last.process_start, last.process_end = sync_start, process_start, done
+            if not deferred:
+                finished = self._process(g, n, warm, fresh, done)
+                rec.step_row(head + (finished,) + mid + (launch_end, process_start, done))
+            elif prev is None:  # the batch the loop had in flight (a prefill, fresh members): the policy's own path
+                last.sync_start, last.process_start, last.process_end = launch_end, process_start, done
                 s.process_batch_result(last, done)
                 rec.step(last)
             else:
-                finished = self._process(g - 1, prev_n, prev_warm, done)
-                rec.step_row(prev_row[:7] + (finished,) + prev_row[8:] + (sync_start, process_start, done))
-            t += process_s
-            now += t
-            prev_n, prev_proc, prev_warm, prev_fe = n, proc_s, warm, forward_end
-            prev_row = (seq, DECODE, n, n, ctx, warm, 0, 0, after_idle, kv_used, num_running, 0, recv_start,
-                        schedule_start, schedule_start + sched_s, launch_start, launch_end, forward_start, forward_end)
+                finished = self._process(g - 1, prev[1], prev[2], prev[3], done)
+                rec.step_row(prev[0] + (finished,) + prev[4] + (launch_end, process_start, done))
+            step_s = done - now
+            now = done
+            if deferred:
+                prev = (head, n, warm, fresh, mid)
+                prev_proc, prev_fe = proc_s, forward_end
             leapt += 1
         p._cold = cold
         if leapt == 0:
             return now, last, 0
-        return now, self._in_flight(prev_row), leapt
+        self.leapt += leapt
+        if deferred:
+            last = self._in_flight(prev[0] + (0,) + prev[4], prev[3])
+        return now, last, leapt
 
-    # --- event_loop_normal -----------------------------------------------------------------
-    def normal(self, now: float) -> tuple[float, int]:
-        """Iterations of :func:`sim.engines.sglang.loops.normal_loop` from ``now``: schedule decode
-        g, launch it, wait for it, process it. Returns (the CPU clock after them, iterations
-        leapt; 0: none, nothing changed)."""
+    def _vector(self, now: float, g: int, prev, prev_proc: float, step_s: float):
+        """A numpy run (:mod:`sim.engines.sglang.leap_runs`) from decode ``g`` up to the next
+        finish, the next arrival (by the last step's length ``step_s``) and :data:`MAX_RUN`; None
+        if too short or not taken. ``prev``: the overlap loop's batch in flight as :meth:`_run`
+        keeps it, its process cost ``prev_proc`` (None: the normal loop). Returns (iterations, the
+        most asked for, the clock, the batch then in flight, its process cost, its forward end)."""
         s, p = self.s, self.p
-        if not self._steady(now) or s.last_processed_decode != s.next_decode_seq - 1:
-            return now, 0
-        costs, stream, rec, kv = p.costs, p.stream, p.recorder, s.kv
-        cpu_j = p.cpu_jitter if p._cpu_noisy else None
-        gpu_j = p.gpu_jitter if p._gpu_noisy else None
-        lat, extra, wait_scale = costs.sync_latency_s, p.forward_extra_s, p.after_wait_scale
-        recv0, decode_s = costs.recv_s(0), costs.decode_s
-        total, page, counts, finishing_at = kv.total_pages, kv.page_size, s.demand._count, s.finishing_at
-        cold = p._cold
-        leapt = 0
-        while not s.inbox and now < p.horizon and s.n_running:
-            g = s.next_decode_seq
-            n, warm = s.n_running, s.n_running_warmup
-            ctx = s.ctx_offset + n * g
-            need = counts[(-g) % page]
-            if need > total - kv.used_pages:
-                break
-            if s.new_token_ratio > s.min_ratio:
-                s.new_token_ratio = max(s.new_token_ratio - s.ratio_decay, s.min_ratio)
-            kv.alloc(need)
-            if g % DECODE_LOG_INTERVAL == 0:
-                s.last_logged_usage = kv.usage()
-            kv_used = kv.used_pages * page
-            s.next_decode_seq = g + 1
-            seq = s.next_step_seq
-            s.next_step_seq = seq + 1
-            s._idle_calls = 0
-            s.now = recv_start = now
-            num_running = s.n_running
-            recv_s = recv0
-            if cpu_j is not None:
-                recv_s *= cpu_j()
-            recv_s = recv_s * cold
-            sched_s, launch_s, forward, proc_s = decode_s(n, ctx)
-            if cpu_j is not None:
-                sched_s *= cpu_j()
-            sched_s *= cold
-            schedule_start = now + recv_s
-            after_idle = p._was_idle
-            p._was_idle = False
-            t = recv_s + sched_s
-            launch_start = now + t
-            if cpu_j is not None:
-                launch_s *= cpu_j()
-            launch_s *= cold
-            cold = 1.0
-            if gpu_j is not None:
-                forward *= gpu_j()
-            forward += extra
-            launch_end = launch_start + launch_s
-            busy = stream.busy_until
-            forward_start = launch_end if launch_end > busy else busy
-            stream.busy_until = forward_end = forward_start + forward
-            t += launch_s
-            sync_start = now + t
-            ready = forward_end + lat
-            wait = ready - sync_start if ready > sync_start else 0.0
-            if wait >= AFTER_WAIT_MIN_S:
-                cold = wait_scale
-            t += wait
-            process_start = now + t
-            process_s = proc_s
-            if cpu_j is not None:
-                process_s *= cpu_j()
-            process_s *= cold
-            done = process_start + process_s
-            finished = self._process(g, n, warm, done)
-            rec.step_row((seq, DECODE, n, n, ctx, warm, 0, finished, after_idle, kv_used, n, 0, now,
-                          schedule_start, schedule_start + sched_s, launch_start, launch_end, forward_start,
-                          forward_end, sync_start, process_start, done))
-            t += process_s
-            now += t
-            leapt += 1
-        p._cold = cold
-        return now, leapt
+        deferred = prev is not None
+        k_max = min(min(s.finishing_at, default=g + MAX_RUN) - g + deferred, MAX_RUN)
+        if step_s > 0.0 and p.horizon < math.inf:  # about as many steps as fit before the next arrival
+            k_max = min(k_max, int((p.horizon - now) / step_s * 1.25) + 8)
+        if k_max < MIN_RUN:
+            return None
+        if not deferred:
+            run = normal_run(self, now, k_max)
+            return None if run is None else (run[0], k_max, run[1], None, 0.0, 0.0)
+        head, _n, _warm, _fresh, mid = prev
+        run = overlap_run(self, now, k_max, p.stream.busy_until, prev_proc, head + (0,) + mid)
+        if run is None:
+            return None
+        k, now, fe, proc, row = run
+        return k, k_max, now, (row[:7], row[2], row[5], [], row[8:]), proc, fe
 
     # --- shared ---------------------------------------------------------------------------------
-    def _process(self, g: int, n: int, warm: int, t: float) -> int:
-        """``process_batch_result_decode`` of the plain decode batch ``g`` (``n`` members, ``warm``
-        of them warm-up) at ``t``, as :meth:`ResultsMixin._process_decode` does it for a batch
-        without fresh, overshoot or dropped members. Returns how many finished."""
+    def _process(self, g: int, n: int, warm: int, fresh: list, t: float) -> int:
+        """``process_batch_result_decode`` of decode batch ``g`` (``n`` members, ``warm`` of them
+        warm-up, ``fresh`` of them fresh from a prefill) at ``t``, as
+        :meth:`ResultsMixin._process_decode` does it for a batch without overshoot or dropped
+        members. Returns how many finished."""
         s = self.s
         finished = s.finishing_at.pop(g, None)
         if finished:
             s.leave_decoded(finished, g, t)
         measured = n - warm
+        if fresh:
+            itl = s.recorder.itl
+            for req in fresh:
+                if req.warmup:
+                    measured += 1
+                else:
+                    itl(t - req.last_token_s, 1)
+            measured -= len(fresh)
         if measured > 0:
             s.recorder.itl(t - s.last_decode_delivery_s, measured)
         s.last_processed_decode = g
         s.last_decode_delivery_s = t
         return len(finished) if finished else 0
 
-    def _in_flight(self, row: tuple) -> Batch:
-        """The decode batch scheduled last, as the batch object the loop goes on with."""
+    def _in_flight(self, row: tuple, fresh: list) -> Batch:
+        """The decode batch scheduled last (its row up to its forward's end, its fresh members), as
+        the batch object the loop goes on with."""
         s = self.s
         (seq, _kind, n, _tok, ctx, warm, _over, _fin, after_idle, kv_used, num_running, num_queued, recv_start,
          schedule_start, schedule_end, launch_start, launch_end, forward_start, forward_end) = row
-        fresh, s.fresh = s.fresh, []
         b = Batch(seq, DECODE, n, n, ctx, decode_seq=s.next_decode_seq - 1, num_warmup=warm, fresh=fresh)
         b.kv_used_after_alloc, b.num_running, b.num_queued, b.after_idle = kv_used, num_running, num_queued, after_idle
         b.recv_start, b.schedule_start, b.schedule_end = recv_start, schedule_start, schedule_end

@@ -2,7 +2,9 @@
 
 Each loop reads as the timeline it produces; the loops differ only in which batch's results
 are processed after a launch. One iteration's phases run back to back on the CPU thread and are
-yielded to SimPy once (``t`` accumulates the iteration's CPU time, blocking waits included).
+yielded to SimPy once: ``normal`` and ``overlap`` carry the thread's clock ``at`` from phase to
+phase (a wait for a result sets it to when the result is ready), the MLX chain accumulates the
+iteration's CPU time ``t``, blocking waits included.
 Sources: SGLang ``Scheduler.event_loop_normal``, ``event_loop_overlap`` (two CUDA streams in
 one thread since PR #11210, Oct 2025) and ``event_loop_overlap_mlx`` (2026), as described in
 DESIGN.md section 2; ``thread_overlap``
@@ -30,13 +32,13 @@ def normal_loop(env, p: Phases, server):
                     yield env.timeout(now - env.now)
                 continue
         batch, t = p.recv_and_schedule(now)
+        at = now + t
         if batch is None:
-            now = yield from _idle(env, p, now + t)
+            now = yield from _idle(env, p, at)
             continue
-        t += p.launch(batch, now + t)
-        t += p.sync(batch, now + t)
-        t += p.process(batch, now + t)
-        now += t
+        at += p.launch(batch, at)
+        at = p.wait(batch, at)
+        now = at + p.process(batch, at)
         if now >= p.horizon:  # p.must_yield(now), inlined: it is asked every iteration
             yield env.timeout(now - env.now)
     yield env.timeout(max(0.0, now - env.now))  # SimPy's clock ends where the CPU thread did
@@ -63,20 +65,21 @@ def overlap_loop(env, p: Phases, server):
                     yield env.timeout(now - env.now)
                 continue
         batch, t = p.recv_and_schedule(now)
+        at = now + t
         if consecutive_prefill_off and last is not None and batch is not None and _overlap_disabled_for(server, batch, last):
-            t += p.sync(last, now + t)
-            t += p.process(last, now + t)
+            at = p.wait(last, at)
+            at += p.process(last, at)
             last = None
         if batch is not None:
-            t += p.launch(batch, now + t)
+            at += p.launch(batch, at)
         if last is not None:
-            t += p.sync(last, now + t)
-            t += p.process(last, now + t)
+            at = p.wait(last, at)
+            at += p.process(last, at)
         elif batch is None:
-            now = yield from _idle(env, p, now + t)
+            now = yield from _idle(env, p, at)
             continue
         last = batch
-        now += t
+        now = at
         if now >= p.horizon:  # p.must_yield(now), inlined: it is asked every iteration
             yield env.timeout(now - env.now)
     yield env.timeout(max(0.0, now - env.now))  # SimPy's clock ends where the CPU thread did

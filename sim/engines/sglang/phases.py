@@ -175,6 +175,18 @@ class Phases:
             self._cold = self.after_wait_scale
         return wait
 
+    def wait(self, batch: Batch, at: float) -> float:
+        """Block on ``batch``'s forward (``copy_done.synchronize()``) from ``at``; returns the CPU
+        thread's clock when it returns: when the results are ready (the forward's end plus
+        ``sync_latency_s``), or ``at`` if they already were. :meth:`sync` as a clock."""
+        batch.sync_start = at
+        ready = batch.forward_end + self.costs.sync_latency_s
+        if ready > at:
+            if ready - at >= AFTER_WAIT_MIN_S:
+                self._cold = self.after_wait_scale
+            return ready
+        return at
+
     def result_wait_s(self, batch: Batch, at: float) -> float:
         """How long a host that waits for ``batch``'s results at ``at`` blocks: until its forward
         ended plus the cost model's ``sync_latency_s`` (s, >= 0)."""

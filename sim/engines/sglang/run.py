@@ -83,7 +83,8 @@ def run_sglang(scenario, setting: str, specs: RequestSpecs, warmup: int, recorde
     outcome.update(retractions=scheduler.retracted_reqs, retraction_steps=scheduler.retraction_events,
                    reprefill_tokens=scheduler.reprefill_tokens, skipped_decodes=scheduler.skipped_decodes,
                    faults=[f.id for f in faults], **reach_outcome(costs))
-    stats = {"sim_time_s": env.now, "steps": scheduler.next_step_seq, "decode_steps": scheduler.next_decode_seq}
+    stats = {"sim_time_s": env.now, "steps": scheduler.next_step_seq, "decode_steps": scheduler.next_decode_seq,
+             "leapt_steps": phases.leap.leapt if phases.leap is not None else 0}
     return outcome, stats
 
 

@@ -1,0 +1,228 @@
+"""Long steady decode runs at once, with numpy: the timeline of ``event_loop_overlap`` over k
+iterations whose batch keeps its members, as array operations that perform each step's float
+operations exactly as the loop does.
+
+Within such a run (no request finishes in a processed batch, nothing waits or arrives, no jitter,
+``after_wait_scale`` 1) the batch size is constant, the context grows by one token per member per
+step, and the CPU thread's clock follows one of two closed forms:
+
+- **device-bound** (every launch finds the device busy and every result wait blocks): the
+  forwards run back to back, ``forward_end[i] = forward_end[i-1] + forward[i]`` (a running sum,
+  ``np.add.accumulate``, the same additions in the same order), and iteration i ends at
+  ``forward_end[i-1] + sync_latency + process[i-1]``;
+- **CPU-bound** (the device is idle at every launch and every result is ready when asked for):
+  the clock is the running sum of recv + schedule, launch and the previous batch's process, one
+  phase after another, and each forward starts at its launch's end.
+
+The run is computed for the regime its first step is in and cut at the first step that leaves it
+(or reaches the next arrival, or fails the KV check); :class:`sim.engines.sglang.leap.Leap` goes
+on step by step from there. Costs come from the cost model's ``decode_arrays`` (the inline terms
+and profile curves evaluated over arrays with the scalar path's operations, elementwise).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.model.costs import DECODE
+
+MIN_RUN = 24  # shorter runs go step by step in the leap's own loop (numpy's per-call cost)
+
+
+def overlap_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, prev_row: tuple):
+    """Up to ``k_max`` iterations of the overlap loop from ``now`` over a running batch that keeps
+    its members, decode g-1 in flight (ending at ``prev_fe``, its process cost ``prev_proc``,
+    its row but for what processing stamps ``prev_row``). Returns None (nothing done: too short,
+    or the first step in neither regime) or (iterations k, now, forward end, process cost and row
+    of the batch then in flight)."""
+    s, p = leap.s, leap.p
+    costs, kv = p.costs, s.kv
+    g0 = s.next_decode_seq
+    n, warm = s.n_running, s.n_running_warmup
+    page = kv.page_size
+    g, need, used_after, k = _kv_fits(s, g0, k_max)  # check_decode_mem, allocation by allocation
+    if k < MIN_RUN or p._was_idle:
+        return None
+    ctx = s.ctx_offset + n * g
+    sched, launch, forward, process = costs.decode_arrays(n, ctx[:k].astype(np.float64))
+    recv = costs.recv_s(0)
+    rs = recv + sched  # recv_and_schedule's sum
+    forward = forward + p.forward_extra_s
+    lat = costs.sync_latency_s
+    fe_prev = np.empty(k)
+    fe_prev[0] = prev_fe
+    proc_prev = np.empty(k)
+    proc_prev[0] = prev_proc
+    proc_prev[1:] = process[:k - 1]
+    # which regime the first step is in
+    le0 = (now + rs[0]) + launch[0]
+    if le0 <= prev_fe and prev_fe + lat > le0:  # device-bound
+        fe = np.add.accumulate(np.concatenate(([prev_fe], forward)))
+        fe_prev[1:] = fe[1:k]
+        fe = fe[1:]
+        ready = fe_prev + lat
+        done = ready + proc_prev
+        starts = np.empty(k)
+        starts[0] = now
+        starts[1:] = done[:k - 1]
+        ls = starts + rs
+        le = ls + launch
+        ok = (le <= fe_prev) & (ready > le)
+        fs = fe_prev
+        ps = ready
+    elif le0 > prev_fe and prev_fe + lat <= le0:  # CPU-bound
+        seq = np.empty(3 * k + 1)
+        seq[0] = now
+        seq[1::3], seq[2::3], seq[3::3] = rs, launch, proc_prev
+        clock = np.add.accumulate(seq)
+        starts, ls, le, done = clock[0:3 * k:3], clock[1::3], clock[2::3], clock[3::3]
+        fe = le + forward
+        fe_prev[1:] = fe[:k - 1]
+        ok = (le > fe_prev) & (fe_prev + lat <= le)
+        fs = le
+        ps = le
+    else:
+        return None
+    ok &= starts < p.horizon
+    if not ok.all():
+        k = int(np.argmin(ok))
+        if k < MIN_RUN:
+            return None
+        starts, ls, le, fs, fe, ps, done = starts[:k], ls[:k], le[:k], fs[:k], fe[:k], ps[:k], done[:k]
+        sched, process = sched[:k], process[:k]
+    # --- commit k iterations --------------------------------------------------------------
+    _commit_scheduler(s, g0, k, need, used_after)
+    s.now = float(starts[k - 1])
+    p._was_idle = False
+    if hasattr(costs, "count_decode_steps"):
+        costs.count_decode_steps(n, ctx[:k].astype(np.float64))
+    p.stream.busy_until = float(fe[k - 1])
+    # rows: prev (decode g0-1) and decodes g0 .. g0+k-2, each stamped by the iteration after it
+    seqs = np.arange(s.next_step_seq - k, s.next_step_seq - 1, dtype=np.float64)
+    rows = np.empty((k, 22))
+    rows[0, :19] = prev_row
+    r = rows[1:]
+    r[:, 0] = seqs
+    r[:, 1] = DECODE
+    r[:, 2] = r[:, 3] = n
+    r[:, 4] = ctx[:k - 1]
+    r[:, 5] = warm
+    r[:, 6] = r[:, 7] = r[:, 8] = r[:, 11] = 0
+    r[:, 9] = (used_after[:k - 1]) * page
+    r[:, 10] = n
+    r[:, 12] = starts[:k - 1]
+    r[:, 13] = starts[:k - 1] + recv
+    r[:, 14] = r[:, 13] + sched[:k - 1]
+    r[:, 15] = ls[:k - 1]
+    r[:, 16] = le[:k - 1]
+    r[:, 17] = fs[:k - 1]
+    r[:, 18] = fe[:k - 1]
+    rows[:, 19] = le
+    rows[:, 20] = ps
+    rows[:, 21] = done
+    weights = np.full(k, n - warm, dtype=np.int64)
+    weights[0] = prev_row[2] - prev_row[5]
+    _deliver(s, rows, done, weights, s.next_decode_seq - 2)
+    i = k - 1
+    row = (s.next_step_seq - 1, DECODE, n, n, int(ctx[i]), warm, 0, 0, False, int(used_after[i]) * page, n, 0,
+           float(starts[i]), float(starts[i] + recv), float(starts[i] + recv + sched[i]), float(ls[i]), float(le[i]),
+           float(fs[i]), float(fe[i]))
+    return k, float(done[i]), float(fe[i]), float(process[i]), row
+
+
+def normal_run(leap, now: float, k_max: int) -> tuple[int, float] | None:
+    """Up to ``k_max`` iterations of the normal loop from ``now`` over a running batch that keeps
+    its members: each forward launched on an idle device, each result waited for. Returns None
+    (nothing done) or (iterations k, the CPU clock after them)."""
+    s, p = leap.s, leap.p
+    costs, kv = p.costs, s.kv
+    g0 = s.next_decode_seq
+    n, warm = s.n_running, s.n_running_warmup
+    g, need, used_after, k = _kv_fits(s, g0, k_max)
+    if k < MIN_RUN or p._was_idle:
+        return None
+    ctx = s.ctx_offset + n * g[:k]
+    sched, launch, forward, process = costs.decode_arrays(n, ctx.astype(np.float64))
+    recv = costs.recv_s(0)
+    seq = np.empty(5 * k + 1)
+    seq[0] = now
+    seq[1::5], seq[2::5], seq[3::5], seq[4::5], seq[5::5] = (
+        recv + sched, launch, forward + p.forward_extra_s, costs.sync_latency_s, process)
+    clock = np.add.accumulate(seq)
+    starts, ls, le, fe, ready, done = (clock[0:5 * k:5], clock[1::5], clock[2::5], clock[3::5], clock[4::5],
+                                       clock[5::5])
+    fe_prev = np.empty(k)
+    fe_prev[0] = p.stream.busy_until
+    fe_prev[1:] = fe[:k - 1]
+    ok = (le >= fe_prev) & (ready > le) & (starts < p.horizon)
+    if not ok.all():
+        k = int(np.argmin(ok))
+        if k < MIN_RUN:
+            return None
+    _commit_scheduler(s, g0, k, need, used_after)
+    s.now = float(starts[k - 1])
+    p._was_idle = False
+    if hasattr(costs, "count_decode_steps"):
+        costs.count_decode_steps(n, ctx[:k].astype(np.float64))
+    p.stream.busy_until = float(fe[k - 1])
+    rows = np.empty((k, 22))
+    rows[:, 0] = np.arange(s.next_step_seq - k, s.next_step_seq)
+    rows[:, 1] = DECODE
+    rows[:, 2] = rows[:, 3] = rows[:, 10] = n
+    rows[:, 4] = ctx[:k]
+    rows[:, 5] = warm
+    rows[:, 6] = rows[:, 7] = rows[:, 8] = rows[:, 11] = 0
+    rows[:, 9] = used_after[:k] * kv.page_size
+    rows[:, 12] = starts[:k]
+    rows[:, 13] = starts[:k] + recv
+    rows[:, 14] = rows[:, 13] + sched[:k]
+    rows[:, 15], rows[:, 16], rows[:, 17], rows[:, 18] = ls[:k], le[:k], le[:k], fe[:k]
+    rows[:, 19], rows[:, 20], rows[:, 21] = le[:k], ready[:k], done[:k]
+    _deliver(s, rows, done[:k], np.full(k, n - warm, dtype=np.int64), s.next_decode_seq - 1)
+    return k, float(done[k - 1])
+
+
+def _kv_fits(s, g0: int, k_max: int):
+    """Decodes g0 .. g0+k_max-1 of the running batch: (their seqs, pages each needs, pages used
+    after each allocation, how many in a row pass ``check_decode_mem``)."""
+    kv = s.kv
+    g = np.arange(g0, g0 + k_max, dtype=np.int64)
+    counts = np.asarray(s.demand._count, dtype=np.int64)
+    need = counts[(-g) % kv.page_size] if kv.page_size > 1 else np.full(k_max, counts[0], dtype=np.int64)
+    used_after = kv.used_pages + np.cumsum(need)
+    fits = need <= kv.total_pages - (used_after - need)
+    return g, need, used_after, (k_max if fits.all() else int(np.argmin(fits)))
+
+
+def _commit_scheduler(s, g0: int, k: int, need: np.ndarray, used_after: np.ndarray) -> None:
+    """The scheduler's state after scheduling decodes g0 .. g0+k-1 (as :meth:`_decode_batch` leaves it)."""
+    kv = s.kv
+    for _ in range(k):  # NewTokenRatioTracker decay, step by step until it reaches its floor
+        if s.new_token_ratio <= s.min_ratio:
+            break
+        s.new_token_ratio = max(s.new_token_ratio - s.ratio_decay, s.min_ratio)
+    kv.alloc(int(used_after[k - 1]) - kv.used_pages)
+    logged = [i for i in range(max(0, k - 40), k) if (g0 + i) % 40 == 0]  # DECODE_LOG_INTERVAL
+    if logged:
+        s.last_logged_usage = int(used_after[logged[-1]]) / kv.total_pages
+    s.next_decode_seq = g0 + k
+    s.next_step_seq += k
+    s._idle_calls = 0
+
+
+def _deliver(s, rows: np.ndarray, done: np.ndarray, weights: np.ndarray, last_decode: int) -> None:
+    """The results of the k processed decodes (the last of them decode ``last_decode``): ITL
+    samples, the recorder's rows, the scheduler's last processed decode (none of them finishes a
+    request)."""
+    itl = np.empty(len(done))
+    itl[0] = done[0] - s.last_decode_delivery_s
+    itl[1:] = done[1:] - done[:-1]
+    measured = weights > 0
+    rec = s.recorder
+    if measured.all():
+        rec.itl_many(itl, weights)
+    elif measured.any():
+        rec.itl_many(itl[measured], weights[measured])
+    rec.step_rows(rows)
+    s.last_processed_decode = last_decode
+    s.last_decode_delivery_s = float(done[-1])

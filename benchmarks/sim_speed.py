@@ -299,6 +299,33 @@ def leap_report(workloads: list[str], sizes: list[int], settings: list[str], rep
     print(f"written {out}")
 
 
+def sweep_cpu(repeats: int, against: Path | None, num_requests: int = 1000) -> None:
+    """CPU seconds (the command's process and its workers) of ``overlap-sim sweep`` over 100 points
+    of the quickstart at ``num_requests`` requests (concurrency 1-10 x CPU scale 0.5-5, both
+    settings, one worker, no plots): this tree with the leap, with --no-leap, and ``against``,
+    alternated, each in a fresh results folder."""
+    grid = ["--grid", "workload.concurrency=" + ",".join(str(c) for c in range(1, 11)),
+            "--grid", "costs.cpu.scale=" + ",".join(f"{0.5 * (i + 1):g}" for i in range(10))]
+    trees = {"leap": (ROOT, []), "step": (ROOT, ["--no-leap"])}
+    if against:
+        trees["tree"] = (against, [])
+    cpu: dict[str, list[float]] = {name: [] for name in trees}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(repeats):
+            for name, (tree, extra) in trees.items():
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                subprocess.run([sys.executable, "-m", "sim.cli", "sweep", str(ROOT / "scenarios" / "quickstart.yaml"),
+                                *grid, "--set", f"workload.num_requests={num_requests}", "--workers", "1", "--no-plots",
+                                "--out", str(Path(tmp) / f"{name}-{r}"), *extra], cwd=tree, check=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(tree)})
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu[name].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    for name, values in cpu.items():
+        print(f"sweep, 100 points x {num_requests} requests, one worker, {name:<5}: CPU {spread(values)} s")
+    base = "tree" if against else "step"
+    print(f"{base} / leap: {spread([b / a for a, b in zip(cpu['leap'], cpu[base])])}")
+
+
 def baseline_rss(_=None) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -324,6 +351,9 @@ def main() -> None:
                          "--settings (default overlap normal), --repeats")
     ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # internal: one case, JSON in and out
     ap.add_argument("--leap-case", default=None, help=argparse.SUPPRESS)  # internal: one leap case
+    ap.add_argument("--sweep-cpu", action="store_true",
+                    help="instead: CPU of a 100-point sweep of the quickstart (1,000 requests a point) with the leap, "
+                         "with --no-leap and (with --against) another checkout, --repeats times")
     ap.add_argument("--parts", type=int, default=None, help=argparse.SUPPRESS)  # internal: default_mode_parts
     ap.add_argument("--tree", default=None, help=argparse.SUPPRESS)  # internal: read before the imports
     args = ap.parse_args()
@@ -332,6 +362,9 @@ def main() -> None:
         return
     if args.leap_case:
         print(json.dumps(run_leap_case(tuple(json.loads(args.leap_case)))))
+        return
+    if args.sweep_cpu:
+        sweep_cpu(args.repeats, args.against.resolve() if args.against else None)
         return
     if args.leap is not None:
         settings = args.settings if args.settings != SETTINGS else ["overlap", "normal"]

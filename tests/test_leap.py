@@ -134,6 +134,9 @@ def scenarios(draw) -> dict:
                      "sync_latency": draw(st.sampled_from([0.0, 3e-5]))},
              "cpu": {"process": {"base": draw(st.floats(1e-5, 5e-3)), "per_req": draw(st.floats(0, 5e-5))},
                      "after_wait_scale": draw(st.sampled_from([1.0, 1.0, 1.5]))}}
+    if draw(st.integers(0, 3)) == 0:  # a calibration profile (curves, reach counters) instead of inline terms
+        costs = {"profile": str(ROOT / "scenarios" / "profiles" / "h200-llama-3.2-1b.json"), "noise": costs["noise"],
+                 "gpu": {"sync_latency": costs["gpu"]["sync_latency"]}}
     return {"name": "leap-family", "seed": draw(st.integers(0, 3)), "workload": workload, "server": server,
             "costs": costs}
 

@@ -107,7 +107,7 @@ class Leap:
         while not s.inbox and now < p.horizon:
             g = s.next_decode_seq
             if vector and g >= vector_after and not s.pending_merge and not s.fresh and (
-                    not deferred or (prev is not None and not prev[3])):
+                    not deferred or (prev is not None and not prev[3] and not prev[5])):
                 run = self._vector(now, g, prev, prev_proc if deferred else 0.0, step_s)
                 if run is not None:
                     k, k_max, now, prev, prev_proc, prev_fe = run
@@ -124,22 +124,23 @@ class Leap:
                 break
             ctx = s.ctx_offset + n * g
             leaving = finishing_at.get(g - 1) if s.last_processed_decode < g - 1 else None
-            if leaving:  # requests finishing in the batch in flight
-                if not s.exclude_length_finishes or not all(r.finish_by_length for r in leaving):
-                    break  # an overshoot slot: step by step
-                for r in leaving:  # _compose_decode: left out of this batch
+            need = counts[(-g) % page]
+            overshoot = excluded = ()
+            if leaving:  # _compose_decode: requests finishing in the batch in flight
+                excluded = [r for r in leaving if r.finish_by_length] if s.exclude_length_finishes else ()
+                overshoot = [r for r in leaving if r not in excluded] if excluded else leaving
+                for r in excluded:  # v0.5.22: left out of this batch
                     n -= 1
                     warm -= r.warmup
                     ctx -= r.ctx_at_join() + g - r.join_seq
                 if n == 0:
                     break
-                need = counts[(-g) % page] - sum(s.needs_page(r, g) for r in leaving)
-            else:
-                need = counts[(-g) % page]
+                if excluded:
+                    need -= sum(s.needs_page(r, g) for r in excluded)
             used = kv.used_pages
             if need > total - used:
                 break  # check_decode_mem fails: retraction or a skipped step, step by step
-            if leaving:
+            if excluded:
                 s.batch_is_full = False
             if s.new_token_ratio > s.min_ratio:
                 s.new_token_ratio = max(s.new_token_ratio - s.ratio_decay, s.min_ratio)
@@ -181,7 +182,8 @@ class Leap:
             busy = stream.busy_until
             forward_start = launch_end if launch_end > busy else busy
             stream.busy_until = forward_end = forward_start + forward
-            head = (seq, DECODE, n, n, ctx, warm, 0)
+            overshoot_pages = sum(s.needs_page(r, g) for r in overshoot) if overshoot else 0
+            head = (seq, DECODE, n, n, ctx, warm, len(overshoot))
             mid = (after_idle, used * page, num_running, 0, now, schedule_start, schedule_start + sched_s, launch_start,
                    launch_end, forward_start, forward_end)
             # --- wait for the batch whose results come now (overlap: g-1; normal: g), process it
@@ -198,19 +200,21 @@ class Leap:
             process_s *= cold
             done = process_start + process_s
             if not deferred:
-                finished = self._process(g, n, warm, fresh, done)
+                finished = self._process(g, n, warm, fresh, (), done)
                 rec.step_row(head + (finished,) + mid + (launch_end, process_start, done))
             elif prev is None:  # the batch the loop had in flight (a prefill, fresh members): the policy's own path
                 last.sync_start, last.process_start, last.process_end = launch_end, process_start, done
                 s.process_batch_result(last, done)
                 rec.step(last)
             else:
-                finished = self._process(g - 1, prev[1], prev[2], prev[3], done)
+                finished = self._process(g - 1, prev[1], prev[2], prev[3], prev[5], done)
                 rec.step_row(prev[0] + (finished,) + prev[4] + (launch_end, process_start, done))
+            if overshoot_pages:  # _process_decode of g-1 releases the slots its finishers took in g
+                kv.used_pages -= overshoot_pages
             step_s = done - now
             now = done
             if deferred:
-                prev = (head, n, warm, fresh, mid)
+                prev = (head, n, warm, fresh, mid, overshoot)
                 prev_proc, prev_fe = proc_s, forward_end
             leapt += 1
         p._cold = cold
@@ -218,7 +222,7 @@ class Leap:
             return now, last, 0
         self.leapt += leapt
         if deferred:
-            last = self._in_flight(prev[0] + (0,) + prev[4], prev[3])
+            last = self._in_flight(prev[0] + (0,) + prev[4], prev[3], prev[5])
         return now, last, leapt
 
     def _vector(self, now: float, g: int, prev, prev_proc: float, step_s: float):
@@ -237,24 +241,27 @@ class Leap:
         if not deferred:
             run = normal_run(self, now, k_max)
             return None if run is None else (run[0], k_max, run[1], None, 0.0, 0.0)
-        head, _n, _warm, _fresh, mid = prev
+        head, _n, _warm, _fresh, mid, _overshoot = prev
         run = overlap_run(self, now, k_max, p.stream.busy_until, prev_proc, head + (0,) + mid)
         if run is None:
             return None
         k, now, fe, proc, row = run
-        return k, k_max, now, (row[:7], row[2], row[5], [], row[8:]), proc, fe
+        return k, k_max, now, (row[:7], row[2], row[5], [], row[8:], ()), proc, fe
 
     # --- shared ---------------------------------------------------------------------------------
-    def _process(self, g: int, n: int, warm: int, fresh: list, t: float) -> int:
+    def _process(self, g: int, n: int, warm: int, fresh: list, overshoot, t: float) -> int:
         """``process_batch_result_decode`` of decode batch ``g`` (``n`` members, ``warm`` of them
-        warm-up, ``fresh`` of them fresh from a prefill) at ``t``, as
-        :meth:`ResultsMixin._process_decode` does it for a batch without overshoot or dropped
-        members. Returns how many finished."""
+        warm-up, ``fresh`` of them fresh from a prefill, ``overshoot`` of them finished in the
+        batch before, their slots already released) at ``t``, as
+        :meth:`ResultsMixin._process_decode` does it for a batch without dropped members.
+        Returns how many finished."""
         s = self.s
         finished = s.finishing_at.pop(g, None)
         if finished:
             s.leave_decoded(finished, g, t)
         measured = n - warm
+        if overshoot:  # their tokens are discarded
+            measured -= len(overshoot) - sum(r.warmup for r in overshoot)
         if fresh:
             itl = s.recorder.itl
             for req in fresh:
@@ -269,13 +276,14 @@ class Leap:
         s.last_decode_delivery_s = t
         return len(finished) if finished else 0
 
-    def _in_flight(self, row: tuple, fresh: list) -> Batch:
-        """The decode batch scheduled last (its row up to its forward's end, its fresh members), as
-        the batch object the loop goes on with."""
+    def _in_flight(self, row: tuple, fresh: list, overshoot) -> Batch:
+        """The decode batch scheduled last (its row up to its forward's end, its fresh and
+        overshoot members), as the batch object the loop goes on with."""
         s = self.s
         (seq, _kind, n, _tok, ctx, warm, _over, _fin, after_idle, kv_used, num_running, num_queued, recv_start,
          schedule_start, schedule_end, launch_start, launch_end, forward_start, forward_end) = row
-        b = Batch(seq, DECODE, n, n, ctx, decode_seq=s.next_decode_seq - 1, num_warmup=warm, fresh=fresh)
+        b = Batch(seq, DECODE, n, n, ctx, decode_seq=s.next_decode_seq - 1, num_warmup=warm, fresh=fresh,
+                  overshoot=list(overshoot))
         b.kv_used_after_alloc, b.num_running, b.num_queued, b.after_idle = kv_used, num_running, num_queued, after_idle
         b.recv_start, b.schedule_start, b.schedule_end = recv_start, schedule_start, schedule_end
         b.launch_start, b.launch_end, b.forward_start, b.forward_end = launch_start, launch_end, forward_start, forward_end

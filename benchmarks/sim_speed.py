@@ -336,7 +336,8 @@ def main() -> None:
     ap.add_argument("--arrivals", nargs="+", default=["closed_loop", "poisson"])
     ap.add_argument("--settings", nargs="+", default=SETTINGS)
     ap.add_argument("--tables", default=None, help="passed to simulate(tables=...) when supported")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sim_speed.csv")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="CSV of the cases (default benchmarks/results/sim_speed.csv; sim_speed_leap.csv with --leap)")
     ap.add_argument("--profile", type=int, default=None, metavar="N", help="cProfile one closed-loop overlap run of N requests")
     ap.add_argument("--batch-sizes", type=int, nargs="*", default=None, metavar="C",
                     help="instead: closed-loop runs of 20,000 requests at these concurrencies (per-step cost vs batch size)")
@@ -370,7 +371,7 @@ def main() -> None:
         settings = args.settings if args.settings != SETTINGS else ["overlap", "normal"]
         leap_report(args.leap or ["open", "closed-8", "closed-64"], args.sizes, settings, args.repeats,
                     args.against.resolve() if args.against else None,
-                    args.out.with_name("sim_speed_leap.csv"))
+                    args.out or ROOT / "benchmarks" / "results" / "sim_speed_leap.csv")
         return
     if args.parts:
         print(json.dumps(default_mode_parts(args.parts)))
@@ -390,6 +391,7 @@ def main() -> None:
         pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(15)
         print(buf.getvalue())
         return
+    args.out = args.out or ROOT / "benchmarks" / "results" / "sim_speed.csv"
     ctx = mp.get_context("spawn")
     if args.batch_sizes:
         cases = [(20000, "closed_loop", s, args.tables, c) for c in args.batch_sizes for s in args.settings]

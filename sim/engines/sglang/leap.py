@@ -2,24 +2,26 @@
 ``event_loop_overlap`` at once, with the same answer as step by step.
 
 Between two events that can change what the scheduler does, consecutive decode iterations differ
-only in their batch's contexts and, when requests finish by length, in its size: no request is
-waiting or arriving, no prefill is being merged, every member had its previous token from the
-previous decode, the KV check passes. Over such a run each iteration's phases are the same
-sequence of float operations as the loops in :mod:`sim.engines.sglang.loops` perform through
-:class:`~sim.engines.sglang.phases.Phases` and the scheduler's policy; :class:`Leap` performs
-them in one tight loop over the scheduler's aggregates, without building a
+only in their batch's contexts and, when requests finish, in its size: no request is waiting or
+arriving, no chunk is pending, the KV check passes. Over such a run each iteration's phases are
+the same sequence of float operations as the loops in :mod:`sim.engines.sglang.loops` perform
+through :class:`~sim.engines.sglang.phases.Phases` and the scheduler's policy; :class:`Leap`
+performs them in one tight loop over the scheduler's aggregates, without building a
 :class:`~sim.model.batch.Batch` per step (the batch still in flight when the run ends is built),
-and feeds the recorder the same rows, ITL samples and finished requests in the same order.
-The jitter streams are drawn in the step-by-step order, so noisy runs give the same answers too.
+and feeds the recorder the same rows, ITL samples and finished requests in the same order. The
+jitter streams are drawn in the step-by-step order, so noisy runs give the same answers too. A
+run's first iteration may merge the last prefill into the running batch (its requests are that
+decode's fresh members) and process the batch the loop had in flight through the policy's own
+path; finishes by length (left out of the next batch by v0.5.22's ``_reqs_finishing_inflight``)
+and overshoot members (an EOS finish, or a policy before v0.5.22) are carried. Long runs over an
+unchanging batch are computed with numpy (:mod:`sim.engines.sglang.leap_runs`).
 
 A run stops (and the loop goes on step by step) before an iteration that would:
 
 - start at or after the next open-loop arrival (``Phases.horizon``) or find a request in the inbox
   (a closed-loop client sent one when its request finished);
-- schedule anything but a plain decode: a prefill (requests waiting, a chunk, a retraction's
-  re-prefill), a decode with members fresh from a prefill, or one whose composition includes a
-  request finishing in the batch still in flight that is not left out by v0.5.22's
-  ``_reqs_finishing_inflight`` (an overshoot slot, or a stop token the scheduler learns of later);
+- schedule a prefill (requests waiting, a chunk, a retraction's re-prefill, a request that
+  finished at its prefill);
 - fail ``check_decode_mem`` (retraction, v0.5.22's skipped step) or leave the batch empty.
 
 Not leapt at all (step by step throughout): the MLX chain and ``thread_overlap`` loops, SGLang's
@@ -93,8 +95,9 @@ class Leap:
         recv0, decode_s = costs.recv_s(0), costs.decode_s
         total, page, counts, finishing_at = kv.total_pages, kv.page_size, s.demand._count, s.finishing_at
         # the batch in flight: the loop's own (processed by the policy's own path), then the leap's
-        # decode g-1 as (its row but for finished and what processing stamps, members, warm-up
-        # members, fresh members, process cost, forward end)
+        # decode g-1 as ``prev``: (its row up to num_warmup and overshoot, members, warm-up
+        # members, fresh members, its row from after_idle to its forward's end, overshoot
+        # members), with its process cost ``prev_proc`` and forward end ``prev_fe``
         prev = None
         if deferred:
             prev_fe, prev_proc = last.forward_end, costs.process_s(last.kind, last.num_reqs, last.num_tokens, last.sum_ctx)

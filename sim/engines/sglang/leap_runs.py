@@ -90,13 +90,7 @@ def overlap_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, 
             return None
         starts, ls, le, fs, fe, ps, done = starts[:k], ls[:k], le[:k], fs[:k], fe[:k], ps[:k], done[:k]
         sched, process = sched[:k], process[:k]
-    # --- commit k iterations --------------------------------------------------------------
-    _commit_scheduler(s, g0, k, need, used_after)
-    s.now = float(starts[k - 1])
-    p._was_idle = False
-    if hasattr(costs, "count_decode_steps"):
-        costs.count_decode_steps(n, ctx[:k].astype(np.float64))
-    p.stream.busy_until = float(fe[k - 1])
+    _commit(leap, g0, k, n, need, used_after, ctx, float(starts[k - 1]), float(fe[k - 1]))
     # rows: prev (decode g0-1) and decodes g0 .. g0+k-2, each stamped by the iteration after it
     seqs = np.arange(s.next_step_seq - k, s.next_step_seq - 1, dtype=np.float64)
     rows = np.empty((k, 22))
@@ -159,12 +153,7 @@ def normal_run(leap, now: float, k_max: int) -> tuple[int, float] | None:
         k = int(np.argmin(ok))
         if k < MIN_RUN:
             return None
-    _commit_scheduler(s, g0, k, need, used_after)
-    s.now = float(starts[k - 1])
-    p._was_idle = False
-    if hasattr(costs, "count_decode_steps"):
-        costs.count_decode_steps(n, ctx[:k].astype(np.float64))
-    p.stream.busy_until = float(fe[k - 1])
+    _commit(leap, g0, k, n, need, used_after, ctx, float(starts[k - 1]), float(fe[k - 1]))
     rows = np.empty((k, 22))
     rows[:, 0] = np.arange(s.next_step_seq - k, s.next_step_seq)
     rows[:, 1] = DECODE
@@ -194,8 +183,19 @@ def _kv_fits(s, g0: int, k_max: int):
     return g, need, used_after, (k_max if fits.all() else int(np.argmin(fits)))
 
 
-def _commit_scheduler(s, g0: int, k: int, need: np.ndarray, used_after: np.ndarray) -> None:
-    """The scheduler's state after scheduling decodes g0 .. g0+k-1 (as :meth:`_decode_batch` leaves it)."""
+def _commit(leap, g0: int, k: int, n: int, need: np.ndarray, used_after: np.ndarray, ctx: np.ndarray,
+            last_start: float, last_forward_end: float) -> None:
+    """The state after k iterations that scheduled decodes g0 .. g0+k-1 of ``n`` requests at the
+    contexts ``ctx`` (pages ``need``, used after each ``used_after``), the last starting at
+    ``last_start``, its forward ending at ``last_forward_end``: the scheduler's (as
+    :meth:`_decode_batch` leaves it), the phases' and the device stream's, and the cost model's
+    count of steps priced beyond its data."""
+    s, p = leap.s, leap.p
+    s.now = last_start
+    p._was_idle = False
+    p.stream.busy_until = last_forward_end
+    if hasattr(p.costs, "count_decode_steps"):
+        p.costs.count_decode_steps(n, ctx[:k].astype(np.float64))
     kv = s.kv
     for _ in range(k):  # NewTokenRatioTracker decay, step by step until it reaches its floor
         if s.new_token_ratio <= s.min_ratio:

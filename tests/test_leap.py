@@ -213,3 +213,36 @@ def test_a_stat_fed_at_once_equals_one_fed_value_by_value(samples):
     assert one.total == total and one.bins == keys
     for q in (0.0, 0.5, 0.99, 1.0):
         assert one.quantile(q) == many.quantile(q)
+
+
+@st.composite
+def traces(draw) -> list[dict]:
+    """Requests of a JSON-lines trace: bursts (equal arrival times), gaps, per-request caps and
+    ignore_eos, cached prefixes."""
+    rows, t = [], 0.0
+    for _ in range(draw(st.integers(1, 30))):
+        t += draw(st.sampled_from([0.0, 0.0, 0.001, 0.05, 0.4]))
+        input_len = draw(st.integers(1, 300))
+        output_len = draw(st.integers(1, 200))
+        row = {"arrival_s": t, "input_len": input_len, "output_len": output_len,
+               "cached_len": draw(st.integers(0, input_len))}
+        if draw(st.booleans()):
+            row["max_new_tokens"] = output_len + draw(st.integers(0, 50))
+            row["ignore_eos"] = draw(st.booleans())
+        rows.append(row)
+    return rows
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(rows=traces(), arrival=st.sampled_from(["trace", "closed_loop"]), finish=st.sampled_from(["length", "eos"]),
+       setting=st.sampled_from(["normal", "overlap"]), consecutive_off=st.booleans())
+def test_replayed_traces_are_unchanged(tmp_path, rows, arrival, finish, setting, consecutive_off):
+    """A trace replayed open-loop or by closed-loop clients, with SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP."""
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    path = tmp_path / f"trace-{hash(text) & 0xffffffff:08x}.jsonl"  # one file per example (traces are cached by path)
+    path.write_text(text)
+    raw = {"name": "leap-trace", "seed": 0,
+           "workload": {"arrival": arrival, "trace": str(path), "concurrency": 4, "finish": finish},
+           "server": {"settings": [setting], "kv_pool_tokens": 6_000, "page_size": 4, "chunked_prefill_size": 128,
+                      "disable_consecutive_prefill_overlap": consecutive_off}}
+    assert_same(sim.load_scenario(raw), setting)

@@ -79,6 +79,7 @@ class ProfileCostModel:
         self._process = (c["process.extend"], c["process.decode"])
         self._submit = (c.get("submit.extend"), c.get("submit.decode"))  # MLX profiles only
         self.decode_submits = self._submit[1] is not None  # a decode's launch can block (the leap steps aside)
+        self._decode_cpu_seen: dict[int, tuple[float, float, float]] = {}  # batch size -> a decode's CPU phases
         h = hulls(profile, c)
         self._hull = tuple((h[f"forward.{k}"], h[f"launch.{k}"], h[f"schedule.{k}"], h[f"process.{k}"])
                            for k in ("extend", "decode"))
@@ -129,9 +130,19 @@ class ProfileCostModel:
 
     def decode_s(self, num_reqs: int, sum_ctx: int) -> tuple[float, float, float, float]:
         """(schedule, launch, forward, process) of a decode batch (:meth:`sim.model.costs.CostModel.decode_s`)."""
-        cpu = self.cpu_scale
-        return (self._schedule[DECODE](num_reqs) * cpu, self._launch[DECODE](num_reqs) * cpu,
-                self.forward_s(DECODE, num_reqs, num_reqs, sum_ctx), self._process[DECODE](num_reqs) * cpu)
+        sched, launch, process = self._decode_cpu(num_reqs)
+        return sched, launch, self.forward_s(DECODE, num_reqs, num_reqs, sum_ctx), process
+
+    def _decode_cpu(self, num_reqs: int) -> tuple[float, float, float]:
+        """A decode's (schedule, launch, process) at ``num_reqs``, each curve evaluated once per
+        batch size (the same floats as :meth:`schedule_s`, :meth:`launch_s`, :meth:`process_s`)."""
+        got = self._decode_cpu_seen.get(num_reqs)
+        if got is None:
+            cpu = self.cpu_scale
+            got = self._decode_cpu_seen[num_reqs] = (
+                self._schedule[DECODE](num_reqs) * cpu, self._launch[DECODE](num_reqs) * cpu,
+                self._process[DECODE](num_reqs) * cpu)
+        return got
 
     def decode_arrays(self, num_reqs: int, sum_ctx):
         """:meth:`decode_s` over an array of contexts (float64), without counting the steps'
@@ -139,10 +150,10 @@ class ProfileCostModel:
         floats elementwise."""
         import numpy as np
 
-        cpu, k = self.cpu_scale, len(sum_ctx)
+        k = len(sum_ctx)
+        sched, launch, process = self._decode_cpu(num_reqs)
         forward = self._forward[DECODE].along(num_reqs, sum_ctx / num_reqs) * self.gpu_scale
-        return (np.full(k, self._schedule[DECODE](num_reqs) * cpu), np.full(k, self._launch[DECODE](num_reqs) * cpu),
-                forward, np.full(k, self._process[DECODE](num_reqs) * cpu))
+        return np.full(k, sched), np.full(k, launch), forward, np.full(k, process)
 
     def count_decode_steps(self, num_reqs: int, sum_ctx) -> None:
         """Count decode steps of ``num_reqs`` requests at the contexts ``sum_ctx`` (an array) in

@@ -246,3 +246,18 @@ def test_replayed_traces_are_unchanged(tmp_path, rows, arrival, finish, setting,
            "server": {"settings": [setting], "kv_pool_tokens": 6_000, "page_size": 4, "chunked_prefill_size": 128,
                       "disable_consecutive_prefill_overlap": consecutive_off}}
     assert_same(sim.load_scenario(raw), setting)
+
+
+@pytest.mark.parametrize("output_len", [1, 2, 3, 6])
+@pytest.mark.parametrize("arrival", ["closed_loop", "poisson"])
+def test_a_batch_that_empties_ends_the_leap(output_len, arrival):
+    """Regression (found by a fresh-clone run): when the last running request left, the leap's
+    numpy runs went on over an empty batch (endlessly in a closed loop). A run ends when the
+    running batch is empty; the outputs are the loop's."""
+    raw = closed_loop(concurrency=1, num_requests=3, warmup_requests=0, input_len=8, output_len=output_len)
+    raw["workload"].update(arrival=arrival, rate_per_s=0.5)
+    scenario = sim.load_scenario(raw)
+    for setting in ("normal", "overlap"):
+        res = sim.simulate(scenario, setting, tables="none")
+        assert res.stats["decode_steps"] <= 3 * output_len
+        assert_same(scenario, setting)

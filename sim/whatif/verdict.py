@@ -308,7 +308,7 @@ def resolve_run_cv(flag: Optional[float], noise, device: str = "cuda") -> tuple[
 def add_run_cv_argument(p) -> None:
     """``--run-cv`` for ``run`` and ``sweep``."""
     p.add_argument("--run-cv", type=float, default=None, metavar="CV",
-                   help="run-to-run CV of one run's throughput that the verdict assumes, a fraction (0.1 for 10%; default: the "
+                   help="run-to-run CV of one run's throughput that the verdict assumes, a fraction (0.1 for 10%%; default: the "
                         f"scenario's costs.noise.run_gpu_cv/run_cpu_cv, else {DEFAULT_RUN_CV})")
 
 

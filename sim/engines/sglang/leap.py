@@ -107,7 +107,7 @@ class Leap:
         # the same floats: no jitter, no after-wait scale, costs priced over arrays
         vector = cpu_j is None and gpu_j is None and wait_scale == 1.0 and hasattr(costs, "decode_arrays")
         vector_after, step_s = 0, 0.0
-        while not s.inbox and now < p.horizon:
+        while not s.inbox and now < p.horizon and (s.n_running or s.pending_merge):
             g = s.next_decode_seq
             if vector and g >= vector_after and not s.pending_merge and not s.fresh and (
                     not deferred or (prev is not None and not prev[3] and not prev[5])):

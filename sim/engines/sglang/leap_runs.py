@@ -41,7 +41,7 @@ def overlap_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, 
     n, warm = s.n_running, s.n_running_warmup
     page = kv.page_size
     g, need, used_after, k = _kv_fits(s, g0, k_max)  # check_decode_mem, allocation by allocation
-    if k < MIN_RUN or p._was_idle:
+    if k < MIN_RUN or p._was_idle or n == 0:
         return None
     ctx = s.ctx_offset + n * g
     sched, launch, forward, process = costs.decode_arrays(n, ctx[:k].astype(np.float64))
@@ -133,7 +133,7 @@ def normal_run(leap, now: float, k_max: int) -> tuple[int, float] | None:
     g0 = s.next_decode_seq
     n, warm = s.n_running, s.n_running_warmup
     g, need, used_after, k = _kv_fits(s, g0, k_max)
-    if k < MIN_RUN or p._was_idle:
+    if k < MIN_RUN or p._was_idle or n == 0:
         return None
     ctx = s.ctx_offset + n * g[:k]
     sched, launch, forward, process = costs.decode_arrays(n, ctx.astype(np.float64))

@@ -1,6 +1,6 @@
-"""Long steady decode runs at once, with numpy: the timeline of ``event_loop_overlap`` over k
-iterations whose batch keeps its members, as array operations that perform each step's float
-operations exactly as the loop does.
+"""Long steady decode runs at once, with numpy: the timeline of ``event_loop_overlap`` (and of
+``event_loop_normal``, :func:`normal_run`) over k iterations whose batch keeps its members, as
+array operations that perform each step's float operations exactly as the loop does.
 
 Within such a run (no request finishes in a processed batch, nothing waits or arrives, no jitter,
 ``after_wait_scale`` 1) the batch size is constant, the context grows by one token per member per
@@ -13,6 +13,10 @@ step, and the CPU thread's clock follows one of two closed forms:
 - **CPU-bound** (the device is idle at every launch and every result is ready when asked for):
   the clock is the running sum of recv + schedule, launch and the previous batch's process, one
   phase after another, and each forward starts at its launch's end.
+
+The normal loop has one form: each iteration's clock is the running sum of recv + schedule,
+launch, the forward, the sync latency and the process (the device idle at each launch, each
+result waited for).
 
 The run is computed for the regime its first step is in and cut at the first step that leaves it
 (or reaches the next arrival, or fails the KV check); :class:`sim.engines.sglang.leap.Leap` goes

@@ -79,6 +79,13 @@ class TraceRecorder:
         code); what :meth:`step` records for a batch."""
         self._step_values.extend(row)
 
+    def decode_row(self, head: tuple, finished: int, mid: tuple, sync_start: float, process_start: float,
+                   process_end: float) -> None:
+        """A step given in the leap's parts (:mod:`sim.engines.sglang.leap`): its row's values up to
+        ``overshoot`` (``head``), ``finished``, from ``after_idle`` to ``forward_end`` (``mid``),
+        then the three stamps of its processing; :meth:`step_row` of the whole row."""
+        self._step_values.extend(head + (finished,) + mid + (sync_start, process_start, process_end))
+
     def step_rows(self, rows: np.ndarray) -> None:
         """Steps given as rows of a (k, 22) float64 array (:meth:`step_row`'s values), in order."""
         self._step_values.frombytes(np.ascontiguousarray(rows, dtype=np.float64).tobytes())

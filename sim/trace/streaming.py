@@ -158,30 +158,32 @@ class StreamingRecorder:
                 self._admit(rec)
 
     def step(self, b: Batch) -> None:
-        gap = b.forward_start - self._prev_forward_end  # NaN for the first step
-        self._prev_forward_end = b.forward_end
-        rec = (b.forward_start, b.forward_end, gap if gap > 0 else (0.0 if gap == gap else math.nan),
-               b.after_idle, b.kind, b.num_reqs, len(b.overshoot), b.process_start - b.sync_start, True)
-        start = self.window_start
-        if start != start:  # NaN: the window has not started yet
-            self._early.append(rec)
-        elif rec[0] >= start:  # :meth:`_admit`'s common case, without the call
-            self._pending.append(rec)
-        else:
-            self._admit(rec)
+        self._record(b.forward_start, b.forward_end, b.after_idle, b.kind, b.num_reqs, len(b.overshoot),
+                     b.process_start - b.sync_start)
 
     def step_row(self, row: tuple) -> None:
         """A step given as its row (:meth:`sim.trace.recorder.TraceRecorder.step_row`): the same
         record as :meth:`step` of that batch."""
-        fs, fe = row[17], row[18]
-        gap = fs - self._prev_forward_end
+        self._record(row[17], row[18], row[8], row[1], row[2], row[6], row[20] - row[19])
+
+    def decode_row(self, head: tuple, finished: int, mid: tuple, sync_start: float, process_start: float,
+                   process_end: float) -> None:
+        """A step in the leap's parts (:meth:`sim.trace.recorder.TraceRecorder.decode_row`): the
+        same record as :meth:`step_row` of the whole row."""
+        self._record(mid[9], mid[10], mid[0], head[1], head[2], head[6], process_start - sync_start)
+
+    def _record(self, fs: float, fe: float, after_idle, kind: int, num_reqs: int, overshoot: int,
+                sync_wait: float) -> None:
+        """One step: its forward's start and end, whether it followed an idle wait, its kind, batch
+        size, overshoot and sync wait (seconds); its gap is to the previous step's forward end."""
+        gap = fs - self._prev_forward_end  # NaN for the first step
         self._prev_forward_end = fe
-        rec = (fs, fe, gap if gap > 0 else (0.0 if gap == gap else math.nan), row[8], row[1], row[2], row[6],
-               row[20] - row[19], True)
+        rec = (fs, fe, gap if gap > 0 else (0.0 if gap == gap else math.nan), after_idle, kind, num_reqs, overshoot,
+               sync_wait, True)
         start = self.window_start
-        if start != start:
+        if start != start:  # NaN: the window has not started yet
             self._early.append(rec)
-        elif fs >= start:
+        elif fs >= start:  # :meth:`_admit`'s common case, without the call
             self._pending.append(rec)
         else:
             self._admit(rec)

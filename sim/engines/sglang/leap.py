@@ -204,14 +204,21 @@ class Leap:
             done = process_start + process_s
             if not deferred:
                 finished = self._process(g, n, warm, fresh, (), done)
-                rec.step_row(head + (finished,) + mid + (launch_end, process_start, done))
+                rec.decode_row(head, finished, mid, launch_end, process_start, done)
             elif prev is None:  # the batch the loop had in flight (a prefill, fresh members): the policy's own path
                 last.sync_start, last.process_start, last.process_end = launch_end, process_start, done
                 s.process_batch_result(last, done)
                 rec.step(last)
-            else:
+            elif prev[3] or prev[5] or (g - 1) in finishing_at:  # fresh, overshoot or finishing members
                 finished = self._process(g - 1, prev[1], prev[2], prev[3], prev[5], done)
-                rec.step_row(prev[0] + (finished,) + prev[4] + (launch_end, process_start, done))
+                rec.decode_row(prev[0], finished, prev[4], launch_end, process_start, done)
+            else:  # _process of a decode whose members all go on: one ITL sample, inline
+                measured = prev[1] - prev[2]
+                if measured > 0:
+                    rec.itl(done - s.last_decode_delivery_s, measured)
+                s.last_processed_decode = g - 1
+                s.last_decode_delivery_s = done
+                rec.decode_row(prev[0], 0, prev[4], launch_end, process_start, done)
             if overshoot_pages:  # _process_decode of g-1 releases the slots its finishers took in g
                 kv.used_pages -= overshoot_pages
             step_s = done - now

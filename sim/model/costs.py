@@ -115,14 +115,9 @@ class LinearCostModel:
                 f[0] + f[1] * num_reqs + f[2] * num_reqs + f[3] * sum_ctx,
                 p[0] + p[1] * num_reqs + p[2] * num_reqs + p[3] * sum_ctx)
 
-    def decode_arrays(self, num_reqs, sum_ctx):
-        """:meth:`decode_s` over an array of contexts (float64): four arrays, the same floats
-        elementwise (the same operations in the same order)."""
-        s, l, f, p = self._schedule, self._launch, self._forward[DECODE], self._process
-        return (s[0] + s[1] * num_reqs + s[2] * num_reqs + s[3] * sum_ctx,
-                l[0] + l[1] * num_reqs + l[2] * num_reqs + l[3] * sum_ctx,
-                f[0] + f[1] * num_reqs + f[2] * num_reqs + f[3] * sum_ctx,
-                p[0] + p[1] * num_reqs + p[2] * num_reqs + p[3] * sum_ctx)
+    # over an array of contexts (float64) the same expressions give four arrays, the same floats
+    # elementwise (the same operations in the same order)
+    decode_arrays = decode_s
 
     def submit_s(self, kind, num_reqs, num_tokens, sum_ctx):
         return 0.0

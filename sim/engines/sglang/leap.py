@@ -203,22 +203,15 @@ class Leap:
             process_s *= cold
             done = process_start + process_s
             if not deferred:
-                finished = self._process(g, n, warm, fresh, (), done)
+                finished = s.deliver_decode(g, n, warm, fresh, (), (), done)
                 rec.decode_row(head, finished, mid, launch_end, process_start, done)
             elif prev is None:  # the batch the loop had in flight (a prefill, fresh members): the policy's own path
                 last.sync_start, last.process_start, last.process_end = launch_end, process_start, done
                 s.process_batch_result(last, done)
                 rec.step(last)
-            elif prev[3] or prev[5] or (g - 1) in finishing_at:  # fresh, overshoot or finishing members
-                finished = self._process(g - 1, prev[1], prev[2], prev[3], prev[5], done)
+            else:
+                finished = s.deliver_decode(g - 1, prev[1], prev[2], prev[3], prev[5], (), done)
                 rec.decode_row(prev[0], finished, prev[4], launch_end, process_start, done)
-            else:  # _process of a decode whose members all go on: one ITL sample, inline
-                measured = prev[1] - prev[2]
-                if measured > 0:
-                    rec.itl(done - s.last_decode_delivery_s, measured)
-                s.last_processed_decode = g - 1
-                s.last_decode_delivery_s = done
-                rec.decode_row(prev[0], 0, prev[4], launch_end, process_start, done)
             if overshoot_pages:  # _process_decode of g-1 releases the slots its finishers took in g
                 kv.used_pages -= overshoot_pages
             step_s = done - now
@@ -257,34 +250,6 @@ class Leap:
             return None
         k, now, fe, proc, row = run
         return k, k_max, now, (row[:7], row[2], row[5], [], row[8:], ()), proc, fe
-
-    # --- shared ---------------------------------------------------------------------------------
-    def _process(self, g: int, n: int, warm: int, fresh: list, overshoot, t: float) -> int:
-        """``process_batch_result_decode`` of decode batch ``g`` (``n`` members, ``warm`` of them
-        warm-up, ``fresh`` of them fresh from a prefill, ``overshoot`` of them finished in the
-        batch before, their slots already released) at ``t``, as
-        :meth:`ResultsMixin._process_decode` does it for a batch without dropped members.
-        Returns how many finished."""
-        s = self.s
-        finished = s.finishing_at.pop(g, None)
-        if finished:
-            s.leave_decoded(finished, g, t)
-        measured = n - warm
-        if overshoot:  # their tokens are discarded
-            measured -= len(overshoot) - sum(r.warmup for r in overshoot)
-        if fresh:
-            itl = s.recorder.itl
-            for req in fresh:
-                if req.warmup:
-                    measured += 1
-                else:
-                    itl(t - req.last_token_s, 1)
-            measured -= len(fresh)
-        if measured > 0:
-            s.recorder.itl(t - s.last_decode_delivery_s, measured)
-        s.last_processed_decode = g
-        s.last_decode_delivery_s = t
-        return len(finished) if finished else 0
 
     def _in_flight(self, row: tuple, fresh: list, overshoot) -> Batch:
         """The decode batch scheduled last (its row up to its forward's end, its fresh and

@@ -96,25 +96,11 @@ def overlap_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, 
         sched, process = sched[:k], process[:k]
     _commit(leap, g0, k, n, need, used_after, ctx, float(starts[k - 1]), float(fe[k - 1]))
     # rows: prev (decode g0-1) and decodes g0 .. g0+k-2, each stamped by the iteration after it
-    seqs = np.arange(s.next_step_seq - k, s.next_step_seq - 1, dtype=np.float64)
     rows = np.empty((k, 22))
     rows[0, :19] = prev_row
-    r = rows[1:]
-    r[:, 0] = seqs
-    r[:, 1] = DECODE
-    r[:, 2] = r[:, 3] = n
-    r[:, 4] = ctx[:k - 1]
-    r[:, 5] = warm
-    r[:, 6] = r[:, 7] = r[:, 8] = r[:, 11] = 0
-    r[:, 9] = (used_after[:k - 1]) * page
-    r[:, 10] = n
-    r[:, 12] = starts[:k - 1]
-    r[:, 13] = starts[:k - 1] + recv
-    r[:, 14] = r[:, 13] + sched[:k - 1]
-    r[:, 15] = ls[:k - 1]
-    r[:, 16] = le[:k - 1]
-    r[:, 17] = fs[:k - 1]
-    r[:, 18] = fe[:k - 1]
+    j = k - 1
+    _scheduled(rows[1:], s.next_step_seq - k, n, warm, ctx[:j], used_after[:j] * page, starts[:j], recv, sched[:j],
+               ls[:j], le[:j], fs[:j], fe[:j])
     rows[:, 19] = le
     rows[:, 20] = ps
     rows[:, 21] = done
@@ -159,20 +145,30 @@ def normal_run(leap, now: float, k_max: int) -> tuple[int, float] | None:
             return None
     _commit(leap, g0, k, n, need, used_after, ctx, float(starts[k - 1]), float(fe[k - 1]))
     rows = np.empty((k, 22))
-    rows[:, 0] = np.arange(s.next_step_seq - k, s.next_step_seq)
-    rows[:, 1] = DECODE
-    rows[:, 2] = rows[:, 3] = rows[:, 10] = n
-    rows[:, 4] = ctx[:k]
-    rows[:, 5] = warm
-    rows[:, 6] = rows[:, 7] = rows[:, 8] = rows[:, 11] = 0
-    rows[:, 9] = used_after[:k] * kv.page_size
-    rows[:, 12] = starts[:k]
-    rows[:, 13] = starts[:k] + recv
-    rows[:, 14] = rows[:, 13] + sched[:k]
-    rows[:, 15], rows[:, 16], rows[:, 17], rows[:, 18] = ls[:k], le[:k], le[:k], fe[:k]
+    _scheduled(rows, s.next_step_seq - k, n, warm, ctx[:k], used_after[:k] * kv.page_size, starts[:k], recv,
+               sched[:k], ls[:k], le[:k], le[:k], fe[:k])  # each forward starts at its launch's end
     rows[:, 19], rows[:, 20], rows[:, 21] = le[:k], ready[:k], done[:k]
     _deliver(s, rows, done[:k], np.full(k, n - warm, dtype=np.int64), s.next_decode_seq - 1)
     return k, float(done[k - 1])
+
+
+def _scheduled(rows: np.ndarray, first_seq: int, n: int, warm: int, ctx, kv_used, starts, recv: float, sched,
+               ls, le, fs, fe) -> None:
+    """Columns ``seq`` to ``forward_end`` of the rows of consecutive decode batches of ``n``
+    requests (``warm`` warm-up), the first numbered ``first_seq``: contexts, KV tokens used after
+    each allocation, iteration starts, recv and schedule costs, launch starts and ends, forward
+    starts and ends (arrays, one value per batch)."""
+    rows[:, 0] = np.arange(first_seq, first_seq + len(rows))
+    rows[:, 1] = DECODE
+    rows[:, 2] = rows[:, 3] = rows[:, 10] = n  # num_reqs, num_tokens, num_running (no member leaves)
+    rows[:, 4] = ctx
+    rows[:, 5] = warm
+    rows[:, 6] = rows[:, 7] = rows[:, 8] = rows[:, 11] = 0  # overshoot, finished, after_idle, num_queued
+    rows[:, 9] = kv_used
+    rows[:, 12] = starts
+    rows[:, 13] = starts + recv
+    rows[:, 14] = rows[:, 13] + sched
+    rows[:, 15], rows[:, 16], rows[:, 17], rows[:, 18] = ls, le, fs, fe
 
 
 def _kv_fits(s, g0: int, k_max: int):

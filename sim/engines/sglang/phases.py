@@ -166,14 +166,9 @@ class Phases:
 
     def sync(self, batch: Batch, at: float | None = None) -> float:
         """Block on ``batch``'s forward (``copy_done.synchronize()``) from ``at`` (default: now).
-        Returns the wait."""
+        Returns the wait (:meth:`wait` as a duration)."""
         at = self.env.now if at is None else at
-        batch.sync_start = at
-        ready = batch.forward_end + self.costs.sync_latency_s  # :meth:`result_wait_s`, inlined (every step)
-        wait = ready - at if ready > at else 0.0
-        if wait >= AFTER_WAIT_MIN_S:
-            self._cold = self.after_wait_scale
-        return wait
+        return self.wait(batch, at) - at
 
     def wait(self, batch: Batch, at: float) -> float:
         """Block on ``batch``'s forward (``copy_done.synchronize()``) from ``at``; returns the CPU

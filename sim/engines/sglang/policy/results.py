@@ -43,10 +43,8 @@ class ResultsMixin:
 
     def _process_decode(self, batch: Batch, t: float) -> int:
         g = batch.decode_seq
-        rec = self.recorder
-        finished = self.finishing_at.pop(g, [])
-        if finished:
-            self.leave_decoded(finished, g, t)
+        finished = self.deliver_decode(g, batch.num_reqs, batch.num_warmup, batch.fresh, batch.overshoot,
+                                       batch.dropped, t)
         if batch.overshoot_pages:  # the extra slot of each overshoot member, if not yet freed
             self.kv.free(batch.overshoot_pages)
         nxt = self.inflight_decode
@@ -54,23 +52,36 @@ class ResultsMixin:
             # SGLang releases the slot the finished requests took in the next (in-flight) batch now
             self.kv.free(nxt.overshoot_pages)
             nxt.overshoot_pages = 0
-        dropped = batch.dropped
+        batch.finished = finished
+        return finished
+
+    def deliver_decode(self, g: int, num_reqs: int, num_warmup: int, fresh: list[Req], overshoot: list[Req],
+                       dropped: list[Req], t: float) -> int:
+        """The tokens of decode batch ``g`` (``num_reqs`` members, ``num_warmup`` of them warm-up;
+        ``fresh``: members fresh from a prefill, ``overshoot``: members that finished in the batch
+        before, their token discarded, ``dropped``: members retracted or aborted in flight) reach
+        the clients at ``t``: its finished requests leave, one ITL sample per fresh member and one
+        for the members that go on. Returns how many finished. (Its KV slots are
+        :meth:`_process_decode`'s.)"""
+        rec = self.recorder
+        finished = self.finishing_at.pop(g, None)
+        if finished:
+            self.leave_decoded(finished, g, t)
         warm_fresh = 0
-        for req in batch.fresh:
+        for req in fresh:
             warm_fresh += req.warmup
             if not req.warmup and not (dropped and req in dropped):
                 rec.itl(t - req.last_token_s, 1)
-        warm_over = sum(r.warmup for r in batch.overshoot) if batch.overshoot else 0
-        continuing = batch.num_reqs - len(batch.overshoot) - len(batch.fresh)
-        measured = continuing - (batch.num_warmup - warm_over - warm_fresh)
+        warm_over = sum(r.warmup for r in overshoot) if overshoot else 0
+        continuing = num_reqs - len(overshoot) - len(fresh)
+        measured = continuing - (num_warmup - warm_over - warm_fresh)
         if dropped:
-            measured -= sum(1 for r in dropped if not r.warmup and r not in batch.fresh)
+            measured -= sum(1 for r in dropped if not r.warmup and r not in fresh)
         if measured > 0:
             rec.itl(t - self.last_decode_delivery_s, measured)
         self.last_processed_decode = g
         self.last_decode_delivery_s = t
-        batch.finished = len(finished)
-        return len(finished)
+        return len(finished) if finished else 0
 
     def leave_decoded(self, finished: list[Req], g: int, t: float) -> None:
         """Requests whose last token came in decode batch ``g`` leave the running batch at ``t``:

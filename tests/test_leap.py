@@ -261,3 +261,19 @@ def test_a_batch_that_empties_ends_the_leap(output_len, arrival):
         res = sim.simulate(scenario, setting, tables="none")
         assert res.stats["decode_steps"] <= 3 * output_len
         assert_same(scenario, setting)
+
+
+def test_counts_from_numpy_rows_stay_integers():
+    """Regression (found by the generated family): steps that reach the streamed recorder as
+    numpy rows before the measured window starts were counted as floats, so the summary said
+    ``overshoot_tokens: 0.0`` where step by step it says ``0``."""
+    raw = {"name": "leap-window", "seed": 0,
+           "workload": {"arrival": "poisson", "num_requests": 5, "warmup_requests": 4, "rate_per_s": 1.0,
+                        "input_len": 1, "output_len": 35, "finish": "length"},
+           "server": {"settings": ["normal"], "max_running_requests": 1, "retraction": "naive"},
+           "costs": {"gpu": {"decode": {"base": 0.001953125, "per_req": 5.5e-05, "per_ctx_token": 0.0}},
+                     "cpu": {"process": {"base": 1e-05, "per_req": 0.0}}}}
+    scenario = sim.load_scenario(raw)
+    assert sim.simulate(scenario, "normal", tables="none").stats["leapt_steps"] > 0
+    assert_same(scenario, "normal", tables="none")
+    assert type(sim.simulate(scenario, "normal", tables="none").summary()["overshoot_tokens"]) is int

@@ -195,7 +195,8 @@ class StreamingRecorder:
         if (start != start or rows[0, 17] < start or rows[0, 8] or (rows[:, 1] != 1).any()
                 or self._prev_forward_end != self._prev_forward_end):
             for row in rows.tolist():  # the window's start, an idle step, a prefill: row by row
-                self.step_row(row)
+                # (the counts as ints, as a batch gives them: the summary writes 0, not 0.0)
+                self._record(row[17], row[18], bool(row[8]), int(row[1]), int(row[2]), int(row[6]), row[20] - row[19])
             return
         fs, fe = rows[:, 17], rows[:, 18]
         gap = np.empty(len(fs))

@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the validation's loads (calibrate.real.validation_loads.GRIDS): heldout = loads the calibration "
                          "never ran, closed and open loops, sent by the engine's own benchmark client (SGLang: its "
                          "gamma load by the own client); speculative: with --speculative; structured: every request "
-                         "constrained to a JSON schema, the calibration with its constrained sessions (vLLM); tp: the "
+                         "constrained to a JSON schema, the calibration with its constrained sessions (vLLM) or runs (SGLang, "
+                         "whose loads go by the own client); tp: the "
                          "speculative grid's loads plain (with --tensor-parallel-size)")
     ap.add_argument("--speculative", default=None, metavar="JSON",
                     help="vLLM: serve with --speculative-config of these keys (method, model, num_speculative_tokens; "
@@ -210,17 +211,23 @@ def main(argv: list[str] | None = None) -> int:
                 stub_session(engine, model, stub_grid, setting, stub_dir, report, name)
     else:
         from calibrate.real.sglang_profile import SglangGrid, calibrate_sglang, design, run_job
+        from calibrate.real.sglang_structured import job as structured_job
 
         grid = SglangGrid()
         settings = ("normal", "overlap")
         d = design(grid)
+        structured = args.grid == "structured"
 
         def calibration_run(setting: str, name: str) -> None:
             run_job(engine, d.job(str(model), setting == "overlap", grid), cal_dir, f"calibrate-{name}", report)
+            if structured:  # the constrained run beside it (the grammar curves)
+                run_job(engine, structured_job(str(model), setting == "overlap", grid.server_args(),
+                                               grid.decode_batch_sizes, grid.decode_waves, grid.seed),
+                        cal_dir, f"calibrate-{name}-json", report)
 
         def build(command: str) -> dict:
             return calibrate_sglang(engine, model, grid, cal_dir, command=command, report=report,
-                                    sessions=args.rounds)
+                                    sessions=args.rounds, structured=structured)
     cal_runs = session_order(settings, args.rounds)
     for step, i in order:
         if step == "calibrate":

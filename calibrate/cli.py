@@ -60,9 +60,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "model is \"MODEL\": the target drafting for itself), which times the speculative host "
                         "curves (the drafter's host work, the rejection sampler; docs/vllm.md)")
     p.add_argument("--structured-output", action="store_true",
-                   help="with --engine vllm: after each session, one more whose requests all carry a JSON schema, "
-                        "which times the grammar curves (the engine core's bitmask, the worker's mask, the "
-                        "grammar's accept; docs/vllm.md)")
+                   help="after each session (vllm) or run (sglang), one more whose requests all carry a JSON "
+                        "schema, which times the grammar curves (vllm: the engine core's bitmask, the worker's "
+                        "mask, the grammar's accept, docs/vllm.md; sglang: the mask and the processing with "
+                        "the accept, docs/model.md)")
     p.add_argument("--feature-client", choices=("own", "engine"), default=None,
                    help="with --speculative or --structured-output: the load generator of those sessions: own (this "
                         "project's client, token-id prompts; default) or engine (vLLM's own benchmark client, "
@@ -221,11 +222,11 @@ def run(args: argparse.Namespace) -> int:
         raise CalibrationInputError("--sessions", "", f"expected an integer from 1 to {MAX_SESSIONS} (got {args.sessions})")
     if args.speculative is not None and args.engine != "vllm":
         raise CalibrationInputError("--speculative", "", "only with --engine vllm")
-    if args.structured_output and args.engine != "vllm":
-        raise CalibrationInputError("--structured-output", "", "only with --engine vllm")
-    if args.structured_output and args.host_only:
-        raise CalibrationInputError("--structured-output", "", "not with --host-only (the grammar sessions time the "
-                                    "real server)")
+    if args.structured_output and args.engine not in ("vllm", "sglang"):
+        raise CalibrationInputError("--structured-output", "", "only with --engine vllm or --engine sglang")
+    if args.structured_output and args.host_only and args.engine != "sglang":
+        raise CalibrationInputError("--structured-output", "", "with --host-only only for --engine sglang (vLLM's "
+                                    "grammar sessions time the real server)")
     if args.speculative is not None and args.host_only:
         raise CalibrationInputError("--speculative", "", "not with --host-only (the drafter's passes need the real "
                                     "forward)")

@@ -290,3 +290,22 @@ def test_swapped_or_wrong_kinds_of_file_are_named(run_cli, tmp_path, order, flag
              "host": _write(tmp_path, "host.json", host_file(ALL_HOST)), "full": _write(tmp_path, "full.json", full)}
     code, _, err = run_cli(["compose", files[order[0]], files[order[1]], "--out", tmp_path / "o.json", "--host-speed", "1"])
     assert code == 2 and err.count("\n") == 1 and flag in err and words in err
+
+
+def test_a_host_files_grammar_curves_are_moved_with_the_host_phases():
+    """Structured output (calibrate --engine sglang --host-only --structured-output): the
+    grammar.* curves join the composed profile moved like the host phases, with the metadata."""
+    from sim.model.profile import GRAMMAR_CURVE_AXES
+
+    host = host_file(ALL_HOST)
+    for name in GRAMMAR_CURVE_AXES:
+        host["samples"] += [{"curve": name, "point": {"num_reqs": n}, "times_s": [1e-4 * n]} for n in (1, 8, 64)]
+    host["metadata"]["structured_output"] = {"kind": "json_schema"}
+    host = build_profile(host["metadata"], host["samples"], SGLANG_HOST_CURVES)
+    out = compose(synthetic_profile({"launch.decode": lambda n: 2e-4}), host, host_speed=2.0)
+    validate_profile(out, "<composed>")
+    assert out["curves"]["grammar.mask"]["values_s"] == pytest.approx([0.5e-4, 4e-4, 32e-4])
+    assert out["metadata"]["structured_output"]["kind"] == "json_schema"
+    assert out["metadata"]["curve_sources"]["grammar.process"]["source"] == "moved"
+    plain = compose(synthetic_profile({"launch.decode": lambda n: 2e-4}), host_file(ALL_HOST), host_speed=2.0)
+    assert "grammar.mask" not in plain["curves"] and "grammar.mask" not in plain["metadata"]["curve_sources"]

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Callable
 
 
-def run_host_command(args, engine_name: str, grid, calibrate: Callable[..., dict]) -> int:
+def run_host_command(args, engine_name: str, grid, calibrate: Callable[..., dict], flags: list[str] = ()) -> int:
     """Run ``calibrate(engine, model, grid, work, command=, report=, sessions=)`` for ``args``
-    (``--out``, ``--work``, ``--sessions``, ``--engine-python``) and write its host-costs file.
+    (``--out``, ``--work``, ``--sessions``, ``--engine-python``) and write its host-costs file;
+    ``flags``: further flags of the command line it records.
 
     Raises:
         CalibrationInputError / UserInputError: a bad ``--out`` or engine environment (one line).
@@ -25,6 +26,7 @@ def run_host_command(args, engine_name: str, grid, calibrate: Callable[..., dict
     sessions = args.sessions or 1
     argv = ["overlap-sim", "calibrate", "--engine", engine_name, "--host-only", "--out", str(args.out)]
     argv += ["--sessions", str(sessions)] if sessions > 1 else []
+    argv += list(flags)
     host = calibrate(engine, model, grid, work, command=shlex.join(argv), report=_report, sessions=sessions)
     save_profile(args.out, host)
     for name, c in host["curves"].items():

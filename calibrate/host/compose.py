@@ -40,6 +40,7 @@ from sim.errors import ProfileError
 DEVICE_CURVES = ("forward.decode", "forward.extend", "submit.decode", "submit.extend")
 HOST_CURVES = ("recv", "schedule.extend", "schedule.decode", "process.extend", "process.decode")
 LAUNCH_CURVES = ("launch.decode", "launch.extend")
+GRAMMAR_CURVES = ("grammar.mask", "grammar.process")  # a host file's structured-output curves, when it has them
 
 
 def _curve_at(c: dict, x: float) -> float:
@@ -154,7 +155,7 @@ def compose(device: dict, host: dict, *, host_speed: float | None = None, device
             x = s["point"]["num_reqs" if s["curve"] == "launch.decode" else "num_tokens"]
             part = 0.0 if engine_launch else _curve_at(dev, x)
             t = [v + part for v in t]
-        elif s["curve"] not in HOST_CURVES:
+        elif s["curve"] not in HOST_CURVES and s["curve"] not in GRAMMAR_CURVES:
             continue
         samples.append({**copy.deepcopy(s), "times_s": t})
     unc = move.get("uncertainty_rel")
@@ -165,7 +166,7 @@ def compose(device: dict, host: dict, *, host_speed: float | None = None, device
         if name in device["curves"]:
             sources[name] = {"source": "moved" if dmeta.get("transfer") else "measured",
                              "device": dmeta.get("device_name"), "date": dmeta.get("date"), "file": device_source}
-    for name in HOST_CURVES:
+    for name in HOST_CURVES + tuple(c for c in GRAMMAR_CURVES if c in host["curves"]):
         fn = (hmeta.get("curve_sources") or {}).get(name, {})
         sources[name] = {**fn, **moved, "date": hmeta.get("date"), "file": host_source}
     for name in LAUNCH_CURVES:
@@ -180,6 +181,8 @@ def compose(device: dict, host: dict, *, host_speed: float | None = None, device
     meta["libraries"] = {**(dmeta.get("libraries") or {}),
                          **{f"host.{k}": v for k, v in (hmeta.get("libraries") or {}).items()}}
     meta["curve_sources"] = sources
+    if isinstance(hmeta.get("structured_output"), dict):
+        meta["structured_output"] = {**hmeta["structured_output"], "moved": moved}
     meta["composed"] = {
         "device_profile": device_source, "device_date": dmeta.get("date"), "device_name": dmeta.get("device_name"),
         "host_costs": host_source, "host_date": hmeta.get("date"), "host_cpu": hmeta.get("host_cpu"),

@@ -39,6 +39,10 @@ from calibrate.host import yardstick
 from calibrate.real import sglang_trace
 from calibrate.real.environment import Engine, mean_probe, session_order
 from calibrate.real.sglang_profile import HOST_FUNCTIONS, SglangGrid, design, metadata, run_job, samples
+from calibrate.real.sglang_structured import job as structured_job
+from calibrate.real.sglang_structured import FUNCTIONS as STRUCTURED_FUNCTIONS
+from calibrate.real.sglang_structured import metadata as structured_metadata
+from calibrate.real.sglang_structured import read_samples as structured_samples
 
 STUB_LIMITS = ("the stub replaces ModelRunner._forward_raw: no KV writes and no model compute (the host phases "
                "run on a cache a real forward would have disturbed), no attention-backend metadata planning "
@@ -108,10 +112,13 @@ def context_dependence(its: list[sglang_trace.Iteration], d) -> list[dict]:
 
 def calibrate_sglang_host(engine: Engine, model_dir: Path, grid: SglangHostGrid, folder: Path,
                           settings: tuple[str, ...] = ("normal", "overlap"), command: str = "",
-                          report: Callable[[str], None] = print, sessions: int = 1) -> dict:
+                          report: Callable[[str], None] = print, sessions: int = 1, structured: bool = False) -> dict:
     """Run the stubbed scheduler ``sessions`` times under each of ``settings``, time the host
     yardstick (:mod:`calibrate.host.yardstick`) beside the runs, and build the host-costs file
-    (:func:`host_costs`).
+    (:func:`host_costs`). ``structured``: each run is followed by a stubbed structured-output run
+    of the same loop (``host-<name>-json``, :mod:`calibrate.real.sglang_structured`: the stub's
+    zero logits sampled at temperature 1 under the mask give tokens the grammar allows), whose
+    samples price the ``grammar.*`` curves.
 
     A finished run (and the yardstick's reading) is reused from ``folder``: an interrupted
     calibration resumes. Wall time here: about 40 s per run, most of it SGLang's start-up, and
@@ -127,25 +134,31 @@ def calibrate_sglang_host(engine: Engine, model_dir: Path, grid: SglangHostGrid,
     d = design(grid)
     order = session_order(settings, sessions)
     t0 = time.perf_counter()
-    traces = []
+    traces, grammar_traces = [], []
     for setting, name in order:
         job = {**d.job(str(model_dir), setting == "overlap", grid), "stub_forward": True}
         traces.append(run_job(engine, job, folder, f"host-{name}", report))
+        if structured:
+            gjob = {**structured_job(str(model_dir), setting == "overlap", grid.server_args(), grid.decode_batch_sizes,
+                                     grid.decode_waves, grid.seed), "stub_forward": True}
+            grammar_traces.append(run_job(engine, gjob, folder, f"host-{name}-json", report))
     ruler = yardstick.reading_beside(folder / "yardstick.json", report)
     probe = mean_probe(folder / f"host-{name}.hostspeed.json" for _, name in order)
-    host = host_costs(engine, grid, order, traces, ruler, settings, command, probe)
+    host = host_costs(engine, grid, order, traces, ruler, settings, command, probe, grammar_traces)
     host["metadata"]["wall_s"] = round(time.perf_counter() - t0, 1)
     return host
 
 
 def host_costs(engine: Engine, grid: SglangHostGrid, order: list[tuple[str, str]], traces: list[Path],
                ruler: dict | None, settings: tuple[str, ...] = ("normal", "overlap"), command: str = "",
-               probe: dict | None = None) -> dict:
+               probe: dict | None = None, grammar_traces: list[Path] = ()) -> dict:
     """The host-costs file (a dict in the profile format, :data:`sim.model.profile.SGLANG_HOST_CURVES`)
     from the stubbed runs' traces (``order[i]`` = (setting, name) of ``traces[i]``): the host
     samples of :func:`calibrate.real.sglang_profile.samples`, the first setting's as the base
     curves and the others' in ``setting_curves``; ``metadata`` as the CPU-engine calibration's plus
-    ``kind: host``, the stub's limits, ``context_dependence``, ``curve_sources`` and ``yardstick``.
+    ``kind: host``, the stub's limits, ``context_dependence``, ``curve_sources`` and ``yardstick``;
+    ``grammar_traces`` (one per run, in ``order``; may be empty): the stubbed structured-output
+    runs, priced into the ``grammar.*`` curves (``metadata.structured_output``).
 
     Raises:
         CalibrationInputError: points without samples. RuntimeError: a trace of an unstubbed run.
@@ -171,6 +184,11 @@ def host_costs(engine: Engine, grid: SglangHostGrid, order: list[tuple[str, str]
             merged.setdefault(key, {**smp, **tag, "times_s": []})["times_s"].extend(smp["times_s"])
         stub_ms.setdefault(setting, []).extend(t * 1e3 for s in stub for t in s["times_s"])
         contexts[name] = context_dependence(its, d)
+    for (setting, _), trace in zip(order, grammar_traces):
+        tag = {} if setting == settings[0] else {"setting": setting}
+        for smp in structured_samples(trace, set(grid.decode_batch_sizes)):
+            key = (smp["curve"], tuple(sorted(smp["point"].items())), setting)
+            merged.setdefault(key, {**smp, **tag, "times_s": []})["times_s"].extend(smp["times_s"])
     meta_ = metadata(engine, grid, meta or {}, settings, command)
     meta_.update({
         "kind": "host", "device": "host", "device_name": f"host only (SGLang {engine.version} scheduler, forward stubbed)",
@@ -181,6 +199,10 @@ def host_costs(engine: Engine, grid: SglangHostGrid, order: list[tuple[str, str]
         "context_dependence": contexts,
         "curve_sources": host_curve_sources(engine.version),
     })
+    if grammar_traces:
+        meta_["structured_output"] = structured_metadata([t.stem for t in grammar_traces])
+        meta_["curve_sources"].update({c: {"source": "measured", "engine": f"sglang {engine.version}", "function": fn}
+                                       for c, fn in STRUCTURED_FUNCTIONS.items()})
     meta_.pop("sync_latency_s", None)
     if ruler:
         meta_["yardstick"] = ruler
@@ -208,7 +230,9 @@ def _check_host_coverage(host: list[dict], grid: SglangHostGrid) -> None:
 
 
 def run_host_calibration(args) -> int:
-    """``calibrate --engine sglang --host-only``: host costs from SGLang's scheduler, forward stubbed."""
+    """``calibrate --engine sglang --host-only``: host costs from SGLang's scheduler, forward stubbed
+    (with ``--structured-output``, the grammar curves too)."""
+    import functools
     from dataclasses import replace
 
     from calibrate.host.command import run_host_command
@@ -219,4 +243,6 @@ def run_host_calibration(args) -> int:
                    context_length=max(grid.context_length, max(grid.decode_contexts) + grid.decode_steps,
                                       max(grid.extend_tokens) + max(grid.extend_prefixes) + 1))
     grid.check()
-    return run_host_command(args, "sglang", grid, calibrate_sglang_host)
+    structured = bool(getattr(args, "structured_output", False))
+    return run_host_command(args, "sglang", grid, functools.partial(calibrate_sglang_host, structured=structured),
+                            ["--structured-output"] if structured else [])

@@ -81,8 +81,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
     sessions = args.sessions or 1
     argv = ["overlap-sim", "calibrate", "--engine", args.engine, "--out", str(args.out)]
     argv += ["--sessions", str(sessions)] if sessions > 1 else []
+    structured = bool(getattr(args, "structured_output", False))
+    argv += ["--structured-output"] if structured else []
     profile = calibrate_sglang(engine, model, grid, work, command=shlex.join(argv), report=_report,
-                               sessions=sessions)
+                               sessions=sessions, structured=structured)
     save_profile(args.out, profile)
     for curve, point, med, mean in phase_table(profile):
         _report(f"  {curve:16s} {point:>8s}  median {med:7.3f} ms  mean {mean:7.3f} ms")

@@ -35,6 +35,9 @@ from calibrate.errors import CalibrationInputError
 from calibrate.real import sglang_trace
 from calibrate.real.environment import Engine, mean_probe, model_metadata, run_module, run_probed, session_order
 from calibrate.real.jobs import Prompts, request
+from calibrate.real.sglang_structured import job as structured_job
+from calibrate.real.sglang_structured import metadata as structured_metadata
+from calibrate.real.sglang_structured import read_samples as structured_samples
 
 
 DRIVER_TIMEOUT_S = 1800  # one in-process run: about a minute here; a hung one is stopped
@@ -236,7 +239,7 @@ def run_job(engine: Engine, job: dict, folder: Path, name: str, report: Callable
 
 def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, folder: Path,
                      settings: tuple[str, ...] = ("normal", "overlap"), command: str = "",
-                     report: Callable[[str], None] = print, sessions: int = 1) -> dict:
+                     report: Callable[[str], None] = print, sessions: int = 1, structured: bool = False) -> dict:
     """Run the calibration job ``sessions`` times under each of ``settings`` (in the alternating
     order of :func:`calibrate.real.environment.session_order`; runs named ``calibrate-<name>``)
     and build one profile.
@@ -246,7 +249,9 @@ def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, folder: 
     further setting's CPU phases go into ``setting_curves`` (:mod:`sim.model.profile`); a point's
     samples are those of every run of its setting. A finished run's trace is reused
     (``folder``), so an interrupted calibration resumes, and a larger ``sessions`` adds runs to
-    the ones already there.
+    the ones already there. ``structured``: each run is followed by a structured-output run of
+    the same loop (``calibrate-<name>-json``, :mod:`calibrate.real.sglang_structured`), whose
+    samples price the ``grammar.*`` curves (``metadata.structured_output``).
 
     Raises:
         CalibrationInputError: a grid the server cannot run, or points without samples.
@@ -260,8 +265,14 @@ def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, folder: 
     merged: dict[tuple, dict] = {}
     meta: dict = {}
     order = session_order(settings, sessions)
-    traces = [run_job(engine, d.job(str(model_dir), setting == "overlap", grid), folder, f"calibrate-{name}",
-                      report) for setting, name in order]
+    traces, grammar_traces = [], []
+    for setting, name in order:
+        traces.append(run_job(engine, d.job(str(model_dir), setting == "overlap", grid), folder, f"calibrate-{name}",
+                              report))
+        if structured:
+            grammar_traces.append(run_job(engine, structured_job(str(model_dir), setting == "overlap", grid.server_args(),
+                                                                 grid.decode_batch_sizes, grid.decode_waves, grid.seed),
+                                          folder, f"calibrate-{name}-json", report))
     reference = mean_probe(folder / f"calibrate-{name}.hostspeed.json" for _, name in order)
     for (setting, _), trace in zip(order, traces):
         meta, records, _ = sglang_trace.read_records(trace)
@@ -275,7 +286,14 @@ def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, folder: 
                 key = (smp["curve"], tuple(sorted(smp["point"].items())), setting)
                 tag = {} if setting == settings[0] else {"setting": setting}
             merged.setdefault(key, {**smp, **tag, "times_s": []})["times_s"].extend(smp["times_s"])
+    for (setting, _), trace, plain in zip(order, grammar_traces, traces):
+        tag = {} if setting == settings[0] else {"setting": setting}
+        for smp in structured_samples(trace, set(grid.decode_batch_sizes), plain):
+            key = (smp["curve"], tuple(sorted(smp["point"].items())), setting)
+            merged.setdefault(key, {**smp, **tag, "times_s": []})["times_s"].extend(smp["times_s"])
     metadata_ = metadata(engine, grid, meta or {}, settings, command)
+    if structured:
+        metadata_["structured_output"] = structured_metadata([t.stem for t in grammar_traces], sampler=True)
     # the fewest samples any point has (a prefill point is measured extend_repeats times, a
     # decode point once per decode step of its waves)
     metadata_["repeats"] = min(len(s["times_s"]) for s in merged.values())

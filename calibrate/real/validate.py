@@ -68,7 +68,8 @@ class Plan:
         """The plan of ``engine`` over the loads of ``grid`` (:data:`GRIDS`).
 
         A load for the engine's client with arrivals that client cannot draw (gamma for SGLang,
-        :data:`ENGINE_CLIENT_BURSTY`) is sent by the own client (token-id prompts) instead.
+        :data:`ENGINE_CLIENT_BURSTY`) or a grammar it cannot send (SGLang's) is sent by the own
+        client (token-id prompts) instead.
 
         Raises:
             CalibrationInputError: an unknown grid or engine.
@@ -77,10 +78,10 @@ class Plan:
             raise CalibrationInputError("--grid", "", f"one of {', '.join(GRIDS)} (got {grid!r})")
         if engine not in ENGINE_PLANS:
             raise CalibrationInputError("--engine", "", f"one of {', '.join(ENGINE_PLANS)} (got {engine!r})")
-        if engine != "vllm" and any(c.grammar for c in GRIDS[grid]):
-            raise CalibrationInputError("--grid", "", f"{grid}: structured output is modelled for vLLM only")
-        configs = tuple(replace(c, client="own") if c.client == "engine" and c.burstiness != 1.0
-                        and not ENGINE_CLIENT_BURSTY[engine] else c for c in GRIDS[grid])
+        # SGLang's benchmark client sends no grammar: its constrained loads go by the own client
+        configs = tuple(replace(c, client="own") if c.client == "engine" and (
+                            (c.burstiness != 1.0 and not ENGINE_CLIENT_BURSTY[engine]) or (c.grammar and engine != "vllm"))
+                        else c for c in GRIDS[grid])
         settings, args = ENGINE_PLANS[engine]
         kwargs.setdefault("client_nice", CLIENT_NICE[grid])  # ``--client-nice`` overrides the grid's
         return cls(configs=configs, settings=settings, server_args=args, engine=engine, **kwargs)

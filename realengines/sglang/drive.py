@@ -22,7 +22,9 @@ JOB (JSON)::
      "requests": [{"rid": str, "input_ids": [int], "max_new_tokens": int, "ignore_eos": bool,
                    "stop_token_ids": [int] (optional), "stop": [str] (optional),
                    "temperature": float (default 0: greedy), "sampling_seed": int (optional),
-                   "stream": bool (default true)}],
+                   "stream": bool (default true),
+                   "json_schema": object (optional: the request's output is constrained to this JSON
+                                  schema, ``SamplingParams.json_schema``; the server's grammar backend)}],
      "wait_before_process_s": float (optional: a blocking sleep after each sampling, before the
                                      result is processed, as a GPU host blocks on its copy),
      "stub_forward": bool (optional: the model's forward replaced by a stub, :func:`_stub_forward`),
@@ -80,7 +82,8 @@ def make_request(spec: dict, tokenizer):
     params = SamplingParams(max_new_tokens=int(spec["max_new_tokens"]), temperature=float(spec.get("temperature", 0.0)),
                             ignore_eos=bool(spec.get("ignore_eos", True)), sampling_seed=spec.get("sampling_seed"),
                             stop_token_ids=set(spec["stop_token_ids"]) if spec.get("stop_token_ids") else None,
-                            stop=spec.get("stop") or None)
+                            stop=spec.get("stop") or None,
+                            json_schema=json.dumps(spec["json_schema"]) if spec.get("json_schema") else None)
     params.normalize(tokenizer)
     return TokenizedGenerateReqInput(
         rid=str(spec["rid"]), input_text=None, input_ids=array("q", spec["input_ids"]), input_embeds=None,

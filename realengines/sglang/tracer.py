@@ -15,6 +15,7 @@ record ``ph``       wrapped function                            what the simulat
 ``sample``          ``ModelRunner.sample``                      (inside run_batch) sampling
 ``process``         ``Scheduler.process_batch_result``          process
 ``retract``         ``ScheduleBatch.retract_decode``            (inside schedule) retraction
+``mask``            ``SamplingBatchInfo.update_regex_vocab_mask``  (inside sample) the grammars' mask
 ``idle``            ``Scheduler.on_idle``                       nothing to run
 ==================  ==========================================  =====================================
 
@@ -173,7 +174,18 @@ def patch_model_runner(module, sink) -> None:
     wrap(module.ModelRunner, "sample", "sample", sink)
 
 
+def _mask_info(rec, self, args, kwargs, out):
+    grammars = self.grammars or ()
+    rec["n"] = sum(1 for g in grammars if g and not g.finished and not g.is_terminated())
+    rec["bs"] = len(self.temperatures)
+
+
+def patch_sampling_info(module, sink) -> None:
+    wrap(module.SamplingBatchInfo, "update_regex_vocab_mask", "mask", sink, _mask_info)
+
+
 _PATCHES = {
+    "sglang.srt.sampling.sampling_batch_info": patch_sampling_info,
     "sglang.srt.managers.scheduler": patch_scheduler,
     "sglang.srt.managers.schedule_batch": patch_schedule_batch,
     "sglang.srt.model_executor.model_runner": patch_model_runner,

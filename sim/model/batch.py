@@ -42,6 +42,7 @@ class Req:
     kv_held: int = 0  # private KV tokens allocated to the current (re)prefill, cached prefix excluded
     order: int = 0  # position in the running batch (retraction breaks ties by it)
     failure: str = ""  # why it failed: 'cut_off', 'could_not_connect', 'aborted', 'too_long'
+    grammar: bool = False  # structured output: sampled under a grammar (SGLang's req.grammar)
 
     def ctx_at_join(self) -> int:
         """Context length (tokens attended) in its first decode batch of this stint."""
@@ -77,11 +78,14 @@ class Batch:
     kv_used_after_alloc: int = 0
     num_running: int = 0  # requests in the running batch when this batch was scheduled
     num_queued: int = 0  # waiting queue length (incl. a chunked prefill) after scheduling it
-    # vLLM structured output: sampling requests under a grammar; a grammar request's token in
-    # flight (async: sample_tokens deferred); the event the worker's sampling waits for (the bitmask)
+    # structured output: sampling requests under a grammar (SGLang: the mask's rows); vLLM: a
+    # grammar request's token in flight (async: sample_tokens deferred), the event the worker's
+    # sampling waits for (the bitmask); SGLang: when the CPU finished the mask (s), before which
+    # the batch's sampling cannot end (0.0: no mask)
     num_grammar: int = 0
     grammar_pending: bool = False
     mask_ready: object = None
+    mask_end: float = 0.0
     # timeline, filled in by the event loop (seconds)
     recv_start: float = math.nan
     schedule_start: float = math.nan

@@ -25,6 +25,15 @@ class DeviceStream:
         batch.forward_start = start
         batch.forward_end = self.busy_until = start + duration_s
 
+    def hold(self, batch: Batch, until_s: float) -> None:
+        """``batch``'s sampling waits for the host until ``until_s`` (SGLang's grammar mask,
+        :mod:`sim.engines.sglang.structured`): its result is ready no earlier
+        (``batch.mask_end``), and the stream runs nothing after it before then. Only for the
+        last batch enqueued."""
+        batch.mask_end = until_s
+        if until_s > self.busy_until:
+            self.busy_until = until_s
+
     @staticmethod
     def wait_s(batch: Batch, now: float) -> float:
         """How long a host that synchronizes on ``batch`` at ``now`` blocks (s, >= 0)."""

@@ -55,6 +55,11 @@ CURVE_AXES: dict[str, tuple[str, ...]] = {
     "process.extend": ("num_reqs",),
     "process.decode": ("num_reqs",),
 }
+# structured output (sim.engines.sglang.structured): update_regex_vocab_mask at num_reqs
+# constrained requests, and process_batch_result of a decode whose every request is constrained
+GRAMMAR_CURVE_AXES: dict[str, tuple[str, ...]] = {"grammar.mask": ("num_reqs",), "grammar.process": ("num_reqs",)}
+# and, on SGLang's CPU engine, the masked sampler's extra time on the scheduler's thread
+GRAMMAR_SAMPLE_AXES: dict[str, tuple[str, ...]] = {"grammar.sample": ("num_reqs",)}
 # curves a profile may have (the simulator uses them when present)
 OPTIONAL_CURVE_AXES: dict[str, tuple[str, ...]] = {
     # host time blocked inside the submission call when the device was idle: MLX's
@@ -63,6 +68,8 @@ OPTIONAL_CURVE_AXES: dict[str, tuple[str, ...]] = {
     # device is within the last of them
     "submit.decode": ("num_reqs", "ctx"),
     "submit.extend": ("num_tokens", "prefix"),
+    **GRAMMAR_CURVE_AXES,
+    **GRAMMAR_SAMPLE_AXES,
 }
 ALL_CURVE_AXES = {**CURVE_AXES, **OPTIONAL_CURVE_AXES}
 
@@ -86,7 +93,8 @@ class CurveTable:
 SGLANG_CURVES = CurveTable("sglang", CURVE_AXES, OPTIONAL_CURVE_AXES, ("forward.decode", "forward.extend"))
 # a host-costs file (``metadata.kind == "host"``): SGLang's host curves only, no forward
 # (calibrate --engine sglang --host-only writes one; overlap-sim compose joins it to a device's)
-SGLANG_HOST_CURVES = CurveTable("sglang", {}, {k: v for k, v in CURVE_AXES.items() if not k.startswith("forward")}, ())
+SGLANG_HOST_CURVES = CurveTable("sglang", {}, {**{k: v for k, v in CURVE_AXES.items() if not k.startswith("forward")},
+                                               **GRAMMAR_CURVE_AXES}, ())
 REQUIRED_METADATA = ("backend", "device", "device_name", "host_cpu", "libraries", "model", "date",
                      "grid", "repeats")
 # the second axis of forward.extend (and submit.extend), named "prefix" in the curve

@@ -26,7 +26,8 @@ A run stops (and the loop goes on step by step) before an iteration that would:
 
 Not leapt at all (step by step throughout): the MLX chain and ``thread_overlap`` loops, SGLang's
 CPU engine (``blocking_forward``: the forward runs in the launch), a cost model with a submission
-block (MLX profiles), a release fault that kills the server, and vLLM's loops. ``--no-leap``
+block (MLX profiles), a release fault that kills the server, structured output (a grammar's mask
+and accept each step, :mod:`sim.engines.sglang.structured`), and vLLM's loops. ``--no-leap``
 (:func:`sim.simulate.simulate`'s ``leap=False``) runs every iteration step by step; the tests
 hold both paths to byte-identical outputs (``tests/test_leap.py``).
 """
@@ -57,6 +58,8 @@ class Leap:
     def for_run(cls, p: Phases, setting: str) -> "Leap | None":
         """The leap for ``setting``'s loop, or None where that loop is run step by step only."""
         if setting not in ("normal", "overlap") or p.blocking_forward or p._die_fault is not None:
+            return None
+        if p.grammar is not None:  # structured output: the masks and accepts go step by step
             return None
         if getattr(p.costs, "decode_submits", True) or not hasattr(p.costs, "decode_s"):
             return None

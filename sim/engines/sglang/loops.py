@@ -50,7 +50,9 @@ def overlap_loop(env, p: Phases, server):
     (FutureMap), so the CPU never waits for them before launching.
 
     With ``disable_consecutive_prefill_overlap`` (``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP``),
-    a prefill that follows a prefill waits for the previous result first.
+    a prefill that follows a prefill waits for the previous result first. A batch with a grammar
+    samples only after k-1 is processed (``launch_batch_sample_if_needed``: the mask needs k-1's
+    tokens in the grammars, :mod:`sim.engines.sglang.structured`).
     """
     sched = p.scheduler
     last = None
@@ -78,6 +80,8 @@ def overlap_loop(env, p: Phases, server):
         elif batch is None:
             now = yield from _idle(env, p, at)
             continue
+        if batch is not None and batch.num_grammar:  # a grammar: its sampling waits for k-1's tokens
+            at += p.sample(batch, at)
         last = batch
         now = at
         if now >= p.horizon:  # p.must_yield(now), inlined: it is asked every iteration

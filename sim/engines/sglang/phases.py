@@ -13,7 +13,7 @@ import simpy
 
 from sim.engines.sglang.policy.scheduler import Scheduler, ServerDied
 from sim.model.batch import Batch
-from sim.model.costs import CostModel, Jitter
+from sim.model.costs import DECODE, CostModel, Jitter
 from sim.model.device import DeviceStream
 from sim.trace.recorder import TraceRecorder
 
@@ -48,12 +48,16 @@ class Phases:
         after_wait_scale: multiplies the CPU phases from a blocking result wait (a :meth:`sync`
             that waited) to the end of the next :meth:`launch` (``costs.cpu.after_wait_scale``:
             a phase right after a wait costs more, measured on SGLang's real scheduler).
+        grammar: structured output's costs (:class:`sim.engines.sglang.structured.GrammarCosts`;
+            None: no request carries a grammar). ``delay_sample``: the loop fills a batch's mask
+            after processing the previous result (:meth:`sample`, ``event_loop_overlap``), else
+            inside :meth:`launch`, right after the forward is enqueued.
     """
 
     def __init__(self, env: simpy.Environment, scheduler: Scheduler, stream: DeviceStream, costs: CostModel,
                  gpu_jitter: Jitter, cpu_jitter: Jitter, recorder: TraceRecorder, forward_extra_s: float = 0.0,
                  faults: tuple = (), external_arrival_s=None, blocking_forward: bool = False,
-                 after_wait_scale: float = 1.0):
+                 after_wait_scale: float = 1.0, grammar=None, delay_sample: bool = False):
         self.env = env
         self.scheduler = scheduler
         self.stream = stream
@@ -76,6 +80,8 @@ class Phases:
         self._num_submitted = 0
         self.horizon = self._external[0] if self._external else math.inf
         self.leap = None  # sim.engines.sglang.leap.Leap, set by the run where its loop can leap
+        self.grammar = grammar
+        self.delay_sample = delay_sample
 
     def must_yield(self, until: float) -> bool:
         """True when the loop must hand control to SimPy before running on to ``until``: another
@@ -157,11 +163,36 @@ class Phases:
             forward *= self.gpu_jitter()
         forward += self.forward_extra_s
         self.stream.enqueue(batch, at + dur, forward)
+        if self.grammar is not None:
+            if k != DECODE:  # the mask's rows: every constrained request of the prefill
+                batch.num_grammar = sum(c[0].grammar for c in batch.chunks)
+            if batch.num_grammar and not self.delay_sample:  # ModelRunner.sample, behind the forward's launch
+                end = (batch.forward_end if self.blocking_forward else at + dur) + self._mask_s(batch)
+                self.stream.hold(batch, end)
+                return end - at
         if self.blocking_forward:  # CPU engine: run_batch returns when the forward is done
             return batch.forward_end - at
         submit = c.submit_s(k, n, tok, ctx)
         if submit > 0.0:  # MLX: the submission returns only once the device is near the end of this forward
             return max(dur, batch.forward_start + min(submit, forward) - at)
+        return dur
+
+    def sample(self, batch: Batch, at: float) -> float:
+        """``launch_batch_sample_if_needed`` from ``at`` (``event_loop_overlap`` with a grammar
+        in ``batch``): the mask is filled now, after the previous result was processed, and the
+        batch's sampling waits for it. Returns the CPU time."""
+        dur = self._mask_s(batch)
+        self.stream.hold(batch, at + dur)
+        return dur
+
+    def _mask_s(self, batch: Batch) -> float:
+        """The mask's CPU time and, where the sampler runs on the scheduler's thread (the CPU
+        engine), the masked sampler's extra time."""
+        dur = self.grammar.mask_s(batch.num_grammar)
+        if self.blocking_forward:
+            dur += self.grammar.sample_s(batch.num_grammar)
+        if self._cpu_noisy:
+            dur *= self.cpu_jitter()
         return dur
 
     def sync(self, batch: Batch, at: float | None = None) -> float:
@@ -175,7 +206,8 @@ class Phases:
         thread's clock when it returns: when the results are ready (the forward's end plus
         ``sync_latency_s``), or ``at`` if they already were. :meth:`sync` as a clock."""
         batch.sync_start = at
-        ready = batch.forward_end + self.costs.sync_latency_s
+        ready = batch.forward_end if batch.forward_end >= batch.mask_end else batch.mask_end
+        ready += self.costs.sync_latency_s
         if ready > at:
             if ready - at >= AFTER_WAIT_MIN_S:
                 self._cold = self.after_wait_scale
@@ -185,7 +217,7 @@ class Phases:
     def result_wait_s(self, batch: Batch, at: float) -> float:
         """How long a host that waits for ``batch``'s results at ``at`` blocks: until its forward
         ended plus the cost model's ``sync_latency_s`` (s, >= 0)."""
-        ready = batch.forward_end + self.costs.sync_latency_s
+        ready = (batch.forward_end if batch.forward_end >= batch.mask_end else batch.mask_end) + self.costs.sync_latency_s
         return ready - at if ready > at else 0.0
 
     def process(self, batch: Batch, at: float | None = None) -> float:
@@ -195,6 +227,9 @@ class Phases:
         if self._die_fault is not None:
             self.check_faults(batch, now)
         dur = self.costs.process_s(batch.kind, batch.num_reqs, batch.num_tokens, batch.sum_ctx)
+        if batch.num_grammar:  # each constrained request's grammar accepts its token
+            dur += self.grammar.accept_s(batch.num_grammar if batch.kind == DECODE else
+                                         sum(c[0].grammar for c in batch.chunks if c[2]))
         if self._cpu_noisy:
             dur *= self.cpu_jitter()
         dur *= self._cold

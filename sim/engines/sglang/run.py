@@ -16,6 +16,8 @@ from sim.engines.sglang.loops import LOOPS
 from sim.engines.sglang.phases import Phases
 from sim.engines.sglang.policy.scheduler import Scheduler, ServerDied
 from sim.engines.sglang.rules.loop_rules import setting_faults
+from sim.engines.sglang.structured import GrammarCosts
+from sim.errors import ScenarioError
 from sim.model.costs import Jitter, make_cost_model
 from sim.model.device import DeviceStream
 from sim.model.reach import reach_outcome
@@ -52,9 +54,11 @@ def run_sglang(scenario, setting: str, specs: RequestSpecs, warmup: int, recorde
         on_finish = clients.on_finish
     else:
         on_finish = _ignore
+    grammar = grammar_costs(scenario, costs)
     scheduler = Scheduler(specs, srv, warmup, w.finish == "length", recorder, on_finish,
                           lookahead_policy=setting != "overlap_mlx",
-                          deferred_results=setting in ("overlap", "thread_overlap"))
+                          deferred_results=setting in ("overlap", "thread_overlap"),
+                          grammar=None if grammar is None else srv.grammar.draw(len(specs), scenario.seed))
     faults = setting_faults(srv.device, setting, srv.version)
     phases = Phases(
         env, scheduler, DeviceStream(), costs,
@@ -63,6 +67,7 @@ def run_sglang(scenario, setting: str, specs: RequestSpecs, warmup: int, recorde
         recorder, forward_extra_s=costs.overlap_residue_s if setting == "overlap" and not srv.blocking_forward else 0.0,
         faults=faults, external_arrival_s=None if clients is not None else specs.arrival_s,
         blocking_forward=srv.blocking_forward, after_wait_scale=scenario.costs.cpu.after_wait_scale,
+        grammar=grammar, delay_sample=setting == "overlap",
     )
     if leap:
         phases.leap = Leap.for_run(phases, setting)
@@ -86,6 +91,22 @@ def run_sglang(scenario, setting: str, specs: RequestSpecs, warmup: int, recorde
     stats = {"sim_time_s": env.now, "steps": scheduler.next_step_seq, "decode_steps": scheduler.next_decode_seq,
              "leapt_steps": phases.leap.leapt if phases.leap is not None else 0}
     return outcome, stats
+
+
+def grammar_costs(scenario, costs) -> GrammarCosts | None:
+    """Structured output's costs for ``scenario`` priced by ``costs`` (its profile's grammar curves,
+    else the section's given terms); None when no request carries a grammar.
+
+    Raises:
+        ScenarioError: neither gives them (``server.structured_output``).
+    """
+    section = scenario.server.grammar
+    if section is None:
+        return None
+    try:
+        return GrammarCosts(section, getattr(costs, "curves", None), scenario.costs.cpu.scale)
+    except ValueError as err:
+        raise ScenarioError(scenario.source, "server.structured_output", str(err)) from None
 
 
 def _ignore(_rid: int, _t: float) -> None:

@@ -11,6 +11,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from sim.engines.sglang.structured import StructuredOutput
 from sim.model.schema import MAX_POOL_TOKENS, MAX_REQUESTS, MAX_TOKENS, StrictModel
 
 SETTINGS = ("normal", "overlap", "overlap_mlx", "thread_overlap")
@@ -41,6 +42,9 @@ class Server(StrictModel):
     that schedules, 0.5.23, ``managers/scheduler.py``; ``event_loop_overlap`` still runs and
     still processes each result one step late), False on accelerators. The ground-truth
     harness, whose "device" is a separate process, sets False.
+
+    ``structured_output``: the share of requests with a grammar and its costs
+    (:mod:`sim.engines.sglang.structured`; None: none), under ``normal`` and ``overlap`` only.
     """
 
     engine: Literal["sglang"] = Field(default="sglang", exclude=True)  # the scenario's engine (sim.scenario)
@@ -58,6 +62,7 @@ class Server(StrictModel):
     launch_args: Optional[list[str]] = None
     version: Optional[str] = None
     forward_on_scheduler_thread: Optional[bool] = None
+    structured_output: Optional[StructuredOutput] = None
     _from_launch_args: tuple = PrivateAttr(default=())
     _launch_notes: tuple = PrivateAttr(default=())  # launch arguments the rules passed over
 
@@ -71,13 +76,22 @@ class Server(StrictModel):
         it answers approximately is in :meth:`warnings`)."""
         return []
 
+    @property
+    def grammar(self) -> Optional[StructuredOutput]:
+        """The structured-output section when some requests carry a grammar, else None."""
+        so = self.structured_output
+        return so if so is not None and so.share > 0 else None
+
     def warnings(self, profile_meta: dict | None = None) -> list[str]:
-        """What this server section asks for that the simulator answers only approximately (the
-        profile's metadata ``profile_meta`` is not read here), in
+        """What this server section asks for that the simulator answers only approximately, in
         words that name the value: a launch argument the rules do not read (SGLang would act on
         it or refuse it), a loop selected on a device its engine does not run it on (the MLX
-        chain on a CUDA card, the thread-era forward thread under MLX)."""
+        chain on a CUDA card, the thread-era forward thread under MLX), structured output (its
+        costs measured, from the profile's metadata ``profile_meta``, or given)."""
         out = [f"warning: server.launch_args: {note}" for note in self._launch_notes]
+        if self.grammar is not None:
+            measured = (profile_meta or {}).get("structured_output") if isinstance(profile_meta, dict) else None
+            out += self.grammar.caveats(measured if isinstance(measured, dict) else None)
         if "overlap_mlx" in self.settings and self.device != "mlx":
             out.append(f"warning: server.settings overlap_mlx on server.device {self.device}: SGLang runs "
                        "event_loop_overlap_mlx only on MLX; the chain is simulated as asked")
@@ -127,6 +141,10 @@ class Server(StrictModel):
     def _unique(self):
         if len(set(self.settings)) != len(self.settings):
             raise ValueError(f"settings: must not repeat a loop (got {self.settings})")
+        unmodelled = [s for s in self.settings if s in ("overlap_mlx", "thread_overlap")]
+        if self.grammar is not None and unmodelled:
+            raise ValueError(f"structured_output: not modelled under {', '.join(unmodelled)} (SGLang 0.5.23's "
+                             "delayed sampling is event_loop_overlap's; set settings to overlap and/or normal)")
         if self.version is not None:
             from sim.engines.sglang.rules.launch_args import parse_version
             from sim.errors import UserInputError

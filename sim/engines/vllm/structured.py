@@ -45,21 +45,17 @@ modelled); the bitmask's thread pool above 128 constrained requests.
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Optional
 
-import numpy as np
 from pydantic import Field
 
-from sim.model.schema import StrictModel
-
-GRAMMAR_SEED = 11  # the stream that draws which requests carry a grammar: rng([seed, 11])
-KINDS = ("json_schema", "regex", "grammar", "choice")
+from sim.model.grammar_share import GrammarShare
 
 
-class StructuredOutput(StrictModel):
+class StructuredOutput(GrammarShare):
     """``server.structured_output`` of a vLLM scenario.
 
-    Fields: ``share`` (0-1, the requests with a grammar), ``kind`` (one of :data:`KINDS`), and the
+    Fields: ``share`` and ``kind`` (:class:`sim.model.grammar_share.GrammarShare`), and the
     optional given costs per constrained request in the step, microseconds:
     ``bitmask_us_per_request`` (the engine core's fill), ``apply_us_per_request`` (the worker's
     mask before sampling), ``accept_us_per_request`` (the engine core advancing the grammar).
@@ -68,8 +64,6 @@ class StructuredOutput(StrictModel):
     a negative or non-finite cost.
     """
 
-    share: float = Field(ge=0.0, le=1.0)
-    kind: Literal["json_schema", "regex", "grammar", "choice"] = "json_schema"
     bitmask_us_per_request: Optional[float] = Field(default=None, ge=0.0, le=1e6, allow_inf_nan=False)
     apply_us_per_request: Optional[float] = Field(default=None, ge=0.0, le=1e6, allow_inf_nan=False)
     accept_us_per_request: Optional[float] = Field(default=None, ge=0.0, le=1e6, allow_inf_nan=False)
@@ -78,13 +72,6 @@ class StructuredOutput(StrictModel):
     def given(self) -> bool:
         """The section gives all three per-request costs."""
         return None not in (self.bitmask_us_per_request, self.apply_us_per_request, self.accept_us_per_request)
-
-    def draw(self, num_requests: int, seed: int) -> np.ndarray:
-        """Which of ``num_requests`` requests carry a grammar: bool, shape (num_requests,),
-        seeded by ``[seed, GRAMMAR_SEED]`` (the same under every setting)."""
-        if self.share >= 1.0:
-            return np.ones(num_requests, dtype=bool)
-        return np.random.default_rng([seed, GRAMMAR_SEED]).random(num_requests) < self.share
 
     def caveats(self, measured: dict | None) -> list[str]:
         """The warning line every run carries. ``measured``: the profile's

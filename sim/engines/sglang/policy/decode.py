@@ -79,6 +79,9 @@ class DecodeMixin:
                       fresh=self.fresh, overshoot=overshoot)
         if overshoot:
             batch.overshoot_pages = sum(self.needs_page(r, g) for r in overshoot)
+        if self.n_running_grammar:  # the mask's rows: constrained members whose grammar goes on
+            batch.num_grammar = (self.n_running_grammar - sum(r.grammar for r in excluded)
+                                 - sum(r.grammar for r in overshoot))
         batch.kv_used_after_alloc = kv.used_pages * kv.page_size
         self.fresh = []
         self.inflight_decode = batch

@@ -91,6 +91,7 @@ class ResultsMixin:
             self.reserve.remove(req)
             self.n_running -= 1
             self.n_running_warmup -= req.warmup
+            self.n_running_grammar -= req.grammar
             self.ctx_offset -= req.ctx_at_join() - req.join_seq
             self.finish_sum -= req.finish_seq
             self.kv.free(self.kv.pages(req.kv_base + (g - req.join_seq + 1)))
@@ -127,7 +128,7 @@ class ResultsMixin:
         self.pending_merge.clear()
         self.finishing_at.clear()
         self.chunked_req = None
-        self.n_running = self.n_running_warmup = self.ctx_offset = self.finish_sum = 0
+        self.n_running = self.n_running_warmup = self.n_running_grammar = self.ctx_offset = self.finish_sum = 0
         failed = [r for r in live.values() if r.status not in (FINISHED, FAILED)]
         for req in failed:
             self._fail(req, t, "cut_off")

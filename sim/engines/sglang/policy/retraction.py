@@ -101,6 +101,7 @@ class RetractionMixin:
         self.reserve.remove(req)
         self.n_running -= 1
         self.n_running_warmup -= req.warmup
+        self.n_running_grammar -= req.grammar
         self.ctx_offset -= req.ctx_at_join() - req.join_seq
         self.finish_sum -= req.finish_seq
         self.finishing_at[req.finish_seq].remove(req)

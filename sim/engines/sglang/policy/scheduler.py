@@ -81,11 +81,14 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
         deferred_results: the loop processes each result after scheduling the next batch
             (``event_loop_overlap``): the new-token ratio is reset only at the second idle
             iteration (``on_idle`` runs once the last result is processed).
+        grammar: which requests carry a grammar (bool per request id; None: none); a decode
+            batch then counts its constrained members in ``num_grammar``
+            (:mod:`sim.engines.sglang.structured`).
     """
 
     def __init__(self, specs: RequestSpecs, server: Server, warmup_requests: int,
                  finish_by_length: bool, recorder, on_finish: Callable[[int, float], None],
-                 lookahead_policy: bool = True, deferred_results: bool = False):
+                 lookahead_policy: bool = True, deferred_results: bool = False, grammar=None):
         self.specs = specs
         self.server = server
         self.warmup_requests = warmup_requests
@@ -136,6 +139,8 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
         self.next_step_seq = 0
         self.num_done = 0
         self.num_requests = len(specs)
+        self.grammar = grammar
+        self.n_running_grammar = 0  # running requests with a grammar
 
     @property
     def kv_used(self) -> int:
@@ -181,6 +186,8 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
             else:  # a client without a cap on an EOS finish: SGLang's estimate
                 max_new = req.output_len if self.finish_by_length else max(req.output_len, CLIP_MAX_NEW_TOKENS)
             req.ignore_eos = self.finish_by_length if s.ignore_eos is None else bool(s.ignore_eos[rid])
+            if self.grammar is not None:
+                req.grammar = bool(self.grammar[rid])
             req.max_new_tokens = min(max_new, cap - kv.ceil(req.input_len) - kv.page_size - 1)
             req.output_len = min(req.output_len, req.max_new_tokens)
             req.finish_by_length = req.output_len >= req.max_new_tokens
@@ -233,6 +240,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
             self.demand.add(r.kv_base, g)
             self.n_running += 1
             self.n_running_warmup += r.warmup
+            self.n_running_grammar += r.grammar
             self.ctx_offset += r.ctx_at_join() - g
             self.finish_sum += r.finish_seq
             self.finishing_at.setdefault(r.finish_seq, []).append(r)

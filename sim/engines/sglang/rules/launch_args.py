@@ -205,7 +205,12 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
                 raw = tokens[i]
                 i += 1
             shown = name if raw is None else f"{name} {raw}"
-            notes.append(f"{shown}: not read by the rules (no effect on the event loop): passed over")
+            if known[0] == "--grammar-backend":  # grammars are per request (SamplingParams.json_schema, ...)
+                notes.append(f"{shown}: the backend of per-request grammars; the simulator models grammars from the "
+                             "scenario's server.structured_output (the share of constrained requests and their "
+                             "costs: docs/model.md#structured-output)")
+            else:
+                notes.append(f"{shown}: not read by the rules (no effect on the event loop): passed over")
             statuses.append((shown, NO_EFFECT))
             continue
         if raw is None and spec["type"] != "bool":

@@ -1,4 +1,5 @@
-"""Request lengths and arrival processes (SimPy) for a scenario's workload.
+"""Request lengths, arrival processes (SimPy) and which requests carry a grammar, for a scenario's
+workload.
 
 Lengths are drawn up front with a seeded numpy Generator, so a run is reproducible from the
 scenario and its seed. Arrivals are SimPy processes that hand requests to the scheduler's
@@ -12,13 +13,14 @@ import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 import numpy as np
 import simpy
+from pydantic import Field
 
 from sim.errors import UserInputError
-from sim.model.schema import MAX_TOKENS, ChoiceLength, Length, LognormalLength, NormalLength, UniformLength
+from sim.model.schema import MAX_TOKENS, StrictModel, ChoiceLength, Length, LognormalLength, NormalLength, UniformLength
 
 MAX_ARRIVAL_S = 1.0e9  # about 32 years of arrivals: a later one is a corrupt value
 
@@ -247,3 +249,30 @@ class ClosedLoopClients:
         if self._next < self._num:
             self._next += 1
             self._submit(self._next - 1, time_s)
+
+
+# --- structured output: which requests carry a grammar ---------------------------------------
+# A grammar (a JSON schema, a regex, an EBNF grammar or a choice) is per request in both engines
+# (SGLang's SamplingParams.json_schema/regex/ebnf, vLLM's structured_outputs); each engine's
+# server.structured_output section (sim.engines.<engine>.structured) subclasses GrammarShare
+# with what the grammar costs where that engine runs it.
+GRAMMAR_SEED = 11  # the stream that draws which requests carry a grammar: rng([seed, 11])
+KINDS = ("json_schema", "regex", "grammar", "choice")
+
+
+class GrammarShare(StrictModel):
+    """``share`` (0-1, the requests with a grammar) and ``kind`` (one of :data:`KINDS`: what the
+    grammar's costs were measured or given for).
+
+    Raises (pydantic ValidationError, as ValueError): a share outside [0, 1], an unknown kind.
+    """
+
+    share: float = Field(ge=0.0, le=1.0)
+    kind: Literal["json_schema", "regex", "grammar", "choice"] = "json_schema"
+
+    def draw(self, num_requests: int, seed: int) -> np.ndarray:
+        """Which of ``num_requests`` requests carry a grammar: bool, shape (num_requests,),
+        seeded by ``[seed, GRAMMAR_SEED]`` (the same requests under every setting)."""
+        if self.share >= 1.0:
+            return np.ones(num_requests, dtype=bool)
+        return np.random.default_rng([seed, GRAMMAR_SEED]).random(num_requests) < self.share

@@ -27,7 +27,7 @@ What SGLang does (source, the 0.5.23 wheel):
 
 What the simulator takes, and from where (stated on every run, :meth:`StructuredOutput.caveats`):
 
-- ``share``/``kind``: :class:`sim.model.grammar_share.GrammarShare` (drawn per request, the same
+- ``share``/``kind``: :class:`sim.model.workload.GrammarShare` (drawn per request, the same
   requests under every setting);
 - the costs: the profile's ``grammar.mask`` (``update_regex_vocab_mask`` at ``num_reqs``
   constrained requests) and ``grammar.process`` (``process_batch_result`` of a decode whose every
@@ -56,7 +56,7 @@ from typing import Optional
 
 from pydantic import Field
 
-from sim.model.grammar_share import GrammarShare
+from sim.model.workload import GrammarShare
 
 CURVES = ("grammar.mask", "grammar.process")
 
@@ -64,7 +64,7 @@ CURVES = ("grammar.mask", "grammar.process")
 class StructuredOutput(GrammarShare):
     """``server.structured_output`` of an SGLang scenario.
 
-    Fields: ``share`` and ``kind`` (:class:`sim.model.grammar_share.GrammarShare`), and the
+    Fields: ``share`` and ``kind`` (:class:`sim.model.workload.GrammarShare`), and the
     optional given costs per constrained request in a step, microseconds: ``mask_us_per_request``
     (``update_regex_vocab_mask``'s fill) and ``accept_us_per_request`` (the grammar's accept in
     ``process_batch_result``).

@@ -49,13 +49,13 @@ from typing import Optional
 
 from pydantic import Field
 
-from sim.model.grammar_share import GrammarShare
+from sim.model.workload import GrammarShare
 
 
 class StructuredOutput(GrammarShare):
     """``server.structured_output`` of a vLLM scenario.
 
-    Fields: ``share`` and ``kind`` (:class:`sim.model.grammar_share.GrammarShare`), and the
+    Fields: ``share`` and ``kind`` (:class:`sim.model.workload.GrammarShare`), and the
     optional given costs per constrained request in the step, microseconds:
     ``bitmask_us_per_request`` (the engine core's fill), ``apply_us_per_request`` (the worker's
     mask before sampling), ``accept_us_per_request`` (the engine core advancing the grammar).

@@ -123,7 +123,7 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
         leap: let the engine take runs of steady decode steps at once where it can (SGLang's
             ``normal`` and ``overlap`` loops, :mod:`sim.engines.sglang.leap`): the same answer,
             byte for byte, in less time; False runs every step through the loop; None (default):
-            True unless the environment sets ``OVERLAP_SIM_LEAP=0`` (what ``--no-leap`` does).
+            True unless the environment sets ``OVERLAP_SIM_LEAP`` to 0, false, no or off (``--no-leap`` sets 0).
 
     Raises:
         ScenarioError: bad scenario; ValueError: unknown setting or tables mode.
@@ -133,7 +133,7 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
     if tables not in TABLES:
         raise ValueError(f"unknown tables mode {tables!r}; expected one of {TABLES}")
     if leap is None:
-        leap = os.environ.get(LEAP_ENV, "1") != "0"
+        leap = os.environ.get(LEAP_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
     wall0 = time.perf_counter()
     specs = make_requests(scenario)
     warmup = min(scenario.workload.warmup_requests, len(specs) - 1)

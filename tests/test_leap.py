@@ -277,3 +277,14 @@ def test_counts_from_numpy_rows_stay_integers():
     assert sim.simulate(scenario, "normal", tables="none").stats["leapt_steps"] > 0
     assert_same(scenario, "normal", tables="none")
     assert type(sim.simulate(scenario, "normal", tables="none").summary()["overshoot_tokens"]) is int
+
+
+@pytest.mark.parametrize("value, leaps", [("0", False), ("false", False), ("OFF", False), (" no ", False),
+                                          ("1", True), ("", True)])
+def test_the_environment_turns_the_leap_off_by_any_usual_word(monkeypatch, value, leaps):
+    from sim.commands import LEAP_ENV
+    from tests.helpers import constant_scenario
+
+    monkeypatch.setenv(LEAP_ENV, value)
+    res = sim.simulate(constant_scenario(c=4, num_requests=12, output_len=80), "overlap")
+    assert (res.stats["leapt_steps"] > 0) == leaps

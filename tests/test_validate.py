@@ -86,6 +86,7 @@ def test_error_summary_by_hand():
     (["--backend", "torch", "--device", "cpu", "--only", "no-such-config"], "--only"),
     (["--backend", "torch", "--device", "cpu", "--profile", "/nonexistent/p.json"], "--profile"),
     (["--backend", "torch", "--device", "cpu", "--max-wait", "-5"], "--max-wait"),
+    (["--backend", "torch", "--device", "cpu", "--grid", "structured"], "--grid"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, field):
     assert main(["validate", *args, "--out", str(tmp_path / "v")]) == 2
@@ -203,3 +204,15 @@ def test_the_noise_floor_of_one_configuration_is_a_half_normal():
     assert noise_floor(same, ("sync",), "output_throughput")["expected"] == 0.0  # no spread, no floor
     one = [{"settings": {"sync": {"runs": [{"output_throughput": 5.0}]}}}]
     assert noise_floor(one, ("sync",), "output_throughput") is None  # one repeat: no spread to read
+
+
+def test_the_structured_grid_refuses_a_profile_without_grammar_curves_before_any_session(tmp_path, capsys):
+    from tests.calibrate_helpers import synthetic_profile
+
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps(synthetic_profile()))
+    assert main(["validate", "--engine", "sglang", "--grid", "structured", "--profile", str(plain),
+                 "--out", str(tmp_path / "v")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--profile" in err[0] and "--structured-output" in err[0]
+    assert not (tmp_path / "v").exists()

@@ -180,6 +180,23 @@ def run_conform(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_grammar_profile(path: Path, engine: str) -> None:
+    """Refuse, before any session runs, a profile without the grammar curves the structured grid's
+    predictions need (``metadata.structured_output``, written by ``calibrate --structured-output``).
+
+    Raises:
+        CalibrationInputError: naming ``--profile``.
+    """
+    try:
+        meta = json.loads(Path(path).read_text()).get("metadata", {})
+    except (OSError, ValueError, AttributeError):
+        return  # unreadable: the validation's own profile check names it
+    if not isinstance(meta, dict) or not isinstance(meta.get("structured_output"), dict):
+        raise CalibrationInputError("--profile", "metadata.structured_output",
+                                    f"the structured grid needs the grammar curves: calibrate --engine {engine} "
+                                    "--structured-output")
+
+
 def run_validate(args: argparse.Namespace) -> int:
     """``validate --engine sglang``: the simulator against the real server."""
     from dataclasses import replace
@@ -189,7 +206,10 @@ def run_validate(args: argparse.Namespace) -> int:
     if args.profile is None:
         raise CalibrationInputError("--profile", "", "a calibration profile of this engine (calibrate --engine "
                                     f"{args.engine} makes one)")
-    grid = "heldout" if args.grid == "heldout" else "default"  # the harness's grid names mean the default here
+    # the harness's grid names mean the default here
+    grid = args.grid if args.grid in ("heldout", "structured") else "default"
+    if grid == "structured":
+        _check_grammar_profile(args.profile, args.engine)
     nice = {} if args.client_nice is None else {"client_nice": args.client_nice}
     plan = Plan.for_engine(args.engine, grid=grid, repeats=args.repeats, **nice)  # refuses --repeats < 1
     if args.only:

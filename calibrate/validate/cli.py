@@ -28,11 +28,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=["torch", "mlx"], default=None, help="framework of the harness (without --engine)")
     p.add_argument("--device", choices=["cpu", "cuda", "gpu"], default=None,
                    help="torch: cpu or cuda; mlx: cpu or gpu (Metal) (without --engine)")
-    p.add_argument("--grid", choices=["quick", "full", "smoke", "heldout"], default="quick",
+    p.add_argument("--grid", choices=["quick", "full", "smoke", "heldout", "structured"], default="quick",
                    help="quick: minutes on 2 cores; full: more sizes and lengths; smoke: two tiny configurations "
                         "(under a minute, no waiting for a quiet machine); with --engine, heldout: loads the "
-                        "calibration never ran, closed and open loops, sent by the engine's own benchmark client "
-                        "(any other value: the engine's default grid)")
+                        "calibration never ran, closed and open loops, sent by the engine's own benchmark client; "
+                        "structured: every request constrained to a JSON schema (the profile needs the grammar "
+                        "curves: calibrate --engine E --structured-output) (any other value: the engine's "
+                        "default grid)")
     p.add_argument("--profile", type=Path, default=None,
                    help="use this calibration profile for every configuration and setting instead of calibrating")
     p.add_argument("--out", type=Path, default=None,
@@ -102,8 +104,9 @@ def run(args: argparse.Namespace) -> int:
         return run_validate(args)
     if args.client_nice is not None:
         raise CalibrationInputError("--client-nice", "", "the niceness of a real engine's load generator: add --engine")
-    if args.grid == "heldout":
-        raise CalibrationInputError("--grid", "", "heldout is a real engine's grid: add --engine vllm or --engine sglang")
+    if args.grid in ("heldout", "structured"):
+        raise CalibrationInputError("--grid", "", f"{args.grid} is a real engine's grid: add --engine vllm or --engine "
+                                    "sglang")
     for flag in ("backend", "device"):
         if getattr(args, flag) is None:
             raise CalibrationInputError(f"--{flag}", "", "required (or --engine sglang to score against the real server)")

@@ -107,17 +107,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--feature-client-nice", type=int, default=0, metavar="N",
                     help="vLLM: that load generator's niceness (the validation's grids run theirs at -10)")
     ap.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
-                    help="vLLM: every server (calibration and validation) at --tensor-parallel-size N, its workers "
-                         "bound to their own cores")
+                    help="every server (calibration and validation) at N tensor-parallel ranks bound to their own "
+                         "cores (vLLM: --tensor-parallel-size; SGLang: --tp-size, its calibration runs through the "
+                         "server)")
     ap.add_argument("--stub-control", action="store_true",
                     help="vLLM: each calibration round also runs the stubbed server on the calibration's own grid "
                          "(forward stubbed, busy-waiting); the validation is scored again with the full forward "
                          "curves and these host curves (the stub check, in one window)")
     args = ap.parse_args(argv)
-    if args.engine != "vllm" and (args.tensor_parallel_size != 1 or args.feature_client != "own"
-                                  or args.feature_client_nice):
-        print("validate_interleaved.py: --tensor-parallel-size/--feature-client/--feature-client-nice: vLLM's only",
-              file=sys.stderr)
+    if args.engine != "vllm" and (args.feature_client != "own" or args.feature_client_nice):
+        print("validate_interleaved.py: --feature-client/--feature-client-nice: vLLM's only", file=sys.stderr)
+        return 2
+    if args.engine == "sglang" and args.tensor_parallel_size > 1 and args.grid == "structured":
+        print("validate_interleaved.py: --tensor-parallel-size with --grid structured: not for SGLang (its "
+              "constrained calibration runs are in-process, rank 0 alone)", file=sys.stderr)
         return 2
     if args.stub_control and args.engine != "vllm":
         print("validate_interleaved.py: --stub-control: vLLM's only (SGLang's stub check is "
@@ -210,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                 plain_run(setting, name)
                 stub_session(engine, model, stub_grid, setting, stub_dir, report, name)
     else:
-        from calibrate.real.sglang_profile import SglangGrid, calibrate_sglang, design, run_job
+        from calibrate.real.sglang_profile import (SglangGrid, calibrate_sglang, design, run_job, run_tp_session,
+                                                   tp_launch)
         from calibrate.real.sglang_structured import job as structured_job
 
         grid = SglangGrid()
@@ -218,7 +222,17 @@ def main(argv: list[str] | None = None) -> int:
         d = design(grid)
         structured = args.grid == "structured"
 
+        tp = args.tensor_parallel_size
+        try:
+            tp_launch(tp)  # refuses more ranks than cores
+        except CalibrationInputError as e:
+            print(f"validate_interleaved.py: {e}", file=sys.stderr)
+            return 2
+
         def calibration_run(setting: str, name: str) -> None:
+            if tp > 1:  # the waves through the TP server (the in-process driver builds rank 0 alone)
+                run_tp_session(engine, model, grid, d, setting, tp, cal_dir, f"calibrate-{name}", report)
+                return
             run_job(engine, d.job(str(model), setting == "overlap", grid), cal_dir, f"calibrate-{name}", report)
             if structured:  # the constrained run beside it (the grammar curves)
                 run_job(engine, structured_job(str(model), setting == "overlap", grid.server_args(),
@@ -227,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def build(command: str) -> dict:
             return calibrate_sglang(engine, model, grid, cal_dir, command=command, report=report,
-                                    sessions=args.rounds, structured=structured)
+                                    sessions=args.rounds, structured=structured, tp_size=tp)
     cal_runs = session_order(settings, args.rounds)
     for step, i in order:
         if step == "calibrate":

@@ -72,8 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --speculative or --structured-output: that load generator's niceness (-20..19; "
                         "below 0 needs root; default 0)")
     p.add_argument("--tensor-parallel-size", type=int, default=None, metavar="N",
-                   help="with --engine vllm: serve with --tensor-parallel-size N (N workers, each bound to its own "
-                        "share of the cores); the profile prices a scenario with server.tensor_parallel_size N")
+                   help="serve with N tensor-parallel ranks, each bound to its own share of the cores (vllm: "
+                        "--tensor-parallel-size N, a scenario's server.tensor_parallel_size; sglang: --tp-size N, the "
+                        "calibration's waves through the server, rank 0's trace, a scenario's server.tp_size)")
     p.add_argument("--from-trace", type=Path, nargs="+", default=None, metavar="TRACE",
                    help="read the profile from an SGLang server's torch.profiler traces (/start_profile, .json or "
                         ".json.gz; several profile windows of one server merge) instead of timing anything "
@@ -231,12 +232,15 @@ def run(args: argparse.Namespace) -> int:
         raise CalibrationInputError("--speculative", "", "not with --host-only (the drafter's passes need the real "
                                     "forward)")
     if args.tensor_parallel_size is not None:
-        if args.engine != "vllm" or args.host_only:
-            raise CalibrationInputError("--tensor-parallel-size", "", "only with --engine vllm (the real CPU server; "
-                                        "not --host-only)")
+        if args.engine not in ("vllm", "sglang") or args.host_only:
+            raise CalibrationInputError("--tensor-parallel-size", "", "only with --engine vllm or sglang (the real CPU "
+                                        "server; not --host-only)")
         if args.tensor_parallel_size < 1:
             raise CalibrationInputError("--tensor-parallel-size", "", f"an integer >= 1 (got {args.tensor_parallel_size})")
-        from calibrate.real.vllm.sessions import tp_bind
+        if args.engine == "sglang" and args.structured_output and args.tensor_parallel_size > 1:
+            raise CalibrationInputError("--tensor-parallel-size", "", "not with --structured-output for sglang (its "
+                                        "constrained runs are in-process, rank 0 alone)")
+        from calibrate.real.environment import tp_bind
 
         tp_bind(args.tensor_parallel_size)  # refuses more ranks than cores
     for flag in ("feature_client", "feature_client_nice"):

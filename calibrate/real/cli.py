@@ -83,8 +83,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
     argv += ["--sessions", str(sessions)] if sessions > 1 else []
     structured = bool(getattr(args, "structured_output", False))
     argv += ["--structured-output"] if structured else []
+    tp = getattr(args, "tensor_parallel_size", None) or 1
+    argv += ["--tensor-parallel-size", str(tp)] if tp > 1 else []
     profile = calibrate_sglang(engine, model, grid, work, command=shlex.join(argv), report=_report,
-                               sessions=sessions, structured=structured)
+                               sessions=sessions, structured=structured, tp_size=tp)
     save_profile(args.out, profile)
     for curve, point, med, mean in phase_table(profile):
         _report(f"  {curve:16s} {point:>8s}  median {med:7.3f} ms  mean {mean:7.3f} ms")

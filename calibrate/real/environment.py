@@ -212,3 +212,26 @@ def may_renice(nice: int) -> bool:
         return True
     soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
     return soft == resource.RLIM_INFINITY or os.getpriority(os.PRIO_PROCESS, 0) + nice >= 20 - soft
+
+
+def tp_bind(tp: int, cores: int | None = None) -> str:
+    """A CPU server's core binding for ``tp`` ranks on this host's ``cores`` (vLLM's
+    ``VLLM_CPU_OMP_THREADS_BIND``, SGLang's ``SGLANG_CPU_OMP_THREADS_BIND``, the same syntax):
+    each rank its own contiguous share of the cores (``0|1`` for 2 ranks on 2 cores; ``0-3|4-7``
+    on 8), the remainder to the last (vLLM's CPU worker binds its OpenMP threads to its share,
+    ``v1/worker/cpu_worker.py``; SGLang's ``numa_utils.init_threads_binding``, 0.5.23).
+
+    Raises:
+        CalibrationInputError: fewer cores than ranks (named ``--tensor-parallel-size``).
+    """
+    from calibrate.errors import CalibrationInputError
+
+    cores = (os.cpu_count() or 1) if cores is None else cores
+    if tp > cores:
+        raise CalibrationInputError("--tensor-parallel-size", "", f"{tp} workers need at least {tp} cores "
+                                    f"(this host has {cores})")
+    share, parts = cores // tp, []
+    for r in range(tp):
+        lo, hi = r * share, (cores - 1 if r == tp - 1 else (r + 1) * share - 1)
+        parts.append(str(lo) if lo == hi else f"{lo}-{hi}")
+    return "|".join(parts)

@@ -33,7 +33,8 @@ from typing import Callable
 
 from calibrate.errors import CalibrationInputError
 from calibrate.real import sglang_trace
-from calibrate.real.environment import Engine, mean_probe, model_metadata, run_module, run_probed, session_order
+from calibrate.real.environment import (Engine, mean_probe, model_metadata, run_module, run_probed, session_order,
+                                        tp_bind)
 from calibrate.real.jobs import Prompts, request
 from calibrate.real.sglang_structured import job as structured_job
 from calibrate.real.sglang_structured import metadata as structured_metadata
@@ -143,7 +144,8 @@ def samples(its: list[sglang_trace.Iteration], d: Design) -> list[dict]:
         acc.setdefault((curve, tuple(sorted(point.items()))), []).append(t)
 
     for it in its:
-        add("recv", {"num_reqs": it.n_new}, it.recv + it.other)
+        if not it.control:  # a server's cache flush between loads is not a receive's cost
+            add("recv", {"num_reqs": it.n_new}, it.recv + it.other)
     for s in sglang_trace.steps(its):
         rid = s.rids[0]
         if s.mode == "DECODE" and rid in d.decode_point:
@@ -219,6 +221,75 @@ def metadata(engine: Engine, grid: SglangGrid, meta: dict, settings: tuple[str, 
     }
 
 
+TP_SESSION_TIMEOUT_S = 3600  # a TP calibration session (every wave through the server): minutes here
+
+
+def tp_launch(tp: int) -> tuple[list[str], dict]:
+    """(server arguments, environment) of SGLang's CPU server at tensor-parallel size ``tp``:
+    ``--tp-size`` and ``SGLANG_CPU_OMP_THREADS_BIND`` (each rank its own cores,
+    :func:`calibrate.real.environment.tp_bind`; SGLang 0.5.23 refuses more ranks than NUMA
+    nodes without it, ``numa_utils.init_threads_binding``); none at 1.
+
+    Raises:
+        CalibrationInputError: more ranks than cores (named ``--tensor-parallel-size``).
+    """
+    if tp <= 1:
+        return [], {}
+    return ["--tp-size", str(tp)], {"SGLANG_CPU_OMP_THREADS_BIND": tp_bind(tp)}
+
+
+def design_loads(d: Design) -> list[dict]:
+    """The calibration job's waves as one server session's loads (:mod:`realengines.server`), for
+    a calibration through the server (tensor parallelism: the in-process driver builds rank 0
+    alone): each decode wave a load of its B requests sent at once (concurrency B), and the
+    prefills, one request at a time in the design's order, one load (the server flushes its
+    prefix cache between loads; a cached-prefix point's prefix request precedes it in the same
+    load)."""
+    loads, single = [], []
+    for i, wave in enumerate(d.waves):
+        if len(wave) == 1 and wave[0]["rid"] not in d.decode_point:
+            single.append(wave[0])
+            continue
+        loads.append({"name": f"wave{i}", "concurrency": len(wave), "warmup_requests": 0, "requests": wave})
+    if single:
+        loads.append({"name": "prefills", "concurrency": 1, "warmup_requests": 0, "requests": single})
+    return loads
+
+
+def run_tp_session(engine: Engine, model_dir: Path, grid: SglangGrid, d: Design, setting: str, tp: int,
+                   folder: Path, name: str, report: Callable[[str], None]) -> Path:
+    """Run (or reuse: a finished session with the same spec is kept) the calibration's waves
+    through SGLang's server at tensor-parallel size ``tp`` (:func:`design_loads`, the project's
+    client, the tracer on); returns rank 0's trace (:func:`calibrate.real.sglang_trace.rank_zero`).
+
+    Raises:
+        RuntimeError: the server session failed. CalibrationInputError: no rank-0 trace.
+    """
+    tp_args, env = tp_launch(tp)
+    spec = {"engine": "sglang", "model_dir": str(model_dir), "setting": setting, "port": 30161,
+            "server_args": [*grid.server_args(), *tp_args], "env": env, "trace": True, "client_nice": 0,
+            "loads": design_loads(d)}
+    out, spec_path = folder / name, folder / f"{name}.json"
+    text = json.dumps(spec)
+    done = (out / "session.json").exists() and spec_path.exists() and spec_path.read_text() == text
+    if done:
+        report(f"{name}: reusing {out}")
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        for old in out.glob("*"):
+            old.unlink()
+        spec_path.write_text(text)
+        report(f"{name}: SGLang's server at TP {tp}, the calibration's {len(spec['loads'])} waves")
+        run_probed(engine, folder / f"{name}.hostspeed.json",
+                   lambda: run_module(engine, "realengines.server", [str(spec_path), str(out)],
+                                      folder / f"{name}.log", timeout_s=TP_SESSION_TIMEOUT_S))
+    traces = [p for p in sglang_trace.rank_zero(sorted(out.glob("trace.*.jsonl")))
+              if any(r["ph"] == "schedule" for r in sglang_trace.read_records(p)[1])]
+    if not traces:
+        raise CalibrationInputError(str(out), "", "no trace of the rank-0 scheduler")
+    return traces[0]
+
+
 def run_job(engine: Engine, job: dict, folder: Path, name: str, report: Callable[[str], None]) -> Path:
     """Run (or reuse: a finished trace is kept) one in-process driver job; returns its trace."""
     out = folder / f"{name}.jsonl"
@@ -239,7 +310,8 @@ def run_job(engine: Engine, job: dict, folder: Path, name: str, report: Callable
 
 def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, folder: Path,
                      settings: tuple[str, ...] = ("normal", "overlap"), command: str = "",
-                     report: Callable[[str], None] = print, sessions: int = 1, structured: bool = False) -> dict:
+                     report: Callable[[str], None] = print, sessions: int = 1, structured: bool = False,
+                     tp_size: int = 1) -> dict:
     """Run the calibration job ``sessions`` times under each of ``settings`` (in the alternating
     order of :func:`calibrate.real.environment.session_order`; runs named ``calibrate-<name>``)
     and build one profile.
@@ -251,22 +323,35 @@ def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, folder: 
     (``folder``), so an interrupted calibration resumes, and a larger ``sessions`` adds runs to
     the ones already there. ``structured``: each run is followed by a structured-output run of
     the same loop (``calibrate-<name>-json``, :mod:`calibrate.real.sglang_structured`), whose
-    samples price the ``grammar.*`` curves (``metadata.structured_output``).
+    samples price the ``grammar.*`` curves (``metadata.structured_output``). ``tp_size`` above 1:
+    the waves run through SGLang's server at that tensor-parallel size (:func:`run_tp_session`;
+    rank 0's phases, which hold the request broadcast and the forward's all-reduces, in wall time:
+    a rank waiting for the other at an all-reduce spends no CPU, and on 4 December 2026 rank 0's
+    forward took 30.1 ms of wall time for 14.7 ms of CPU at the design's mean), recorded as
+    ``metadata.tp_size``; not with ``structured``.
 
     Raises:
-        CalibrationInputError: a grid the server cannot run, or points without samples.
-        RuntimeError: the driver failed in the SGLang environment.
+        CalibrationInputError: a grid the server cannot run, or points without samples; TP with
+            ``structured``.
+        RuntimeError: the driver or server failed in the SGLang environment.
         ValueError: ``sessions`` below 1.
     """
     from calibrate.profile import build_profile
 
     grid.check()
+    if tp_size > 1 and structured:
+        raise CalibrationInputError("--tensor-parallel-size", "", "not with --structured-output (the constrained "
+                                    "runs are in-process, rank 0 alone)")
     d = design(grid)
     merged: dict[tuple, dict] = {}
     meta: dict = {}
     order = session_order(settings, sessions)
     traces, grammar_traces = [], []
     for setting, name in order:
+        if tp_size > 1:
+            traces.append(run_tp_session(engine, model_dir, grid, d, setting, tp_size, folder, f"calibrate-{name}",
+                                         report))
+            continue
         traces.append(run_job(engine, d.job(str(model_dir), setting == "overlap", grid), folder, f"calibrate-{name}",
                               report))
         if structured:
@@ -276,7 +361,9 @@ def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, folder: 
     reference = mean_probe(folder / f"calibrate-{name}.hostspeed.json" for _, name in order)
     for (setting, _), trace in zip(order, traces):
         meta, records, _ = sglang_trace.read_records(trace)
-        got = samples(sglang_trace.iterations(records), d)
+        # at TP the ranks wait for each other inside the forward (the all-reduces) and the receive
+        # (the broadcast), which rank 0's CPU time does not hold: its phases in wall time
+        got = samples(sglang_trace.iterations(records, clock="wall" if tp_size > 1 else "cpu"), d)
         check_coverage(got, grid)
         for smp in got:
             if smp["curve"].startswith("forward"):
@@ -294,6 +381,11 @@ def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, folder: 
     metadata_ = metadata(engine, grid, meta or {}, settings, command)
     if structured:
         metadata_["structured_output"] = structured_metadata([t.stem for t in grammar_traces], sampler=True)
+    if tp_size > 1:
+        metadata_["tp_size"] = tp_size
+        metadata_["tp_calibration"] = ("the design's waves through SGLang's server at this tensor-parallel size, "
+                                       "the project's client; rank 0's trace (it receives and broadcasts the "
+                                       "requests; its forward waits for the all-reduces)")
     # the fewest samples any point has (a prefill point is measured extend_repeats times, a
     # decode point once per decode step of its waves)
     metadata_["repeats"] = min(len(s["times_s"]) for s in merged.values())

@@ -72,7 +72,9 @@ class Step:
 class Iteration:
     """One pass of the event loop: ``k``; ``sent`` request ids handed over in its receive;
     ``recv`` (s); ``t0``/``t1`` wall start and end; ``step``: the batch it launched (or None);
-    ``other``: wall seconds of the iteration outside every phase."""
+    ``other``: wall seconds of the iteration outside every phase; ``control``: its receive also
+    handled control messages (a server session's cache flush between loads, the profiler's
+    requests: their cost is not the receive's)."""
 
     k: int
     t0: float
@@ -82,6 +84,7 @@ class Iteration:
     step: Step | None = None
     t1: float = 0.0
     other: float = 0.0
+    control: bool = False
 
 
 def read_records(path: Path) -> tuple[dict | None, list[dict], list[dict]]:
@@ -112,6 +115,32 @@ def read_records(path: Path) -> tuple[dict | None, list[dict], list[dict]]:
     return meta, recs, reqs
 
 
+def rank_zero(paths: list[Path]) -> list[Path]:
+    """The trace files, of one server session's processes, that are its rank-0 scheduler's (or
+    any other process's, which hold no ``schedule`` record): under tensor parallelism every
+    rank runs the scheduler in lockstep and its tracer writes its own file; rank 0 receives the
+    requests and broadcasts them, and its phases are what the simulator prices. A file whose
+    ``init`` record names no rank (a trace of an older tracer) counts as rank 0.
+
+    Raises:
+        CalibrationInputError: several scheduler files and none of rank 0.
+    """
+    keep, schedulers, zero = [], 0, 0
+    for path in paths:
+        _, recs, _ = read_records(path)
+        if not any(r["ph"] == "schedule" for r in recs):
+            keep.append(path)
+            continue
+        schedulers += 1
+        ranks = {r.get("tp_rank", 0) for r in recs if r["ph"] == "init"}
+        if not ranks or 0 in ranks:
+            keep.append(path)
+            zero += 1
+    if schedulers and not zero:
+        raise CalibrationInputError(str(paths[0].parent), "", "several schedulers' traces and none of TP rank 0")
+    return keep
+
+
 def iterations(records: list[dict], clock: str = "cpu") -> list[Iteration]:
     """The loop iterations of one scheduler, with their steps and phase times.
 
@@ -133,7 +162,8 @@ def iterations(records: list[dict], clock: str = "cpu") -> list[Iteration]:
             k = next((r["k"] for r in pending if r["ph"] == "iter"), len(its))
             if cur is not None:
                 cur.t1 = rec["t0"]
-            cur = Iteration(k=k, t0=rec["t0"], sent=sent, recv=max(rec[key] - hook, 0.0), n_new=int(rec.get("n", 0)))
+            cur = Iteration(k=k, t0=rec["t0"], sent=sent, recv=max(rec[key] - hook, 0.0), n_new=int(rec.get("n", 0)),
+                            control=bool(rec.get("other")))
             its.append(cur)
             pending = []
             continue

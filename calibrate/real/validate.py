@@ -54,7 +54,8 @@ class Plan:
     # plus ``draft_cost_ratio`` for the prediction; None: plain decoding
     speculative: Optional[dict] = None
     # vLLM: ``--tensor-parallel-size`` of every session (its workers bound to their own cores,
-    # calibrate.real.vllm.profile.tp_bind) and the scenario's server.tensor_parallel_size
+    # calibrate.real.environment.tp_bind) and the scenario's server.tensor_parallel_size; SGLang:
+    # --tp-size, SGLANG_CPU_OMP_THREADS_BIND, server.tp_size
     tensor_parallel_size: int = 1
 
     def __post_init__(self):
@@ -118,8 +119,10 @@ def session_spec(engine: Engine, model_dir: Path, plan: Plan, setting: str) -> d
     spec = {"engine": engine.name, "model_dir": str(model_dir), "setting": setting, "port": plan.port,
             "server_args": args, "trace": True, "loads": loads, "client_nice": plan.client_nice}
     if plan.tensor_parallel_size > 1:
-        from calibrate.real.vllm.sessions import tp_launch
-
+        if engine.name == "vllm":
+            from calibrate.real.vllm.sessions import tp_launch
+        else:
+            from calibrate.real.sglang_profile import tp_launch
         tp_args, spec["env"] = tp_launch(plan.tensor_parallel_size)
         spec["server_args"] += tp_args
     return spec
@@ -160,7 +163,7 @@ def server_limits(folder: Path) -> dict:
 
 def _trace_records(folder: Path) -> list[dict]:
     recs: list[dict] = []
-    for path in sorted(folder.glob("trace.*.jsonl")):
+    for path in sglang_trace.rank_zero(sorted(folder.glob("trace.*.jsonl"))):
         _, r, _ = sglang_trace.read_records(path)
         if any(x["ph"] == "schedule" for x in r):  # the scheduler's process
             recs += r
@@ -362,7 +365,7 @@ def compare(out: Path, plan: Plan, profile: Path) -> dict:
         sc = scenario(config, rows, profile, plan.settings, out, limits, plan.engine)
         case = {"name": config.name, "config": asdict(config), "settings": {}}
         if plan.tensor_parallel_size > 1:
-            sc["server"]["tensor_parallel_size"] = plan.tensor_parallel_size
+            sc["server"]["tensor_parallel_size" if plan.engine == "vllm" else "tp_size"] = plan.tensor_parallel_size
         if config.grammar:  # every request constrained
             sc["server"]["structured_output"] = {"share": 1.0, "kind": config.grammar}
         if plan.speculative:  # the acceptance the server measured, over every session of this load

@@ -17,6 +17,7 @@ record ``ph``       wrapped function                            what the simulat
 ``retract``         ``ScheduleBatch.retract_decode``            (inside schedule) retraction
 ``mask``            ``SamplingBatchInfo.update_regex_vocab_mask``  (inside sample) the grammars' mask
 ``idle``            ``Scheduler.on_idle``                       nothing to run
+``init``            ``Scheduler.__init__``                      (once) the process's ``tp_rank``
 ==================  ==========================================  =====================================
 
 A record is ``{"ph", "t0", "dur", "cpu", ...}``: ``t0`` from ``time.perf_counter`` (the
@@ -155,8 +156,25 @@ def _idle_info(sink):
     return info
 
 
+def _init_info(rec, self, args, kwargs, out):
+    # 0.5.23 keeps the ranks in its runtime context (``get_parallel()``), not on the scheduler
+    par = None
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        par = get_parallel()
+    except Exception:  # another release: the scheduler's own attributes, if any
+        par = self
+    for name, default in (("tp_rank", 0), ("tp_size", 1)):
+        try:
+            rec[name] = int(getattr(par, name))
+        except Exception:  # not published in this process: the single-process default
+            rec[name] = default
+
+
 def patch_scheduler(module, sink) -> None:
     s = module.Scheduler
+    wrap(s, "__init__", "init", sink, _init_info)  # which rank this process is (tensor parallelism)
     wrap(s, "ingest_requests", "recv", sink, _recv_info)
     wrap(s, "process_input_requests", "process_input", sink, _input_info)
     wrap(s, "get_next_batch_to_run", "schedule", sink, _schedule_info)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from calibrate.real.environment import Engine, may_renice, run_module, run_probed
+from calibrate.real.environment import Engine, may_renice, run_module, run_probed, tp_bind  # noqa: F401 (re-exported)
 from calibrate.real.jobs import Prompts, request
 from calibrate.real.vllm import speculative as vllm_speculative, structured as vllm_structured
 
@@ -65,30 +65,6 @@ def tp_launch(tp: int) -> tuple[list[str], dict]:
     if tp <= 1:
         return [], {}
     return ["--tensor-parallel-size", str(tp)], {"VLLM_CPU_OMP_THREADS_BIND": tp_bind(tp)}
-
-
-def tp_bind(tp: int, cores: int | None = None) -> str:
-    """vLLM's CPU ``VLLM_CPU_OMP_THREADS_BIND`` for ``tp`` workers on this host's ``cores``: each
-    rank its own contiguous share of the cores (``0|1`` for 2 ranks on 2 cores; ``0-3|4-7`` on
-    8), the remainder to the last (vLLM's CPU worker binds its OpenMP threads to its share,
-    ``v1/worker/cpu_worker.py``).
-
-    Raises:
-        CalibrationInputError: fewer cores than ranks (named ``--tensor-parallel-size``).
-    """
-    from calibrate.errors import CalibrationInputError
-
-    cores = (os.cpu_count() or 1) if cores is None else cores
-    if tp > cores:
-        raise CalibrationInputError("--tensor-parallel-size", "", f"{tp} workers need at least {tp} cores "
-                                    f"(this host has {cores})")
-    share, parts = cores // tp, []
-    for r in range(tp):
-        lo, hi = r * share, (cores - 1 if r == tp - 1 else (r + 1) * share - 1)
-        parts.append(str(lo) if lo == hi else f"{lo}-{hi}")
-    return "|".join(parts)
-
-
 
 
 def check_feature_client_nice(nice: int) -> int:

@@ -47,6 +47,7 @@ def run_sglang(scenario, setting: str, specs: RequestSpecs, warmup: int, recorde
     w, srv = scenario.workload, scenario.server
     env = simpy.Environment()
     costs = make_cost_model(scenario, setting)
+    check_tp_size(scenario, costs)
     clients = None
     if w.arrival == "closed_loop":
         clients = ClosedLoopClients(len(specs), w.concurrency, lambda rid, t: phases.submit(rid, t),
@@ -91,6 +92,32 @@ def run_sglang(scenario, setting: str, specs: RequestSpecs, warmup: int, recorde
     stats = {"sim_time_s": env.now, "steps": scheduler.next_step_seq, "decode_steps": scheduler.next_decode_seq,
              "leapt_steps": phases.leap.leapt if phases.leap is not None else 0}
     return outcome, stats
+
+
+def check_tp_size(scenario, costs) -> None:
+    """Refuse a scenario whose ``server.tp_size`` is not the tensor-parallel size its profile was
+    measured at (``metadata.tp_size``, 1 where it does not say): rank 0's phases at TP N carry
+    that many ranks' broadcast and all-reduces, which the simulator takes as measured, not from a
+    model of them. Inline costs pass (taken as the TP server's, said on every run).
+
+    Raises:
+        ScenarioError: naming ``server.tp_size``.
+    """
+    profile = getattr(costs, "profile", None)
+    if not isinstance(profile, dict):
+        return
+    measured = profile.get("metadata", {}).get("tp_size", 1)
+    measured = measured if isinstance(measured, int) and not isinstance(measured, bool) and measured >= 1 else 1
+    want = scenario.server.tp_size
+    if want != measured:
+        fix = (f"calibrate the TP-{want} server: overlap-sim calibrate --engine sglang --tensor-parallel-size {want}, "
+               "or give the costs inline" if scenario.server.device == "cpu" else
+               "no card profile can be measured at another TP yet (the TP calibration runs SGLang's CPU server): "
+               "give the TP server's costs inline")
+        raise ScenarioError(scenario.source, "server.tp_size",
+                            f"{want}, but the profile {getattr(costs, 'source', '')} was measured at tensor parallel "
+                            f"size {measured}: its receive and forward carry that many ranks' broadcast and "
+                            f"all-reduces ({fix})")
 
 
 def grammar_costs(scenario, costs) -> GrammarCosts | None:

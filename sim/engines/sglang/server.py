@@ -45,6 +45,15 @@ class Server(StrictModel):
 
     ``structured_output``: the share of requests with a grammar and its costs
     (:mod:`sim.engines.sglang.structured`; None: none), under ``normal`` and ``overlap`` only.
+
+    ``tp_size`` (``--tp-size``): tensor parallelism. SGLang 0.5.23 runs one scheduler per rank
+    in lockstep (``run_scheduler_process`` per TP rank); rank 0 receives the requests and
+    broadcasts them to the others (``broadcast_pyobj`` in the receive path), and every forward
+    waits for its all-reduces. The simulator runs rank 0's loop with the phases a profile
+    measured at that size (``metadata.tp_size``, ``calibrate --engine sglang
+    --tensor-parallel-size N``: the broadcast in ``recv``, the all-reduces in the forward); a
+    profile of another size is refused; inline costs are taken as the TP server's (said on every
+    run). No all-reduce model: a size is not extrapolated from another.
     """
 
     engine: Literal["sglang"] = Field(default="sglang", exclude=True)  # the scenario's engine (sim.scenario)
@@ -63,6 +72,7 @@ class Server(StrictModel):
     version: Optional[str] = None
     forward_on_scheduler_thread: Optional[bool] = None
     structured_output: Optional[StructuredOutput] = None
+    tp_size: int = Field(default=1, ge=1, le=64)
     _from_launch_args: tuple = PrivateAttr(default=())
     _launch_notes: tuple = PrivateAttr(default=())  # launch arguments the rules passed over
 
@@ -72,9 +82,14 @@ class Server(StrictModel):
         return "server.max_running_requests", self.max_running_requests
 
     def verdict_caveats(self, profile_meta: dict | None = None) -> list[str]:
-        """Clauses the verdict carries beyond the profile's own (none for SGLang's section: what
-        it answers approximately is in :meth:`warnings`)."""
-        return []
+        """Clauses the verdict carries beyond the profile's own: at tensor parallelism, how far the
+        TP model has been held against the real server (docs/real-engines.md); none otherwise
+        (what the section answers approximately is in :meth:`warnings`)."""
+        if self.tp_size <= 1:
+            return []
+        return [f"tp_size {self.tp_size}: the overlap/normal ratio at TP > 1 is not validated on a host with cores "
+                "for every rank, the tokenizer and the client (held against SGLang's CPU server at TP 2 on a 2-core "
+                "VM only: docs/real-engines.md#tensor-parallelism-sglang)"]
 
     @property
     def grammar(self) -> Optional[StructuredOutput]:
@@ -92,6 +107,14 @@ class Server(StrictModel):
         if self.grammar is not None:
             measured = (profile_meta or {}).get("structured_output") if isinstance(profile_meta, dict) else None
             out += self.grammar.caveats(measured if isinstance(measured, dict) else None)
+        if self.tp_size > 1 and profile_meta is None:
+            out.append(f"warning: server.tp_size {self.tp_size}: the inline costs are taken as those of the "
+                       f"TP-{self.tp_size} server as given (the request broadcast in recv, the all-reduces in the "
+                       "forward); none of it measured")
+        elif self.tp_size > 1:
+            out.append(f"warning: server.tp_size {self.tp_size}: priced by the profile measured at that size (rank 0's "
+                       "phases, which wait for the other ranks); the ranks' lockstep is not simulated apart, and each "
+                       "rank is taken to have cores of its own (docs/real-engines.md#tensor-parallelism-sglang)")
         if "overlap_mlx" in self.settings and self.device != "mlx":
             out.append(f"warning: server.settings overlap_mlx on server.device {self.device}: SGLang runs "
                        "event_loop_overlap_mlx only on MLX; the chain is simulated as asked")

@@ -79,17 +79,17 @@ def known_flags():
 def unmodelled(fields: dict) -> dict[str, str]:
     """ServerArgs field -> what it turns on, for each launch setting that changes the timeline in
     a way the simulator does not model (it runs one scheduler on one device decoding one token
-    per step): speculative decoding (a draft and a verify forward per step), tensor parallelism
-    (a scheduler per rank in lockstep, all-reduces in the forward), pipeline parallelism
+    per step): speculative decoding (a draft and a verify forward per step), pipeline parallelism
     (``event_loop_pp``), data parallelism (a controller over several schedulers), DP attention
     (an all-gather of batch shapes before each launch), PD disaggregation (the disaggregation
-    loops)."""
+    loops). Tensor parallelism (a scheduler per rank in lockstep, all-reduces in the forward) is
+    modelled on the CPU server through a profile measured at that size (``server.tp_size``);
+    :func:`parse_launch_args` refuses it on other platforms."""
     out = {}
     spec = fields.get("speculative_algorithm")
     if isinstance(spec, str) and spec.strip() and spec.strip().upper() != "NONE":
         out["speculative_algorithm"] = "speculative decoding"
-    for name, what in (("tp_size", "tensor parallelism"), ("pp_size", "pipeline parallelism"),
-                       ("dp_size", "data parallelism")):
+    for name, what in (("pp_size", "pipeline parallelism"), ("dp_size", "data parallelism")):
         if isinstance(fields.get(name), int) and fields[name] > 1:
             out[name] = what
     if fields.get("enable_dp_attention") is True:
@@ -229,6 +229,14 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
         server["disable_consecutive_prefill_overlap"] = True
     platform = _resolve_platform(platform, fields, env, notes)
     refused = unmodelled(fields)
+    tp = fields.get("tp_size", 1)
+    if isinstance(tp, int) and tp > 1 and platform != "cpu":
+        refused["tp_size"] = (f"tensor parallelism on {platform}: no card profile at TP {tp} can be measured yet; "
+                              "the TP calibration runs SGLang's CPU server")
+    elif isinstance(tp, int) and tp > 1:
+        notes.append(f"--tp-size {tp}: modelled through a profile measured at that size (calibrate --engine sglang "
+                     f"--tensor-parallel-size {tp}): rank 0's phases, which hold the request broadcast and the "
+                     "forward's all-reduces")
     flags = tuple((shown, NO_EFFECT if what == NO_EFFECT else
                    f"refused: not modelled ({refused[what]})" if what in refused else MODELLED)
                   for shown, what in statuses)

@@ -116,3 +116,26 @@ def test_advise_lists_each_flag_and_refuses_unknown_ones(run_cli):
     assert code == 0 and "refused: not modelled (speculative decoding)" in out and "refuses this command" in out
     code, _, err = run_cli(["advise", "--engine", "vllm", "--", "--frobnicate"])
     assert code == 2 and "--frobnicate" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("engine, args, what", [
+    ("sglang", ["--enable-lora"], "LoRA adapters"),
+    ("sglang", ["--lora-paths", "a=/adapters/a"], "LoRA adapters"),
+    ("sglang", ["--enable-multimodal"], "multimodal inputs"),
+    ("vllm", ["--enable-lora"], "LoRA adapters"),
+])
+def test_lora_and_multimodal_servers_are_refused_not_answered_as_plain(engine, args, what, tmp_path, run_cli):
+    parse = sglang_args if engine == "sglang" else vllm_args
+    cfg = parse(["--model-path", "M", *args] if engine == "sglang" else ["serve", "M", *args])
+    assert any(status.startswith(f"refused: not modelled ({what}") for _, status in cfg.flags)
+    if engine == "vllm":  # a vLLM scenario takes no launch command: advise is where it is read
+        return
+    scenario = yaml.safe_load((ROOT / "scenarios" / "quickstart.yaml").read_text())
+    scenario["costs"]["profile"] = str(ROOT / "scenarios" / scenario["costs"]["profile"])
+    scenario["server"].pop("settings", None)
+    scenario["server"]["launch_args"] = ["--model-path", "M", *args]
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario))
+    code, _, err = run_cli(["run", str(path), "--out", str(tmp_path / "r"), "--no-plots"])
+    assert code == 2 and what.split(" (")[0] in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()

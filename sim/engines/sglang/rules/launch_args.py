@@ -82,7 +82,9 @@ def unmodelled(fields: dict) -> dict[str, str]:
     per step): speculative decoding (a draft and a verify forward per step), pipeline parallelism
     (``event_loop_pp``), data parallelism (a controller over several schedulers), DP attention
     (an all-gather of batch shapes before each launch), PD disaggregation (the disaggregation
-    loops). Tensor parallelism (a scheduler per rank in lockstep, all-reduces in the forward) is
+    loops), LoRA adapters (``prepare_lora_batch`` on the host and the adapters' matmuls in every
+    forward, per batch's adapters), multimodal inputs (the encoder's forward and the inputs'
+    processing before a prefill). Tensor parallelism (a scheduler per rank in lockstep, all-reduces in the forward) is
     modelled on the CPU server through a profile measured at that size (``server.tp_size``);
     :func:`parse_launch_args` refuses it on other platforms."""
     out = {}
@@ -96,6 +98,12 @@ def unmodelled(fields: dict) -> dict[str, str]:
         out["enable_dp_attention"] = "DP attention"
     if str(fields.get("disaggregation_mode", "null")).lower() not in ("null", "none", ""):
         out["disaggregation_mode"] = "PD disaggregation"
+    if fields.get("enable_lora") is True:
+        out["enable_lora"] = "LoRA adapters"
+    if isinstance(fields.get("lora_paths"), str) and fields["lora_paths"].strip():
+        out["lora_paths"] = "LoRA adapters"
+    if fields.get("enable_multimodal") is True:
+        out["enable_multimodal"] = "multimodal inputs"
     return out
 
 

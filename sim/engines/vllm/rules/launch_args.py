@@ -48,6 +48,7 @@ FLAGS: dict[str, tuple[str, str, str | None]] = {
     "--enable-chunked-prefill": ("enable_chunked_prefill", "bool", "enable_chunked_prefill"),
     "--enable-prefix-caching": ("enable_prefix_caching", "bool", "enable_prefix_caching"),
     "--long-prefill-token-threshold": ("long_prefill_token_threshold", "int", "long_prefill_token_threshold"),
+    "--enable-lora": ("enable_lora", "bool", None),
 }
 # the smallest value vLLM's own argument checks accept, per integer field (EngineArgs/ParallelConfig
 # validation: sizes and counts are positive; a threshold of 0 turns the feature off)
@@ -55,7 +56,8 @@ MIN_INT = {"pipeline_parallel_size": 1, "tensor_parallel_size": 1, "data_paralle
            "max_model_len": 1, "block_size": 1, "num_gpu_blocks": 1, "long_prefill_token_threshold": 0}
 DEFAULTS: dict[str, Any] = {"async_scheduling": None, "pipeline_parallel_size": 1, "tensor_parallel_size": 1,
                             "data_parallel_size": 1,
-                            "speculative_config": None, "distributed_executor_backend": None, "runner": "auto"}
+                            "speculative_config": None, "distributed_executor_backend": None, "runner": "auto",
+                            "enable_lora": False}
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ def unmodelled(fields: dict) -> dict[str, str]:
     way the simulator does not model (one engine core, one worker): speculative decoding other than
     a device drafter's k drafts per step (:func:`speculative_server`: n-gram and suffix proposers,
     parallel drafters, or no ``num_speculative_tokens``), pipeline and data parallelism (a
-    pipeline of batches; several engine cores). Tensor parallelism is modelled through a profile
+    pipeline of batches; several engine cores), LoRA adapters (``--enable-lora``). Tensor parallelism is modelled through a profile
     measured at that size (``server.tensor_parallel_size``)."""
     out = {}
     spec = fields.get("speculative_config")
@@ -131,6 +133,8 @@ def unmodelled(fields: dict) -> dict[str, str]:
     for name, what in (("pipeline_parallel_size", "pipeline parallelism"), ("data_parallel_size", "data parallelism")):
         if isinstance(fields.get(name), int) and fields[name] > 1:
             out[name] = what
+    if fields.get("enable_lora") is True:
+        out["enable_lora"] = "LoRA adapters (the adapters' mapping in the worker's input preparation and their matmuls in every forward)"
     return out
 
 

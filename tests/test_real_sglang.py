@@ -198,7 +198,7 @@ def test_calibration_sessions_pool_each_settings_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(sglang_profile, "run_job", fake_run)
     monkeypatch.setattr(sglang_profile.sglang_trace, "read_records",
                         lambda path: (ran_read.append(path.stem) or {}, [], None))
-    monkeypatch.setattr(sglang_profile.sglang_trace, "iterations", lambda records: [])
+    monkeypatch.setattr(sglang_profile.sglang_trace, "iterations", lambda records, **kw: [])
     monkeypatch.setattr(sglang_profile, "samples", fake_samples)
     monkeypatch.setattr(sglang_profile, "check_coverage", lambda got, grid: None)
     import calibrate.profile

@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Callable, ClassVar, Literal
 
 import numpy as np
 import simpy
@@ -269,6 +269,28 @@ class GrammarShare(StrictModel):
 
     share: float = Field(ge=0.0, le=1.0)
     kind: Literal["json_schema", "regex", "grammar", "choice"] = "json_schema"
+
+    COSTS: ClassVar[str] = "the grammar's costs"  # what the engine's grammar costs are, named in the run's warning
+
+    def given_costs(self) -> str:
+        """The section's given costs, as the warning names them (each engine's section says)."""
+        raise NotImplementedError
+
+    def caveats(self, measured: dict | None) -> list[str]:
+        """The warning line every run carries. ``measured``: the profile's
+        ``metadata.structured_output`` when it has the grammar curves, else None (the section's
+        given costs, :meth:`given_costs`)."""
+        head = (f"warning: server.structured_output: {self.share * 100:g}% of the requests carry a {self.kind} grammar "
+                "(drawn per request); ")
+        if measured:
+            kind = measured.get("kind")
+            head += f"its costs ({self.COSTS}) are the profile's, measured with {kind} grammars"
+            if kind != self.kind:
+                head += f" (this scenario's {self.kind} grammars are assumed to cost alike)"
+        else:
+            head += f"its costs are the given {self.given_costs()}, not measured"
+        return [head + "; grammar compilation (a schema's first request) and grammars that end early are not "
+                "modelled"]
 
     def draw(self, num_requests: int, seed: int) -> np.ndarray:
         """Which of ``num_requests`` requests carry a grammar: bool, shape (num_requests,),

@@ -52,7 +52,7 @@ speculative decoding is refused for SGLang altogether.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import ClassVar, Optional
 
 from pydantic import Field
 
@@ -81,21 +81,10 @@ class StructuredOutput(GrammarShare):
         """The section gives both per-request costs."""
         return self.mask_us_per_request is not None and self.accept_us_per_request is not None
 
-    def caveats(self, measured: dict | None) -> list[str]:
-        """The warning line every run carries. ``measured``: the profile's
-        ``metadata.structured_output`` when it has the grammar curves, else None."""
-        head = (f"warning: server.structured_output: {self.share * 100:g}% of the requests carry a {self.kind} grammar "
-                "(drawn per request); ")
-        if measured:
-            kind = measured.get("kind")
-            head += f"its costs (the mask, the grammar's accept) are the profile's, measured with {kind} grammars"
-            if kind != self.kind:
-                head += f" (this scenario's {self.kind} grammars are assumed to cost alike)"
-        else:
-            head += (f"its costs are the given {self.mask_us_per_request:g}/{self.accept_us_per_request:g} us per "
-                     "constrained request (mask/accept), not measured")
-        return [head + "; grammar compilation (a schema's first request) and grammars that end early are not "
-                "modelled"]
+    COSTS: ClassVar[str] = "the mask, the grammar's accept"
+
+    def given_costs(self) -> str:
+        return f"{self.mask_us_per_request:g}/{self.accept_us_per_request:g} us per constrained request (mask/accept)"
 
 
 class GrammarCosts:

@@ -45,7 +45,7 @@ modelled); the bitmask's thread pool above 128 constrained requests.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import ClassVar, Optional
 
 from pydantic import Field
 
@@ -73,23 +73,11 @@ class StructuredOutput(GrammarShare):
         """The section gives all three per-request costs."""
         return None not in (self.bitmask_us_per_request, self.apply_us_per_request, self.accept_us_per_request)
 
-    def caveats(self, measured: dict | None) -> list[str]:
-        """The warning line every run carries. ``measured``: the profile's
-        ``metadata.structured_output`` when it has the grammar curves, else None."""
-        head = (f"warning: server.structured_output: {self.share * 100:g}% of the requests carry a {self.kind} grammar "
-                "(drawn per request); ")
-        if measured:
-            kind = measured.get("kind")
-            head += (f"its costs (the engine core's bitmask, the worker's mask, the grammar's accept) are the "
-                     f"profile's, measured with {kind} grammars")
-            if kind != self.kind:
-                head += f" (this scenario's {self.kind} grammars are assumed to cost alike)"
-        else:
-            head += (f"its costs are the given {self.bitmask_us_per_request:g}/{self.apply_us_per_request:g}/"
-                     f"{self.accept_us_per_request:g} us per constrained request (bitmask/apply/accept), not "
-                     "measured")
-        return [head + "; grammar compilation (a schema's first request) and grammars that end early are not "
-                "modelled"]
+    COSTS: ClassVar[str] = "the engine core's bitmask, the worker's mask, the grammar's accept"
+
+    def given_costs(self) -> str:
+        return (f"{self.bitmask_us_per_request:g}/{self.apply_us_per_request:g}/{self.accept_us_per_request:g} us per "
+                "constrained request (bitmask/apply/accept)")
 
 
 class GrammarCosts:

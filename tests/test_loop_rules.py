@@ -273,3 +273,9 @@ def _versions(draw):
 def test_generated_ranges_match_as_pep_440_does(ops, version):
     spec = ",".join(f"{op}{bound}" for op, bound in ops)
     assert version_in(spec, version) == SpecifierSet(spec).contains(version, prereleases=True)
+
+
+def test_on_the_cpu_engine_advise_does_not_describe_cuda_streams(run_cli):
+    code, out, _ = run_cli(["advise", "--device", "cpu", "--", "--model-path", "M"])
+    flat = " ".join(out.split())
+    assert code == 0 and "scheduler's thread" in flat and "CUDA streams" not in flat

@@ -141,7 +141,12 @@ def evaluate(config: LaunchConfig) -> Advice:
     ctx["overlap_or_normal"] = "overlap" if ctx["overlap"] else "normal"
     selected = next(r for r in rows if r["kind"] == "loop" and _applies(r, ctx, version))
     loop = selected["loop"].format(**{k: v for k, v in ctx.items() if isinstance(v, (str, int, float))})
-    text = loop + (f" ({selected['detail']})" if selected.get("detail") else "")
+    detail = selected.get("detail")
+    if config.platform == "cpu" and selected.get("setting") == "overlap":
+        # SGLang's CPU engine: Scheduler.run_batch calls the model on the scheduler's thread
+        detail = ("the CPU engine runs the forward on the scheduler's thread, so nothing overlaps it; the loop "
+                  "still processes each result one step late")
+    text = loop + (f" ({detail})" if detail else "")
     ctx["loop"], ctx["setting"] = loop, selected.get("setting")
     hazards = tuple(_hit(r, " ".join(r["text"].split())) for r in rows
                     if r["kind"] == "hazard" and _applies(r, ctx, version))

@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from calibrate.real.sglang_profile import (SglangGrid, calibrate_sglang, design, run_job, run_tp_session,
                                                    tp_launch)
-        from calibrate.real.sglang_structured import job as structured_job
+        from calibrate.real import sglang_structured
 
         grid = SglangGrid()
         settings = ("normal", "overlap")
@@ -235,9 +235,8 @@ def main(argv: list[str] | None = None) -> int:
                 return
             run_job(engine, d.job(str(model), setting == "overlap", grid), cal_dir, f"calibrate-{name}", report)
             if structured:  # the constrained run beside it (the grammar curves)
-                run_job(engine, structured_job(str(model), setting == "overlap", grid.server_args(),
-                                               grid.decode_batch_sizes, grid.decode_waves, grid.seed),
-                        cal_dir, f"calibrate-{name}-json", report)
+                run_job(engine, sglang_structured.job(str(model), setting == "overlap", grid), cal_dir,
+                        f"calibrate-{name}-json", report)
 
         def build(command: str) -> dict:
             return calibrate_sglang(engine, model, grid, cal_dir, command=command, report=report,

@@ -215,7 +215,10 @@ def test_the_samples_keep_fully_constrained_masks_and_decode_processing():
                    {"ph": "mask", "cpu": 5e-5, "n": 4, "bs": 4}, {"ph": "sample", "cpu": 1e-4}]
     (exc,) = sample_excess(constrained, plain, {4})
     assert exc["curve"] == "grammar.sample" and exc["times_s"] == pytest.approx([4e-4 - 5e-5 - 8.8e-5, 0.0])  # plain median (7.8e-5 + 9.8e-5) / 2
-    j = job("/m", True, ["--x"], (1, 2), 2, seed=0)
+    from types import SimpleNamespace
+
+    grid = SimpleNamespace(server_args=lambda: ["--x"], decode_batch_sizes=(1, 2), decode_waves=2, seed=0)
+    j = job("/m", True, grid)
     assert len(j["requests"]) == 2 * 2 * 3 and all(r["json_schema"] for r in j["requests"])
     assert [len(w) for w in j["arrival"]["waves"]] == [1, 2, 1, 2] * 2
     assert len({r["sampling_seed"] for r in j["requests"]}) == len(j["requests"])

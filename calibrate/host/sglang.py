@@ -39,10 +39,7 @@ from calibrate.host import yardstick
 from calibrate.real import sglang_trace
 from calibrate.real.environment import Engine, mean_probe, session_order
 from calibrate.real.sglang_profile import HOST_FUNCTIONS, SglangGrid, design, metadata, run_job, samples
-from calibrate.real.sglang_structured import job as structured_job
-from calibrate.real.sglang_structured import FUNCTIONS as STRUCTURED_FUNCTIONS
-from calibrate.real.sglang_structured import metadata as structured_metadata
-from calibrate.real.sglang_structured import read_samples as structured_samples
+from calibrate.real import sglang_structured
 
 STUB_LIMITS = ("the stub replaces ModelRunner._forward_raw: no KV writes and no model compute (the host phases "
                "run on a cache a real forward would have disturbed), no attention-backend metadata planning "
@@ -139,8 +136,7 @@ def calibrate_sglang_host(engine: Engine, model_dir: Path, grid: SglangHostGrid,
         job = {**d.job(str(model_dir), setting == "overlap", grid), "stub_forward": True}
         traces.append(run_job(engine, job, folder, f"host-{name}", report))
         if structured:
-            gjob = {**structured_job(str(model_dir), setting == "overlap", grid.server_args(), grid.decode_batch_sizes,
-                                     grid.decode_waves, grid.seed), "stub_forward": True}
+            gjob = {**sglang_structured.job(str(model_dir), setting == "overlap", grid), "stub_forward": True}
             grammar_traces.append(run_job(engine, gjob, folder, f"host-{name}-json", report))
     ruler = yardstick.reading_beside(folder / "yardstick.json", report)
     probe = mean_probe(folder / f"host-{name}.hostspeed.json" for _, name in order)
@@ -184,11 +180,8 @@ def host_costs(engine: Engine, grid: SglangHostGrid, order: list[tuple[str, str]
             merged.setdefault(key, {**smp, **tag, "times_s": []})["times_s"].extend(smp["times_s"])
         stub_ms.setdefault(setting, []).extend(t * 1e3 for s in stub for t in s["times_s"])
         contexts[name] = context_dependence(its, d)
-    for (setting, _), trace in zip(order, grammar_traces):
-        tag = {} if setting == settings[0] else {"setting": setting}
-        for smp in structured_samples(trace, set(grid.decode_batch_sizes)):
-            key = (smp["curve"], tuple(sorted(smp["point"].items())), setting)
-            merged.setdefault(key, {**smp, **tag, "times_s": []})["times_s"].extend(smp["times_s"])
+    structured = (sglang_structured.add_samples(merged, order, grammar_traces, settings, set(grid.decode_batch_sizes))
+                  if grammar_traces else None)
     meta_ = metadata(engine, grid, meta or {}, settings, command)
     meta_.update({
         "kind": "host", "device": "host", "device_name": f"host only (SGLang {engine.version} scheduler, forward stubbed)",
@@ -199,10 +192,10 @@ def host_costs(engine: Engine, grid: SglangHostGrid, order: list[tuple[str, str]
         "context_dependence": contexts,
         "curve_sources": host_curve_sources(engine.version),
     })
-    if grammar_traces:
-        meta_["structured_output"] = structured_metadata([t.stem for t in grammar_traces])
-        meta_["curve_sources"].update({c: {"source": "measured", "engine": f"sglang {engine.version}", "function": fn}
-                                       for c, fn in STRUCTURED_FUNCTIONS.items()})
+    if structured:
+        meta_["structured_output"] = structured
+        meta_["curve_sources"].update({c: {"source": "measured", "engine": f"sglang {engine.version}",
+                                           "function": sglang_structured.FUNCTIONS[c]} for c in structured["curves"]})
     meta_.pop("sync_latency_s", None)
     if ruler:
         meta_["yardstick"] = ruler

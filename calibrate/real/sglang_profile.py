@@ -36,9 +36,7 @@ from calibrate.real import sglang_trace
 from calibrate.real.environment import (Engine, mean_probe, model_metadata, run_module, run_probed, session_order,
                                         tp_bind)
 from calibrate.real.jobs import Prompts, request
-from calibrate.real.sglang_structured import job as structured_job
-from calibrate.real.sglang_structured import metadata as structured_metadata
-from calibrate.real.sglang_structured import read_samples as structured_samples
+from calibrate.real import sglang_structured
 
 
 DRIVER_TIMEOUT_S = 1800  # one in-process run: about a minute here; a hung one is stopped
@@ -355,8 +353,7 @@ def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, folder: 
         traces.append(run_job(engine, d.job(str(model_dir), setting == "overlap", grid), folder, f"calibrate-{name}",
                               report))
         if structured:
-            grammar_traces.append(run_job(engine, structured_job(str(model_dir), setting == "overlap", grid.server_args(),
-                                                                 grid.decode_batch_sizes, grid.decode_waves, grid.seed),
+            grammar_traces.append(run_job(engine, sglang_structured.job(str(model_dir), setting == "overlap", grid),
                                           folder, f"calibrate-{name}-json", report))
     reference = mean_probe(folder / f"calibrate-{name}.hostspeed.json" for _, name in order)
     for (setting, _), trace in zip(order, traces):
@@ -373,14 +370,10 @@ def calibrate_sglang(engine: Engine, model_dir: Path, grid: SglangGrid, folder: 
                 key = (smp["curve"], tuple(sorted(smp["point"].items())), setting)
                 tag = {} if setting == settings[0] else {"setting": setting}
             merged.setdefault(key, {**smp, **tag, "times_s": []})["times_s"].extend(smp["times_s"])
-    for (setting, _), trace, plain in zip(order, grammar_traces, traces):
-        tag = {} if setting == settings[0] else {"setting": setting}
-        for smp in structured_samples(trace, set(grid.decode_batch_sizes), plain):
-            key = (smp["curve"], tuple(sorted(smp["point"].items())), setting)
-            merged.setdefault(key, {**smp, **tag, "times_s": []})["times_s"].extend(smp["times_s"])
     metadata_ = metadata(engine, grid, meta or {}, settings, command)
     if structured:
-        metadata_["structured_output"] = structured_metadata([t.stem for t in grammar_traces], sampler=True)
+        metadata_["structured_output"] = sglang_structured.add_samples(
+            merged, order, grammar_traces, settings, set(grid.decode_batch_sizes), plain_traces=traces)
     if tp_size > 1:
         metadata_["tp_size"] = tp_size
         metadata_["tp_calibration"] = ("the design's waves through SGLang's server at this tensor-parallel size, "

@@ -58,22 +58,23 @@ FUNCTIONS = {
 }
 
 
-def job(model_dir: str, overlap: bool, server_args: list[str], batch_sizes: tuple[int, ...], waves: int,
-        seed: int) -> dict:
-    """The driver's job of one structured-output run: for each context of :data:`CONTEXTS` and
-    batch size B of ``batch_sizes``, ``waves`` waves of B constrained requests (ids
-    ``json-d<B>x<C>-<i>``), prompts of ``seed + 2``."""
-    prompts = Prompts(seed + 2)
+def job(model_dir: str, overlap: bool, grid) -> dict:
+    """The driver's job of one structured-output run beside a calibration of ``grid`` (an
+    :class:`calibrate.real.sglang_profile.SglangGrid` or the host grid: its server arguments,
+    decode batch sizes, waves and seed): for each context of :data:`CONTEXTS` and batch size B,
+    ``grid.decode_waves`` waves of B constrained requests (ids ``json-d<B>x<C>-<i>``), prompts of
+    ``grid.seed + 2``."""
+    prompts = Prompts(grid.seed + 2)
     groups = []
-    for _ in range(waves):
+    for _ in range(grid.decode_waves):
         for c in CONTEXTS:
-            for b in batch_sizes:
+            for b in grid.decode_batch_sizes:
                 n = len(groups)
                 groups.append([{**request(f"{PREFIX}d{b}x{c}-{n}-{i}", prompts.new(c - DECODE_STEPS // 2),
                                           DECODE_STEPS),
                                 "json_schema": SCHEMA, "temperature": 1.0, "sampling_seed": 1000 * n + i}
                                for i in range(b)])
-    return {"model_dir": model_dir, "overlap": overlap, "server_args": list(server_args),
+    return {"model_dir": model_dir, "overlap": overlap, "server_args": list(grid.server_args()),
             "arrival": {"kind": "waves", "waves": [[r["rid"] for r in g] for g in groups]},
             "requests": [r for g in groups for r in g]}
 
@@ -166,6 +167,21 @@ def read_samples(trace, sizes: set[int], plain_trace=None) -> list[dict]:
         excess = delayed_excess if (meta or {}).get("overlap") else sample_excess
         out += excess(records, plain, sizes)
     return out
+
+
+def add_samples(merged: dict, order: list[tuple[str, str]], traces: list, settings: tuple[str, ...], sizes: set[int],
+                plain_traces: list | None = None) -> dict:
+    """Merge the structured-output runs' samples (``traces``, one per ``(setting, name)`` of
+    ``order``) into a calibration's ``merged`` samples (key: curve, point, setting; the first
+    setting's as base samples, another's tagged with it), at the batch sizes ``sizes``; given the
+    plain runs beside them (``plain_traces``, CPU engine), ``grammar.sample`` too
+    (:func:`read_samples`). Returns ``metadata.structured_output``."""
+    for i, ((setting, _), trace) in enumerate(zip(order, traces)):
+        tag = {} if setting == settings[0] else {"setting": setting}
+        for smp in read_samples(trace, sizes, plain_traces[i] if plain_traces else None):
+            key = (smp["curve"], tuple(sorted(smp["point"].items())), setting)
+            merged.setdefault(key, {**smp, **tag, "times_s": []})["times_s"].extend(smp["times_s"])
+    return metadata([t.stem for t in traces], sampler=plain_traces is not None)
 
 
 def metadata(sessions: list[str], sampler: bool = False) -> dict:

@@ -321,3 +321,11 @@ def profile_curves(profile: dict, statistic: str = "median", setting: str | None
                           for x, row in zip(grid[0], values)]
         out[name] = Curve(c["axes"], grid, values)
     return out
+
+
+def measured_size(profile: dict, key: str) -> int:
+    """A parallel size a profile was measured at, ``metadata[key]`` (vLLM's
+    ``tensor_parallel_size``, SGLang's ``tp_size``): 1 where the metadata does not say or says
+    something that is not a positive integer."""
+    size = profile.get("metadata", {}).get(key, 1)
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 1 else 1

@@ -163,13 +163,10 @@ class Phases:
             forward *= self.gpu_jitter()
         forward += self.forward_extra_s
         self.stream.enqueue(batch, at + dur, forward)
-        if self.grammar is not None:
-            if k != DECODE:  # the mask's rows: every constrained request of the prefill
-                batch.num_grammar = sum(c[0].grammar for c in batch.chunks)
-            if batch.num_grammar and not self.delay_sample:  # ModelRunner.sample, behind the forward's launch
-                end = (batch.forward_end if self.blocking_forward else at + dur) + self._mask_s(batch)
-                self.stream.hold(batch, end)
-                return end - at
+        if batch.num_grammar and not self.delay_sample:  # ModelRunner.sample, behind the forward's launch
+            end = (batch.forward_end if self.blocking_forward else at + dur) + self._mask_s(batch)
+            self.stream.hold(batch, end)
+            return end - at
         if self.blocking_forward:  # CPU engine: run_batch returns when the forward is done
             return batch.forward_end - at
         submit = c.submit_s(k, n, tok, ctx)
@@ -217,7 +214,7 @@ class Phases:
     def result_wait_s(self, batch: Batch, at: float) -> float:
         """How long a host that waits for ``batch``'s results at ``at`` blocks: until its forward
         ended plus the cost model's ``sync_latency_s`` (s, >= 0)."""
-        ready = (batch.forward_end if batch.forward_end >= batch.mask_end else batch.mask_end) + self.costs.sync_latency_s
+        ready = batch.forward_end + self.costs.sync_latency_s
         return ready - at if ready > at else 0.0
 
     def process(self, batch: Batch, at: float | None = None) -> float:

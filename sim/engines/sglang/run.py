@@ -20,6 +20,7 @@ from sim.engines.sglang.structured import GrammarCosts
 from sim.errors import ScenarioError
 from sim.model.costs import Jitter, make_cost_model
 from sim.model.device import DeviceStream
+from sim.model.profile import measured_size
 from sim.model.reach import reach_outcome
 from sim.model.workload import ClosedLoopClients, RequestSpecs, open_loop_arrivals
 
@@ -106,9 +107,7 @@ def check_tp_size(scenario, costs) -> None:
     profile = getattr(costs, "profile", None)
     if not isinstance(profile, dict):
         return
-    measured = profile.get("metadata", {}).get("tp_size", 1)
-    measured = measured if isinstance(measured, int) and not isinstance(measured, bool) and measured >= 1 else 1
-    want = scenario.server.tp_size
+    measured, want = measured_size(profile, "tp_size"), scenario.server.tp_size
     if want != measured:
         fix = (f"calibrate the TP-{want} server: overlap-sim calibrate --engine sglang --tensor-parallel-size {want}, "
                "or give the costs inline" if scenario.server.device == "cpu" else

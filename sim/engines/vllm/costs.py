@@ -131,7 +131,7 @@ from pathlib import Path
 from sim.engines.vllm.structured import GrammarCosts
 from sim.errors import ScenarioError
 from sim.model.costs import DECODE, LinearCostModel
-from sim.model.profile import CurveTable, load_profile, load_profile_read_only, profile_curves
+from sim.model.profile import CurveTable, load_profile, load_profile_read_only, measured_size, profile_curves
 from sim.model.reach import ReachMeter, distance, hulls
 
 VLLM_CURVE_AXES: dict[str, tuple[str, ...]] = {
@@ -375,8 +375,7 @@ class VllmInlineCosts:
 def profile_tensor_parallel(profile: dict) -> int:
     """The tensor-parallel size a vLLM profile was measured at (``metadata.tensor_parallel_size``;
     1 where the metadata does not say)."""
-    tp = profile.get("metadata", {}).get("tensor_parallel_size", 1)
-    return tp if isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1 else 1
+    return measured_size(profile, "tensor_parallel_size")
 
 
 def check_tensor_parallel(scenario, profile: dict, source: str) -> None:

@@ -147,5 +147,7 @@ class _Pass:
         s.kv.alloc(self.pages)
         batch = Batch(s._take_seq(), EXTEND, len(self.chunks), self.num_tokens, self.sum_ctx, num_warmup=self.warm,
                       chunks=self.chunks, attn_pairs=self.attn_pairs)
+        if s.grammar is not None:  # the mask's rows: every constrained request of the prefill
+            batch.num_grammar = sum(c[0].grammar for c in self.chunks)
         batch.kv_used_after_alloc = s.kv.used_tokens
         return batch

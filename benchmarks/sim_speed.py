@@ -17,7 +17,7 @@ Ratios measured in one run (interleaved, repeated, each run a fresh process; med
         # decode steps per second of this tree over another checkout's (e.g. `git archive <commit>
         # | tar -x -C /tmp/old`), closed loop at concurrency 64, one setting per --settings
     python benchmarks/sim_speed.py --cli-modes 20000 --repeats 3
-        # `overlap-sim run` wall time, default mode (tables, CSVs, plots) over --tables none, then
+        # `overlap-sim run` wall time, default mode (Parquet tables, plots) over --tables none, then
         # the CPU time of each part of the default mode beyond the streamed one
         # (add --tree DIR to run another checkout's command line)
 """
@@ -149,24 +149,31 @@ def compare_trees(against: Path, sizes: list[int], settings: list[str], tables: 
 
 def compare_cli_modes(num_requests: int, repeats: int) -> None:
     """Wall seconds of ``overlap-sim run`` of the closed-loop reference workload at
-    ``num_requests``: the default mode (tables, CSVs, plots) against ``--tables none``,
+    ``num_requests``: the default mode (Parquet tables, plots) against ``--tables none``,
     alternated, ``repeats`` times."""
-    modes = {"default (tables + CSVs + plots)": [], "--tables none": ["--tables", "none"]}
+    modes = {"default (Parquet tables + plots)": [], "--tables none": ["--tables", "none"]}
     with tempfile.TemporaryDirectory() as tmp:
         scenario = Path(tmp) / "reference.yaml"
         raw = reference_scenario(num_requests, "closed_loop")
         raw["server"]["settings"] = ["overlap", "normal"]
         scenario.write_text(yaml.safe_dump(raw))
         wall: dict[str, list[float]] = {m: [] for m in modes}
+        peak: dict[str, list[float]] = {m: [] for m in modes}
         for _ in range(repeats):
             for mode, extra in modes.items():
                 t0 = time.perf_counter()
-                subprocess.run([sys.executable, "-m", "sim.cli", "run", str(scenario), "--out", str(Path(tmp) / "out"),
-                                *extra], cwd=TREE, check=True, stdout=subprocess.DEVNULL,
-                               env={**os.environ, "PYTHONPATH": str(TREE)})
+                proc = subprocess.Popen([sys.executable, "-m", "sim.cli", "run", str(scenario), "--out",
+                                         str(Path(tmp) / "out"), *extra], cwd=TREE, stdout=subprocess.DEVNULL,
+                                        env={**os.environ, "PYTHONPATH": str(TREE)})
+                _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS
                 wall[mode].append(time.perf_counter() - t0)
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                if proc.returncode:
+                    raise SystemExit(f"overlap-sim run ({mode}) exited {proc.returncode}")
+                peak[mode].append(usage.ru_maxrss / 1024)  # KiB on Linux
     for mode, values in wall.items():
-        print(f"overlap-sim run, {num_requests} requests, overlap + normal, {mode:<32} wall {spread(values)} s")
+        print(f"overlap-sim run, {num_requests} requests, overlap + normal, {mode:<32} wall {spread(values)} s, "
+              f"peak RSS {spread(peak[mode], '.0f')} MiB")
     ratios = [a / b for a, b in zip(*wall.values())]
     print(f"default / --tables none: {spread(ratios)}")
     print(f"where the default mode's extra time goes (CPU seconds, one fresh process each, median of {repeats}):")
@@ -180,6 +187,9 @@ def compare_cli_modes(num_requests: int, repeats: int) -> None:
     streamed = statistics.median(parts.pop("simulate, --tables none (both settings)"))
     print(f"  {'simulate, --tables none (both settings)':<64} {streamed:6.2f} s  (the streamed mode's core)")
     for name, values in parts.items():
+        if name.startswith("(memory"):
+            print(f"  {name:<64} {statistics.median(values):6.0f} MiB")
+            continue
         print(f"  {name:<64} {statistics.median(values):6.2f} s  {statistics.median(values) / streamed:5.2f}x of it")
 
 
@@ -205,11 +215,16 @@ def default_mode_parts(num_requests: int) -> dict[str, float]:
     t = clock()
     summaries = {r.setting: r.summary() for r in results}
     parts["summaries from the tables"] = clock() - t
+    tables_mib = sum(int(getattr(r, k).memory_usage(deep=True).sum()) for r in results
+                     for k in ("steps", "requests", "itl")) / 2**20
     from sim.output.report import write_results
     with tempfile.TemporaryDirectory() as tmp:
         t = clock()
         write_results(Path(tmp), {"settings": summaries}, results)
-        parts["write the CSVs (steps, requests, ITL per setting)"] = clock() - t
+        parts["write the tables (steps, requests, ITL per setting; Parquet)"] = clock() - t
+        t = clock()
+        write_results(Path(tmp), {"settings": summaries}, results, "csv")
+        parts["(not in the default mode: the same tables as CSV, --format csv)"] = clock() - t
         t = clock()
         from sim.output.plots import save_run_plots  # imports matplotlib
         parts["import matplotlib (and the plot module)"] = clock() - t
@@ -217,6 +232,7 @@ def default_mode_parts(num_requests: int) -> dict[str, float]:
         save_run_plots(Path(tmp), scenario.name, {r.setting: r.steps for r in results}, summaries,
                        {r.setting: r.requests for r in results})
         parts["draw and save the three plots"] = clock() - t
+    parts["(memory, MiB: the tables held, steps + requests + ITL, both settings)"] = tables_mib
     return parts
 
 

@@ -55,7 +55,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="results folder (default results/<scenario name>/, or results/<scenario name>-<the --set "
                         "overrides>/ with --set, so variants do not overwrite each other)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
-    p.add_argument("--format", choices=["csv", "parquet"], default="csv", help="file format of the tables")
+    p.add_argument("--format", choices=["parquet", "csv"], default="parquet",
+                   help="file format of the tables: parquet (default; typed columns, written in about a sixth "
+                        "of CSV's time, half its size; pandas.read_parquet) or csv")
     p.add_argument("--tables", choices=["steps", "summary", "none"], default="steps",
                    help="tables kept: steps (all, exact metrics), summary (per-request only; streamed metrics), "
                         "none (no tables; memory bounded by requests in flight)")

@@ -549,16 +549,16 @@ def _(ctx):
     import pandas as pd
 
     run = ctx.run_folder()
-    steps = pd.read_csv(Path(run, "steps_overlap.csv"))
+    steps = pd.read_parquet(Path(run, "steps_overlap.parquet"))
     steps.loc[3, "forward_end"] = float("nan")
-    steps.to_csv(Path(run, "steps_overlap.csv"), index=False)
+    steps.to_parquet(Path(run, "steps_overlap.parquet"), index=False)
     return ["trace", run], ["steps_overlap", "forward_end", "finite"]
 
 
 @case("trace-steps-garbage")
 def _(ctx):
     run = ctx.run_folder()
-    Path(run, "steps_normal.csv").write_bytes(b"\x00\x01binary\xff")
+    Path(run, "steps_normal.parquet").write_bytes(b"\x00\x01binary\xff")
     return ["trace", run], ["steps_normal", ""]
 
 

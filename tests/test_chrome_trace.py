@@ -39,7 +39,7 @@ def test_trace_tracks_slices_and_times(run_dir, tmp_path):
     assert set(threads.values()) == {"scheduler thread (CPU)", "device stream"}
     for pid, label in names.items():
         setting = label.split(": ")[1]
-        steps = pd.read_csv(run_dir / f"steps_{setting}.csv")
+        steps = pd.read_parquet(run_dir / f"steps_{setting}.parquet")
         forwards = sorted((e for e in ev if e["ph"] == "X" and e["pid"] == pid and e["tid"] == 2), key=lambda e: e["ts"])
         assert len(forwards) == len(steps)
         assert [e["args"]["batch"] for e in forwards] == list(steps["seq"])
@@ -60,7 +60,7 @@ def test_flows_pair_up_and_futuremap_only_under_overlap(run_dir, tmp_path):
     assert starts.keys() == ends.keys() and starts
     pids = {e["args"]["name"].split(": ")[1]: e["pid"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
     for setting, pid in pids.items():
-        steps = pd.read_csv(run_dir / f"steps_{setting}.csv")
+        steps = pd.read_parquet(run_dir / f"steps_{setting}.parquet")
         launch = [k for k, e in starts.items() if k[0] == pid and e["cat"] == "launch"]
         dep = [k for k, e in starts.items() if k[0] == pid and e["cat"] == "device_dependency"]
         assert len(launch) == len(steps)
@@ -81,7 +81,7 @@ def test_flows_pair_up_and_futuremap_only_under_overlap(run_dir, tmp_path):
 
 
 def test_window_and_setting_filters(run_dir, tmp_path):
-    steps = pd.read_csv(run_dir / "steps_overlap.csv")
+    steps = pd.read_parquet(run_dir / "steps_overlap.parquet")
     mid = float(steps["forward_start"].median())
     full = _trace(run_dir, tmp_path, "--setting", "overlap")
     part = _trace(run_dir, tmp_path, "--setting", "overlap", "--window", f"{mid}:{mid + 0.02}")
@@ -101,7 +101,7 @@ def test_simulator_trace_round_trips_through_gaps(run_dir, tmp_path):
     path = tmp_path / "t.json"
     assert main(["trace", str(run_dir), "--out", str(path)]) == 0
     for pid, setting in ((1, "overlap"), (2, "normal")):
-        steps = pd.read_csv(run_dir / f"steps_{setting}.csv")
+        steps = pd.read_parquet(run_dir / f"steps_{setting}.parquet")
         got = measure_gaps(path, "forward", pid=pid)
         gaps = step_gaps(steps).dropna()
         assert got["num_steps"] == len(steps)

@@ -19,6 +19,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.container import ErrorbarContainer  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
@@ -333,3 +335,34 @@ def test_the_timeline_of_long_prefills_shows_decode_steps():
                  and matplotlib.colors.to_hex(c.get_facecolor()[0]) == decode_color]
         assert drawn and sum(len(c.get_paths()) for c in drawn) >= 3
     plt.close(fig)
+
+
+def _window_start_by_loop(kinds: list[str], starts: list[float], ends: list[float]) -> float:
+    """The strip's start as a loop over every step computes it (the definition)."""
+    best, best_len, i = None, 0, 0
+    while i < len(kinds):
+        if kinds[i] == "decode":
+            j = i
+            while j < len(kinds) and kinds[j] == "decode":
+                j += 1
+            if j - i > best_len:
+                best, best_len = i, j - i
+            i = j
+        else:
+            i += 1
+    if best is None:
+        return float(np.median(starts)) if starts else 0.0
+    first = best + min(best_len // 2, max(best_len - 6, 0))
+    return float(starts[first] - (ends[first] - starts[first]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["decode", "prefill", "extend"]), max_size=60))
+def test_the_timelines_window_starts_before_the_first_longest_decode_run(kinds):
+    from sim.output.plots import _decode_window_start
+
+    starts = [0.01 * i for i in range(len(kinds))]
+    ends = [s + 0.004 + 0.001 * (i % 3) for i, s in enumerate(starts)]
+    df = pd.DataFrame({"kind": pd.Categorical(kinds, categories=["prefill", "decode", "extend"]),
+                       "forward_start": starts, "forward_end": ends})
+    assert _decode_window_start(df) == _window_start_by_loop(kinds, starts, ends)

@@ -27,23 +27,31 @@ def test_run_writes_results_and_json(tmp_path, capsys):
         payload["settings"]["normal"]["output_throughput"]
     names = {p.name for p in out.iterdir()}
     for setting in ("overlap", "normal"):
-        assert {f"steps_{setting}.csv", f"requests_{setting}.csv", f"itl_{setting}.csv"} <= names
+        assert {f"steps_{setting}.parquet", f"requests_{setting}.parquet", f"itl_{setting}.parquet"} <= names
     assert {"summary.json", "gaps.png", "metrics.png", "timeline.png"} <= names
     assert not any(n.startswith(".") for n in names)  # no temporary files left behind
-    steps = pd.read_csv(out / "steps_overlap.csv")
+    steps = pd.read_parquet(out / "steps_overlap.parquet")
     assert (steps["forward_start"] >= steps["launch_end"] - 1e-12).all()
     saved = json.loads((out / "summary.json").read_text())
     assert saved["settings"] == payload["settings"]
 
 
-def test_run_table_and_parquet(tmp_path, capsys):
+def test_run_table_and_csv_on_request(tmp_path, capsys):
     out = tmp_path / "res"
-    assert main(["run", str(QUICKSTART), "--out", str(out), "--format", "parquet", "--no-plots",
+    assert main(["run", str(QUICKSTART), "--out", str(out), "--format", "csv", "--no-plots",
                  "--set", "workload.num_requests=16"]) == 0
     text = capsys.readouterr().out
     assert "overlap/normal" in text and "output throughput" in text
-    assert pd.read_parquet(out / "steps_normal.parquet").shape[0] > 0
+    csv = pd.read_csv(out / "steps_normal.csv")
+    assert csv.shape[0] > 0 and not list(out.glob("*.parquet"))
     assert not (out / "gaps.png").exists()
+    # the same run's default tables (Parquet) hold the same values, bit for bit
+    again = tmp_path / "again"
+    assert main(["run", str(QUICKSTART), "--out", str(again), "--no-plots", "--set", "workload.num_requests=16"]) == 0
+    parquet = pd.read_parquet(again / "steps_normal.parquet")
+    text = [c for c in parquet if not pd.api.types.is_numeric_dtype(parquet[c])]  # kind: a category in Parquet
+    pd.testing.assert_frame_equal(parquet.astype({c: object for c in text}), csv.astype({c: object for c in text}),
+                                  check_exact=True, check_dtype=False)
 
 
 def test_variants_get_their_own_folder_and_a_rerun_leaves_nothing_stale(tmp_path, capsys, monkeypatch):

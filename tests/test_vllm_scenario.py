@@ -98,7 +98,7 @@ def test_run_names_the_ratio_async_over_sync(tmp_path, capsys):
     assert main(["run", str(path), "--out", str(out), "--no-plots"]) == 0
     text = capsys.readouterr().out
     assert "async/sync" in text and "ratios: setting / sync" in text
-    assert {"steps_async.csv", "steps_sync.csv", "summary.json"} <= {p.name for p in out.iterdir()}
+    assert {"steps_async.parquet", "steps_sync.parquet", "summary.json"} <= {p.name for p in out.iterdir()}
 
 
 def test_sweep_pairs_async_with_sync(tmp_path):

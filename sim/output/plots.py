@@ -243,21 +243,16 @@ def _decode_window_start(df: pd.DataFrame) -> float:
     """Where the strip starts: just before the longest run of consecutive decode steps (the
     steady state overlap is about), so a run of long prefills with few decodes between them still
     shows decode steps; the middle of the run when it has no decode step."""
-    kinds = df["kind"].to_numpy() if "kind" in df else np.array([])
+    decode = (df["kind"] == "decode").to_numpy(dtype=bool) if "kind" in df else np.zeros(len(df), dtype=bool)
     starts = df["forward_start"].to_numpy(dtype=float)
-    best, best_len, i = None, 0, 0
-    while i < len(kinds):
-        if kinds[i] == "decode":
-            j = i
-            while j < len(kinds) and kinds[j] == "decode":
-                j += 1
-            if j - i > best_len:
-                best, best_len = i, j - i
-            i = j
-        else:
-            i += 1
-    if best is None:
+    # runs of consecutive decode steps: where the flag turns on and off (numpy, not a loop over
+    # every step: a long run's steps table has hundreds of thousands of rows)
+    edges = np.diff(np.concatenate(([0], decode.view(np.int8), [0])))
+    run_starts, run_ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    if not len(run_starts):
         return float(np.median(starts)) if len(starts) else 0.0
+    longest = int(np.argmax(run_ends - run_starts))  # the first of the longest runs
+    best, best_len = int(run_starts[longest]), int(run_ends[longest] - run_starts[longest])
     first = best + min(best_len // 2, max(best_len - 6, 0))  # about 6 decode steps into view
     step = float(df["forward_end"].iloc[first] - starts[first])
     return float(starts[first] - step)

@@ -313,6 +313,9 @@ def atomic_write_frame(df: pd.DataFrame, path: Path) -> None:
     with atomic_path(path) as tmp:
         if Path(path).suffix == ".parquet":
             df.to_parquet(tmp, index=False)
+            import pyarrow  # imported by to_parquet
+
+            pyarrow.default_memory_pool().release_unused()  # the Arrow copy's memory back to the system
         else:
             from sim.output.csv_writer import write_csv  # to_csv's bytes, faster on long float tables
 
@@ -343,7 +346,7 @@ def clean_run_folder(out_dir: Path) -> list[Path]:
     return removed
 
 
-def write_results(out_dir: Path, payload: dict, results: Iterable, table_format: str = "csv",
+def write_results(out_dir: Path, payload: dict, results: Iterable, table_format: str = "parquet",
                   tables: str = "steps") -> list[Path]:
     """Write ``summary.json`` and per-setting ``steps_/requests_/itl_<setting>.<fmt>`` into
     ``out_dir`` (``tables``: which tables exist, see :func:`sim.simulate`), each file

@@ -310,3 +310,15 @@ def test_the_committed_cpu_profile_prices_grammars(tmp_path):
         g = GrammarCosts(StructuredOutput(share=1.0), sim.model.costs.make_cost_model(sim.load_scenario(scen),
                                                                                         setting).curves, 1.0)
         assert g.measured and g.mask_s(4) > 0 and g.sample_s(4) > 0
+
+
+def test_every_structured_run_says_how_far_the_model_was_checked():
+    from sim.engines.sglang.structured import StructuredOutput as SGLangSection
+    from sim.engines.vllm.structured import StructuredOutput as VllmSection
+
+    sglang = SGLangSection(share=0.5, mask_us_per_request=5, accept_us_per_request=6).caveats(None)
+    vllm = VllmSection(share=1.0, bitmask_us_per_request=5, apply_us_per_request=4,
+                       accept_us_per_request=6).caveats({"kind": "json_schema"})
+    assert len(sglang) == len(vllm) == 1
+    assert "SGLang 0.5.23's CPU server on a 2-core host" in sglang[0] and "3.2 points" in sglang[0]
+    assert "vLLM 0.32's CPU server on a 2-core host" in vllm[0] and "not validated on a host with a core" in vllm[0]

@@ -271,6 +271,8 @@ class GrammarShare(StrictModel):
     kind: Literal["json_schema", "regex", "grammar", "choice"] = "json_schema"
 
     COSTS: ClassVar[str] = "the grammar's costs"  # what the engine's grammar costs are, named in the run's warning
+    # how far the engine's grammar model was checked against its real server (the run's warning)
+    CHECKED: ClassVar[str] = "not checked against a real server"
 
     def given_costs(self) -> str:
         """The section's given costs, as the warning names them (each engine's section says)."""
@@ -290,7 +292,7 @@ class GrammarShare(StrictModel):
         else:
             head += f"its costs are the given {self.given_costs()}, not measured"
         return [head + "; grammar compilation (a schema's first request) and grammars that end early are not "
-                "modelled"]
+                f"modelled; {self.CHECKED}"]
 
     def draw(self, num_requests: int, seed: int) -> np.ndarray:
         """Which of ``num_requests`` requests carry a grammar: bool, shape (num_requests,),

@@ -82,6 +82,9 @@ class StructuredOutput(GrammarShare):
         return self.mask_us_per_request is not None and self.accept_us_per_request is not None
 
     COSTS: ClassVar[str] = "the mask, the grammar's accept"
+    CHECKED: ClassVar[str] = ("checked against SGLang 0.5.23's CPU server on a 2-core host: median error 6.9% "
+                              "throughput, 9.2% TPOT, the overlap/normal ratio within 3.2 points "
+                              "(docs/real-engines.md)")
 
     def given_costs(self) -> str:
         return f"{self.mask_us_per_request:g}/{self.accept_us_per_request:g} us per constrained request (mask/accept)"

@@ -39,8 +39,9 @@ OWN_COMMANDS = ("run",)
 
 
 RUN_EPILOG = ("Writes into the results folder: summary.json, steps_/requests_/itl_<setting>.<format> (the tables "
-              "--tables keeps) and gaps.png, metrics.png, timeline.png (with --tables steps); tables and plots of "
-              "an earlier run in that folder are removed first. Exit status: 0 done; 2 bad input (one line on "
+              "--tables keeps) and gaps.png, metrics.png, timeline.png (with --tables steps); the tables, plots "
+              "and Chrome trace of an earlier run in that folder are removed first. Exit status: 0 done; 2 bad "
+              "input (one line on "
               "stderr, nothing written); 3 a setting's server died or none of its measured requests completed "
               "(results written; the table and one line on stderr say which).")
 
@@ -155,23 +156,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         save_run_plots(out_dir, scenario.name, {r.setting: r.steps for r in results}, summaries,
                        {r.setting: r.requests for r in results}, device=scenario.server.device)
+    # what the table's reader is warned of: the same lines in --json's "warnings"
+    before = [line for line in (device_mismatch(scenario.server.device, meta), reimplementation_warning(meta))
+              if line] + list(warnings)
+    after = [line for line in (note, composed_note(meta)) if line]
     if args.json:
-        print(json.dumps({k: payload[k] for k in ("scenario", "seed", "settings", "ratios", "verdict")}))
+        out = {k: payload[k] for k in ("scenario", "seed", "settings", "ratios", "verdict")}
+        print(json.dumps({**out, "warnings": before + after}))
     else:
         print_table(run_title(scenario.name, scenario.seed, scenario.server.device, meta), summaries,
                     streamed=args.tables != "steps", device=scenario.server.device)
-        if mismatch := device_mismatch(scenario.server.device, meta):
-            print(mismatch)
-        if reimpl := reimplementation_warning(meta):
-            print(reimpl)
-        for line in warnings:
+        for line in before:
             print(line)
         if found is not None:
             print(found.line())
-        if note:
-            print(note)
-        if approx := composed_note(meta):
-            print(approx)
+        for line in after:
+            print(line)
         if args.tables != "steps" and not args.no_plots:
             print("no plots: they are drawn from the steps tables (--tables steps)")
         print(f"results written to {out_dir}/")

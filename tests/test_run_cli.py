@@ -195,3 +195,15 @@ def test_every_subcommand_prints_its_help(capsys):
             main([name, "--help"])
         assert err.value.code == 0, name
         assert "usage:" in capsys.readouterr().out, name
+
+
+def test_run_json_carries_every_warning_the_table_prints(tmp_path, capsys):
+    args = ["run", str(QUICKSTART), "--set", "workload.num_requests=10", "--set", "workload.concurrency=100",
+            "--no-range", "--no-plots"]
+    assert main([*args, "--out", str(tmp_path / "t")]) == 0
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("warning:", "note:"))]
+    assert main([*args, "--out", str(tmp_path / "j"), "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert table and payload["warnings"] == table
+    saved = json.loads((tmp_path / "j" / "summary.json").read_text())
+    assert set(saved["warnings"]) <= set(payload["warnings"])

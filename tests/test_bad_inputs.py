@@ -555,6 +555,38 @@ def _(ctx):
     return ["trace", run], ["steps_overlap", "forward_end", "finite"]
 
 
+@case("plots-steps-a-folder")
+def _(ctx):
+    run = ctx.run_folder()
+    Path(run, "steps_overlap.parquet").unlink()
+    Path(run, "steps_overlap.parquet").mkdir()
+    return ["plots", run], ["steps_overlap", "no steps table"]
+
+
+@case("trace-steps-a-broken-link")
+def _(ctx):
+    run = ctx.run_folder()
+    Path(run, "steps_overlap.parquet").unlink()
+    Path(run, "steps_overlap.parquet").symlink_to(ctx.tmp / "nowhere")
+    return ["trace", run], ["steps_overlap", "no steps table"]
+
+
+@case("plots-tables-of-two-runs")
+def _(ctx):
+    import pandas as pd
+
+    run = ctx.run_folder()
+    pd.read_parquet(Path(run, "steps_normal.parquet")).to_csv(Path(run, "steps_normal.csv"), index=False)
+    return ["plots", run], ["steps_normal", "both CSV and Parquet"]
+
+
+@case("trace-summary-without-settings")
+def _(ctx):
+    run = ctx.run_folder()
+    Path(run, "summary.json").write_text('{"scenario": "x"}')
+    return ["trace", run], ["summary.json", "settings"]
+
+
 @case("trace-steps-garbage")
 def _(ctx):
     run = ctx.run_folder()
@@ -987,7 +1019,7 @@ def deadline(seconds: int):
 
 
 def snapshot(folder: Path) -> dict:
-    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*")}
+    return {str(p.relative_to(folder)): p.lstat().st_mtime_ns for p in folder.rglob("*")}  # lstat: a case's broken link
 
 
 @pytest.fixture(scope="module")

@@ -78,6 +78,23 @@ def test_a_profile_of_another_tp_size_is_refused_by_field(tmp_path):
         sim.simulate(constant_scenario(server__device="cpu", costs={"profile": str(path)}), "overlap")
 
 
+@pytest.mark.parametrize("written, size", [(2.0, 2), ("2", None), (0, None), (True, None), (1.5, None), (-1, None)])
+def test_a_profiles_tp_size_is_a_whole_number_or_the_profile_is_refused(tmp_path, written, size):
+    from sim.errors import ProfileError
+    from tests.calibrate_helpers import synthetic_profile
+
+    prof = synthetic_profile()
+    prof["metadata"]["tp_size"] = written
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(prof))
+    scen = constant_scenario(server__tp_size=2, server__device="cpu", costs={"profile": str(path)})
+    if size is None:  # not silently TP 1: the profile is refused, naming its field
+        with pytest.raises(ProfileError, match="metadata.tp_size"):
+            sim.simulate(scen, "overlap")
+    else:
+        assert sim.simulate(scen, "overlap").summary()["completed"] == 4
+
+
 def test_the_launch_flag_sets_tp_size_on_the_cpu_server_and_is_refused_on_a_card():
     scen = constant_scenario(server__device="cpu", server__launch_args=["--model-path", "m", "--tp-size", "2"])
     scen["server"].pop("settings")

@@ -64,6 +64,17 @@ def test_a_tp_the_profile_was_not_measured_at_is_refused_by_field(tmp_path, run_
     assert not out.exists() or not any(out.iterdir())
 
 
+@pytest.mark.parametrize("written", ["2", 0, True, 2.5])
+def test_a_profile_whose_tp_size_is_not_a_whole_number_is_refused_not_taken_as_tp_1(tmp_path, run_cli, written):
+    import yaml
+
+    scen = vllm_scenario(profile=tp_profile(tmp_path, written))
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scen))
+    code, _, err = run_cli(["run", str(path), "--out", str(tmp_path / "out")])
+    assert code == 2 and "metadata.tensor_parallel_size" in err and len(err.strip().splitlines()) == 1
+
+
 def test_inline_costs_at_tp_say_they_are_taken_as_given():
     from sim.engines.vllm.server import VllmServer
 

@@ -323,9 +323,21 @@ def profile_curves(profile: dict, statistic: str = "median", setting: str | None
     return out
 
 
-def measured_size(profile: dict, key: str) -> int:
+def measured_size(profile: dict, key: str, source: str = "") -> int:
     """A parallel size a profile was measured at, ``metadata[key]`` (vLLM's
-    ``tensor_parallel_size``, SGLang's ``tp_size``): 1 where the metadata does not say or says
-    something that is not a positive integer."""
-    size = profile.get("metadata", {}).get(key, 1)
-    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 1 else 1
+    ``tensor_parallel_size``, SGLang's ``tp_size``): 1 where the metadata does not say; a whole
+    number written as a float (``2.0``) is that number.
+
+    Raises:
+        ProfileError: naming ``metadata.<key>`` of ``source`` when the value is not a positive
+            whole number (a string, a bool, 0, 1.5: a profile that cannot say which size it was
+            measured at is not taken as TP 1).
+    """
+    metadata = profile.get("metadata", {})
+    size = metadata.get(key, 1) if isinstance(metadata, dict) else 1
+    if isinstance(size, float) and size.is_integer():
+        size = int(size)
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ProfileError(source, f"metadata.{key}", f"a positive whole number, the tensor-parallel size it was "
+                                                      f"measured at (got {size!r})")
+    return size

@@ -63,28 +63,37 @@ def load_run_tables(folder: Path, settings: Optional[list[str]] = None) -> RunTa
     except (OSError, ValueError) as err:
         raise UserInputError(str(folder / "summary.json"), "",
                              f"cannot read a run's summary ({err}); expected a folder written by 'overlap-sim run'") from None
-    if not isinstance(payload, dict) or not isinstance(payload.get("settings", {}), dict):
+    if not isinstance(payload, dict) or not isinstance(payload.get("settings"), dict) or not payload["settings"]:
         raise UserInputError(str(folder / "summary.json"), "settings",
                              "expected a run's summary: a JSON object with a settings object (written by 'overlap-sim run')")
-    for name, summ in payload.get("settings", {}).items():
+    for name, summ in payload["settings"].items():
         if not isinstance(summ, dict):
             raise UserInputError(str(folder / "summary.json"), f"settings.{name}", "expected an object of metrics")
     out = RunTables(folder, payload)
-    found = {p.stem.split("_", 1)[1] for p in folder.glob("steps_*.*") if p.suffix in (".csv", ".parquet")}
-    order = [s for s in payload.get("settings", {}) if s in found]
-    available = order + sorted(found - set(order))
+    # the run's settings are its summary's; a table is a regular file (a folder or a broken link
+    # named like one is not); one setting's table in both formats is two runs' tables mixed
+    found = {p.stem.split("_", 1)[1] for p in folder.glob("steps_*.*")
+             if p.suffix in (".csv", ".parquet") and p.is_file()}
+    available = [s for s in payload["settings"] if s in found]
     if not available:
         raise UserInputError(str(folder), "", "the run kept no steps table (it ran with --tables summary or none); "
                                               "run it again with --tables steps")
+    absent = [s for s in payload["settings"] if s not in found]
+    if absent and not settings:
+        raise UserInputError(str(folder), f"steps_{absent[0]}", f"no steps table for {absent}, which summary.json "
+                                                                "lists; run it again")
     wanted = settings or available
     missing = [s for s in wanted if s not in available]
     if missing:
         raise UserInputError(str(folder), "--setting", f"no steps table for {missing}; the run has {available}")
     for s in wanted:
         for kind, target in (("steps", out.steps), ("requests", out.requests)):
-            path = next((p for p in (folder / f"{kind}_{s}.parquet", folder / f"{kind}_{s}.csv") if p.is_file()), None)
-            if path is not None:
-                target[s] = _read_table(path)
+            paths = [p for p in (folder / f"{kind}_{s}.parquet", folder / f"{kind}_{s}.csv") if p.is_file()]
+            if len(paths) > 1:
+                raise UserInputError(str(folder), f"{kind}_{s}", "the table is there as both CSV and Parquet: tables "
+                                                                "of two runs; remove the stale one or run again")
+            if paths:
+                target[s] = _read_table(paths[0])
         needed = {"seq", "kind", "forward_start", "forward_end", "recv_start", "process_end"}
         lacking = needed - set(out.steps[s].columns)
         if lacking:

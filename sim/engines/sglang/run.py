@@ -107,7 +107,7 @@ def check_tp_size(scenario, costs) -> None:
     profile = getattr(costs, "profile", None)
     if not isinstance(profile, dict):
         return
-    measured, want = measured_size(profile, "tp_size"), scenario.server.tp_size
+    measured, want = measured_size(profile, "tp_size", getattr(costs, "source", "")), scenario.server.tp_size
     if want != measured:
         fix = (f"calibrate the TP-{want} server: overlap-sim calibrate --engine sglang --tensor-parallel-size {want}, "
                "or give the costs inline" if scenario.server.device == "cpu" else

@@ -372,10 +372,14 @@ class VllmInlineCosts:
         return {**self._linear.describe(), "engine": "vllm"}
 
 
-def profile_tensor_parallel(profile: dict) -> int:
+def profile_tensor_parallel(profile: dict, source: str = "") -> int:
     """The tensor-parallel size a vLLM profile was measured at (``metadata.tensor_parallel_size``;
-    1 where the metadata does not say)."""
-    return measured_size(profile, "tensor_parallel_size")
+    1 where the metadata does not say).
+
+    Raises:
+        ProfileError: a size that is not a positive whole number (:func:`measured_size`).
+    """
+    return measured_size(profile, "tensor_parallel_size", source)
 
 
 def check_tensor_parallel(scenario, profile: dict, source: str) -> None:
@@ -389,7 +393,7 @@ def check_tensor_parallel(scenario, profile: dict, source: str) -> None:
     Raises:
         ScenarioError: naming ``server.tensor_parallel_size``.
     """
-    want, measured = scenario.server.tensor_parallel_size, profile_tensor_parallel(profile)
+    want, measured = scenario.server.tensor_parallel_size, profile_tensor_parallel(profile, source)
     if want != measured:
         fix = (f"calibrate the TP-{want} server: overlap-sim calibrate --engine vllm --tensor-parallel-size {want}, or "
                "give the costs inline" if scenario.server.device == "cpu" else

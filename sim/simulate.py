@@ -105,6 +105,24 @@ TABLES = ("steps", "summary", "none")
 # setting the engine does not run. The engine's modules are imported for its scenarios only; a
 # third engine registers here and keeps everything else in its own package.
 RUNNERS = {"sglang": "sim.engines.sglang.run:run_sglang", "vllm": "sim.engines.vllm.run:run_vllm"}
+# server.engine -> "module:function" that makes the checks its runner makes before the first step
+# (the cost model from the profile, and what the profile must say for the scenario's server):
+# ``check(scenario, setting) -> None``, raising as the runner would; a sweep checks every point so.
+CHECKS = {"sglang": "sim.engines.sglang.run:check_sglang", "vllm": "sim.engines.vllm.run:check_vllm"}
+
+
+def check(scenario: Scenario, setting: str) -> None:
+    """Raise what :func:`simulate` of ``scenario`` under ``setting`` would raise before its first
+    step (a profile measured at another TP size, structured output without its costs, an unusable
+    profile), without running it (:data:`CHECKS`).
+
+    Raises:
+        ScenarioError, ProfileError: as :func:`simulate`; ValueError: an unknown setting.
+    """
+    import importlib
+
+    module, name = CHECKS[scenario.server.engine].split(":")
+    getattr(importlib.import_module(module), name)(scenario, setting)
 
 
 def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps", leap: bool | None = None) -> Result:

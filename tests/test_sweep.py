@@ -172,12 +172,17 @@ def test_cli_sweep_writes_table_and_plots(tmp_path, capsys):
     (["--grid", "workload.concurrency"], "KEY.PATH="),
     (["--grid", "workload.concurrency=1", "--repeats", "0"], "repeats"),
     (["--grid", "workload.concurrency=1", "--scheduler", "tcp://127.0.0.1:1"], "--executor dask"),
+    (["--grid", "workload.concurrency=1", "--executor", "dask", "--scheduler", "notaurl"], "--scheduler"),
+    # combinations the runs check against the profile before their first step: refused before any point runs
+    (["--grid", "server.tp_size=1,2"], "--grid server.tp_size=2: server.tp_size"),
+    (["--grid", "server.structured_output.share=0,1"], "--grid server.structured_output.share=1"),
 ])
 def test_cli_sweep_bad_input_exits_2(tmp_path, capsys, args, needle):
     rc = main(["sweep", str(QUICKSTART), "--out", str(tmp_path / "x"), *args])
     err = capsys.readouterr().err
     assert rc == 2
     assert needle in err and err.startswith("overlap-sim: error:") and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists() or not any((tmp_path / "x").rglob("*.json"))  # no point ran
 
 
 def test_killed_sweep_loses_nothing_and_resumes(tmp_path):

@@ -119,17 +119,25 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(note)
     columns = (TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("points x repeats"),
                TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=_err) as progress:
-        bar = progress.add_task("sweep", total=None)
-        state = {"first": True}
+    # the bar starts with the first progress report, once the executor is up (a Dask scheduler
+    # that cannot be reached is then one line, with no bar before it)
+    progress = Progress(*columns, console=_err)
+    bar = progress.add_task("sweep", total=None)
+    state = {"first": True}
 
-        def on_progress(done: int, total: int) -> None:
-            progress.update(bar, completed=done, total=total)
-            if state.pop("first", False) and done:
+    def on_progress(done: int, total: int) -> None:
+        if state.pop("first", False):
+            progress.start()
+            if done:
                 progress.console.print(f"resuming: {done} of {total} point runs already in {out}/points/")
+        progress.update(bar, completed=done, total=total)
 
+    try:
         table = sweep(scenario, grid, args.repeats, out=out, executor=args.executor, workers=args.workers,
                       scheduler=args.scheduler, on_progress=on_progress)
+    finally:
+        if "first" not in state:  # started
+            progress.stop()
     _print_sweep(table, scenario.name, Console())
     line = sweep_verdict_line(table, scenario.costs.noise, args.run_cv, scenario.server.device)
     if line:

@@ -31,6 +31,7 @@ from sim.errors import ScenarioError, UserInputError
 from sim.output.report import atomic_write_frame, atomic_write_text, jsonable
 from sim.model.schema import MAX_SEED
 from sim.scenario import Scenario, load_scenario
+from sim.simulate import check
 
 SEED_RULE = "seed of repeat r = point seed + r (point seed: scenario.seed, or the grid's seed value)"
 POINTS_DIR = "points"
@@ -106,10 +107,13 @@ def _point_id(scenario: Scenario) -> str:
 def plan_sweep(scenario: Scenario, grid: dict[str, list], repeats: int = 1) -> list[PointTask]:
     """Every (grid point, repeat) as a :class:`PointTask`, in grid product order then repeat.
 
-    Every point's scenario is validated up front, so a bad key or value fails before anything runs.
+    Every point's scenario is validated up front, with the checks its runs make before their first
+    step (:func:`sim.simulate.check`: the profile's TP size, structured output's costs), so a bad
+    key, value or combination fails before anything runs.
 
     Raises:
-        ScenarioError: an unknown grid key, or a value the schema rejects (message names the key).
+        ScenarioError: an unknown grid key, or a value the schema or a run's checks reject (message
+            names the key). ProfileError: a profile a point cannot use (names the point).
         UserInputError: ``repeats < 1``.
     """
     if not 1 <= repeats <= MAX_REPEATS:
@@ -125,11 +129,17 @@ def plan_sweep(scenario: Scenario, grid: dict[str, list], repeats: int = 1) -> l
         overrides = [f"{k}={json.dumps(v)}" for k, v in values.items()]
         try:
             point = scenario.with_overrides(overrides, flag="--grid")
-        except ScenarioError as err:
+            for setting in point.server.settings:  # what its runs check before their first step
+                check(point, setting)
+        except UserInputError as err:
             key = next((k for k in keys if err.field == k or err.field.startswith(k + ".")
                         or k.startswith(err.field + ".")), None)
-            source = f"--grid {key}={values[key]}" if key is not None else err.source
-            raise ScenarioError(source, err.field, err.expected) from None
+            if key is not None:
+                raise type(err)(f"--grid {key}={values[key]}", err.field, err.expected) from None
+            if isinstance(err, ScenarioError) and not values:
+                raise
+            point_text = ", ".join(f"{k}={v}" for k, v in values.items())
+            raise type(err)(err.source, err.field, f"{err.expected} (at the grid point {point_text})") from None
         if point.seed + repeats - 1 > MAX_SEED:
             raise UserInputError("--repeats", "", f"seed {point.seed} + {repeats - 1} repeats exceeds {MAX_SEED}")
         for r in range(repeats):
@@ -220,6 +230,12 @@ def _execute_local(tasks: list[PointTask], workers: Optional[int]) -> Iterator[t
 
 def _execute_dask(tasks: list[PointTask], workers: Optional[int], scheduler: Optional[str],
                   client=None) -> Iterator[tuple[PointTask, dict]]:
+    """The point tasks on Dask: connects now (an unreachable or malformed ``scheduler`` fails
+    before any progress is shown) and returns the stream of finished tasks.
+
+    Raises:
+        UserInputError: dask.distributed missing, or ``scheduler`` cannot be reached (named ``--scheduler``).
+    """
     try:
         from dask.distributed import Client, LocalCluster, as_completed
     except ImportError:
@@ -230,21 +246,27 @@ def _execute_dask(tasks: list[PointTask], workers: Optional[int], scheduler: Opt
         if scheduler:
             try:
                 client = own_client = Client(scheduler, timeout="10s")
-            except (OSError, TimeoutError) as err:
-                raise UserInputError("--scheduler", "", f"cannot reach the Dask scheduler {scheduler} ({err})") from None
+            except (OSError, TimeoutError, ValueError) as err:  # ValueError: not an address (no port, ...)
+                raise UserInputError("--scheduler", "", f"cannot reach the Dask scheduler {scheduler} ({err}); "
+                                                        "expected an address such as tcp://host:8786") from None
         else:
             own_cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1,
                                        dashboard_address=None)
             client = own_client = Client(own_cluster)
-    try:
-        futures = {client.submit(run_point, t, key=f"overlap-sim-point-{t.point_id}", pure=False): t for t in tasks}
-        for fut in as_completed(futures):
-            yield futures[fut], fut.result()
-    finally:
-        if own_client is not None:
-            own_client.close()
-        if own_cluster is not None:
-            own_cluster.close()
+
+    def stream() -> Iterator[tuple[PointTask, dict]]:
+        try:
+            futures = {client.submit(run_point, t, key=f"overlap-sim-point-{t.point_id}", pure=False): t
+                       for t in tasks}
+            for fut in as_completed(futures):
+                yield futures[fut], fut.result()
+        finally:
+            if own_client is not None:
+                own_client.close()
+            if own_cluster is not None:
+                own_cluster.close()
+
+    return stream()
 
 
 def sweep(scenario: Union[Scenario, str, Path, dict], grid: dict[str, list], repeats: int = 1,
@@ -289,13 +311,13 @@ def sweep(scenario: Union[Scenario, str, Path, dict], grid: dict[str, list], rep
     total = len(tasks)
     done = sum(t.point_id in results for t in tasks)
     resumed = done
-    if on_progress:
-        on_progress(done, total)
     pending = list(unique.values())
     if executor == "dask":
-        stream = _execute_dask(pending, workers, scheduler, client)
+        stream = _execute_dask(pending, workers, scheduler, client)  # connected before any progress
     else:
         stream = _execute_local(pending, workers)
+    if on_progress:
+        on_progress(done, total)
     copies = {pid: sum(t.point_id == pid for t in tasks) for pid in unique}
     for task, summaries in stream:
         results[task.point_id] = summaries

@@ -43,12 +43,9 @@ def run_sglang(scenario, setting: str, specs: RequestSpecs, warmup: int, recorde
         ValueError: an unknown setting. ProfileError: an unusable profile.
         RuntimeError: the simulation stalled (a modelling bug).
     """
-    if setting not in LOOPS:
-        raise ValueError(f"unknown setting {setting!r}; expected one of {sorted(LOOPS)}")
+    costs, grammar = _prepare(scenario, setting)
     w, srv = scenario.workload, scenario.server
     env = simpy.Environment()
-    costs = make_cost_model(scenario, setting)
-    check_tp_size(scenario, costs)
     clients = None
     if w.arrival == "closed_loop":
         clients = ClosedLoopClients(len(specs), w.concurrency, lambda rid, t: phases.submit(rid, t),
@@ -56,7 +53,6 @@ def run_sglang(scenario, setting: str, specs: RequestSpecs, warmup: int, recorde
         on_finish = clients.on_finish
     else:
         on_finish = _ignore
-    grammar = grammar_costs(scenario, costs)
     scheduler = Scheduler(specs, srv, warmup, w.finish == "length", recorder, on_finish,
                           lookahead_policy=setting != "overlap_mlx",
                           deferred_results=setting in ("overlap", "thread_overlap"),
@@ -93,6 +89,26 @@ def run_sglang(scenario, setting: str, specs: RequestSpecs, warmup: int, recorde
     stats = {"sim_time_s": env.now, "steps": scheduler.next_step_seq, "decode_steps": scheduler.next_decode_seq,
              "leapt_steps": phases.leap.leapt if phases.leap is not None else 0}
     return outcome, stats
+
+
+def _prepare(scenario, setting: str):
+    """The run's cost model and grammar costs, after the checks made before its first step.
+
+    Raises:
+        ValueError: an unknown setting. ScenarioError, ProfileError: as :func:`check_tp_size`,
+            :func:`grammar_costs` and the cost model's profile say.
+    """
+    if setting not in LOOPS:
+        raise ValueError(f"unknown setting {setting!r}; expected one of {sorted(LOOPS)}")
+    costs = make_cost_model(scenario, setting)
+    check_tp_size(scenario, costs)
+    return costs, grammar_costs(scenario, costs)
+
+
+def check_sglang(scenario, setting: str) -> None:
+    """What :func:`run_sglang` checks before its first step, without running
+    (:data:`sim.simulate.CHECKS`)."""
+    _prepare(scenario, setting)
 
 
 def check_tp_size(scenario, costs) -> None:

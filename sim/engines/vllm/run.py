@@ -20,6 +20,24 @@ from sim.model.reach import reach_outcome
 from sim.model.workload import ClosedLoopClients, RequestSpecs, open_loop_arrivals
 
 
+def _prepare(scenario, setting: str):
+    """The run's costs (:func:`sim.engines.vllm.costs.make_vllm_costs`, which checks the profile
+    against the scenario's server: TP size, structured output's and speculative decoding's costs).
+
+    Raises:
+        ValueError: an unknown setting. ScenarioError, ProfileError: as the costs say.
+    """
+    if setting not in SETTINGS:
+        raise ValueError(f"unknown setting {setting!r} for a vLLM scenario; expected one of {sorted(SETTINGS)}")
+    return make_vllm_costs(scenario, setting)
+
+
+def check_vllm(scenario, setting: str) -> None:
+    """What :func:`run_vllm` checks before its first step, without running
+    (:data:`sim.simulate.CHECKS`)."""
+    _prepare(scenario, setting)
+
+
 def run_vllm(scenario, setting: str, specs: RequestSpecs, warmup: int, recorder,
              leap: bool = True) -> tuple[dict, dict]:
     """Simulate ``scenario`` (a vLLM scenario, run noise already folded into its scales) under
@@ -36,11 +54,9 @@ def run_vllm(scenario, setting: str, specs: RequestSpecs, warmup: int, recorder,
         ValueError: an unknown setting. ProfileError: an unusable profile.
         RuntimeError: the simulation stalled (a modelling bug).
     """
-    if setting not in SETTINGS:
-        raise ValueError(f"unknown setting {setting!r} for a vLLM scenario; expected one of {sorted(SETTINGS)}")
+    costs = _prepare(scenario, setting)
     w, srv = scenario.workload, scenario.server
     env = simpy.Environment()
-    costs = make_vllm_costs(scenario, setting)
     noise = scenario.costs.noise
     clients = None
     if w.arrival == "closed_loop":

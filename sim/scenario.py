@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional, Union
 
 import yaml
-from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, model_validator
+from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from sim.engines.sglang.server import Server
 from sim.engines.vllm.server import VllmServer
@@ -75,6 +75,14 @@ class Scenario(StrictModel):
         """A path from the scenario, resolved against the scenario file's folder."""
         p = Path(relative).expanduser()
         return p if p.is_absolute() else Path(self.base_dir) / p
+
+    @field_validator("name")
+    @classmethod
+    def _a_folder_name(cls, name: str) -> str:
+        # the default results folder is results/<name>/: a plain folder name, no path in it
+        if name in (".", "..") or any(c in name for c in "/\\\x00"):
+            raise ValueError(f"a plain name, no path (it names the folder results/<name>/; got {name!r})")
+        return name
 
     @model_validator(mode="after")
     def _fits_the_pool(self):

@@ -9,6 +9,7 @@ are errors. Times are seconds.
 
 from __future__ import annotations
 
+import typing
 from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -30,9 +31,35 @@ Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS)]
 
 
 class StrictModel(BaseModel):
-    """Unknown keys are errors; values are frozen; floats must be finite (no NaN, no infinity)."""
+    """Unknown keys are errors; values are frozen; floats must be finite (no NaN, no infinity);
+    a number is not a bool (YAML's ``true`` for a share or a size is a mistake, not 1)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_are_not_bools(cls, data):
+        if isinstance(data, dict):
+            numeric = _numeric_fields(cls)
+            for name, value in data.items():
+                if isinstance(value, bool) and name in numeric:
+                    raise ValueError(f"{name}: a number (got {str(value).lower()})")
+        return data
+
+
+_NUMERIC: dict[type, frozenset[str]] = {}
+
+
+def _numeric_fields(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of ``model`` that take an int or a float (alone or in a union) and no bool."""
+    if model not in _NUMERIC:
+        names = set()
+        for name, field in model.model_fields.items():
+            kinds = set(typing.get_args(field.annotation)) or {field.annotation}
+            if kinds & {int, float} and bool not in kinds:
+                names.add(name)
+        _NUMERIC[model] = frozenset(names)
+    return _NUMERIC[model]
 
 
 # --- lengths ---------------------------------------------------------------------------

@@ -29,20 +29,48 @@ PATH_KEYS = ("costs.profile", "workload.trace")
 ENGINES = {"sglang": Server, "vllm": VllmServer}  # server.engine -> its server section
 
 
+def _unique_keys(base: type) -> type:
+    """``base`` (a PyYAML safe loader) refusing a mapping that repeats a key: PyYAML keeps the
+    last value silently, and a scenario that says ``name`` twice has one of them ignored."""
+
+    class UniqueKeys(base):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}",
+                            key_node.start_mark)
+                    seen.add(key)
+                except TypeError:  # an unhashable key: the base constructor says so
+                    break
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeys
+
+
+_FAST_LOADER = _unique_keys(yaml.CSafeLoader) if hasattr(yaml, "CSafeLoader") else None
+_LOADER = _unique_keys(yaml.SafeLoader)
+
+
 def _load_yaml(text: str) -> Any:
     """``yaml.safe_load(text)``, parsed by libyaml where PyYAML has it (the same safe constructor;
-    about 20x faster on a scenario file). Text that libyaml rejects is parsed again by PyYAML's
-    own parser, so a bad document gives the same value or error (and message) as ever.
+    about 20x faster on a scenario file), refusing a repeated key. Text that libyaml rejects is
+    parsed again by PyYAML's own parser, so a bad document gives the same value or error (and
+    message) as ever.
 
     Raises:
-        yaml.YAMLError: not valid YAML."""
-    fast = getattr(yaml, "CSafeLoader", None)
-    if fast is not None:
+        yaml.YAMLError: not valid YAML, or a mapping that repeats a key."""
+    if _FAST_LOADER is not None:
         try:
-            return yaml.load(text, Loader=fast)
+            return yaml.load(text, Loader=_FAST_LOADER)
         except yaml.YAMLError:
             pass
-    return yaml.safe_load(text)
+    return yaml.load(text, Loader=_LOADER)
 
 
 def _engine_of(value) -> str | None:

@@ -274,6 +274,12 @@ def _(ctx):
     return ["run", path, "--out", ctx.out], [path, "mapping"]
 
 
+@case("run-a-repeated-key")
+def _(ctx):
+    path = ctx.file("s.yaml", "name: a\nworkload:\n  concurrency: 2\n  concurrency: 3\n")
+    return ["run", path, "--out", ctx.out], [path, "line 4", "duplicate key 'concurrency'"]
+
+
 @case("run-binary-file")
 def _(ctx):
     path = ctx.file("s.yaml", b"\xff\xfe\x00garbage\x80")

@@ -33,6 +33,7 @@ def _scenario(tmp_path, **server) -> str:
     ({"server": {"settings": ["overlap_mlx", "normal"], "device": "cuda"}}, "overlap_mlx on server.device cuda"),
     ({"server": {"settings": ["thread_overlap", "normal"], "device": "mlx"}}, "thread_overlap on server.device mlx"),
     ({"workload": {"output_len": 0}}, "workload.output_len 0"),
+    ({"server": {"version": "9.9.9"}}, "server.version 9.9.9 is newer than any release checked"),
 ])
 def test_approximate_answers_say_so(run_cli, tmp_path, change, words):
     path = _scenario(tmp_path, **change)

@@ -115,6 +115,13 @@ class Server(StrictModel):
             out.append(f"warning: server.tp_size {self.tp_size}: priced by the profile measured at that size (rank 0's "
                        "phases, which wait for the other ranks); the ranks' lockstep is not simulated apart, and each "
                        "rank is taken to have cores of its own (docs/real-engines.md#tensor-parallelism-sglang)")
+        if self.version is not None:
+            from sim.engines.sglang.rules.launch_args import parse_version
+            from sim.engines.sglang.rules.loop_rules import newest_checked
+
+            if parse_version(self.version) > (newest := newest_checked()):
+                out.append(f"warning: server.version {self.version} is newer than any release checked ({newest}): "
+                           f"its loops, policies and release faults are taken as {newest}'s")
         if "overlap_mlx" in self.settings and self.device != "mlx":
             out.append(f"warning: server.settings overlap_mlx on server.device {self.device}: SGLang runs "
                        "event_loop_overlap_mlx only on MLX; the chain is simulated as asked")

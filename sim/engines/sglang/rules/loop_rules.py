@@ -124,6 +124,11 @@ def _hit(row: dict, text: str) -> RuleHit:
                    tuple(str(v) for v in row.get("checked", [])), row.get("note", ""), dict(row.get("sim") or {}))
 
 
+def newest_checked() -> Version:
+    """The newest SGLang release any row of the rules table was checked against."""
+    return max(Version(str(v)) for r in rules_table()["rules"] for v in r.get("checked", []))
+
+
 def evaluate(config: LaunchConfig) -> Advice:
     """Evaluate the rules table for a parsed launch command. See :class:`Advice`."""
     rows = rules_table()["rules"]
@@ -151,7 +156,7 @@ def evaluate(config: LaunchConfig) -> Advice:
     hazards = tuple(_hit(r, " ".join(r["text"].split())) for r in rows
                     if r["kind"] == "hazard" and _applies(r, ctx, version))
     notes = list(config.notes)
-    newest = max(Version(str(v)) for r in rows for v in r.get("checked", []))
+    newest = newest_checked()
     if version > newest:
         notes.append(f"release {version} is newer than any checked ({newest}): rows without an upper bound are assumed to still hold")
     for h in (*disabled, *hazards):

@@ -18,12 +18,12 @@ HELP = "time a real model and the scheduler's bookkeeping on this device; write 
 
 
 def _int_list(text: str) -> list[int]:
+    """``1,4,16`` as integers; an empty item (``1,,4``, a trailing comma) is an error, as in
+    ``sweep --grid``, not skipped."""
     try:
-        values = [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected at least one integer, got {text!r}")
     return values
 
 

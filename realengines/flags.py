@@ -6,8 +6,9 @@
 (run from the repository root in the engine's environment). SGLang: the parser of
 ``python -m sglang.launch_server`` (``ServerArgs.add_cli_args``, ``srt/server_args.py``); vLLM:
 the OpenAI server's (``make_arg_parser``, ``entrypoints/launchers/cli_args.py``, which adds
-``EngineArgs``' flags). OUT gets ``{"engine", "version", "flags": {option: {"dest", "value"}}}``,
-``value`` false for a flag that takes none (``store_true`` and the like). The simulator's launch-
+``EngineArgs``' flags). OUT gets ``{"engine", "version", "flags": {option: {"dest", "value",
+"choices"}}}``, ``value`` false for a flag that takes none (``store_true`` and the like),
+``choices`` (where the parser has them for an untyped flag) the values it accepts. The simulator's launch-
 argument readers refuse a flag not in the list, as the engine's parser would
 (:mod:`sim.engines.sglang.rules.launch_args`, :mod:`sim.engines.vllm.rules.launch_args`).
 """
@@ -42,6 +43,11 @@ def flags(engine: str) -> dict:
             if opt in ("-h", "--help"):
                 continue
             out[opt] = {"dest": action.dest, "value": action.nargs != 0}
+            # the values the parser accepts, where they are plain strings compared as given
+            # (argparse checks a value against choices after its type: only untyped flags)
+            if action.choices is not None and action.type in (None, str) and \
+                    all(isinstance(c, str) for c in action.choices):
+                out[opt]["choices"] = sorted(action.choices)
     return {"engine": engine, "version": version, "flags": dict(sorted(out.items()))}
 
 

@@ -59,6 +59,25 @@ def test_a_flag_the_server_refuses_is_an_error_naming_it(parse):
     assert err.value.field == "--frobnicate" and "unrecognized arguments" in str(err.value)
 
 
+@pytest.mark.parametrize("parse, args, choice", [
+    (sglang_args, ["--grammar-backend", "bogus"], "xgrammar"),
+    (sglang_args, ["--schedule-policy=lifo"], "fcfs"),
+    (vllm_args, ["--scheduling-policy", "lifo"], "priority"),
+])
+def test_a_value_outside_the_flags_choices_is_refused_as_the_server_would(parse, args, choice):
+    with pytest.raises(UserInputError) as err:
+        parse(args)
+    assert err.value.field == args[0].partition("=")[0] and "invalid choice" in str(err.value)
+    assert choice in str(err.value)
+    assert parse([args[0].partition("=")[0], choice])  # one of the choices passes
+
+
+def test_the_shipped_lists_carry_the_parsers_choices():
+    assert sglang_flags().choices["--grammar-backend"] == ("llguidance", "none", "outlines", "xgrammar")
+    assert vllm_flags().refuses("--scheduling-policy", "fcfs") is None
+    assert sglang_flags().refuses("--model-path", "anything") is None  # no choices: any value
+
+
 TP4_ON_CARD = ("refused: not modelled (tensor parallelism on cuda: no card profile at TP 4 can be measured yet; the TP "
                "calibration runs SGLang's CPU server)")
 

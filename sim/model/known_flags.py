@@ -19,11 +19,19 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class KnownFlags:
-    """``flags``: option -> whether it takes a value; ``engine`` and ``version``: whose list."""
+    """``flags``: option -> whether it takes a value; ``engine`` and ``version``: whose list;
+    ``choices``: option -> the values its parser accepts (untyped flags with choices only)."""
 
     engine: str
     version: str
     flags: dict
+    choices: dict = None
+
+    def refuses(self, option: str, raw: str | None) -> tuple[str, ...] | None:
+        """The choices of ``option`` (a resolved option) when ``raw``, its value as given, is not
+        one of them (the engine's parser refuses it: "invalid choice"), else None."""
+        allowed = (self.choices or {}).get(option)
+        return tuple(allowed) if allowed is not None and raw is not None and raw not in allowed else None
 
     def resolve(self, name: str) -> tuple[str, bool] | None:
         """``(option, takes a value)`` for ``name`` (``--flag``, no ``=value``), or None when the
@@ -40,7 +48,8 @@ class KnownFlags:
 def load(path: str) -> KnownFlags:
     """The flag list in ``path`` (a ``realengines/flags.py`` output)."""
     data = json.loads(Path(path).read_text())
-    return KnownFlags(data["engine"], data["version"], {k: bool(v["value"]) for k, v in data["flags"].items()})
+    return KnownFlags(data["engine"], data["version"], {k: bool(v["value"]) for k, v in data["flags"].items()},
+                      {k: tuple(v["choices"]) for k, v in data["flags"].items() if "choices" in v})
 
 
 def render_flags(flags, console) -> None:

@@ -213,6 +213,9 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
                 raw = tokens[i]
                 i += 1
             shown = name if raw is None else f"{name} {raw}"
+            if (allowed := known_flags().refuses(known[0], raw)) is not None:
+                raise UserInputError(source, name, f"{raw!r} is not one of {', '.join(allowed)} (SGLang's server "
+                                     f"refuses it: invalid choice; the flags of SGLang {known_flags().version})")
             if known[0] == "--grammar-backend":  # grammars are per request (SamplingParams.json_schema, ...)
                 notes.append(f"{shown}: the backend of per-request grammars; the simulator models grammars from the "
                              "scenario's server.structured_output (the share of constrained requests and their "

@@ -233,6 +233,9 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
                 raw = tokens[i]
                 i += 1
             shown = name if raw is None else f"{name} {raw}"
+            if (allowed := known_flags().refuses(known[0], raw)) is not None:
+                raise UserInputError(source, name, f"{raw!r} is not one of {', '.join(allowed)} (vllm serve refuses "
+                                     f"it: invalid choice; the flags of vLLM {known_flags().version})")
             if known[0] == "--structured-outputs-config":  # the grammars' backend; grammars are per request
                 notes.append(f"{shown}: the backend of per-request grammars; the simulator models grammars from "
                              "the scenario's server.structured_output (the share of constrained requests and "

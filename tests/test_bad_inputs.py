@@ -406,6 +406,12 @@ def _(ctx):
     return ["run", ctx.scenario(), "--set", f"costs.profile={prof}", "--out", ctx.out], [prof, "not valid JSON"]
 
 
+@case("profile-nested-too-deeply")
+def _(ctx):
+    prof = ctx.profile(text="[" * 100_000)
+    return ["run", ctx.scenario(), "--set", f"costs.profile={prof}", "--out", ctx.out], [prof, "nested too deeply"]
+
+
 @case("profile-relative-in-file-missing")
 def _(ctx):
     path = ctx.scenario({"costs.profile": "profiles/none.json"})
@@ -653,6 +659,12 @@ def _(ctx):
 def _(ctx):
     path = ctx.file("t.json", "{\"traceEvents\": [")
     return ["gaps", path], [path, "not valid Chrome trace JSON"]
+
+
+@case("gaps-nested-too-deeply")
+def _(ctx):
+    path = ctx.file("t.json", "[" * 100_000)
+    return ["gaps", path], [path, "nested too deeply"]
 
 
 @case("gaps-truncated-gzip")

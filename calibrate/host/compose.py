@@ -241,7 +241,7 @@ def _peek(path: Path) -> dict | None:
 
     try:
         meta = json.loads(Path(path).read_text()).get("metadata")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError, RecursionError):
         return None
     return meta if isinstance(meta, dict) else None
 
@@ -282,7 +282,7 @@ def _read_yardstick(path: Path) -> dict:
 
     try:
         data = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
         raise UserInputError("--host-yardstick", "", f"a readable JSON file of yardstick readings ({path}: "
                              f"{type(err).__name__})") from None
     ok = (isinstance(data, dict) and isinstance(data.get("readings"), list) and all(

@@ -191,7 +191,7 @@ def _check_grammar_profile(path: Path, engine: str) -> None:
     """
     try:
         meta = json.loads(Path(path).read_text()).get("metadata", {})
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return  # unreadable: the validation's own profile check names it
     if not isinstance(meta, dict) or not isinstance(meta.get("structured_output"), dict):
         raise CalibrationInputError("--profile", "metadata.structured_output",

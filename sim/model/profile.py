@@ -160,6 +160,8 @@ def load_profile(path: str | Path, curves: CurveTable = SGLANG_CURVES) -> dict:
     except json.JSONDecodeError as err:
         raise ProfileError(source, "", f"not valid JSON (line {err.lineno}: {err.msg}); "
                            "the file is corrupt or truncated") from None
+    except RecursionError:
+        raise ProfileError(source, "", "JSON nested too deeply to read: not a profile") from None
     validate_profile(data, source, curves)
     return data
 

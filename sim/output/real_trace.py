@@ -51,6 +51,8 @@ def read_trace_events(path: Path) -> list[dict]:
         raise UserInputError(str(path), "", f"cannot read the trace ({err.strerror or err})") from None
     except EOFError:
         raise UserInputError(str(path), "", "gzip stream ends early: the trace is truncated") from None
+    except RecursionError:
+        raise UserInputError(str(path), "", "JSON nested too deeply to read: not a Chrome trace") from None
     except (ValueError, UnicodeDecodeError) as err:
         where = f" at line {err.lineno} column {err.colno}" if isinstance(err, json.JSONDecodeError) else ""
         raise UserInputError(str(path), "", f"not valid Chrome trace JSON{where} (truncated or not a trace?)") from None

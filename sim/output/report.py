@@ -190,7 +190,7 @@ def profile_metadata(path) -> dict | None:
     scenario validated it already, so this only labels the table)."""
     try:
         meta = json.loads(Path(path).read_text()).get("metadata")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return None
     return meta if isinstance(meta, dict) else None
 

@@ -73,7 +73,7 @@ def host_speed_from_probe(profile: dict, profile_path: Path, reading_path: Path)
                              "missing: the profile predates host speed probes (use --host-speed X)")
     try:
         reading = json.loads(Path(reading_path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         why = getattr(err, "strerror", None) or err.__class__.__name__
         raise UserInputError("--host-probe", "", f"a readable JSON reading ({reading_path}: {why})") from None
     now_s = reading.get("python_s") if isinstance(reading, dict) else None
@@ -107,7 +107,7 @@ def curve_table(path: Path):
 
     try:
         engine = json.loads(Path(path).read_text()).get("metadata").get("engine", "sglang")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError, RecursionError):
         return SGLANG_CURVES  # unreadable or not a profile: load_profile says why
     if engine == "vllm":
         from sim.engines.vllm.costs import VLLM_CURVES

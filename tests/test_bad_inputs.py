@@ -871,6 +871,29 @@ def _(ctx):
              str(ctx.tmp / "none.json"), "--out", str(ctx.tmp / "o.json")], ["--host-probe", "none.json"])
 
 
+def _h200_profile(ctx, **metadata) -> str:
+    prof = json.loads((REPO / "scenarios/profiles/h200-llama-3.2-1b.json").read_text())
+    for key, value in metadata.items():
+        if key.startswith("model_"):
+            prof["metadata"]["model"][key[6:]] = value
+        else:
+            prof["metadata"][key] = value
+    return ctx.file("p.json", json.dumps(prof))
+
+
+@case("transfer-params-infinite")
+def _(ctx):
+    path = ctx.file("p.json", (REPO / "scenarios/profiles/h200-llama-3.2-1b.json").read_text()
+                    .replace('"params": ', '"params": Infinity, "_was": ', 1))
+    return ["transfer", path, "--to", "l4", "--out", str(ctx.tmp / "o.json")], ["metadata.params", "got inf"]
+
+
+@case("transfer-model-size-absurd")
+def _(ctx):
+    return (["transfer", _h200_profile(ctx, model_hidden=10 ** 400, params=None), "--to", "l4", "--out",
+             str(ctx.tmp / "o.json")], ["metadata.model.hidden", "..."])
+
+
 @case("sweep-grid-empty-values")
 def _(ctx):
     return ["sweep", ctx.scenario(), "--grid", "workload.concurrency=,,", "--out", ctx.out], ["--grid", "two commas"]

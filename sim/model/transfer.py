@@ -58,6 +58,8 @@ from sim.errors import ProfileError
 from sim.model.cards import CARDS, Card, find_card
 from sim.model.profile import SGLANG_CURVES, CurveTable, validate_profile
 
+MAX_MODEL_SIZE = 10**7  # a model dimension (layers, hidden, heads, vocab ...): beyond any model built
+MAX_PARAMS = 10**14  # parameters: 100 trillion
 EFFICIENCY = 0.8
 UNCERTAINTY_REL = 0.3
 METHODS = ("roofline", "ratio")
@@ -76,15 +78,22 @@ def model_terms(meta: dict, source: str) -> dict:
     if not isinstance(model, dict):
         raise ProfileError(source, "metadata.model", "the model's sizes (layers, hidden, heads, kv_heads, vocab)")
     sizes = {}
-    for key in ("layers", "hidden", "heads", "kv_heads", "vocab"):
+    for key in ("layers", "hidden", "heads", "kv_heads", "vocab", "head_dim", "intermediate"):
         v = model.get(key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ProfileError(source, f"metadata.model.{key}", f"a positive integer (got {v!r})")
+        if v is None and key in ("head_dim", "intermediate"):  # optional: from the others
+            continue
+        if not _is_size(v, MAX_MODEL_SIZE):
+            raise ProfileError(source, f"metadata.model.{key}", f"a positive integer up to {MAX_MODEL_SIZE:.0e} "
+                                                                f"(got {_shown(v)})")
         sizes[key] = v
-    d = model.get("head_dim") or sizes["hidden"] // sizes["heads"]
-    inter = model.get("intermediate") or -(-int(8 * sizes["hidden"] / 3) // 64) * 64
+    d = sizes.get("head_dim") or sizes["hidden"] // sizes["heads"]
+    inter = sizes.get("intermediate") or -(-int(8 * sizes["hidden"] / 3) // 64) * 64
     params = meta.get("params")
-    if isinstance(params, bool) or not isinstance(params, int) or params < 1:
+    if params is not None and not _is_size(params, MAX_PARAMS):
+        raise ProfileError(source, "metadata.params", f"the model's parameter count, a positive integer up to "
+                                                      f"{MAX_PARAMS:.0e} (got {_shown(params)}); or leave it out to have "
+                                                      "it computed from metadata.model")
+    if params is None:
         h = sizes["hidden"]
         attn = h * (sizes["heads"] + 2 * sizes["kv_heads"]) * d + sizes["heads"] * d * h
         head = 0 if model.get("tie_embeddings") else sizes["vocab"] * h
@@ -124,6 +133,17 @@ def vllm_decode_max(meta: dict, source: str) -> float:
         return grid["max_num_seqs"]
     raise ProfileError(source, "metadata.grid.max_num_seqs", "the largest decode batch (vllm.forward nodes of up "
                        "to that many tokens are decode steps), or metadata.grid.decode_batch_sizes")
+
+
+def _shown(v) -> str:
+    """``repr(v)``, cut to 40 characters (a 400-digit integer is named, not printed)."""
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_size(v, most: int) -> bool:
+    """A positive integer no larger than ``most`` (not a bool, a float or a string)."""
+    return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= most
 
 
 def _is_positive(v) -> bool:

@@ -667,6 +667,21 @@ def _(ctx):
     return ["gaps", path], [path, "nested too deeply"]
 
 
+@case("gaps-span-args-not-an-object")
+def _(ctx):
+    return ["gaps", ctx.chrome([*kernels((0, 5)), {**KERNEL, "ts": 10, "dur": 5, "args": "x"}])], ["traceEvents", "args"]
+
+
+@case("gaps-span-pid-a-list")
+def _(ctx):
+    return ["gaps", ctx.chrome([*kernels((0, 5)), {**KERNEL, "ts": 10, "dur": 5, "pid": [1]}])], ["traceEvents", "pid"]
+
+
+@case("gaps-span-negative-dur")
+def _(ctx):
+    return ["gaps", ctx.chrome([*kernels((0, 5)), {**KERNEL, "ts": 10, "dur": -3}])], ["traceEvents", "not negative"]
+
+
 @case("gaps-truncated-gzip")
 def _(ctx):
     blob = gzip.compress(json.dumps({"traceEvents": kernels((0, 5), (10, 15))}).encode())

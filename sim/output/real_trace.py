@@ -60,13 +60,21 @@ def read_trace_events(path: Path) -> list[dict]:
     if not isinstance(events, list):
         raise UserInputError(str(path), "traceEvents", "expected a list of trace events")
     events = [e for e in events if isinstance(e, dict)]
-    bad = [e for e in events if e.get("ph") == "X" and not (_finite(e.get("ts")) and _finite(e.get("dur", 0.0)))]
+    bad = [e for e in events if e.get("ph") == "X" and not (_finite(e.get("ts")) and _finite(e.get("dur", 0.0))
+                                                           and float(e.get("dur", 0.0)) >= 0)]
     if bad:
         first = bad[0]
-        raise UserInputError(str(path), "traceEvents", f"every span's ts and dur a finite number of microseconds: "
-                             f"{len(bad)} span(s) are not (first: {first.get('name')!r} with ts {first.get('ts')!r}, "
-                             f"dur {first.get('dur')!r}); the trace is corrupt, and measuring the rest would "
-                             "leave gaps out")
+        raise UserInputError(str(path), "traceEvents", f"every span's ts and dur a finite number of microseconds, dur "
+                             f"not negative: {len(bad)} span(s) are not (first: {first.get('name')!r} with ts "
+                             f"{first.get('ts')!r}, dur {first.get('dur')!r}); the trace is corrupt, and measuring "
+                             "the rest would leave gaps out")
+    odd = [e for e in events if e.get("ph") == "X" and (not isinstance(e.get("args", {}), dict) or
+                                                        not isinstance(e.get("pid", 0), (int, str)))]
+    if odd:
+        first = odd[0]
+        raise UserInputError(str(path), "traceEvents", f"every span's args an object and its pid a number or a "
+                             f"string: {len(odd)} span(s) are not (first: {first.get('name')!r} with args "
+                             f"{first.get('args')!r}, pid {first.get('pid')!r}); not a trace this reads")
     return events
 
 

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from sim.commands import COMMANDS, OneLineParser, UsageError, add_no_leap_argument, apply_no_leap, command
-from sim.errors import EXIT_BAD_INPUT, EXIT_RUN_FAILED, UserInputError
+from sim.errors import EXIT_BAD_INPUT, EXIT_EXTERNAL_FAILED, EXIT_RUN_FAILED, ExternalRunError, UserInputError
 
 # modules whose import registers more subcommands with @command (sim.commands); named, not
 # imported, here: calibration's commands load only when the parser is built, and importing sim
@@ -190,7 +190,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         description="Predict what SGLang's overlap scheduler (and vLLM's async scheduling) does on your device, "
                     "against the synchronous loop.",
         epilog="Exit status: 0 done; 2 bad input (one line on stderr naming the file or flag and the field, "
-               "nothing written); 3 'run' finished but a setting's server died or all its requests failed.")
+               "nothing written); 3 'run' finished but a setting's server died or all its requests failed; 4 a "
+               "real engine the command started (calibrate, validate, conform) failed or timed out (one line "
+               "naming its log).")
     only = command if command in OWN_COMMANDS else None
     if only is None:
         for module in COMMAND_MODULES:
@@ -217,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserInputError as err:
         print(f"overlap-sim: error: {' '.join(str(err).split())}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except ExternalRunError as err:  # a real engine the command started failed: its log says why
+        print(f"overlap-sim: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return EXIT_EXTERNAL_FAILED
     except BrokenPipeError:  # the reader went away (`| head`): what was written stays, no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

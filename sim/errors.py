@@ -2,12 +2,19 @@
 
 Exit statuses of ``overlap-sim``: 0 done; 2 bad input (one line on stderr, nothing written);
 3 ``run`` finished but a setting failed: its server died or none of its measured requests
-completed (the results are written and the table says which).
+completed (the results are written and the table says which); 4 a real engine (or another
+program) the command started failed or timed out (one line on stderr naming its log; the runs
+finished before it are kept, a rerun reuses them).
 """
 
 from __future__ import annotations
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_RUN_FAILED = 0, 2, 3
+EXIT_OK, EXIT_BAD_INPUT, EXIT_RUN_FAILED, EXIT_EXTERNAL_FAILED = 0, 2, 3, 4
+
+
+class ExternalRunError(RuntimeError):
+    """A program the command started (a real engine's server, a calibration module in the
+    engine's environment) failed or timed out. The message is one line and names its log."""
 
 
 class UserInputError(Exception):

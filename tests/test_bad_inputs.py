@@ -12,8 +12,11 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import os
 import shutil
 import signal
+import subprocess
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -1275,3 +1278,21 @@ def test_in_a_real_process(tmp_path, kind):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == status and "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr
     assert all(w in lines[0] for w in words)
+
+
+def test_an_engine_that_fails_is_one_line_naming_its_log_and_exit_4(tmp_path, monkeypatch):
+    """An engine environment that imports but whose modules fail (a broken install): no
+    traceback; the line names the module and its log; a relative --work means this folder."""
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/bash\nif [ "$1" = "-c" ]; then echo "0.5.23"; exit 0; fi\n'
+                    'echo "fake python: cannot run $*" >&2; exit 1\n')
+    fake.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "sim.cli", "conform", "--engine", "sglang", "--engine-python",
+                           str(fake), "--work", "w"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("overlap-sim: error:")]
+    assert proc.returncode == 4 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == errors[0]  # after the progress lines, the one error
+    assert "failed in the sglang environment" in errors[0] and "cannot run" in errors[0] and "w/" in errors[0]
+    assert any((tmp_path / "w").glob("*.log"))  # the log is where the line says, under this folder

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calibrate.errors import CalibrationInputError
+from sim.errors import ExternalRunError
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINES = ("sglang", "vllm")
@@ -91,24 +92,27 @@ def run_module(engine: Engine, module: str, args: list[str], log: Path, timeout_
     this process is interrupted (SGLang's scheduler would otherwise outlive its parent).
 
     Raises:
-        RuntimeError: the module failed or timed out (the message quotes the end of the log).
+        ExternalRunError: the module failed or timed out (one line: its last log line and the log).
     """
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f:
+        # in this process's folder (the repository is on PYTHONPATH): a relative path in ``args``
+        # (the default --work results/...) means in the child what it means here
         proc = subprocess.Popen([str(engine.python), "-m", module, *args], stdout=f, stderr=subprocess.STDOUT,
-                                env=engine.env(env), cwd=str(REPO), start_new_session=True)
+                                env=engine.env(env), cwd=os.getcwd(), start_new_session=True)
         try:
             proc.wait(timeout_s)
         except BaseException as err:  # timeout, Ctrl-C: no orphaned engine processes
             _kill_group(proc)
             if isinstance(err, subprocess.TimeoutExpired):
-                raise RuntimeError(f"{module} did not finish within {timeout_s:.0f} s in the {engine.name} "
-                                   f"environment; log {log}") from None
+                raise ExternalRunError(f"{module} did not finish within {timeout_s:.0f} s in the {engine.name} "
+                                       f"environment; log {log}") from None
             raise
     if proc.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-12:])
-        raise RuntimeError(f"{module} failed in the {engine.name} environment (exit {proc.returncode}); "
-                           f"log {log}:\n{tail}")
+        last = next((line.strip() for line in reversed(log.read_text(errors="replace").splitlines()) if line.strip()),
+                    "(empty)")
+        raise ExternalRunError(f"{module} failed in the {engine.name} environment (exit {proc.returncode}): "
+                               f"{last[:300]}; the whole log: {log}")
 
 
 def probe_host_speed(engine: Engine, out: Path, timeout_s: float = 300) -> dict:

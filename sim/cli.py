@@ -92,7 +92,8 @@ def standing(found, scenario, meta: dict | None, summaries: dict[str, dict], sim
     from sim.whatif.stated_range import stated_range, stated_uncertainties
 
     pair = [summaries[s] for s in found.pair[:2]]
-    steps = sum(int(s.get("num_steps") or 0) for s in pair)
+    # the share's base is every step of the runs (extrapolated_steps counts warm-up and tail too)
+    steps = sum(int(s.get("run_steps") or s.get("num_steps") or 0) for s in pair)
     extrapolated = sum(int(s.get("extrapolated_steps") or 0) for s in pair)
     far = sum(int(s.get("far_steps") or 0) for s in pair)
     farthest = max(float(s.get("max_extrapolation") or 1.0) for s in pair)

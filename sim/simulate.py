@@ -86,6 +86,8 @@ class Result:
                     "far_steps"):
             out[key] = int(o.get(key, 0))
         out["max_extrapolation"] = float(o.get("max_extrapolation", 1.0))
+        # every step of the run, warm-up and tail included: what extrapolated_steps counts over
+        out["run_steps"] = int(self.stats.get("steps", 0))
         if "spec_accept_length" in o:  # speculative decoding: tokens per verify step per request, as drawn
             out["spec_accept_length"] = float(o["spec_accept_length"])
         out["outcome"] = o.get("status", "ok")

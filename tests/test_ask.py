@@ -71,6 +71,11 @@ def test_an_open_loop_on_the_profiles_own_card_has_only_the_host_range(run_cli, 
       "--output-len", "8"], "--card"),
     (["--card", "l4", "--model", "llama-3.2-1b", "--concurrency", "4", "--rate", "2", "--input-len", "8",
       "--output-len", "8"], "--rate"),
+    # a prompt longer than the card's KV pool: refused before anything is written, naming the flags
+    (["--card", "l4", "--model", "llama-3.2-1b", "--concurrency", "8", "--input-len", "1000000", "--output-len",
+      "8"], "--input-len"),
+    (["--engine", "vllm", "--card", "l4", "--model", "llama-3.2-1b", "--concurrency", "8", "--input-len", "700000",
+      "--output-len", "100"], "--input-len"),
 ])
 def test_what_it_cannot_answer_is_one_line(run_cli, tmp_path, argv, flag):
     code, out, err = run_cli(["ask", *argv, "--out", tmp_path / "out"])

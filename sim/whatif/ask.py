@@ -132,6 +132,26 @@ def _profile(args: argparse.Namespace, card) -> tuple[dict, Path, list[str]]:
     return moved, path, steps
 
 
+def _check_load(scenario: dict) -> None:
+    """Validate the scenario ``ask`` built (its workload and server; the profile is checked when
+    it runs), naming the flags its values came from.
+
+    Raises:
+        UserInputError: naming the flags (a KV pool too small for the requests: --input-len,
+            --output-len, --concurrency).
+    """
+    from sim.errors import ScenarioError
+    from sim.scenario import load_scenario
+
+    try:
+        load_scenario({**scenario, "costs": {}})
+    except ScenarioError as err:
+        flag = {"workload.input_len": "--input-len", "workload.output_len": "--output-len",
+                "workload.cached_len": "--cached-len", "workload.concurrency": "--concurrency",
+                "workload.rate_per_s": "--rate", "workload.num_requests": "--num-requests"}.get(err.field)
+        raise UserInputError(flag or "--input-len, --output-len, --concurrency", err.field, err.expected) from None
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")
 
@@ -177,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
     out = check_output_dir(args.out or Path("results") / name, "--out")
     scenario = {"name": name, "seed": 0, "workload": workload, "server": server,
                 "costs": {"profile": "profile.json"}}
+    _check_load(scenario)  # before anything is written
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "profile.json") as tmp:
         tmp.write_text(json.dumps(profile, indent=1, allow_nan=False) + "\n")
@@ -186,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
         tmp.write_text(head + yaml.safe_dump(scenario, sort_keys=False))
     print("asked: " + "; ".join(steps + notes))
     run_args = argparse.Namespace(scenario=str(out / "scenario.yaml"), overrides=[], out=out, json=False,
-                                  format="csv", tables="steps", no_plots=args.no_plots, run_cv=args.run_cv)
+                                  format="parquet", tables="steps", no_plots=args.no_plots, run_cv=args.run_cv)
     code = COMMANDS["run"][2](run_args)
     print(f"scenario written to {out / 'scenario.yaml'} (its profile beside it): edit it and run "
           f"overlap-sim run {out / 'scenario.yaml'}")

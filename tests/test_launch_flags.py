@@ -72,6 +72,14 @@ def test_a_value_outside_the_flags_choices_is_refused_as_the_server_would(parse,
     assert parse([args[0].partition("=")[0], choice])  # one of the choices passes
 
 
+@pytest.mark.parametrize("parse, arg", [(sglang_args, "--disable-overlap-schedule=false"),
+                                        (vllm_args, "--async-scheduling=false")])
+def test_a_switch_given_a_value_is_refused_as_argparse_refuses_it(parse, arg):
+    with pytest.raises(UserInputError) as err:
+        parse([arg])
+    assert err.value.field == arg.partition("=")[0] and "ignored explicit argument" in str(err.value)
+
+
 def test_the_shipped_lists_carry_the_parsers_choices():
     assert sglang_flags().choices["--grammar-backend"] == ("llguidance", "none", "outlines", "xgrammar")
     assert vllm_flags().refuses("--scheduling-policy", "fcfs") is None

@@ -203,6 +203,9 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
         name, eq, inline = tok.partition("=")
         raw = inline if eq else None
         known = known_flags().resolve(name)
+        if known is not None and eq and not known[1]:  # a switch given a value: argparse refuses it
+            raise UserInputError(source, name, f"takes no value (python -m sglang.launch_server refuses "
+                                 f"{tok!r}: ignored explicit argument; leave the flag out to keep its default)")
         spec = index.get(name) or (index.get(known[0]) if known else None)
         if spec is None:
             if known is None:

@@ -224,6 +224,9 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
         key = f"--{name[5:]}" if negated else name
         base, dot, sub = key.partition(".")
         known = known_flags().resolve(name.partition(".")[0])
+        if known is not None and eq and not known[1] and not dot_:  # a switch given a value: argparse refuses it
+            raise UserInputError(source, name, f"takes no value (vllm serve refuses {tok!r}: ignored explicit "
+                                 "argument; --no-<flag> turns a switch off)")
         spec = FLAGS.get(base) or (FLAGS.get(known[0]) if known and not negated else None)
         if spec is None:
             if known is None:

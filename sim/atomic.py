@@ -98,16 +98,22 @@ def check_output_dir(path: Path | str, flag: str) -> Path:
     return path
 
 
-def check_output_file(path: Path | str, flag: str, suffixes: Iterable[str] | None = None) -> Path:
+def check_output_file(path: Path | str, flag: str, suffixes: Iterable[str] | None = None,
+                      inputs: Iterable[Path | str] = ()) -> Path:
     """Check, before any work, that a command can write the file ``path`` (a new or an existing
-    file, in a folder that exists or can be created); ``suffixes``: the endings it may have.
+    file, in a folder that exists or can be created); ``suffixes``: the endings it may have;
+    ``inputs``: the files the command reads, which it must not overwrite.
 
     Raises:
-        UserInputError: naming ``flag``: a folder, under a file, not writable, or another suffix.
+        UserInputError: naming ``flag``: a folder, under a file, not writable, another suffix, or
+            one of ``inputs``.
     """
     path = Path(path).expanduser()
     if path.is_dir():
         raise UserInputError(flag, "", f"{path} is a folder; expected a file name")
+    for source in inputs:
+        if path.exists() and Path(source).expanduser().exists() and path.samefile(Path(source).expanduser()):
+            raise UserInputError(flag, "", f"{path} is the input {source} itself; write to another file")
     if suffixes is not None:
         allowed = tuple(suffixes)
         if not path.name.lower().endswith(allowed):

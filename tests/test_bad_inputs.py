@@ -899,6 +899,12 @@ def _h200_profile(ctx, **metadata) -> str:
     return ctx.file("p.json", json.dumps(prof))
 
 
+@case("transfer-out-is-the-input")
+def _(ctx):
+    path = ctx.file("p.json", (REPO / "scenarios/profiles/h200-llama-3.2-1b.json").read_text())
+    return ["transfer", path, "--to", "l4", "--out", path], ["--out", "itself"]
+
+
 @case("transfer-params-infinite")
 def _(ctx):
     path = ctx.file("p.json", (REPO / "scenarios/profiles/h200-llama-3.2-1b.json").read_text()

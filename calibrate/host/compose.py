@@ -213,7 +213,7 @@ def run(args) -> int:
 
     if args.host_speed is not None and not (math.isfinite(args.host_speed) and 0 < args.host_speed <= 1000):
         raise UserInputError("--host-speed", "", f"a number above 0 and at most 1000 (got {args.host_speed!r})")
-    check_output_file(args.out, "--out", (".json",))
+    check_output_file(args.out, "--out", (".json",), inputs=[args.device, args.host])
     for flag, path in (("DEVICE", args.device), ("HOST", args.host)):
         if Path(path).is_dir():
             raise UserInputError(flag, "", f"{path} is a folder; expected a profile file")

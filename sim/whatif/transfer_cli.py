@@ -146,7 +146,7 @@ def cmd_transfer(args: argparse.Namespace) -> int:
         args.host_speed = host_speed_from_probe(profile, args.profile, args.host_probe)
     elif args.host_speed is None:
         args.host_speed = 1.0
-    out = check_output_file(args.out, "--out")
+    out = check_output_file(args.out, "--out", inputs=[args.profile])
     new = transfer_profile(profile, args.to, source=str(args.profile), from_card=args.from_card,
                            host_speed=args.host_speed, method=args.method, efficiency=args.efficiency, curves=curves)
     atomic_write_text(out, json.dumps(new, indent=1, allow_nan=False) + "\n")

@@ -905,6 +905,29 @@ def _(ctx):
     return ["transfer", path, "--to", "l4", "--out", path], ["--out", "itself"]
 
 
+def _yardstick(ctx, scale: float = 1.0, readings=None) -> str:
+    ruler = json.loads((REPO / "scenarios/profiles/parts/yardstick-f505e66-amd-epyc.json").read_text())
+    ruler["readings"] = readings if readings is not None else [
+        {**r, "median_s": r["median_s"] * scale} for r in ruler["readings"]]
+    return ctx.file("y.json", json.dumps(ruler))
+
+
+def _compose_with(ctx, ruler: str) -> list:
+    return ["compose", str(REPO / "scenarios/profiles/parts/h200-llama-3.2-1b.device.json"),
+            str(REPO / "scenarios/profiles/parts/sglang-0.5.23-host-amd-epyc.json"), "--host-yardstick", ruler,
+            "--out", str(ctx.tmp / "o.json")]
+
+
+@case("compose-yardstick-empty")
+def _(ctx):
+    return _compose_with(ctx, _yardstick(ctx, readings=[])), ["--host-yardstick", "readings", "none there"]
+
+
+@case("compose-yardstick-absurd")
+def _(ctx):
+    return _compose_with(ctx, _yardstick(ctx, scale=1e300)), ["--host-yardstick", "outside 1/1000..1000"]
+
+
 @case("transfer-params-infinite")
 def _(ctx):
     path = ctx.file("p.json", (REPO / "scenarios/profiles/h200-llama-3.2-1b.json").read_text()

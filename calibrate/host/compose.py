@@ -52,6 +52,9 @@ def _curve_at(c: dict, x: float) -> float:
     return float(np.interp(x, grid, c["values_s"]))
 
 
+MAX_HOST_SPEED = 1000.0  # a host this many times faster (or slower) than another is not a measurement
+
+
 def _host_move(device: dict, host: dict, host_speed: float | None, host_yardstick: dict | None,
                device_source: str, host_source: str) -> dict:
     """How far the host file's costs move to the device's host: ``{"host_speed", "uncertainty_rel",
@@ -86,12 +89,21 @@ def _host_move(device: dict, host: dict, host_speed: float | None, host_yardstic
             raise ProfileError(device_source, "samples", "the device host's yardstick (re-implementation samples of "
                                "recv/schedule/process, which a torch or MLX calibration writes); without them pass "
                                "--host-speed")
+        # what a bad reading is blamed on: the readings given with --host-yardstick, else the files
+        given = ("--host-yardstick", "readings") if host_yardstick is not None else None
         if not source:
-            raise ProfileError(host_source, "metadata.yardstick", "the host's yardstick readings; pass --host-speed")
+            where = given or (host_source, "metadata.yardstick")
+            raise ProfileError(*where, "the host's yardstick readings (none there); pass --host-speed")
         try:
             got = yardstick.host_speed(source, target)
         except ValueError as err:
-            raise ProfileError(device_source, "samples", f"{err}; pass --host-speed") from None
+            raise ProfileError(*(given or (device_source, "samples")), f"{err}; pass --host-speed") from None
+        if not (isinstance(got.get("host_speed"), (int, float)) and
+                1 / MAX_HOST_SPEED <= got["host_speed"] <= MAX_HOST_SPEED):
+            raise ProfileError(*(given or (host_source, "metadata.yardstick")),
+                               f"readings that give a host speed of {got.get('host_speed')!r}, outside 1/"
+                               f"{MAX_HOST_SPEED:g}..{MAX_HOST_SPEED:g} (the range --host-speed takes): not "
+                               "this code timed on a real host; pass --host-speed")
         move = {**got, "method": "yardstick (calibrate.host.yardstick: the re-implementation on both hosts)",
                 "yardstick_version": ruler.get("version"), "device_yardstick_version": want,
                 "yardstick_given": host_yardstick is not None, "source_python": ruler.get("python"),
@@ -211,8 +223,9 @@ def run(args) -> int:
     from sim.errors import UserInputError
     from sim.model.profile import load_profile
 
-    if args.host_speed is not None and not (math.isfinite(args.host_speed) and 0 < args.host_speed <= 1000):
-        raise UserInputError("--host-speed", "", f"a number above 0 and at most 1000 (got {args.host_speed!r})")
+    if args.host_speed is not None and not (math.isfinite(args.host_speed) and 0 < args.host_speed <= MAX_HOST_SPEED):
+        raise UserInputError("--host-speed", "", f"a number above 0 and at most {MAX_HOST_SPEED:g} (got "
+                                                 f"{args.host_speed!r})")
     check_output_file(args.out, "--out", (".json",), inputs=[args.device, args.host])
     for flag, path in (("DEVICE", args.device), ("HOST", args.host)):
         if Path(path).is_dir():

@@ -321,9 +321,15 @@ def load_scenario(path_or_dict: Union[str, Path, dict, Scenario], overrides: Opt
 
     Raises:
         ScenarioError: missing or unreadable file, bad YAML, unknown key, wrong type or range;
-            the message names the file and the field.
+            the message names the file and the field; ``path_or_dict`` or ``overrides`` of
+            another type.
     """
+    if isinstance(overrides, (str, bytes)) or not all(isinstance(o, str) for o in (overrides or [])):
+        raise ScenarioError("overrides", "", f"a list of KEY.PATH=VALUE strings (got {overrides!r})")
     overrides = list(overrides or [])
+    if not isinstance(path_or_dict, (str, Path, dict, Scenario)):
+        raise ScenarioError(repr(path_or_dict)[:60], "", "a scenario: a YAML file's path, a dict or a Scenario "
+                                                         f"(got a {type(path_or_dict).__name__})")
     if isinstance(path_or_dict, Scenario):
         return path_or_dict.with_overrides(overrides) if overrides else path_or_dict
     if isinstance(path_or_dict, dict):

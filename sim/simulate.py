@@ -146,12 +146,17 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
             True unless the environment sets ``OVERLAP_SIM_LEAP`` to 0, false, no or off (``--no-leap`` sets 0).
 
     Raises:
-        ScenarioError: bad scenario; ValueError: unknown setting or tables mode.
+        ScenarioError: bad scenario; ValueError: unknown setting or tables mode, a ``leap`` that is
+            not True, False or None.
     """
     scenario = load_scenario(scenario)
     run = _runner(scenario.server.engine)
-    if tables not in TABLES:
+    if not isinstance(setting, str):
+        raise ValueError(f"setting must be one setting's name, a string (got {setting!r})")
+    if not isinstance(tables, str) or tables not in TABLES:
         raise ValueError(f"unknown tables mode {tables!r}; expected one of {TABLES}")
+    if leap is not None and not isinstance(leap, bool):
+        raise ValueError(f"leap must be True, False or None (got {leap!r})")
     if leap is None:
         leap = os.environ.get(LEAP_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
     wall0 = time.perf_counter()

@@ -229,3 +229,26 @@ def test_a_grid_over_seed_keeps_the_point_seed_and_each_runs_seed(tmp_path, caps
                  "--out", str(tmp_path / "sw")]) == 0
     assert "point_seed" in capsys.readouterr().out
     assert main(["plots", str(tmp_path / "sw")]) == 0
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    ({"grid": [1]}, "grid"), ({"grid": {"workload.concurrency": "12"}}, "grid"), ({"grid": {"k": []}}, "grid"),
+    ({"grid": {"workload.concurrency": [1]}, "repeats": "3"}, "--repeats"),
+    ({"grid": {"workload.concurrency": [1]}, "workers": 0}, "--workers"),
+    ({"grid": {"workload.concurrency": [1]}, "on_progress": 5}, "on_progress"),
+])
+def test_the_python_sweeps_arguments_of_the_wrong_type_name_themselves(kwargs, word):
+    with pytest.raises(UserInputError) as err:
+        sweep(QUICKSTART, **kwargs)
+    assert str(err.value).startswith(word)
+
+
+def test_the_python_apis_wrong_types_name_what_is_wrong():
+    with pytest.raises(ScenarioError, match="a YAML file's path"):
+        sim.load_scenario(42)
+    with pytest.raises(ScenarioError, match="overrides"):
+        sim.load_scenario(QUICKSTART, overrides="workload.concurrency=4")  # a string, not a list of them
+    with pytest.raises(ValueError, match="setting"):
+        sim.simulate(QUICKSTART, ["overlap"])
+    with pytest.raises(ValueError, match="leap"):
+        sim.simulate(QUICKSTART, "overlap", leap="no")

@@ -269,6 +269,24 @@ def _execute_dask(tasks: list[PointTask], workers: Optional[int], scheduler: Opt
     return stream()
 
 
+def _check_arguments(grid, repeats, workers, on_progress) -> None:
+    """The types :func:`sweep`'s callers from Python can get wrong (the command line's parser
+    gives these already typed).
+
+    Raises:
+        UserInputError: naming the argument.
+    """
+    if not isinstance(grid, dict) or not all(isinstance(k, str) and isinstance(v, (list, tuple, range)) and len(v)
+                                             for k, v in grid.items()):
+        raise UserInputError("grid", "", f"a dict of field path -> non-empty list of values (got {grid!r:.80})")
+    if isinstance(repeats, bool) or not isinstance(repeats, int):
+        raise UserInputError("--repeats", "", f"an integer (got {repeats!r})")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise UserInputError("--workers", "", f"a positive integer or None (got {workers!r})")
+    if on_progress is not None and not callable(on_progress):
+        raise UserInputError("on_progress", "", f"a function (done, total) or None (got {on_progress!r})")
+
+
 def sweep(scenario: Union[Scenario, str, Path, dict], grid: dict[str, list], repeats: int = 1,
           out: Optional[Union[str, Path]] = None, executor: str = "local", workers: Optional[int] = None,
           scheduler: Optional[str] = None, client=None, overrides: Optional[list[str]] = None,
@@ -292,6 +310,7 @@ def sweep(scenario: Union[Scenario, str, Path, dict], grid: dict[str, list], rep
     """
     if executor not in ("local", "dask"):
         raise UserInputError("--executor", "", f"expected 'local' or 'dask' (got {executor!r})")
+    _check_arguments(grid, repeats, workers, on_progress)
     scenario = load_scenario(scenario, overrides)
     tasks = plan_sweep(scenario, grid, repeats)
     manifest = {"scenario": scenario.name, "scenario_config": scenario.model_dump(mode="json"), "grid": grid,

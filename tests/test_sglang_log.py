@@ -105,6 +105,17 @@ def test_cli_json_and_files(tmp_path, capsys):
     assert "max running requests" in table and "1561.2" in table  # mean of the two decode throughputs
 
 
+def test_a_log_without_timestamps_says_its_times_are_line_numbers(tmp_path, capsys):
+    import re
+
+    log = tmp_path / "server.log"
+    log.write_text(re.sub(r"^\[[^]]*\] ", "", LOG, flags=re.M))  # the prefix a log shipper strips
+    assert main(["log", str(log), "--out", str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    assert "no batch line has a timestamp" in captured.err and "line numbers" in captured.err
+    assert "time span" not in captured.out
+
+
 @pytest.mark.parametrize("content", ["", "\n\n", "just some output\nno batches here\n"])
 def test_log_without_batch_lines_exits_2(tmp_path, capsys, content):
     log = tmp_path / "server.log"

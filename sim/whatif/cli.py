@@ -316,6 +316,9 @@ def cmd_log(args: argparse.Namespace) -> int:
     _save(log_timeline(df, f"{args.log.name}: SGLang scheduler log ({len(df)} batch lines)"), out / "log.png")
     if parsed.skipped_lines:
         print(f"{args.log}: skipped {parsed.skipped_lines} line(s) that are not scheduler batch lines", file=sys.stderr)
+    if df.attrs.get("t_is_line_order"):
+        print(f"warning: {args.log}: no batch line has a timestamp SGLang writes ([YYYY-MM-DD HH:MM:SS ...]): the "
+              "table's t_s and the plot's axis are line numbers, not seconds", file=sys.stderr)
     if parsed.cut_lines:
         print(f"warning: {args.log}: {parsed.cut_lines} 'Prefill/Decode batch' line(s) cut short or garbled (a label "
               "without its value, a number that is not one) left out of the table and the plot", file=sys.stderr)
@@ -341,7 +344,7 @@ def cmd_log(args: argparse.Namespace) -> int:
             cells.append("-" if v is None or (isinstance(v, float) and math.isnan(v)) else f.format(v))
         t.add_row(label, *cells)
     Console().print(t)
-    if df["t_s"].max() > 0:
+    if df["t_s"].max() > 0 and not df.attrs.get("t_is_line_order"):
         print(f"time span {df['t_s'].max():.1f} s; table and plot written to {out}/")
     else:
         print(f"table and plot written to {out}/")

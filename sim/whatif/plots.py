@@ -288,7 +288,8 @@ def log_timeline(df: pd.DataFrame, title: str):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         ax.grid(alpha=0.3)
-    axes[-1].set_xlabel("time since first batch line (s)")
+    axes[-1].set_xlabel("batch line (the log has no timestamps)" if df.attrs.get("t_is_line_order")
+                        else "time since first batch line (s)")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig

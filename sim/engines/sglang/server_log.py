@@ -120,6 +120,7 @@ class ParsedLog:
             df["t_s"] = (t - t.min()).dt.total_seconds()
         else:
             df["t_s"] = range(len(df))  # no timestamps: line order
+            df.attrs["t_is_line_order"] = True  # said by the command and on the plot's axis
         return df
 
 

@@ -7,6 +7,8 @@ import shlex
 from pathlib import Path
 from typing import Callable
 
+from sim.atomic import check_output_dir
+
 
 def run_host_command(args, engine_name: str, grid, calibrate: Callable[..., dict], flags: list[str] = ()) -> int:
     """Run ``calibrate(engine, model, grid, work, command=, report=, sessions=)`` for ``args``
@@ -22,7 +24,7 @@ def run_host_command(args, engine_name: str, grid, calibrate: Callable[..., dict
 
     check_output_file(args.out, "--out")
     engine, model = _engine(args)
-    work = args.work or Path("results") / f"calibrate-{engine_name}-host"
+    work = check_output_dir(args.work or Path("results") / f"calibrate-{engine_name}-host", "--work")
     sessions = args.sessions or 1
     argv = ["overlap-sim", "calibrate", "--engine", engine_name, "--host-only", "--out", str(args.out)]
     argv += ["--sessions", str(sessions)] if sessions > 1 else []

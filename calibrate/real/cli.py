@@ -20,6 +20,7 @@ from pathlib import Path
 
 from calibrate.errors import CalibrationInputError
 from calibrate.real.vllm.speculative import check_config
+from sim.atomic import check_output_dir
 from sim.commands import command
 
 CONFORM_HELP = "run the same requests through a real engine's scheduler and the simulator's policy; compare the batches"
@@ -77,7 +78,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     grid = replace(grid, **grid_changes(args))
     grid.check()
     engine, model = _engine(args)
-    work = args.work or Path("results") / f"calibrate-{args.engine}"
+    work = check_output_dir(args.work or Path("results") / f"calibrate-{args.engine}", "--work")
     sessions = args.sessions or 1
     argv = ["overlap-sim", "calibrate", "--engine", args.engine, "--out", str(args.out)]
     argv += ["--sessions", str(sessions)] if sessions > 1 else []
@@ -116,7 +117,7 @@ def _calibrate_vllm(args: argparse.Namespace) -> int:
 
     speculative = parse_speculative(args.speculative) if args.speculative is not None else None
     engine, model = _engine(args)
-    work = args.work or Path("results") / "calibrate-vllm"
+    work = check_output_dir(args.work or Path("results") / "calibrate-vllm", "--work")
     sessions = args.sessions or 1
     argv = ["overlap-sim", "calibrate", "--engine", "vllm", "--out", str(args.out)]
     argv += ["--sessions", str(sessions)] if sessions > 1 else []
@@ -162,7 +163,7 @@ def run_conform(args: argparse.Namespace) -> int:
         raise CalibrationInputError("--only", "", f"one of {', '.join(names)} (got {', '.join(bad)})")
     workloads = [w for w in conformance.WORKLOADS if not args.only or w.name in args.only]
     engine, model = _engine(args)
-    work = args.work or Path("results") / f"conform-{args.engine}"
+    work = check_output_dir(args.work or Path("results") / f"conform-{args.engine}", "--work")
     comps = conformance.conformance(engine, model, work, workloads, report=_report)
     out = args.out or work / "conformance.json"
     summary = conformance.write_report(comps, out, {"engine": {"name": engine.name, "version": engine.version},

@@ -553,18 +553,17 @@ def _(ctx):
     return ["trace", str(ctx.tmp / "empty")], ["summary.json", "cannot read"]
 
 
-@case("trace-summary-corrupt")
-def _(ctx):
-    run = ctx.run_folder()
-    Path(run, "summary.json").write_text("{")
-    return ["trace", run], ["summary.json", "cannot read"]
+def _summary_case(text: str, words: list[str]):
+    def build(ctx):
+        run = ctx.run_folder()
+        Path(run, "summary.json").write_text(text)
+        return ["trace", run], ["summary.json", *words]
+    return build
 
 
-@case("trace-summary-a-list")
-def _(ctx):
-    run = ctx.run_folder()
-    Path(run, "summary.json").write_text("[1, 2]")
-    return ["trace", run], ["summary.json", "settings"]
+for _id, _text, _words in [("corrupt", "{", ["cannot read"]), ("a-list", "[1, 2]", ["settings"]),
+                           ("without-settings", '{"scenario": "x"}', ["settings"])]:
+    case(f"trace-summary-{_id}")(_summary_case(_text, _words))
 
 
 @case("trace-steps-nan")
@@ -601,13 +600,6 @@ def _(ctx):
     run = ctx.run_folder()
     pd.read_parquet(Path(run, "steps_normal.parquet")).to_csv(Path(run, "steps_normal.csv"), index=False)
     return ["plots", run], ["steps_normal", "both CSV and Parquet"]
-
-
-@case("trace-summary-without-settings")
-def _(ctx):
-    run = ctx.run_folder()
-    Path(run, "summary.json").write_text('{"scenario": "x"}')
-    return ["trace", run], ["summary.json", "settings"]
 
 
 @case("trace-steps-garbage")

@@ -1301,19 +1301,31 @@ def test_in_a_real_process(tmp_path, kind):
     assert all(w in lines[0] for w in words)
 
 
-def test_an_engine_that_fails_is_one_line_naming_its_log_and_exit_4(tmp_path, monkeypatch):
+@pytest.mark.parametrize("model_built", [False, True])
+def test_an_engine_that_fails_is_one_line_naming_its_log_and_exit_4(tmp_path, monkeypatch, capsys, model_built):
     """An engine environment that imports but whose modules fail (a broken install): no
-    traceback; the line names the module and its log; a relative --work means this folder."""
+    traceback; the line names the module and its log; a relative --work means this folder. The
+    repository's model folder is this test's own (nothing written into the checkout)."""
+    import calibrate.real.environment as environment
+
     fake = tmp_path / "python"
     fake.write_text('#!/bin/bash\nif [ "$1" = "-c" ]; then echo "0.5.23"; exit 0; fi\n'
                     'echo "fake python: cannot run $*" >&2; exit 1\n')
     fake.chmod(0o755)
+    monkeypatch.setattr(environment, "REPO", tmp_path)
+    if model_built:  # the tiny model is there: the first module to fail is the calibration's own
+        model = tmp_path / ".venvs" / "models" / "tiny-llama"
+        model.mkdir(parents=True)
+        (model / "config.json").write_text("{}")
+        (model / "model.safetensors").write_bytes(b"")
     monkeypatch.chdir(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "sim.cli", "conform", "--engine", "sglang", "--engine-python",
-                           str(fake), "--work", "w"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("overlap-sim: error:")]
-    assert proc.returncode == 4 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == errors[0]  # after the progress lines, the one error
-    assert "failed in the sglang environment" in errors[0] and "cannot run" in errors[0] and "w/" in errors[0]
-    assert any((tmp_path / "w").glob("*.log"))  # the log is where the line says, under this folder
+    code = main(["conform", "--engine", "sglang", "--engine-python", str(fake), "--work", "w"])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("overlap-sim: error:")]
+    assert code == 4 and len(errors) == 1 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == errors[0]  # after the progress lines, the one error
+    assert "failed in the sglang environment" in errors[0] and "cannot run" in errors[0]
+    log = Path(errors[0].rsplit("the whole log: ", 1)[1])
+    assert (log if log.is_absolute() else tmp_path / log).is_file()  # the log is where the line says
+    if model_built:
+        assert str(log).startswith("w/")  # a relative --work: this folder's, in the engine's module too

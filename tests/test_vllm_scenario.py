@@ -108,3 +108,13 @@ def test_sweep_pairs_async_with_sync(tmp_path):
 
     ci = ratio_ci(table, num="async", den="sync")
     assert len(ci) == 2 and (ci["ratio"] > 1).all()
+
+
+def test_outputs_beyond_max_model_len_are_said_to_stop_there():
+    from sim.output.report import load_warnings
+
+    scen = sim.load_scenario(ROOT / "scenarios" / "vllm-h200.yaml", ["workload.output_len=9000"])
+    lines = [w for w in load_warnings(scen) if "input_len + output_len" in w]
+    assert len(lines) == 1 and "server.max_model_len" in lines[0] and "vLLM stops a request at max_model_len" in lines[0]
+    assert not [w for w in load_warnings(sim.load_scenario(ROOT / "scenarios" / "vllm-h200.yaml"))
+                if "input_len + output_len" in w]

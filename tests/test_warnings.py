@@ -34,6 +34,7 @@ def _scenario(tmp_path, **server) -> str:
     ({"server": {"settings": ["thread_overlap", "normal"], "device": "mlx"}}, "thread_overlap on server.device mlx"),
     ({"workload": {"output_len": 0}}, "workload.output_len 0"),
     ({"server": {"version": "9.9.9"}}, "server.version 9.9.9 is newer than any release checked"),
+    ({"workload": {"output_len": 4100}}, "reach 4116 tokens, beyond the 4094 that server.kv_pool_tokens"),
 ])
 def test_approximate_answers_say_so(run_cli, tmp_path, change, words):
     path = _scenario(tmp_path, **change)

@@ -247,7 +247,24 @@ def load_warnings(scenario) -> list[str]:
     if getattr(w, "output_len", None) == 0:
         out.append("warning: workload.output_len 0: every request produces at least 1 token here (a prefill-only "
                    "request of max_new_tokens 0 is not modelled): priced as 1")
-    return out + _client_warnings(w, server)
+    return out + _client_warnings(w, server) + _length_warnings(w, server)
+
+
+def _length_warnings(w, server) -> list[str]:
+    """A request whose prompt and output can outgrow what the engine lets one request reach
+    (each engine's ``length_cap``): its output is cut there, shorter than ``output_len`` asks."""
+    from sim.model.schema import MAX_TOKENS, length_bounds
+
+    cap = getattr(server, "length_cap", None)
+    if cap is None or getattr(w, "arrival", None) == "trace" or not hasattr(w, "output_len"):
+        return []
+    field, most, how = cap
+    prompt, output = length_bounds(w.input_len)[1], length_bounds(w.output_len)[1]
+    longest = prompt + output
+    if longest <= most or MAX_TOKENS in (prompt, output):  # (an unbounded distribution's cap: not a length asked)
+        return []
+    return [f"warning: workload input_len + output_len reach {longest} tokens, beyond the {most} that {field} "
+            f"lets one request reach ({how}): such requests finish there, with fewer output tokens than asked"]
 
 
 def _client_warnings(w, server) -> list[str]:

@@ -81,6 +81,14 @@ class Server(StrictModel):
         """(the field, its value) that caps the requests running at once."""
         return "server.max_running_requests", self.max_running_requests
 
+    @property
+    def length_cap(self) -> tuple[str, int, str]:
+        """(the field, the most tokens a request's prompt and output may reach, how the engine
+        stops it there): ``init_req_max_new_tokens`` (0.5.23) clips ``max_new_tokens`` so that
+        the request fits the KV pool (:meth:`sim.engines.sglang.policy.scheduler.Scheduler.recv`)."""
+        return ("server.kv_pool_tokens", self.kv_pool_tokens - self.page_size - 1,
+                "SGLang clips max_new_tokens so that a request fits the KV pool")
+
     def verdict_caveats(self, profile_meta: dict | None = None) -> list[str]:
         """Clauses the verdict carries beyond the profile's own: at tensor parallelism, how far the
         TP model has been held against the real server (docs/real-engines.md); none otherwise

@@ -94,6 +94,13 @@ class VllmServer(StrictModel):
         ``max_num_seqs`` when unset)."""
         return "server.max_num_seqs", self.seqs_limit
 
+    @property
+    def length_cap(self) -> tuple[str, int, str]:
+        """(the field, the most tokens a request's prompt and output may reach, how the engine
+        stops it there): ``check_stop`` finishes a request at ``max_model_len``
+        (FINISHED_LENGTH_CAPPED, :mod:`sim.engines.vllm.policy.results`)."""
+        return "server.max_model_len", self.max_model_len, "vLLM stops a request at max_model_len"
+
     def warnings(self, profile_meta: dict | None = None) -> list[str]:
         """What this server section asks for that is answered only approximately: speculative
         decoding's given values (:meth:`Speculative.caveats`, told what the profile whose

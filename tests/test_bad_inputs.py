@@ -1065,6 +1065,12 @@ for _id, _args, _words in VALIDATE:
     case(f"validate-{_id}")(lambda ctx, a=_args, w=_words: ([*VAL, *a, "--out", ctx.out], w))
 
 
+@case("validate-engine-with-the-harness-backend")
+def _(ctx):
+    return (["validate", "--engine", "sglang", "--profile", str(REPO / "scenarios/profiles/cpu-sglang-tiny.json"),
+             "--backend", "torch"], ["--backend", "without --engine"])
+
+
 @case("validate-profile-corrupt")
 def _(ctx):
     prof = ctx.profile(text="{\"format\": \"overlap-sim calibration profile\", \"schema_v")

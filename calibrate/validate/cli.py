@@ -100,6 +100,11 @@ def run(args: argparse.Namespace) -> int:
     if args.engine:
         from calibrate.real.cli import run_validate
 
+        for flag in ("backend", "device"):  # the harness's flags: a real engine's validation has none
+            if getattr(args, flag) is not None:
+                raise CalibrationInputError(f"--{flag}", "", f"the harness's (without --engine); the real {args.engine} "
+                                            "server's validation takes its setting from --profile")
+
         args.repeats = 5 if args.repeats is None else args.repeats
         return run_validate(args)
     if args.client_nice is not None:

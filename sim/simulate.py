@@ -121,10 +121,7 @@ def check(scenario: Scenario, setting: str) -> None:
     Raises:
         ScenarioError, ProfileError: as :func:`simulate`; ValueError: an unknown setting.
     """
-    import importlib
-
-    module, name = CHECKS[scenario.server.engine].split(":")
-    getattr(importlib.import_module(module), name)(scenario, setting)
+    _registered(CHECKS, scenario.server.engine)(scenario, setting)
 
 
 def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps", leap: bool | None = None) -> Result:
@@ -150,7 +147,7 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
             not True, False or None.
     """
     scenario = load_scenario(scenario)
-    run = _runner(scenario.server.engine)
+    run = _registered(RUNNERS, scenario.server.engine)
     if not isinstance(setting, str):
         raise ValueError(f"setting must be one setting's name, a string (got {setting!r})")
     if not isinstance(tables, str) or tables not in TABLES:
@@ -168,11 +165,12 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
     return _result(scenario, setting, recorder, tables, outcome, stats)
 
 
-def _runner(engine: str):
-    """The run function :data:`RUNNERS` registers for ``engine`` (its module imported now)."""
+def _registered(table: dict[str, str], engine: str):
+    """The function ``table`` (:data:`RUNNERS`, :data:`CHECKS`) registers for ``engine`` (its
+    module imported now)."""
     import importlib
 
-    module, name = RUNNERS[engine].split(":")
+    module, name = table[engine].split(":")
     return getattr(importlib.import_module(module), name)
 
 

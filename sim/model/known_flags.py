@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -25,12 +25,12 @@ class KnownFlags:
     engine: str
     version: str
     flags: dict
-    choices: dict = None
+    choices: dict = field(default_factory=dict)
 
     def refuses(self, option: str, raw: str | None) -> tuple[str, ...] | None:
         """The choices of ``option`` (a resolved option) when ``raw``, its value as given, is not
         one of them (the engine's parser refuses it: "invalid choice"), else None."""
-        allowed = (self.choices or {}).get(option)
+        allowed = self.choices.get(option)
         return tuple(allowed) if allowed is not None and raw is not None and raw not in allowed else None
 
     def resolve(self, name: str) -> tuple[str, bool] | None:

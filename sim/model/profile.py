@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.errors import ProfileError
+from sim.errors import ProfileError, ScenarioError
 from sim.model.curve import Curve
 
 FORMAT = "overlap-sim calibration profile"
@@ -343,3 +343,54 @@ def measured_size(profile: dict, key: str, source: str = "") -> int:
         raise ProfileError(source, f"metadata.{key}", f"a positive whole number, the tensor-parallel size it was "
                                                       f"measured at (got {size!r})")
     return size
+
+
+@dataclass(frozen=True)
+class ParallelPricing:
+    """How an engine prices tensor parallelism through a profile measured at that size: its
+    engine's name (the calibrate command's ``--engine``), the profile's metadata key, the
+    scenario's field, and in words what the measured phases carry at TP N (``carries``, e.g.
+    "its receive and forward carry that many ranks' broadcast and all-reduces"), what inline
+    costs stand for (``given``), and how far the model was held against the real server
+    (``validated``)."""
+
+    engine: str
+    key: str
+    field: str
+    carries: str
+    given: str
+    validated: str
+
+    def check(self, profile: dict, want: int, source: str, scenario_source: str, device: str) -> None:
+        """Refuse a scenario at TP ``want`` priced by a ``profile`` measured at another size
+        (:func:`measured_size`): a TP size is not extrapolated from another.
+
+        Raises:
+            ScenarioError: naming :attr:`field`. ProfileError: the profile's size is not a
+                positive whole number.
+        """
+        measured = measured_size(profile, self.key, source)
+        if want == measured:
+            return
+        fix = (f"calibrate the TP-{want} server: overlap-sim calibrate --engine {self.engine} --tensor-parallel-size "
+               f"{want}, or give the costs inline" if device == "cpu" else
+               f"no card profile can be measured at another TP yet (the TP calibration runs {self.server_name}'s CPU "
+               "server): give the TP server's costs inline")
+        raise ScenarioError(scenario_source, self.field, f"{want}, but the profile {source} was measured at tensor "
+                                                         f"parallel size {measured}: {self.carries} ({fix})")
+
+    @property
+    def server_name(self) -> str:
+        return {"sglang": "SGLang", "vllm": "vLLM"}.get(self.engine, self.engine)
+
+    def caveat(self, size: int, measured: bool) -> str | None:
+        """The run's warning at TP ``size`` (None at 1): the inline costs taken as given, or the
+        profile's phases as measured with what is not simulated apart."""
+        if size <= 1:
+            return None
+        name = f"{self.field.rsplit('.', 1)[-1]} {size}"
+        if not measured:
+            return (f"{name}: the inline costs are taken as those of the TP-{size} server as given ({self.given}); "
+                    "none of it measured")
+        return (f"{name}: priced by the profile measured at that size (rank 0's phases, which wait for the other "
+                f"ranks); the ranks' lockstep is not simulated apart, and {self.validated}")

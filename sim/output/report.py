@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from sim.atomic import atomic_path
 from sim.model.reach import FAR
+from sim.model.schema import MAX_TOKENS, length_bounds
 from sim.trace.metrics import SUMMARY_KEYS
 
 if TYPE_CHECKING:  # tables arrive as DataFrames; a streamed run need not import pandas
@@ -253,12 +254,9 @@ def load_warnings(scenario) -> list[str]:
 def _length_warnings(w, server) -> list[str]:
     """A request whose prompt and output can outgrow what the engine lets one request reach
     (each engine's ``length_cap``): its output is cut there, shorter than ``output_len`` asks."""
-    from sim.model.schema import MAX_TOKENS, length_bounds
-
-    cap = getattr(server, "length_cap", None)
-    if cap is None or getattr(w, "arrival", None) == "trace" or not hasattr(w, "output_len"):
+    if w.arrival == "trace":
         return []
-    field, most, how = cap
+    field, most, how = server.length_cap
     prompt, output = length_bounds(w.input_len)[1], length_bounds(w.output_len)[1]
     longest = prompt + output
     if longest <= most or MAX_TOKENS in (prompt, output):  # (an unbounded distribution's cap: not a length asked)

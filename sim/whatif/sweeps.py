@@ -136,7 +136,7 @@ def plan_sweep(scenario: Scenario, grid: dict[str, list], repeats: int = 1) -> l
                         or k.startswith(err.field + ".")), None)
             if key is not None:
                 raise type(err)(f"--grid {key}={values[key]}", err.field, err.expected) from None
-            if isinstance(err, ScenarioError) and not values:
+            if not values:  # the scenario itself: its own error
                 raise
             point_text = ", ".join(f"{k}={v}" for k, v in values.items())
             raise type(err)(err.source, err.field, f"{err.expected} (at the grid point {point_text})") from None

@@ -14,13 +14,13 @@ import simpy
 from sim.engines.sglang.leap import Leap
 from sim.engines.sglang.loops import LOOPS
 from sim.engines.sglang.phases import Phases
+from sim.engines.sglang.server import TP_PRICING
 from sim.engines.sglang.policy.scheduler import Scheduler, ServerDied
 from sim.engines.sglang.rules.loop_rules import setting_faults
 from sim.engines.sglang.structured import GrammarCosts
 from sim.errors import ScenarioError
 from sim.model.costs import Jitter, make_cost_model
 from sim.model.device import DeviceStream
-from sim.model.profile import measured_size
 from sim.model.reach import reach_outcome
 from sim.model.workload import ClosedLoopClients, RequestSpecs, open_loop_arrivals
 
@@ -118,21 +118,13 @@ def check_tp_size(scenario, costs) -> None:
     model of them. Inline costs pass (taken as the TP server's, said on every run).
 
     Raises:
-        ScenarioError: naming ``server.tp_size``.
+        ScenarioError: naming ``server.tp_size`` (:data:`sim.engines.sglang.server.TP_PRICING`).
+        ProfileError: the profile's size is not a positive whole number.
     """
     profile = getattr(costs, "profile", None)
-    if not isinstance(profile, dict):
-        return
-    measured, want = measured_size(profile, "tp_size", getattr(costs, "source", "")), scenario.server.tp_size
-    if want != measured:
-        fix = (f"calibrate the TP-{want} server: overlap-sim calibrate --engine sglang --tensor-parallel-size {want}, "
-               "or give the costs inline" if scenario.server.device == "cpu" else
-               "no card profile can be measured at another TP yet (the TP calibration runs SGLang's CPU server): "
-               "give the TP server's costs inline")
-        raise ScenarioError(scenario.source, "server.tp_size",
-                            f"{want}, but the profile {getattr(costs, 'source', '')} was measured at tensor parallel "
-                            f"size {measured}: its receive and forward carry that many ranks' broadcast and "
-                            f"all-reduces ({fix})")
+    if isinstance(profile, dict):
+        TP_PRICING.check(profile, scenario.server.tp_size, getattr(costs, "source", ""), scenario.source,
+                         scenario.server.device)
 
 
 def grammar_costs(scenario, costs) -> GrammarCosts | None:

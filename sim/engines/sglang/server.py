@@ -12,9 +12,15 @@ from typing import Literal, Optional
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from sim.engines.sglang.structured import StructuredOutput
+from sim.model.profile import ParallelPricing
 from sim.model.schema import MAX_POOL_TOKENS, MAX_REQUESTS, MAX_TOKENS, StrictModel
 
 SETTINGS = ("normal", "overlap", "overlap_mlx", "thread_overlap")
+# tensor parallelism priced through a profile measured at that size (Server's docstring)
+TP_PRICING = ParallelPricing(
+    "sglang", "tp_size", "server.tp_size", "its receive and forward carry that many ranks' broadcast and all-reduces",
+    "the request broadcast in recv, the all-reduces in the forward",
+    "each rank is taken to have cores of its own (docs/real-engines.md#tensor-parallelism-sglang)")
 Setting = Literal["normal", "overlap", "overlap_mlx", "thread_overlap"]
 
 
@@ -115,14 +121,8 @@ class Server(StrictModel):
         if self.grammar is not None:
             measured = (profile_meta or {}).get("structured_output") if isinstance(profile_meta, dict) else None
             out += self.grammar.caveats(measured if isinstance(measured, dict) else None)
-        if self.tp_size > 1 and profile_meta is None:
-            out.append(f"warning: server.tp_size {self.tp_size}: the inline costs are taken as those of the "
-                       f"TP-{self.tp_size} server as given (the request broadcast in recv, the all-reduces in the "
-                       "forward); none of it measured")
-        elif self.tp_size > 1:
-            out.append(f"warning: server.tp_size {self.tp_size}: priced by the profile measured at that size (rank 0's "
-                       "phases, which wait for the other ranks); the ranks' lockstep is not simulated apart, and each "
-                       "rank is taken to have cores of its own (docs/real-engines.md#tensor-parallelism-sglang)")
+        if tp := TP_PRICING.caveat(self.tp_size, measured=profile_meta is not None):
+            out.append(f"warning: server.{tp}")
         if self.version is not None:
             from sim.engines.sglang.rules.launch_args import parse_version
             from sim.engines.sglang.rules.loop_rules import newest_checked

@@ -128,10 +128,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from sim.engines.vllm.server import TP_PRICING
 from sim.engines.vllm.structured import GrammarCosts
 from sim.errors import ScenarioError
 from sim.model.costs import DECODE, LinearCostModel
-from sim.model.profile import CurveTable, load_profile, load_profile_read_only, measured_size, profile_curves
+from sim.model.profile import CurveTable, load_profile, load_profile_read_only, profile_curves
 from sim.model.reach import ReachMeter, distance, hulls
 
 VLLM_CURVE_AXES: dict[str, tuple[str, ...]] = {
@@ -372,16 +373,6 @@ class VllmInlineCosts:
         return {**self._linear.describe(), "engine": "vllm"}
 
 
-def profile_tensor_parallel(profile: dict, source: str = "") -> int:
-    """The tensor-parallel size a vLLM profile was measured at (``metadata.tensor_parallel_size``;
-    1 where the metadata does not say).
-
-    Raises:
-        ProfileError: a size that is not a positive whole number (:func:`measured_size`).
-    """
-    return measured_size(profile, "tensor_parallel_size", source)
-
-
 def check_tensor_parallel(scenario, profile: dict, source: str) -> None:
     """Refuse a scenario whose ``server.tensor_parallel_size`` is not the one ``profile`` was
     measured at: a vLLM 0.32 server at TP N runs one engine core and N workers in lockstep
@@ -391,17 +382,10 @@ def check_tensor_parallel(scenario, profile: dict, source: str) -> None:
     phases of rank 0, which wait for the others), not by a model of the all-reduce.
 
     Raises:
-        ScenarioError: naming ``server.tensor_parallel_size``.
+        ScenarioError: naming ``server.tensor_parallel_size`` (:data:`sim.engines.vllm.server.TP_PRICING`).
+        ProfileError: the profile's size is not a positive whole number.
     """
-    want, measured = scenario.server.tensor_parallel_size, profile_tensor_parallel(profile, source)
-    if want != measured:
-        fix = (f"calibrate the TP-{want} server: overlap-sim calibrate --engine vllm --tensor-parallel-size {want}, or "
-               "give the costs inline" if scenario.server.device == "cpu" else
-               "no card profile can be measured at another TP yet (the TP calibration runs vLLM's CPU server): "
-               "give the TP server's costs inline")
-        raise ScenarioError(scenario.source, "server.tensor_parallel_size",
-                            f"{want}, but the profile {source} was measured at tensor parallel size {measured}: its "
-                            f"dispatch and forward carry that many workers' broadcast and all-reduces ({fix})")
+    TP_PRICING.check(profile, scenario.server.tensor_parallel_size, source, scenario.source, scenario.server.device)
 
 
 def make_vllm_costs(scenario, setting: str):

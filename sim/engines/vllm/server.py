@@ -16,9 +16,17 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from sim.engines.vllm.speculative import Speculative
 from sim.engines.vllm.structured import StructuredOutput
+from sim.model.profile import ParallelPricing
 from sim.model.schema import MAX_POOL_TOKENS, MAX_REQUESTS, MAX_TOKENS, StrictModel
 
 SETTINGS = ("sync", "async")
+# tensor parallelism priced through a profile measured at that size (VllmServer's docstring)
+TP_PRICING = ParallelPricing(
+    "vllm", "tensor_parallel_size", "server.tensor_parallel_size",
+    "its dispatch and forward carry that many workers' broadcast and all-reduces",
+    "its broadcast to the workers in dispatch, the all-reduces in the forward",
+    "each process is taken to have a core of its own (held against vLLM's CPU server at TP 2 only on a 2-core VM "
+    "whose ranks took both cores: 21%/16% median error, noise floor 8-12%; docs/vllm.md#tensor-parallelism)")
 Setting = Literal["sync", "async"]
 VERSIONS = ("0.32.0",)  # releases whose source the model follows
 DEFAULT_CACHE_TOKENS = 400_000  # a KV cache of this many tokens when num_gpu_blocks is not given
@@ -114,16 +122,8 @@ class VllmServer(StrictModel):
         if self.structured_output is not None and self.structured_output.share > 0:
             measured = meta.get("structured_output")
             out += self.structured_output.caveats(measured if isinstance(measured, dict) else None)
-        if self.tensor_parallel_size > 1 and profile_meta is None:
-            out.append(f"tensor_parallel_size {self.tensor_parallel_size}: the inline costs are taken as those of "
-                       f"the TP-{self.tensor_parallel_size} server as given (its broadcast to the workers in "
-                       "dispatch, the all-reduces in the forward); none of it measured")
-        elif self.tensor_parallel_size > 1:
-            out.append(f"tensor_parallel_size {self.tensor_parallel_size}: priced by the profile measured at that size "
-                       "(rank 0's phases, which wait for the other ranks); the ranks' lockstep is not simulated "
-                       "apart, and each process is taken to have a core of its own (held against vLLM's CPU server "
-                       "at TP 2 only on a 2-core VM whose ranks took both cores: 21%/16% median error, noise floor "
-                       "8-12%; docs/vllm.md#tensor-parallelism)")
+        if tp := TP_PRICING.caveat(self.tensor_parallel_size, measured=profile_meta is not None):
+            out.append(tp)
         return out
 
     def verdict_caveats(self, profile_meta: dict | None = None) -> list[str]:

@@ -350,14 +350,14 @@ class VllmInlineCosts:
         """The inline terms price ``post_step``'s RPC as the round trip (0 here)."""
         return self.phase_s("roundtrip", num_reqs)
 
+    _TERMS = {"schedule": "schedule_s", "dispatch": "launch_s", "update": "process_s"}  # phase -> inline term
+
     def phase_s(self, name: str, num_reqs: int) -> float:
         lin = self._linear
         if name == "add_request":
             return lin.recv_s(num_reqs)
-        if name in ("schedule", "dispatch", "update"):
-            term = {"schedule": lin.schedule_s, "dispatch": lin.launch_s, "update": lin.process_s}[name]
-            return term(DECODE, num_reqs, num_reqs, 0)
-        return 0.0
+        term = self._TERMS.get(name)
+        return getattr(lin, term)(DECODE, num_reqs, num_reqs, 0) if term is not None else 0.0
 
     shared_prefix_saving = 0.0  # the inline terms price each request's context in full
     mixed_sum_of_parts = False  # and a mixed step as one prefill

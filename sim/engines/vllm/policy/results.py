@@ -32,13 +32,14 @@ class ResultsMixin:
         requests finished."""
         stopped: list[Request] = []
         itl: dict[float, int] = {}
-        accept = self.accept
+        accept, async_scheduling, max_len = self.accept, self.async_scheduling, self.max_model_len
+        t = deliver_s
         for req, num_new, _computed, samples, spec in step.chunks:
             req.num_in_flight_tokens -= num_new
             stale = req.num_stale_output_tokens > 0
             if stale:
                 req.num_stale_output_tokens -= num_new
-            if req.is_finished:
+            if req.status == FINISHED or req.status == FAILED:  # is_finished
                 step.overshoot.append(req)
                 continue
             if not samples:
@@ -56,13 +57,21 @@ class ResultsMixin:
                     req.num_output_tokens += 1
                     appended += 1
                     stops = self._check_stop(req)
-            else:
-                req.num_output_tokens += 1
+            else:  # one token; _check_stop inline
+                out = req.num_output_tokens = req.num_output_tokens + 1
                 appended = 1
-                stops = self._check_stop(req)
-            if self.async_scheduling and not stale:
+                if out >= req.output_len and req.output_len < req.max_tokens:
+                    stops = True  # FINISHED_STOPPED
+                else:
+                    stops = out >= req.max_tokens or req.num_prompt_tokens + out >= max_len
+            if async_scheduling and not stale:
                 req.num_output_placeholders -= appended
-            self._deliver(req, deliver_s, itl)
+            if req.first_token_s != req.first_token_s:  # _deliver inline; NaN: its first token
+                req.first_token_s = t
+            elif not req.warmup:
+                gap = t - req.last_token_s
+                itl[gap] = itl.get(gap, 0) + 1
+            req.last_token_s = t
             if stops:
                 stopped.append(req)
         for value, weight in itl.items():
@@ -86,14 +95,6 @@ class ResultsMixin:
         if req.num_output_tokens >= req.output_len and not req.stops_by_length:
             return True  # FINISHED_STOPPED (EOS / a stop token)
         return req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len
-
-    def _deliver(self, req: Request, t: float, itl: dict) -> None:
-        if req.first_token_s != req.first_token_s:  # NaN: its first token
-            req.first_token_s = t
-        elif not req.warmup:
-            gap = t - req.last_token_s
-            itl[gap] = itl.get(gap, 0) + 1
-        req.last_token_s = t
 
     def _finish(self, req: Request, t: float) -> None:
         """``_free_request``: free its blocks now, drop it from its queue, notify the worker."""

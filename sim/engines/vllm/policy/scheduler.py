@@ -124,35 +124,58 @@ class Scheduler(ResultsMixin):
         return step
 
     def _schedule_running(self, step: Batch, budget: int, threshold: int) -> list[Request]:
-        """The RUNNING pass; returns the requests it preempted."""
+        """The RUNNING pass; returns the requests it preempted. (Written for speed: the request's
+        ``num_tokens_with_spec`` and :meth:`_add_entry` inline, and ``allocate_slots`` called only
+        when the request's blocks do not already hold its new tokens: there it allocates nothing.)"""
         preempted: list[Request] = []
+        running, chunks = self.running, step.chunks
+        block_size, lookahead, max_len = self.kv.block_size, self.num_lookahead_tokens, self.max_model_len
+        async_scheduling = self.async_scheduling
+        num_reqs = num_tokens = sum_ctx = 0
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
+        while i < len(running) and budget > 0:
+            req = running[i]
             i += 1
-            if self.async_scheduling and req.num_output_placeholders > 0 and \
-                    req.num_computed_tokens + 2 - req.num_output_placeholders >= req.num_prompt_tokens + req.max_tokens:
+            computed, placeholders = req.num_computed_tokens, req.num_output_placeholders
+            if async_scheduling and placeholders > 0 and \
+                    computed + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens:
                 continue  # the in-flight step already reaches max_tokens
-            num_new = req.num_tokens_with_spec + req.num_output_placeholders - req.num_computed_tokens
+            num_new = req.num_prompt_tokens + req.num_output_tokens + req.num_spec_tokens + placeholders - computed
             if 0 < threshold < num_new:
                 num_new = threshold
-            num_new = min(num_new, budget, self.max_model_len - req.num_computed_tokens - 1)
+            if num_new > budget:  # min(num_new, budget, max_model_len - num_computed - 1)
+                num_new = budget
+            if num_new > max_len - computed - 1:
+                num_new = max_len - computed - 1
             if num_new <= 0:
                 continue
-            while not self.kv.allocate_slots(req, num_new, num_lookahead_tokens=self.num_lookahead_tokens):
-                victim = self.running.pop()
-                preempt_request(victim, self.kv, self.waiting)
-                preempted.append(victim)
-                if victim is req:
-                    return preempted
+            if computed + num_new + lookahead > req.num_blocks * block_size and \
+                    not self._allocate(req, num_new, preempted):
+                break  # it preempted itself: the pass stops
             spec = 0
             if req.num_spec_tokens:  # the drafts past its known tokens (l.861); new ones come with the output
-                spec = min(req.num_spec_tokens, max(0, num_new + req.num_computed_tokens - req.num_tokens
-                                                    - req.num_output_placeholders))
+                spec = min(req.num_spec_tokens, max(0, num_new + computed - req.num_tokens - placeholders))
                 req.num_spec_tokens = 0
-            self._add_entry(step, req, num_new, spec)
+            chunks.append([req, num_new, computed, False, spec])  # _add_entry
+            num_reqs += 1
+            num_tokens += num_new
+            sum_ctx += computed + num_new
             budget -= num_new
+        step.num_reqs += num_reqs
+        step.num_tokens += num_tokens
+        step.sum_ctx += sum_ctx
         return preempted
+
+    def _allocate(self, req: Request, num_new: int, preempted: list[Request]) -> bool:
+        """``allocate_slots`` for a running request, preempting the last running request until it
+        succeeds (appending each to ``preempted``); False when the request preempted itself."""
+        while not self.kv.allocate_slots(req, num_new, num_lookahead_tokens=self.num_lookahead_tokens):
+            victim = self.running.pop()
+            preempt_request(victim, self.kv, self.waiting)
+            preempted.append(victim)
+            if victim is req:
+                return False
+        return True
 
     def _schedule_waiting(self, step: Batch, budget: int, threshold: int) -> None:
         """The WAITING pass (FCFS); skipped requests go back to the front in their order."""
@@ -197,20 +220,32 @@ class Scheduler(ResultsMixin):
         ``async_scheduler.py``: its ``sample_tokens`` waits for the previous step's update)."""
         decode = step.num_reqs > 0
         k = self.num_spec_tokens
+        async_scheduling = self.async_scheduling
+        warmup = grammar = 0
+        pending = step.grammar_pending
         for entry in step.chunks:
             req, num_new, spec = entry[0], entry[1], entry[4]
-            req.num_computed_tokens += num_new
+            computed = req.num_computed_tokens = req.num_computed_tokens + num_new
             req.num_in_flight_tokens += num_new
-            req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens + req.num_output_placeholders
-            entry[3] = samples = not req.is_prefill_chunk
-            decode = decode and samples and num_new == 1 + spec
-            step.num_warmup += req.warmup
-            if samples and req.grammar:  # get_grammar_bitmask's rows; AsyncScheduler's pending flag
-                step.num_grammar += 1
-                step.grammar_pending |= self.async_scheduling and req.num_output_placeholders > 0
-            if samples and self.async_scheduling:
-                req.num_output_placeholders += 1 + spec
+            placeholders = req.num_output_placeholders
+            chunk = req.is_prefill_chunk = computed < req.num_prompt_tokens + req.num_output_tokens + placeholders
+            if chunk:
+                decode = False
+                warmup += req.warmup
+                continue
+            entry[3] = True
+            if num_new != 1 + spec:
+                decode = False
+            warmup += req.warmup
+            if req.grammar:  # get_grammar_bitmask's rows; AsyncScheduler's pending flag
+                grammar += 1
+                pending |= async_scheduling and placeholders > 0
+            if async_scheduling:
+                req.num_output_placeholders = placeholders + 1 + spec
                 req.num_spec_tokens = k
+        step.num_warmup += warmup
+        step.num_grammar += grammar
+        step.grammar_pending = pending
         step.kind = DECODE if decode else EXTEND
         step.num_running = len(self.running)
         step.num_queued = len(self.waiting)

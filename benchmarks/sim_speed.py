@@ -256,12 +256,26 @@ def open_loop_scenario(num_requests: int) -> dict:
 
 def leap_workload(name: str, num_requests: int):
     """``open`` (:func:`open_loop_scenario`) or ``closed-C``: the quickstart (its profile, 256
-    output tokens by length) in a closed loop of C clients."""
-    if name == "open":
-        return sim.load_scenario(open_loop_scenario(num_requests))
-    concurrency = int(name.split("-")[1])
-    return sim.load_scenario(ROOT / "scenarios" / "quickstart.yaml",
+    output tokens by length) in a closed loop of C clients; ``vllm-open``: the open-loop workload
+    on vLLM 0.32 (its inline costs, ``max_num_seqs`` 64); ``vllm-closed-C``: the shipped
+    ``vllm-h200`` scenario (its profile, the quickstart's load) at C clients."""
+    if name in ("open", "vllm-open"):
+        spec = open_loop_scenario(num_requests)
+        if name == "vllm-open":
+            spec["server"] = {"engine": "vllm", "device": "cuda", "settings": ["async", "sync"], "max_num_seqs": 64}
+        return sim.load_scenario(spec)
+    concurrency = int(name.rsplit("-", 1)[1])
+    path = "vllm-h200.yaml" if name.startswith("vllm-") else "quickstart.yaml"
+    return sim.load_scenario(ROOT / "scenarios" / path,
                              [f"workload.num_requests={num_requests}", f"workload.concurrency={concurrency}"])
+
+
+def workload_settings(workload: str, settings: list[str]) -> list[str]:
+    """The settings to run ``workload`` under: vLLM's (``async``, ``sync``) for a ``vllm-``
+    workload, whatever ``settings`` name of them (none: both), else ``settings``."""
+    if not workload.startswith("vllm-"):
+        return settings
+    return [s for s in settings if s in ("async", "sync")] or ["async", "sync"]
 
 
 def run_leap_case(args: tuple) -> dict:
@@ -285,11 +299,13 @@ def leap_report(workloads: list[str], sizes: list[int], settings: list[str], rep
                 out: Path) -> None:
     """CPU per request and simulated seconds per CPU second with the leap, step by step and (with
     ``against``) in another checkout, each case a fresh process, the modes alternated, repeated."""
-    modes = ["leap", "step"] + (["tree"] if against else [])
     rows = []
     for workload in workloads:
+        # vLLM's loops have no leap: its runs go step by step in both of this tree's modes, so one is run
+        first = "step" if workload.startswith("vllm-") else "leap"
+        modes = ([first] if first == "step" else ["leap", "step"]) + (["tree"] if against else [])
         for n in sizes:
-            for setting in settings:
+            for setting in workload_settings(workload, settings):
                 for _ in range(repeats):
                     for mode in modes:
                         tree = ["--tree", str(against)] if mode == "tree" else []
@@ -299,16 +315,18 @@ def leap_report(workloads: list[str], sizes: list[int], settings: list[str], rep
                         rows.append(json.loads(text.splitlines()[-1]))
                 got = [r for r in rows if (r["workload"], r["requests"], r["setting"]) == (workload, n, setting)]
                 by = {m: [r for r in got if r["mode"] == m] for m in modes}
-                if len({r["throughput"] for r in by["leap"] + by["step"]}) != 1:
-                    print(f"  ! {workload} {n} {setting}: the leap's throughput differs from step by step")
+                if len({r["throughput"] for m in modes for r in by[m]}) != 1:
+                    print(f"  ! {workload} {n} {setting}: the modes' throughputs differ")
                 line = [f"{workload:<9} {n:>8} {setting:<8}"]
                 for m in modes:
                     per_req = [1e6 * r["cpu_s"] / n for r in by[m]]
                     line.append(f"{m}: {spread(per_req, '.1f')} us/req, {spread([r['sim_s'] / r['cpu_s'] for r in by[m]], '.0f')} sim-s/CPU-s")
                 base = "tree" if against else "step"
-                ratios = [a["cpu_s"] / b["cpu_s"] for a, b in zip(by["leap"], by[base])]
-                line.append(f"leap/{base} CPU {spread(ratios)}; leapt {by['leap'][0]['leapt_steps'] / by['leap'][0]['steps']:.0%} "
-                            f"of {by['leap'][0]['steps']} steps; peak RSS {max(r['peak_rss_mb'] for r in by['leap']):.0f} MB")
+                if base != first:
+                    ratios = [a["cpu_s"] / b["cpu_s"] for a, b in zip(by[first], by[base])]
+                    line.append(f"{first}/{base} CPU {spread(ratios)}")
+                line.append(f"leapt {by[first][0]['leapt_steps'] / by[first][0]['steps']:.0%} of {by[first][0]['steps']} "
+                            f"steps; peak RSS {max(r['peak_rss_mb'] for r in by[first]):.0f} MB")
                 print("  ".join(line), flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out, index=False)
@@ -364,8 +382,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="repeats of each case with --against or --cli-modes")
     ap.add_argument("--leap", nargs="*", default=None, metavar="WORKLOAD",
                     help="instead: CPU per request with the leap, step by step and (with --against) another "
-                         "checkout, workloads 'open' and/or 'closed-C' (quickstart at C clients), at --sizes, "
-                         "--settings (default overlap normal), --repeats")
+                         "checkout, workloads 'open' and/or 'closed-C' (quickstart at C clients), and on vLLM "
+                         "'vllm-open' and/or 'vllm-closed-C' (no leap there: both modes step by step), at "
+                         "--sizes, --settings (default overlap normal; async sync for vLLM), --repeats")
     ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # internal: one case, JSON in and out
     ap.add_argument("--leap-case", default=None, help=argparse.SUPPRESS)  # internal: one leap case
     ap.add_argument("--sweep-cpu", action="store_true",

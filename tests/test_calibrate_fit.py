@@ -82,3 +82,24 @@ def test_curve_passes_through_medians_and_stays_between_neighbours(points, frac)
         v = c(x0 + frac * (x1 - x0))
         assert min(y0, y1) - 1e-12 <= v <= max(y0, y1) + 1e-12
     assert math.isfinite(fit["r2"])
+
+
+def _fresh(c: Curve, x: float) -> float:
+    """The one-axis curve's value at ``x`` computed anew (a copy of the curve: an empty memo)."""
+    return Curve(c.axes, c.grid, c.values)(x)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=6, unique=True),
+       st.lists(st.floats(-1.0, 1.0, allow_nan=False), min_size=6, max_size=6),
+       st.lists(st.one_of(st.integers(-5, 300), st.floats(allow_nan=True, allow_infinity=True),
+                          st.sampled_from([0.0, -0.0])), min_size=1, max_size=30))
+def test_a_one_axis_curve_remembers_the_values_it_computes(nodes, values, xs):
+    """The memo of a one-axis curve gives, for every point asked again (ints, floats, -0.0, NaN,
+    infinities), the float the computation gives (compared as bits: NaN with NaN)."""
+    nodes.sort()
+    c = Curve(["num_reqs"], [nodes], values[:len(nodes)])
+    for x in xs + xs:  # each point twice: the second from the memo
+        got, want = c(x), _fresh(c, x)
+        assert got == want or (math.isnan(got) and math.isnan(want))
+        assert math.copysign(1.0, got) == math.copysign(1.0, want)

@@ -8,13 +8,17 @@ the simulator reports as extrapolated steps. Fitting curves to samples is calibr
 (:mod:`calibrate.fit`).
 
 Evaluation is pure Python (bisect on short lists): the simulator calls a curve several times
-per simulated step, where numpy's per-call overhead would dominate.
+per simulated step, where numpy's per-call overhead would dominate. A one-axis curve keeps the
+values it has computed (up to :data:`MEMO_SIZE` points): the loops ask for the same batch sizes
+step after step, and a value looked up is the float the computation gives.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Sequence
+
+MEMO_SIZE = 4096  # one-axis values a curve keeps (batch sizes: a few hundred distinct at most)
 
 
 def _segment(nodes: Sequence[float], x: float) -> tuple[int, float]:
@@ -46,22 +50,30 @@ class Curve:
             self.values = tuple(tuple(float(v) for v in row) for row in values_s)
         self.lo = tuple(g[0] for g in self.grid)
         self.hi = tuple(g[-1] for g in self.grid)
+        self._memo: dict[float, float] | None = {} if len(self.axes) == 1 else None  # x -> value
 
     def __call__(self, *x: float) -> float:
         """The curve at ``x`` (one value per axis), in seconds, >= 0."""
-        if len(self.axes) == 1:
+        memo = self._memo
+        if memo is not None:
+            y = memo.get(x[0])
+            if y is not None:
+                return y
             i, t = _segment(self.grid[0], x[0])
             v = self.values
             y = v[i] if len(v) == 1 else v[i] + t * (v[i + 1] - v[i])
-        else:
-            i, t = _segment(self.grid[0], x[0])
-            j, u = _segment(self.grid[1], x[1])
-            v = self.values
-            i1 = i + 1 if len(v) > 1 else i
-            j1 = j + 1 if len(v[0]) > 1 else j
-            a = v[i][j] + u * (v[i][j1] - v[i][j])
-            b = v[i1][j] + u * (v[i1][j1] - v[i1][j])
-            y = a + t * (b - a)
+            y = y if y > 0.0 else 0.0
+            if len(memo) < MEMO_SIZE:
+                memo[x[0]] = y
+            return y
+        i, t = _segment(self.grid[0], x[0])
+        j, u = _segment(self.grid[1], x[1])
+        v = self.values
+        i1 = i + 1 if len(v) > 1 else i
+        j1 = j + 1 if len(v[0]) > 1 else j
+        a = v[i][j] + u * (v[i][j1] - v[i][j])
+        b = v[i1][j] + u * (v[i1][j1] - v[i1][j])
+        y = a + t * (b - a)
         return y if y > 0.0 else 0.0
 
     def along(self, x0: float, x1):

@@ -224,6 +224,7 @@ class VllmProfileCosts:
         self._hull_forward = h["vllm.forward"]
         self._hull_verify = h.get("vllm.spec_forward")
         self._hull_phases = tuple(h[f"vllm.{name}"] for name in PHASES if name != "add_request")
+        self._phases_memo: dict[int, float] = {}  # num_reqs -> the phases' distance from the data
 
     @property
     def extrapolated_steps(self) -> int:
@@ -312,8 +313,11 @@ class VllmProfileCosts:
         return curve(num_tokens, ctx) * self.gpu_scale
 
     def _phases_distance(self, num_reqs: int) -> float:
-        # add_request is priced per drained request, not at the step's num_reqs
-        return max(distance(h, num_reqs) for h in self._hull_phases)
+        # add_request is priced per drained request, not at the step's num_reqs; kept per batch size
+        d = self._phases_memo.get(num_reqs)
+        if d is None:
+            d = self._phases_memo[num_reqs] = max(distance(h, num_reqs) for h in self._hull_phases)
+        return d
 
     def describe(self) -> dict:
         m = self.profile["metadata"]

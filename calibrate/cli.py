@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from calibrate.errors import CalibrationInputError
+from sim.commands import output_path
 
 HELP = "time a real model and the scheduler's bookkeeping on this device; write a calibration profile"
 
@@ -47,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(SGLang's scheduler in-process, or the vLLM server under both settings; decode batches "
                         "1-256, contexts to 8k, prefills to 8k tokens; minutes on any host) and write a host-costs "
                         "file for overlap-sim compose")
-    p.add_argument("--work", type=Path, default=None, metavar="DIR",
+    p.add_argument("--work", type=output_path, default=None, metavar="DIR",
                    help="with --engine: where the engine's runs are kept (resume); default results/calibrate-<engine>/")
     p.add_argument("--sessions", type=int, default=None, metavar="N",
                    help="with --engine: N runs per setting (vLLM: server sessions; SGLang: in-process runs), in an "
@@ -107,7 +108,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "llama-3.1-8b, qwen3-0.6b, qwen3-8b (default tiny)")
     for name in ("layers", "hidden", "heads", "kv-heads", "vocab", "intermediate", "head-dim"):
         p.add_argument(f"--{name}", type=int, default=None, metavar="N", help=f"override the shape's {name}")
-    p.add_argument("--out", type=Path, required=True,
+    p.add_argument("--out", type=output_path, required=True,
                    help="profile file to write (JSON); the raw samples go to <out>.samples.jsonl while measuring "
                         "(a rerun resumes from it; removed once the profile is written)")
     p.add_argument("--quick", action="store_true", help="a 3x3 grid with few repeats (seconds on a CPU)")
@@ -196,6 +197,26 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise CalibrationInputError(flag, "", f"expected integers from {low} to {MAX_GRID_VALUE} (got {bad[0]})")
 
 
+# what only the framework calibration (--backend/--device) reads: with --engine they would be passed over
+FRAMEWORK_ONLY = {"dry_run": False, "fresh": False, "backend": None, "device": None, "dtype": None, "threads": None,
+                  "no_cuda_graph": False, "device_memory_gib": None, "warmup": None, "bookkeeping_batch_sizes": None,
+                  "quick": False, "card": None, "model": "tiny", "seed": 0, "note": "", "layers": None, "hidden": None,
+                  "heads": None, "kv_heads": None, "vocab": None, "intermediate": None, "head_dim": None}
+
+
+def _refuse_framework_flags(args: argparse.Namespace) -> None:
+    """With ``--engine``, a flag of the framework calibration (``FRAMEWORK_ONLY``) is refused: the
+    engine's calibration would start without it (``--dry-run`` would run for real).
+
+    Raises:
+        CalibrationInputError: the first such flag given, by name.
+    """
+    for name, default in FRAMEWORK_ONLY.items():
+        if getattr(args, name, default) != default:
+            raise CalibrationInputError("--" + name.replace("_", "-"), "", f"not with --engine {args.engine} (only for "
+                                        "the framework calibration with --backend/--device)")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the calibration the arguments describe; print a summary. Returns 0."""
     from rich.console import Console
@@ -252,6 +273,8 @@ def run(args: argparse.Namespace) -> int:
         check_feature_client_nice(args.feature_client_nice)
     if args.host_only and not args.engine:
         raise CalibrationInputError("--host-only", "", "only with --engine sglang or --engine vllm")
+    if args.engine:
+        _refuse_framework_flags(args)
     if args.host_only and args.engine == "vllm":
         from calibrate.host.vllm import run_host_calibration
 

@@ -16,8 +16,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from sim.commands import COMMANDS, OneLineParser, UsageError, add_no_leap_argument, apply_no_leap, command
-from sim.errors import EXIT_BAD_INPUT, EXIT_EXTERNAL_FAILED, EXIT_RUN_FAILED, ExternalRunError, UserInputError
+from sim.commands import COMMANDS, OneLineParser, UsageError, add_no_leap_argument, apply_no_leap, command, output_path
+from sim.errors import (EXIT_BAD_INPUT, EXIT_EXTERNAL_FAILED, EXIT_INTERRUPTED, EXIT_RUN_FAILED, ExternalRunError,
+                        UserInputError)
 
 # modules whose import registers more subcommands with @command (sim.commands); named, not
 # imported, here: calibration's commands load only when the parser is built, and importing sim
@@ -52,7 +53,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario field, e.g. workload.concurrency=16 (repeatable; a relative "
                         "costs.profile or workload.trace path is taken from the working directory)")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=output_path, default=None,
                    help="results folder (default results/<scenario name>/, or results/<scenario name>-<the --set "
                         "overrides>/ with --set, so variants do not overwrite each other)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
@@ -61,7 +62,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                         "of CSV's time, half its size; pandas.read_parquet) or csv")
     p.add_argument("--tables", choices=["steps", "summary", "none"], default="steps",
                    help="tables kept: steps (all, exact metrics), summary (per-request only; streamed metrics), "
-                        "none (no tables; memory bounded by requests in flight)")
+                        "none (no tables; memory: the requests in flight and the workload drawn up front, about 100 "
+                        "bytes a request)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     add_no_leap_argument(p)
     p.add_argument("--no-range", action="store_true",
@@ -125,8 +127,8 @@ def run_failures(summaries: dict[str, dict]) -> list[str]:
 @command("run", "simulate a scenario under each scheduling setting and compare them", _add_run_args)
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.atomic import check_output_dir
-    from sim.output.report import (clean_run_folder, composed_note, device_mismatch, load_warnings, print_table,
-                                   profile_metadata, reimplementation_warning, run_payload, run_title, write_results)
+    from sim.output.report import (composed_note, device_mismatch, load_warnings, print_table, profile_metadata,
+                                   reimplementation_warning, run_payload, run_title, staged_folder, write_results)
     from sim.scenario import load_scenario
     from sim.simulate import simulate
     from sim.whatif.verdict import check_run_cv, resolve_run_cv, verdict, verdict_platform_note
@@ -150,13 +152,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     warnings = load_warnings(scenario)
     if warnings:
         payload["warnings"] = warnings
-    clean_run_folder(out_dir)
-    write_results(out_dir, payload, results, args.format, args.tables)
-    if not args.no_plots and args.tables == "steps":
-        from sim.output.plots import save_run_plots  # matplotlib only when plots are drawn
+    with staged_folder(out_dir) as stage:  # the folder holds the old run or the new one, never a mix
+        write_results(stage, payload, results, args.format, args.tables)
+        if not args.no_plots and args.tables == "steps":
+            from sim.output.plots import save_run_plots  # matplotlib only when plots are drawn
 
-        save_run_plots(out_dir, scenario.name, {r.setting: r.steps for r in results}, summaries,
-                       {r.setting: r.requests for r in results}, device=scenario.server.device)
+            save_run_plots(stage, scenario.name, {r.setting: r.steps for r in results}, summaries,
+                           {r.setting: r.requests for r in results}, device=scenario.server.device)
     # what the table's reader is warned of: the same lines in --json's "warnings"
     before = [line for line in (device_mismatch(scenario.server.device, meta), reimplementation_warning(meta))
               if line] + list(warnings)
@@ -193,7 +195,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         epilog="Exit status: 0 done; 2 bad input (one line on stderr naming the file or flag and the field, "
                "nothing written); 3 'run' finished but a setting's server died or all its requests failed; 4 a "
                "real engine the command started (calibrate, validate, conform) failed or timed out (one line "
-               "naming its log).")
+               "naming its log); 130 interrupted (a run folder keeps the earlier run's files; sweeps and "
+               "calibrations resume).")
     only = command if command in OWN_COMMANDS else None
     if only is None:
         for module in COMMAND_MODULES:
@@ -209,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point. Returns the exit status (0 ok, 2 bad input, 3 a run whose server died or
     whose requests all failed)."""
     argv = sys.argv[1:] if argv is None else argv
+    for name in ("stdout", "stderr"):  # a closed stream (`>&-`): what would be printed goes nowhere
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))
     parser = build_parser(argv[0] if argv else None)
     try:
         args = parser.parse_args(argv)
@@ -223,14 +229,33 @@ def main(argv: list[str] | None = None) -> int:
     except ExternalRunError as err:  # a real engine the command started failed: its log says why
         print(f"overlap-sim: error: {' '.join(str(err).split())}", file=sys.stderr)
         return EXIT_EXTERNAL_FAILED
+    except KeyboardInterrupt:  # Ctrl-C: finished work is kept (run folders, sweep points, calibration samples)
+        print("overlap-sim: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader went away (`| head`): what was written stays, no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except UnicodeEncodeError as err:  # printing to a terminal or file whose encoding lacks a character
+        _quiet_stdout()
+        print(f"overlap-sim: error: standard output cannot encode {err.object[err.start:err.end]!r} in "
+              f"{err.encoding} (set PYTHONIOENCODING=utf-8); the results files are written", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except OSError as err:  # a file the system refused past the up-front checks (writes go through atomic_path)
-        if getattr(err, "filename", None) is None:
-            raise
+        if getattr(err, "filename", None) is None:  # writing to standard output failed (a full disk: > /dev/full)
+            _quiet_stdout()
+            print(f"overlap-sim: error: writing to standard output: {err.strerror or type(err).__name__}",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT
         print(f"overlap-sim: error: {err.filename}: {err.strerror or type(err).__name__}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def _quiet_stdout() -> None:
+    """Standard output failed: send what is left in it (and its flush at exit) to the null device."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        sys.stdout = open(os.devnull, "w")
 
 
 if __name__ == "__main__":  # pragma: no cover

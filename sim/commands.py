@@ -9,6 +9,7 @@ It lives apart from :mod:`sim.cli` so that a command module anywhere in the tree
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Callable, NoReturn
 
 # "0" in the environment: every sim.simulate.simulate steps through its event loop (--no-leap)
@@ -91,3 +92,16 @@ def apply_no_leap(args: argparse.Namespace) -> None:
         import os
 
         os.environ[LEAP_ENV] = "0"
+
+
+def output_path(value: str) -> Path:
+    """The ``type`` of a command's output path argument (``--out``, ``--work``): refuses an empty
+    one, which ``Path`` would read as the current folder (a command would fill it, and a rerun
+    clean its run files there).
+
+    Raises:
+        argparse.ArgumentTypeError: ``value`` is empty or blank (argparse names the flag).
+    """
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an empty path (it would be the current folder); name a file or folder")
+    return Path(value)

@@ -4,12 +4,14 @@ Exit statuses of ``overlap-sim``: 0 done; 2 bad input (one line on stderr, nothi
 3 ``run`` finished but a setting failed: its server died or none of its measured requests
 completed (the results are written and the table says which); 4 a real engine (or another
 program) the command started failed or timed out (one line on stderr naming its log; the runs
-finished before it are kept, a rerun reuses them).
+finished before it are kept, a rerun reuses them); 130 interrupted (Ctrl-C: one line; a ``run``
+folder keeps the earlier run's files, sweeps and calibrations keep what finished and resume).
 """
 
 from __future__ import annotations
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_RUN_FAILED, EXIT_EXTERNAL_FAILED = 0, 2, 3, 4
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
 class ExternalRunError(RuntimeError):

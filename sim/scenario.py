@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import difflib
 import re
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional, Union
 
@@ -64,13 +65,21 @@ def _load_yaml(text: str) -> Any:
     message) as ever.
 
     Raises:
-        yaml.YAMLError: not valid YAML, or a mapping that repeats a key."""
-    if _FAST_LOADER is not None:
-        try:
-            return yaml.load(text, Loader=_FAST_LOADER)
-        except yaml.YAMLError:
-            pass
-    return yaml.load(text, Loader=_LOADER)
+        yaml.YAMLError: not valid YAML, a mapping that repeats a key, or (:class:`NumberTooLong`)
+            an integer of more digits than Python converts (``sys.get_int_max_str_digits``)."""
+    try:
+        if _FAST_LOADER is not None:
+            try:
+                return yaml.load(text, Loader=_FAST_LOADER)
+            except yaml.YAMLError:
+                pass
+        return yaml.load(text, Loader=_LOADER)
+    except ValueError as err:  # int("9" * 5000): Python's limit on converting long digit strings
+        raise NumberTooLong(f"a number too long to read ({err})") from None
+
+
+class NumberTooLong(yaml.YAMLError):
+    """An integer in the YAML text has more digits than Python converts."""
 
 
 def _engine_of(value) -> str | None:
@@ -110,7 +119,28 @@ class Scenario(StrictModel):
         # the default results folder is results/<name>/: a plain folder name, no path in it
         if name in (".", "..") or any(c in name for c in "/\\\x00"):
             raise ValueError(f"a plain name, no path (it names the folder results/<name>/; got {name!r})")
+        if not name.isprintable() or name != name.strip():
+            raise ValueError(f"a plain name without control characters or surrounding spaces (it names the folder "
+                             f"results/<name>/; got {name!r})")
         return name
+
+    @model_validator(mode="after")
+    def _costs_the_engine_reads(self):
+        """A cost field the scenario's engine does not read (its server's ``UNREAD_COSTS``) is
+        refused when given another value than its default: it would change nothing."""
+        defaults = Costs()
+        for key in getattr(self.server, "UNREAD_COSTS", ()):
+            given, default = self.costs, defaults
+            for part in key.split("."):
+                given, default = getattr(given, part), getattr(default, part)
+            if isinstance(given, BaseModel):  # a section (gil): the first of its fields given
+                key, given, default = next(((f"{key}.{name}", getattr(given, name), getattr(default, name))
+                                            for name in type(given).model_fields
+                                            if getattr(given, name) != getattr(default, name)), (key, None, None))
+            if given != default:
+                raise ValueError(f"costs.{key}: an SGLang loop's cost, which {self.server.engine}'s loops do not read "
+                                 f"(given {given!r}; leave it at its default {default!r})")
+        return self
 
     @model_validator(mode="after")
     def _fits_the_pool(self):
@@ -160,16 +190,23 @@ def apply_overrides(raw: dict, overrides: list[str], flag: str = "--set") -> Non
     A relative path given to one of :data:`PATH_KEYS` is made absolute from the working directory.
 
     Raises:
-        ScenarioError: an override without ``=``, or a path through a non-mapping (blamed on
-            ``flag``, e.g. ``--set``).
+        ScenarioError: an override without ``=``, a key given twice (one would silently win), or
+            a path through a non-mapping (blamed on ``flag``, e.g. ``--set``).
     """
+    seen: set[str] = set()
     for item in overrides:
         key, sep, text = item.partition("=")
         key = key.strip()
         if not sep or not key:
             raise ScenarioError(f"{flag} {item}", "", "expected KEY.PATH=VALUE")
+        if key in seen:
+            raise ScenarioError(f"{flag} {item}", key, f"given twice (each {flag} key once)")
+        seen.add(key)
         try:
             value = _load_yaml(text)
+        except NumberTooLong:
+            raise ScenarioError(f"{flag} {key}", key, f"a number of more than {sys.get_int_max_str_digits():,} "
+                                "digits") from None
         except yaml.YAMLError:
             value = text
         if key in PATH_KEYS and isinstance(value, str) and value:
@@ -324,9 +361,14 @@ def load_scenario(path_or_dict: Union[str, Path, dict, Scenario], overrides: Opt
             the message names the file and the field; ``path_or_dict`` or ``overrides`` of
             another type.
     """
-    if isinstance(overrides, (str, bytes)) or not all(isinstance(o, str) for o in (overrides or [])):
+    if isinstance(overrides, (str, bytes)):
         raise ScenarioError("overrides", "", f"a list of KEY.PATH=VALUE strings (got {overrides!r})")
-    overrides = list(overrides or [])
+    try:
+        overrides = list(overrides or [])  # an iterator once: checked and used as a list
+    except TypeError:
+        raise ScenarioError("overrides", "", f"a list of KEY.PATH=VALUE strings (got {overrides!r})") from None
+    if not all(isinstance(o, str) for o in overrides):
+        raise ScenarioError("overrides", "", f"a list of KEY.PATH=VALUE strings (got {overrides!r})")
     if not isinstance(path_or_dict, (str, Path, dict, Scenario)):
         raise ScenarioError(repr(path_or_dict)[:60], "", "a scenario: a YAML file's path, a dict or a Scenario "
                                                          f"(got a {type(path_or_dict).__name__})")

@@ -82,3 +82,18 @@ def test_what_it_cannot_answer_is_one_line(run_cli, tmp_path, argv, flag):
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and flag in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_users_own_files_in_the_folder_are_not_replaced(run_cli, tmp_path):
+    """ask writes scenario.yaml and profile.json: into a folder where they are the user's own it
+    refuses (one line, nothing written); over an earlier ask's it goes on."""
+    args = ["ask", "--card", "l4", "--model", "llama-3.2-1b", "--concurrency", "8", "--input-len", "512",
+            "--output-len", "32", "--no-plots", "--out"]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "profile.json").write_text("MINE\n")
+    code, _out, err = run_cli([*args, mine])
+    assert code == 2 and "profile.json was not written by ask" in err and err.strip().count("\n") == 0
+    assert (mine / "profile.json").read_text() == "MINE\n" and sorted(p.name for p in mine.iterdir()) == ["profile.json"]
+    again = tmp_path / "again"
+    assert run_cli([*args, again])[0] == 0 and run_cli([*args, again])[0] == 0

@@ -305,9 +305,22 @@ SETS = [
     ("section-to-number", "workload=3", ["--set workload=3", "workload"]),
     ("profile-missing", "costs.profile=nope.json", ["--set costs.profile=nope.json", "costs.profile", "nope.json"]),
     ("pool-too-small", "server.kv_pool_tokens=8", ["--set server.kv_pool_tokens=8", "every request would fail"]),
+    ("number-too-long", "workload.concurrency=" + "9" * 5000, ["--set workload.concurrency", "more than 4,300 digits"]),
 ]
 for _id, _item, _words in SETS:
     case(f"set-{_id}")(lambda ctx, i=_item, w=_words: (["run", ctx.scenario(), "--set", i, "--out", ctx.out], w))
+
+
+for _field, _value in (("workload.ignore_eos", "yes"), ("workload.warmup_before_benchmark", "no"),
+                       ("workload.ignore_eos", 1)):
+    case(f"run-switch-{_field}-{_value}")(lambda ctx, f=_field, v=_value: run_scenario(ctx, {f: v}, f, "true or false"))
+case("run-name-newline")(lambda ctx: run_scenario(ctx, {"name": "a\nb"}, "name", "control characters"))
+
+
+@case("set-key-twice")
+def _(ctx):
+    return (["run", ctx.scenario(), "--set", "workload.concurrency=1", "--set", "workload.concurrency=2", "--out",
+             ctx.out], ["--set workload.concurrency=2", "given twice"])
 
 
 @case("set-makes-the-file-inconsistent")
@@ -509,6 +522,8 @@ SWEEPS = [
     ("scheduler-without-dask", ["--scheduler", "tcp://h:8786"], ["--scheduler", "--executor dask"]),
     ("executor-unknown", ["--executor", "slurm"], ["--executor", "invalid choice"]),
     ("set-bad", ["--set", "costs.noise.gpu_cv=-0.1"], ["--set costs.noise.gpu_cv=-0.1", "costs.noise.gpu_cv"]),
+    ("grid-and-set-one-key", ["--grid", "workload.concurrency=1,2", "--set", "workload.concurrency=4"],
+     ["--grid workload.concurrency", "also given with --set"]),
     ("variance-cv-nan", ["--set", "costs.noise.run_gpu_cv=.nan", "--repeats", "3"],
      ["--set costs.noise.run_gpu_cv=.nan", "finite"]),
     ("variance-cv-huge", ["--grid", "costs.noise.run_cpu_cv=0,1e300", "--repeats", "3"],

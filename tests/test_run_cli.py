@@ -207,3 +207,58 @@ def test_run_json_carries_every_warning_the_table_prints(tmp_path, capsys):
     assert table and payload["warnings"] == table
     saved = json.loads((tmp_path / "j" / "summary.json").read_text())
     assert set(saved["warnings"]) <= set(payload["warnings"])
+
+
+def test_an_interrupted_run_leaves_the_folder_as_it_was(tmp_path, capsys, monkeypatch):
+    """Ctrl-C while the plots are drawn: one line, exit 130, and the folder still holds the earlier
+    run's files, every one of them (no new table beside an old plot, no staging folder left)."""
+    out = tmp_path / "out"
+    args = ["run", str(QUICKSTART), "--set", "workload.num_requests=16", "--no-range", "--out", str(out)]
+    assert main(args) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    import sim.output.plots
+
+    monkeypatch.setattr(sim.output.plots, "save_run_plots", interrupted)
+    assert main([*args[:3], "workload.num_requests=24", *args[4:]]) == 130
+    assert capsys.readouterr().err.strip() == "overlap-sim: interrupted"
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    fresh = tmp_path / "fresh"  # a folder the interrupted run made is removed with it
+    assert main([*args[:-1], str(fresh)]) == 130 and not fresh.exists()
+
+
+def test_an_empty_out_is_refused_and_a_failing_stdout_is_one_line(tmp_path, capsys):
+    """``--out ''`` would be the current folder: refused by name. Standard output closed, full or
+    unable to encode the table: the results are written, one line says why the table is not."""
+    import subprocess
+    import sys
+
+    assert main(["run", str(QUICKSTART), "--out", ""]) == 2
+    assert "argument --out: an empty path" in capsys.readouterr().err
+    root = Path(__file__).resolve().parents[1]
+    base = (f"{sys.executable} -m sim.cli run {QUICKSTART} --no-plots --no-range --set workload.num_requests=16 "
+            f"--out {tmp_path / 'out'}")
+    env = {**__import__("os").environ, "PYTHONPATH": str(root)}
+    for redirect, code, words in ((">&-", 0, ""), ("> /dev/full", 2, "writing to standard output"),
+                                  ("--set name=caf\u00e9 > /dev/null", 2, "cannot encode")):
+        got = subprocess.run(["bash", "-c", f"{base} {redirect}"], cwd=root, capture_output=True, text=True,
+                             timeout=300, env={**env, "PYTHONIOENCODING": "ascii"} if "caf" in redirect else env)
+        assert got.returncode == code and "Traceback" not in got.stderr, (redirect, got.stderr)
+        assert words in got.stderr and got.stderr.count("\n") <= 1
+
+
+def test_a_cached_prefix_that_can_outgrow_its_prompt_is_warned_of():
+    """A fixed cached_len at the prompt's length, and a distribution that can draw one past the
+    shortest prompt: each is cut to the prompt less one token, and the run says so."""
+    import sim
+    from sim.output.report import load_warnings
+
+    fixed = sim.load_scenario(QUICKSTART, ["workload.cached_len=512"])
+    assert any("cached_len 512 >= input_len 512" in w for w in load_warnings(fixed))
+    drawn = sim.load_scenario(QUICKSTART, ["workload.cached_len={dist: choice, values: [0, 600]}"])
+    assert any("cached_len can draw 600, at or above the shortest input_len 512" in w for w in load_warnings(drawn))
+    assert not any("cached_len" in w for w in load_warnings(sim.load_scenario(QUICKSTART)))

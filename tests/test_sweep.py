@@ -110,6 +110,25 @@ def test_resume_skips_saved_points_and_grows_the_grid(tmp_path):
     pd.testing.assert_frame_equal(grown[grown["costs.cpu.scale"] != 4].reset_index(drop=True), first)
 
 
+def test_a_file_changed_in_place_is_run_again_on_resume(tmp_path):
+    """A resumed sweep reuses a saved point only if the profile and trace it reads are the ones it
+    was run with: a trace edited in place (the same path) runs the points again."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"arrival_s": 0.0, "input_len": 8, "output_len": 20}) + "\n" for _ in range(4)))
+    spec = {**CLOSED, "workload": {**CLOSED["workload"], "trace": str(trace)}}
+    del spec["workload"]["output_len"], spec["workload"]["input_len"]
+    out = tmp_path / "sweep"
+    first = sweep(spec, {"costs.cpu.scale": [1, 2]}, out=out, workers=1)
+    progress = []
+    sweep(spec, {"costs.cpu.scale": [1, 2]}, out=out, workers=1, on_progress=lambda d, t: progress.append(d))
+    assert progress[0] == 2  # unchanged: both points taken from the store
+    trace.write_text("".join(json.dumps({"arrival_s": 0.0, "input_len": 8, "output_len": 40}) + "\n" for _ in range(4)))
+    progress.clear()
+    again = sweep(spec, {"costs.cpu.scale": [1, 2]}, out=out, workers=1, on_progress=lambda d, t: progress.append(d))
+    assert progress[0] == 0  # edited: both run again
+    assert (again["total_output_tokens"] == 2 * first["total_output_tokens"]).all()
+
+
 def test_corrupt_point_file_is_rerun(tmp_path):
     sweep(NOISY, {"costs.cpu.scale": [1]}, out=tmp_path, workers=1)
     (path,) = (tmp_path / "points").glob("*.json")
@@ -252,3 +271,11 @@ def test_the_python_apis_wrong_types_name_what_is_wrong():
         sim.simulate(QUICKSTART, ["overlap"])
     with pytest.raises(ValueError, match="leap"):
         sim.simulate(QUICKSTART, "overlap", leap="no")
+    # an iterator of overrides is read once (it was used up by the type check and dropped)
+    assert sim.load_scenario(QUICKSTART, iter(["workload.concurrency=1"])).workload.concurrency == 1
+    # sweep from Python refuses what the command line refuses
+    for kwargs, words in (({"grid": {"workload.concurrency": [8, 8]}}, "given twice"),
+                          ({"grid": {"workload.concurrency": [8]}, "out": 5}, "--out"),
+                          ({"grid": {"workload.concurrency": [8]}, "scheduler": "tcp://h:1"}, "executor")):
+        with pytest.raises(UserInputError, match=words):
+            sweep(QUICKSTART, **kwargs)

@@ -36,6 +36,7 @@ def write(tmp_path: Path, data: dict) -> Path:
     ({"engine": "vllm", "num_gpu_blocks": 64, "block_size": 16}, "server.num_gpu_blocks", "refuses to start"),
     ({"engine": "vllm", "long_prefill_token_threshold": 9000}, "server.long_prefill_token_threshold", "max_model_len"),
     ({"engine": "vllm", "max_model_len": 256}, "server.max_model_len", "every request would fail"),
+    ({"engine": "vllm", "block_size": 10**9}, "server.block_size", "larger than max_model_len 8192"),
 ])
 def test_bad_vllm_server_one_line_exit_2(tmp_path, capsys, server, field, words):
     path = write(tmp_path, {"name": "v", "workload": {"input_len": 512}, "server": server})
@@ -118,3 +119,18 @@ def test_outputs_beyond_max_model_len_are_said_to_stop_there():
     assert len(lines) == 1 and "server.max_model_len" in lines[0] and "vLLM stops a request at max_model_len" in lines[0]
     assert not [w for w in load_warnings(sim.load_scenario(ROOT / "scenarios" / "vllm-h200.yaml"))
                 if "input_len + output_len" in w]
+
+
+@pytest.mark.parametrize("costs,field", [
+    ({"cpu": {"after_wait_scale": 1000}}, "costs.cpu.after_wait_scale"),
+    ({"gil": {"ops_per_forward": 500}}, "costs.gil.ops_per_forward"),
+    ({"gpu": {"sync_latency": 0.001}}, "costs.gpu.sync_latency"),
+    ({"gpu": {"overlap_residue": 0.0}}, "costs.gpu.overlap_residue"),
+])
+def test_sglang_only_costs_are_refused_on_vllm(tmp_path, capsys, costs, field):
+    """Costs of SGLang's loops that vLLM's loops do not read: given, they would change nothing."""
+    path = write(tmp_path, {"name": "v", "server": {"engine": "vllm"}, "costs": costs})
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f": {field}: an SGLang loop's cost" in err, err
+    assert not (tmp_path / "out").exists()

@@ -35,6 +35,7 @@ import copy
 import math
 from pathlib import Path
 
+from sim.commands import output_path
 from sim.errors import ProfileError
 
 DEVICE_CURVES = ("forward.decode", "forward.extend", "submit.decode", "submit.extend")
@@ -313,7 +314,7 @@ def add_arguments(p) -> None:
                    "part of the launch (calibrate --backend torch/mlx, --from-trace, or transfer)")
     p.add_argument("host", type=Path, metavar="HOST", help="a host-costs file (calibrate --engine sglang --host-only), "
                    "or a vLLM profile (calibrate --engine vllm) for a vLLM profile of the card")
-    p.add_argument("--out", type=Path, required=True, help="the composed profile (JSON)")
+    p.add_argument("--out", type=output_path, required=True, help="the composed profile (JSON)")
     p.add_argument("--host-speed", type=float, default=None, metavar="X",
                    help="the device host's single-thread speed over the host file's (2: its phases take half the "
                         "time); default: from the two files' yardsticks (calibrate.host.yardstick)")

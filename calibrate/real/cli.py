@@ -21,7 +21,7 @@ from pathlib import Path
 from calibrate.errors import CalibrationInputError
 from calibrate.real.vllm.speculative import check_config
 from sim.atomic import check_output_dir
-from sim.commands import command
+from sim.commands import command, output_path
 
 CONFORM_HELP = "run the same requests through a real engine's scheduler and the simulator's policy; compare the batches"
 
@@ -40,7 +40,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     """Flags shared by the real-engine commands."""
     p.add_argument("--engine-python", type=Path, default=None, metavar="PATH",
                    help="the engine environment's python (default: $OVERLAP_SIM_<ENGINE>_PYTHON, else .venvs/<engine>/bin/python)")
-    p.add_argument("--work", type=Path, default=None, metavar="DIR",
+    p.add_argument("--work", type=output_path, default=None, metavar="DIR",
                    help="where runs of the real engine are kept (resume); default results/<command>-<engine>/")
 
 
@@ -148,7 +148,7 @@ def _calibrate_vllm(args: argparse.Namespace) -> int:
 def add_conform_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=["sglang"], default="sglang", help="the real engine (default sglang)")
     p.add_argument("--only", action="append", default=[], metavar="NAME", help="run only these workloads (repeatable)")
-    p.add_argument("--out", type=Path, default=None, help="report file (default <work>/conformance.json)")
+    p.add_argument("--out", type=output_path, default=None, help="report file (default <work>/conformance.json)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     add_engine_arguments(p)
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from calibrate.errors import CalibrationInputError
-from sim.commands import command
+from sim.commands import command, output_path
 
 HELP = "score the simulator against a real serving loop (the ground-truth harness) on this device"
 
@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "default grid)")
     p.add_argument("--profile", type=Path, default=None,
                    help="use this calibration profile for every configuration and setting instead of calibrating")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=output_path, default=None,
                    help="results folder (default results/validate-<backend>-<device>/): cases/<name>.json (one per "
                         "finished configuration, reused on a rerun), profiles/, validation.csv, validation.json, "
                         "validation.png; with --engine: results/validate-<engine>/ (sessions/, validation.json)")

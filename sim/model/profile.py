@@ -107,6 +107,11 @@ EXTEND_AXES = ("prefix", "attended")
 TIME_METADATA = ("sync_latency_s", "device_gap_s")
 MAX_STEP_S = 3600.0  # no phase or forward of one step takes an hour: a larger time is a corrupt value
 MIN_FORWARD_S = 1.0e-9  # a forward takes at least this long (else simulated time would not advance)
+# a curve's or a sample's coordinate (requests, tokens of a step or a context) is at most the
+# largest KV pool a scenario may give (sim.model.schema.MAX_POOL_TOKENS): a larger one is a
+# corrupt value (10**400 would not even convert to a float)
+MAX_COORDINATE = 10**12
+MAX_PARALLEL_SIZE = 1024  # a profile's tensor-parallel size: at most the largest a scenario may ask for
 
 
 _READ_ONLY: dict[tuple, dict] = {}  # load_profile_read_only's profiles, by file version
@@ -156,27 +161,90 @@ def load_profile(path: str | Path, curves: CurveTable = SGLANG_CURVES) -> dict:
     except (OSError, UnicodeDecodeError) as err:
         raise ProfileError(source, "", f"cannot read the file ({err})") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=unique_keys)
+    except DuplicateKeyError as err:
+        raise ProfileError(source, duplicate_key_path(text, err.key), "given twice in one JSON object (JSON "
+                           "would keep the last in silence): the file is corrupt or hand-merged") from None
     except json.JSONDecodeError as err:
         raise ProfileError(source, "", f"not valid JSON (line {err.lineno}: {err.msg}); "
                            "the file is corrupt or truncated") from None
+    except ValueError as err:  # an integer of more than 4,300 digits (int_max_str_digits)
+        raise ProfileError(source, "", f"not readable JSON ({err}); the file is corrupt") from None
     except RecursionError:
         raise ProfileError(source, "", "JSON nested too deeply to read: not a profile") from None
     validate_profile(data, source, curves)
     return data
 
 
+class DuplicateKeyError(ValueError):
+    """A JSON object that gives one key twice (:func:`unique_keys`); ``key`` is that key."""
+
+    def __init__(self, key: str):
+        super().__init__(f"key {key!r} given twice in one object")
+        self.key = key
+
+
+def unique_keys(pairs: list) -> dict:
+    """``object_pairs_hook`` of :func:`json.loads` that refuses an object giving one key twice
+    (plain ``json.loads`` keeps the last value in silence: a hand-merged profile or trace line
+    would be read as half of what it says). Cheap: one ``dict`` of the pairs, as ``json.loads``
+    builds anyway, and a length comparison.
+
+    Raises:
+        DuplicateKeyError: naming the first key given twice.
+    """
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKeyError(key)
+            seen.add(key)
+    return out
+
+
+def duplicate_key_path(text: str, key: str) -> str:
+    """The dotted path (``metadata.date``, ``samples[3].point.ctx``) of the first key given twice
+    in one object of the JSON ``text`` (read again, only when :func:`unique_keys` refused it);
+    ``key`` alone when it cannot be found."""
+
+    class Marked(dict):
+        twice = None
+
+    def mark(pairs):
+        out = Marked(pairs)
+        if len(out) != len(pairs):
+            seen = set()
+            out.twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+        return out
+
+    try:
+        stack = [("", json.loads(text, object_pairs_hook=mark))]
+    except (ValueError, RecursionError):  # unreadable past the key: the key alone
+        return key
+    while stack:  # depth first, in document order
+        path, node = stack.pop()
+        if isinstance(node, dict):
+            if node.twice is not None:
+                return f"{path}.{node.twice}" if path else node.twice
+            stack.extend((f"{path}.{k}" if path else k, v) for k, v in reversed(node.items()))
+        elif isinstance(node, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(node))))
+    return key
+
+
 def validate_profile(data, source: str, curves: CurveTable = SGLANG_CURVES) -> None:
     """Check a parsed profile of ``curves``' engine; raise :class:`ProfileError` naming the first
-    bad field."""
+    bad field. Every forward curve it holds (required, optional, per setting) is refused below
+    :data:`MIN_FORWARD_S` (a forward that takes no time would not advance simulated time)."""
     table, known = curves, curves.all
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ProfileError(source, "format", f"{FORMAT!r}: this is not an overlap-sim calibration profile")
     version = data.get("schema_version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise ProfileError(source, "schema_version", f"a positive integer (got {version!r})")
+        raise ProfileError(source, "schema_version", f"a positive integer (got {shown(version)})")
     if version > SCHEMA_VERSION:
-        raise ProfileError(source, "schema_version", f"at most {SCHEMA_VERSION} (got {version}): the profile "
+        raise ProfileError(source, "schema_version", f"at most {SCHEMA_VERSION} (got {shown(version)}): the profile "
                            "was written by a newer overlap-sim; upgrade to read it")
     meta = data.get("metadata")
     if not isinstance(meta, dict):
@@ -202,14 +270,11 @@ def validate_profile(data, source: str, curves: CurveTable = SGLANG_CURVES) -> N
             raise ProfileError(source, f"curves.{name}", "missing: a profile needs a curve for every forward "
                                f"kind and phase ({', '.join(table.required)})")
         _check_curve(curves[name], axes, source, f"curves.{name}")
-        if name in table.forward:
-            flat = curves[name]["values_s"] if len(axes) == 1 else [t for row in curves[name]["values_s"] for t in row]
-            if min(flat) < MIN_FORWARD_S:
-                raise ProfileError(source, f"curves.{name}.values_s", f"times >= {MIN_FORWARD_S:g} s: a forward "
-                                   f"takes time (got {min(flat)!r})")
+        _check_forward(curves[name], name, table, source, f"curves.{name}")
     for name, axes in table.optional.items():
         if name in curves:
             _check_curve(curves[name], axes, source, f"curves.{name}")
+            _check_forward(curves[name], name, table, source, f"curves.{name}")
     by_setting = data.get("setting_curves", {})
     if not isinstance(by_setting, dict):
         raise ProfileError(source, "setting_curves", "an object: setting -> curves that differ under it")
@@ -220,6 +285,7 @@ def validate_profile(data, source: str, curves: CurveTable = SGLANG_CURVES) -> N
             if name not in known:
                 raise ProfileError(source, f"setting_curves.{setting}.{name}", "a known curve name")
             _check_curve(c, known[name], source, f"setting_curves.{setting}.{name}")
+            _check_forward(c, name, table, source, f"setting_curves.{setting}.{name}")
     samples = data.get("samples")
     if not isinstance(samples, list):
         raise ProfileError(source, "samples", "a list of raw timing samples")
@@ -233,30 +299,53 @@ def validate_profile(data, source: str, curves: CurveTable = SGLANG_CURVES) -> N
         for axis in known[s["curve"]]:
             if not _is_coordinate(s["point"].get(axis)):
                 raise ProfileError(source, f"{where}.point.{axis}",
-                                   f"a finite number >= 0 (got {s['point'].get(axis)!r})")
+                                   f"a number from 0 to {MAX_COORDINATE:.0e} (got {shown(s['point'].get(axis))})")
         times = s["times_s"]
         if not _times_ok(times):  # find the first bad one, for its message
             for i, t in enumerate(times):
                 _check_time(t, source, f"{where}.times_s[{i}]")
 
 
+def _check_forward(c: dict, name: str, table: CurveTable, source: str, where: str) -> None:
+    """Refuse a forward curve of ``table`` (a checked curve) with a time below :data:`MIN_FORWARD_S`."""
+    if name not in table.forward:
+        return
+    values = c["values_s"]
+    flat = values if len(c["axes"]) == 1 else [t for row in values for t in row]
+    if min(flat) < MIN_FORWARD_S:
+        raise ProfileError(source, f"{where}.values_s", f"times >= {MIN_FORWARD_S:g} s: a forward "
+                           f"takes time (got {min(flat)!r})")
+
+
 def _is_coordinate(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    """A number (not a bool) from 0 to :data:`MAX_COORDINATE`; the comparisons come first, as a
+    NaN fails them and an integer too large for a float is compared exactly (``math.isfinite``
+    of ``10**400`` raises OverflowError)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= MAX_COORDINATE
 
 
 def _times_ok(times: list) -> bool:
     """Whether every entry of ``times`` is a finite int or float (not a bool) from 0 to
     :data:`MAX_STEP_S`: the check of :func:`_check_time` on a whole list at once (a profile holds
-    up to some 100,000 samples), without naming the bad one."""
+    up to some 100,000 samples), without naming the bad one. The bounds come before the sum: an
+    integer too large for a float fails them (compared exactly) before its sum could overflow;
+    a NaN fails them or the sum."""
     if not times:
         return True
-    return (set(map(type, times)) <= {float, int} and math.isfinite(sum(times))
-            and min(times) >= 0 and max(times) <= MAX_STEP_S)
+    return (set(map(type, times)) <= {float, int} and min(times) >= 0 and max(times) <= MAX_STEP_S
+            and math.isfinite(sum(times)))
+
+
+def shown(v) -> str:
+    """``repr(v)``, cut to 40 characters (a 400-digit integer is named, not printed)."""
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _check_time(t, source: str, field: str) -> None:
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 0 <= t <= MAX_STEP_S:
-        raise ProfileError(source, field, f"a finite time in seconds >= 0 and <= {MAX_STEP_S:g} (got {t!r})")
+    # the range first: NaN fails it, and an integer too large for a float is compared exactly
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= MAX_STEP_S or not math.isfinite(t):
+        raise ProfileError(source, field, f"a finite time in seconds >= 0 and <= {MAX_STEP_S:g} (got {shown(t)})")
 
 
 def _check_curve(c, axes: tuple[str, ...], source: str, where: str) -> None:
@@ -270,7 +359,8 @@ def _check_curve(c, axes: tuple[str, ...], source: str, where: str) -> None:
     for d, nodes in enumerate(grid):
         ok = isinstance(nodes, list) and nodes and all(_is_coordinate(v) for v in nodes)
         if not ok or any(b <= a for a, b in zip(nodes, nodes[1:])):
-            raise ProfileError(source, f"{where}.grid[{d}]", "a non-empty, strictly increasing list of numbers >= 0")
+            raise ProfileError(source, f"{where}.grid[{d}]", "a non-empty, strictly increasing list of numbers "
+                               f"from 0 to {MAX_COORDINATE:.0e}")
     values = c.get("values_s")
     if len(axes) == 1:
         if not isinstance(values, list) or len(values) != len(grid[0]):
@@ -291,14 +381,21 @@ STATISTICS = ("median", "mean")
 
 
 def profile_curves(profile: dict, statistic: str = "median", setting: str | None = None,
-                   curves: CurveTable = SGLANG_CURVES) -> dict[str, Curve]:
+                   curves: CurveTable = SGLANG_CURVES, source: str = "<profile>") -> dict[str, Curve]:
     """The evaluable :class:`Curve` of every curve of ``curves``' engine in a validated profile.
 
     ``statistic``: ``median`` (the stored curves: the median of each point's samples, robust to
     interference while calibrating) or ``mean`` (each point's raw samples averaged: the expected
     cost of a step, which time averages such as throughput follow when the costs are skewed;
     a point without raw samples keeps its median). ``setting``: the event loop simulated; its
-    ``setting_curves`` (if any) replace the base curves of the same name."""
+    ``setting_curves`` (if any) replace the base curves of the same name.
+
+    Raises:
+        ProfileError: naming ``samples[k].times_s`` of ``source`` when the mean of a forward
+            point's samples is below :data:`MIN_FORWARD_S` (the rule :func:`validate_profile`
+            holds the stored curves to, applied to the statistic the run uses: samples of 0 s
+            would price a forward at no time).
+    """
     if statistic not in STATISTICS:
         raise ValueError(f"statistic must be one of {STATISTICS} (got {statistic!r})")
     known = curves.all
@@ -307,11 +404,14 @@ def profile_curves(profile: dict, statistic: str = "median", setting: str | None
         stored[name] = (c, setting)
     means: dict[tuple, float] = {}
     if statistic == "mean":
-        for smp in profile.get("samples", []):
+        for k, smp in enumerate(profile.get("samples", [])):
             axes = known.get(smp["curve"])
             if axes and smp["times_s"]:
                 key = (smp.get("setting", ""), smp["curve"], *(float(smp["point"][a]) for a in axes))
-                means[key] = sum(smp["times_s"]) / len(smp["times_s"])
+                means[key] = mean = sum(smp["times_s"]) / len(smp["times_s"])
+                if mean < MIN_FORWARD_S and smp["curve"] in curves.forward and _at_node(stored, key):
+                    raise ProfileError(source, f"samples[{k}].times_s", f"a mean >= {MIN_FORWARD_S:g} s "
+                                       f"(costs.profile_statistic mean): a forward takes time (got {mean!r})")
     out = {}
     for name, (c, where) in stored.items():
         grid, values = c["grid"], c["values_s"]
@@ -325,23 +425,31 @@ def profile_curves(profile: dict, statistic: str = "median", setting: str | None
     return out
 
 
+def _at_node(stored: dict, key: tuple) -> bool:
+    """Whether the sample point ``key`` (setting, curve, coordinates...) is a node of the curve
+    :func:`profile_curves` uses for it (the mean of a point elsewhere prices nothing)."""
+    setting, name, *point = key
+    c, where = stored.get(name, (None, None))
+    return c is not None and where == setting and all(x in map(float, nodes) for x, nodes in zip(point, c["grid"]))
+
+
 def measured_size(profile: dict, key: str, source: str = "") -> int:
     """A parallel size a profile was measured at, ``metadata[key]`` (vLLM's
     ``tensor_parallel_size``, SGLang's ``tp_size``): 1 where the metadata does not say; a whole
     number written as a float (``2.0``) is that number.
 
     Raises:
-        ProfileError: naming ``metadata.<key>`` of ``source`` when the value is not a positive
-            whole number (a string, a bool, 0, 1.5: a profile that cannot say which size it was
-            measured at is not taken as TP 1).
+        ProfileError: naming ``metadata.<key>`` of ``source`` when the value is not a whole
+            number from 1 to :data:`MAX_PARALLEL_SIZE` (a string, a bool, 0, 1.5: a profile that
+            cannot say which size it was measured at is not taken as TP 1; 10**400: corrupt).
     """
     metadata = profile.get("metadata", {})
     size = metadata.get(key, 1) if isinstance(metadata, dict) else 1
     if isinstance(size, float) and size.is_integer():
         size = int(size)
-    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-        raise ProfileError(source, f"metadata.{key}", f"a positive whole number, the tensor-parallel size it was "
-                                                      f"measured at (got {size!r})")
+    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_PARALLEL_SIZE:
+        raise ProfileError(source, f"metadata.{key}", f"a positive whole number up to {MAX_PARALLEL_SIZE}, the "
+                                                      f"tensor-parallel size it was measured at (got {shown(size)})")
     return size
 
 

@@ -47,7 +47,8 @@ class ProfileCostModel:
         gpu_scale, cpu_scale: multipliers of the forward and of the CPU phase curves.
         overlap_residue_s: device time the FutureMap resolve adds per step under ``overlap``.
         statistic: ``median`` (the profile's curves) or ``mean`` (each point's samples averaged,
-            see :func:`sim.model.profile.profile_curves`).
+            see :func:`sim.model.profile.profile_curves`, which refuses a forward point whose
+            samples average no time).
         setting: the event loop simulated: the profile's curves for that loop (``setting_curves``)
             replace its base curves.
         sync_latency_s: from the end of a forward until the host can read its results; None:
@@ -68,7 +69,7 @@ class ProfileCostModel:
         self.reach = ReachMeter()
         self.gpu_scale, self.cpu_scale = gpu_scale, cpu_scale
         self.overlap_residue_s = overlap_residue_s * gpu_scale
-        c = self.curves = profile_curves(profile, statistic, setting)
+        c = self.curves = profile_curves(profile, statistic, setting, source=source)
         self.setting = setting
         self.statistic = statistic
         self._forward = (c["forward.extend"], c["forward.decode"])

@@ -32,34 +32,42 @@ Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS)]
 
 class StrictModel(BaseModel):
     """Unknown keys are errors; values are frozen; floats must be finite (no NaN, no infinity);
-    a number is not a bool (YAML's ``true`` for a share or a size is a mistake, not 1)."""
+    a number is not a bool (YAML's ``true`` for a share or a size is a mistake, not 1), and a
+    switch is ``true`` or ``false`` (not ``"no"``, which pydantic would read as false, nor 0 or
+    1). A number may come as text: PyYAML reads ``1e3`` as the string "1e3", which pydantic
+    converts."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
-    def _numbers_are_not_bools(cls, data):
+    def _numbers_are_numbers(cls, data):
         if isinstance(data, dict):
-            numeric = _numeric_fields(cls)
+            numeric, switches = _typed_fields(cls)
             for name, value in data.items():
-                if isinstance(value, bool) and name in numeric:
+                if name in numeric and isinstance(value, bool):
                     raise ValueError(f"{name}: a number (got {str(value).lower()})")
+                if name in switches and value is not None and not isinstance(value, bool):
+                    raise ValueError(f"{name}: true or false (got {value!r})")
         return data
 
 
-_NUMERIC: dict[type, frozenset[str]] = {}
+_TYPED: dict[type, tuple[frozenset[str], frozenset[str]]] = {}
 
 
-def _numeric_fields(model: type[BaseModel]) -> frozenset[str]:
-    """The fields of ``model`` that take an int or a float (alone or in a union) and no bool."""
-    if model not in _NUMERIC:
-        names = set()
+def _typed_fields(model: type[BaseModel]) -> tuple[frozenset[str], frozenset[str]]:
+    """The fields of ``model`` that take an int or a float (alone or in a union) and no bool or
+    string, and those that take a bool and nothing else (None aside)."""
+    if model not in _TYPED:
+        numeric, switches = set(), set()
         for name, field in model.model_fields.items():
             kinds = set(typing.get_args(field.annotation)) or {field.annotation}
-            if kinds & {int, float} and bool not in kinds:
-                names.add(name)
-        _NUMERIC[model] = frozenset(names)
-    return _NUMERIC[model]
+            if kinds & {int, float} and not kinds & {bool, str}:
+                numeric.add(name)
+            if bool in kinds and kinds - {bool, type(None)} == set():
+                switches.add(name)
+        _TYPED[model] = (frozenset(numeric), frozenset(switches))
+    return _TYPED[model]
 
 
 # --- lengths ---------------------------------------------------------------------------

@@ -56,7 +56,7 @@ from typing import Optional
 
 from sim.errors import ProfileError
 from sim.model.cards import CARDS, Card, find_card
-from sim.model.profile import SGLANG_CURVES, CurveTable, validate_profile
+from sim.model.profile import SGLANG_CURVES, CurveTable, measured_size, shown, validate_profile
 
 MAX_MODEL_SIZE = 10**7  # a model dimension (layers, hidden, heads, vocab ...): beyond any model built
 MAX_PARAMS = 10**14  # parameters: 100 trillion
@@ -66,6 +66,12 @@ METHODS = ("roofline", "ratio")
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 # the engines whose profiles move, and what the error says when the curves given are not the profile's
 ENGINES = {"sglang": "an SGLang profile (forward.decode, forward.extend)", "vllm": "a vLLM profile (vllm.forward)"}
+# each engine's metadata key of the tensor-parallel size its profile was measured at (the engines'
+# TP_PRICING.key: sim.engines.sglang.server, sim.engines.vllm.server, which this module does not import)
+TP_KEYS = {"sglang": "tp_size", "vllm": "tensor_parallel_size"}
+# what a profile's metadata.device may be (calibrate.config.BACKEND_DEVICES: torch on cpu or cuda,
+# MLX on cpu or gpu; the real engines' calibrations and traces: cpu or cuda)
+DEVICES = ("cuda", "cpu", "gpu")
 
 
 def model_terms(meta: dict, source: str) -> dict:
@@ -84,14 +90,14 @@ def model_terms(meta: dict, source: str) -> dict:
             continue
         if not _is_size(v, MAX_MODEL_SIZE):
             raise ProfileError(source, f"metadata.model.{key}", f"a positive integer up to {MAX_MODEL_SIZE:.0e} "
-                                                                f"(got {_shown(v)})")
+                                                                f"(got {shown(v)})")
         sizes[key] = v
     d = sizes.get("head_dim") or sizes["hidden"] // sizes["heads"]
     inter = sizes.get("intermediate") or -(-int(8 * sizes["hidden"] / 3) // 64) * 64
     params = meta.get("params")
     if params is not None and not _is_size(params, MAX_PARAMS):
         raise ProfileError(source, "metadata.params", f"the model's parameter count, a positive integer up to "
-                                                      f"{MAX_PARAMS:.0e} (got {_shown(params)}); or leave it out to have "
+                                                      f"{MAX_PARAMS:.0e} (got {shown(params)}); or leave it out to have "
                                                       "it computed from metadata.model")
     if params is None:
         h = sizes["hidden"]
@@ -135,19 +141,14 @@ def vllm_decode_max(meta: dict, source: str) -> float:
                        "to that many tokens are decode steps), or metadata.grid.decode_batch_sizes")
 
 
-def _shown(v) -> str:
-    """``repr(v)``, cut to 40 characters (a 400-digit integer is named, not printed)."""
-    text = repr(v)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def _is_size(v, most: int) -> bool:
     """A positive integer no larger than ``most`` (not a bool, a float or a string)."""
     return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= most
 
 
 def _is_positive(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    # (compared, not math.isfinite: an integer too large for a float would raise OverflowError)
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= MAX_MODEL_SIZE
 
 
 def vllm_forward_point(num_tokens: float, ctx: float, decode_max: float) -> tuple[str, float, float, float]:
@@ -209,6 +210,27 @@ def _scale_curve(c: dict, name: str, fn) -> dict:
     return out
 
 
+def check_metadata(meta: dict, table: CurveTable, source: str) -> None:
+    """Refuse the metadata a transfer carries over that cannot say what it was measured with, as
+    ``overlap-sim run`` refuses the TP size: the tensor-parallel size (the engine's
+    :data:`TP_KEYS` key, :func:`sim.model.profile.measured_size`), ``device`` (one of
+    :data:`DEVICES`) and ``composed`` (absent, null, or the object ``overlap-sim compose`` writes,
+    which the run's title and stated range read).
+
+    Raises:
+        ProfileError: naming ``metadata.<field>`` of ``source``.
+    """
+    measured_size({"metadata": meta}, TP_KEYS.get(table.engine, "tp_size"), source)
+    device = meta.get("device")
+    if device not in DEVICES:
+        raise ProfileError(source, "metadata.device", f"the kind of device it was measured on, one of "
+                                                     f"{', '.join(DEVICES)} (got {shown(device)})")
+    composed = meta.get("composed")
+    if composed is not None and not isinstance(composed, dict):
+        raise ProfileError(source, "metadata.composed", f"the object overlap-sim compose writes (where its host "
+                                                       f"phases come from), or absent (got {shown(composed)})")
+
+
 def transfer_profile(profile: dict, to: str, *, source: str = "<profile>", from_card: Optional[str] = None,
                      host_speed: float = 1.0, method: str = "roofline", efficiency: float = EFFICIENCY,
                      curves: CurveTable = SGLANG_CURVES) -> dict:
@@ -229,9 +251,10 @@ def transfer_profile(profile: dict, to: str, *, source: str = "<profile>", from_
 
     Raises:
         ProfileError: unknown card names (``--to``, ``--from``, or ``metadata.device_name``
-            without ``--from``), a profile of another engine, model sizes missing (a vLLM profile:
-            its largest decode batch too, :func:`vllm_decode_max`); ValueError: bad
-            ``host_speed``, ``method`` or ``efficiency``.
+            without ``--from``), a ``--from`` card other than the one ``metadata.device_name``
+            names, a profile of another engine, bad metadata (:func:`check_metadata`), model sizes
+            missing (a vLLM profile: its largest decode batch too, :func:`vllm_decode_max`);
+            ValueError: bad ``host_speed``, ``method`` or ``efficiency``.
     """
     if not (math.isfinite(host_speed) and host_speed > 0):
         raise ValueError(f"host_speed must be > 0 (got {host_speed!r})")
@@ -244,15 +267,22 @@ def transfer_profile(profile: dict, to: str, *, source: str = "<profile>", from_
     if meta.get("engine", "sglang") != table.engine or table.engine not in ENGINES:
         raise ProfileError(source, "metadata.engine", f"{ENGINES.get(table.engine, 'an SGLang or vLLM profile')}; "
                            f"got {meta.get('engine', 'sglang')!r}")
+    check_metadata(meta, table, source)
     dst = find_card(to)
     if dst is None:
         raise ProfileError("--to", "", f"one of {', '.join(CARDS)} (got {to!r})")
+    named = find_card(meta.get("device_name", ""))
     if from_card is not None:
         src = find_card(from_card)
         if src is None:
             raise ProfileError("--from", "", f"one of {', '.join(CARDS)} (got {from_card!r})")
+        # --from is for a profile whose metadata names no card (a CPU profile read as a card's):
+        # one that names a card was measured there, and moving it from another would be wrong
+        if named is not None and named is not src:
+            raise ProfileError("--from", "", f"{src.key} ({src.name}), but the profile {source} was measured on "
+                               f"{named.name} (metadata.device_name): leave --from out, or give {named.key}")
     else:
-        src = find_card(meta.get("device_name", ""))
+        src = named
         if src is None:
             raise ProfileError(source, "metadata.device_name", f"a card of the table ({', '.join(CARDS)}); got "
                                f"{meta.get('device_name')!r}: pass --from CARD")

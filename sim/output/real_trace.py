@@ -36,17 +36,74 @@ GAP_KEYS = ["num_steps", "gpu_idle_fraction", "mean_gap_ms", "median_gap_ms", "p
             "mean_forward_ms", "duration_s"]
 
 
+# Bounds on a span's times, in microseconds (the Chrome trace unit). |ts| up to 2**53 us (about
+# 285 years: epoch-based profiler clocks, ~1.7e15 us, fit; beyond it a float no longer holds whole
+# microseconds). dur, and the spread of one pid's spans (first start to last end), up to 7 days: a
+# profile of a serving run covers seconds to hours, not weeks; more is a corrupt trace.
+MAX_ABS_TS_US = float(2 ** 53)
+MAX_SPAN_US = 7 * 24 * 3600 * 1e6
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
+
+
+def _loads_top(raw: bytes) -> tuple[object, list[str]]:
+    """``json.loads(raw)`` and the keys repeated in the top-level object (``json.loads`` keeps the
+    last silently). The top level is walked here and each value parsed by json's C scanner, so this
+    costs what ``json.loads`` does; an ``object_pairs_hook`` would run for every event. Anything
+    the walk does not expect goes to ``json.loads``, which parses it or raises its usual error."""
+    text = raw.decode(json.detect_encoding(raw), "surrogatepass")
+    ws = json.decoder.WHITESPACE.match
+    scan = json.JSONDecoder().scan_once
+    try:
+        i = ws(text, 0).end()
+        if text[i] != "{":
+            raise ValueError
+        obj: dict = {}
+        dups: list[str] = []
+        i = ws(text, i + 1).end()
+        if text[i] != "}":
+            while True:
+                if text[i] != '"':
+                    raise ValueError
+                key, i = scan(text, i)
+                i = ws(text, i).end()
+                if text[i] != ":":
+                    raise ValueError
+                value, i = scan(text, ws(text, i + 1).end())
+                if key in obj:
+                    dups.append(key)
+                obj[key] = value
+                i = ws(text, i).end()
+                if text[i] == ",":
+                    i = ws(text, i + 1).end()
+                elif text[i] == "}":
+                    break
+                else:
+                    raise ValueError
+        if ws(text, i + 1).end() != len(text):
+            raise ValueError
+        return obj, dups
+    except (ValueError, IndexError, StopIteration):
+        return json.loads(text), []
+
+
 def read_trace_events(path: Path) -> list[dict]:
     """The ``traceEvents`` list of a Chrome trace file (a JSON object or a bare array).
 
+    Every complete span (``ph: "X"``) must have a ``ts`` and ``dur`` that are finite JSON numbers
+    (or numeric strings, which Perfetto also reads) with ``dur >= 0``, ``|ts| <= 2**53`` us and
+    ``dur <= 7 days``, and one pid's spans must lie within 7 days of each other (see
+    ``MAX_ABS_TS_US`` and ``MAX_SPAN_US``).
+
     Raises:
-        UserInputError: unreadable, not JSON (e.g. a trace cut short), or no event list."""
+        UserInputError: unreadable, not JSON (e.g. a trace cut short), ``traceEvents`` given twice
+            in the top-level object, no event list, or a span's times out of those bounds (naming
+            ``traceEvents[i].ts`` or ``.dur``)."""
     path = Path(path)
     try:
         raw = path.read_bytes()
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
-        data = json.loads(raw)
+        data, dups = _loads_top(raw)
     except OSError as err:
         raise UserInputError(str(path), "", f"cannot read the trace ({err.strerror or err})") from None
     except EOFError:
@@ -56,18 +113,15 @@ def read_trace_events(path: Path) -> list[dict]:
     except (ValueError, UnicodeDecodeError) as err:
         where = f" at line {err.lineno} column {err.colno}" if isinstance(err, json.JSONDecodeError) else ""
         raise UserInputError(str(path), "", f"not valid Chrome trace JSON{where} (truncated or not a trace?)") from None
+    if "traceEvents" in dups:
+        raise UserInputError(str(path), "traceEvents", f"given {dups.count('traceEvents') + 1} times in the "
+                             "top-level object: JSON readers keep one and drop the rest, so which events count "
+                             "is unclear; the trace is corrupt or two traces were joined")
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise UserInputError(str(path), "traceEvents", "expected a list of trace events")
+    _check_span_times(events, str(path))
     events = [e for e in events if isinstance(e, dict)]
-    bad = [e for e in events if e.get("ph") == "X" and not (_finite(e.get("ts")) and _finite(e.get("dur", 0.0))
-                                                           and float(e.get("dur", 0.0)) >= 0)]
-    if bad:
-        first = bad[0]
-        raise UserInputError(str(path), "traceEvents", f"every span's ts and dur a finite number of microseconds, dur "
-                             f"not negative: {len(bad)} span(s) are not (first: {first.get('name')!r} with ts "
-                             f"{first.get('ts')!r}, dur {first.get('dur')!r}); the trace is corrupt, and measuring "
-                             "the rest would leave gaps out")
     odd = [e for e in events if e.get("ph") == "X" and (not isinstance(e.get("args", {}), dict) or
                                                         not isinstance(e.get("pid", 0), (int, str)))]
     if odd:
@@ -78,14 +132,74 @@ def read_trace_events(path: Path) -> list[dict]:
     return events
 
 
-def _finite(value) -> bool:
-    """A JSON number (or numeric string, as some exporters write) that is finite."""
+def _check_span_times(events: list, source: str) -> None:
+    """Refuse spans whose ts or dur is not a number within the bounds, naming the first
+    (``traceEvents[i].ts`` / ``.dur``, i its index in the file's list), and a pid whose spans
+    spread over more than ``MAX_SPAN_US``."""
+    bad = []  # (index, field) of each span whose ts or dur is out
+    reach: dict = {}  # pid -> [min start, index, max end, index, sum of starts, count]
+    for i, e in enumerate(events):
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        ts, dur = e.get("ts"), e.get("dur", 0.0)
+        if type(ts) is not float:  # the common case first: the rest (int, str, bool, None) checked
+            ts = _number(ts)
+        elif ts - ts != 0:  # nan, inf
+            ts = None
+        if type(dur) is not float:
+            dur = _number(dur)
+        elif dur - dur != 0:
+            dur = None
+        if ts is None or abs(ts) > MAX_ABS_TS_US:
+            bad.append((i, "ts"))
+        elif dur is None or not 0 <= dur <= MAX_SPAN_US:
+            bad.append((i, "dur"))
+        elif not bad:
+            pid = e.get("pid")
+            r = reach.get(pid) if isinstance(pid, (int, str)) else None
+            if r is None:
+                if isinstance(pid, (int, str)):
+                    reach[pid] = [ts, i, ts + dur, i, ts, 1]
+            else:
+                if ts < r[0]:
+                    r[0], r[1] = ts, i
+                if ts + dur > r[2]:
+                    r[2], r[3] = ts + dur, i
+                r[4] += ts
+                r[5] += 1
+    if bad:
+        i, fld = bad[0]
+        first = events[i]
+        raise UserInputError(source, f"traceEvents[{i}].{fld}", "every span's ts and dur a finite number of "
+                             f"microseconds, dur not negative, |ts| <= 2**53 and dur <= 7 days ({MAX_SPAN_US:.0f} "
+                             f"us): {len(bad)} span(s) are not (first: {first.get('name')!r} with ts "
+                             f"{first.get('ts')!r}, dur {first.get('dur')!r}); the trace is corrupt, and measuring "
+                             "the rest would leave gaps out")
+    for pid, (lo, i_lo, hi, i_hi, total, n) in reach.items():
+        if hi - lo > MAX_SPAN_US:
+            mean = total / n  # the outlier: the end farther from the spans' mean start
+            i = i_lo if mean - lo > hi - mean else i_hi
+            raise UserInputError(source, f"traceEvents[{i}].ts", f"pid {pid!r}'s spans spread over {hi - lo:.3g} us, "
+                                 f"from the start of traceEvents[{i_lo}] to the end of traceEvents[{i_hi}]: more than "
+                                 f"7 days ({MAX_SPAN_US:.0f} us) is not one run's trace; a corrupt timestamp")
+
+
+def _number(value) -> Optional[float]:
+    """A JSON number, or a string holding one (as some exporters write, and Perfetto reads), as a
+    finite float; None for anything else (bool, null, nan, inf, other text)."""
     if isinstance(value, bool):
-        return False
+        return None
+    if isinstance(value, str):
+        if _JSON_NUMBER.fullmatch(value.strip()) is None:
+            return None
+        value = float(value)
+    elif not isinstance(value, (int, float)):
+        return None
     try:
-        return math.isfinite(float(value))
-    except (TypeError, ValueError):
-        return False
+        value = float(value)
+    except OverflowError:  # an int too large for a float
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _spans(events: list[dict], pred) -> list[dict]:

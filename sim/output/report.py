@@ -6,11 +6,15 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from sim.atomic import atomic_path
+from sim.errors import UserInputError
 from sim.model.reach import FAR
 from sim.model.schema import MAX_TOKENS, length_bounds
 from sim.trace.metrics import SUMMARY_KEYS
@@ -245,6 +249,11 @@ def load_warnings(scenario) -> list[str]:
     if isinstance(cached, int) and isinstance(prompt, int) and cached >= prompt > 0:
         out.append(f"warning: workload.cached_len {cached} >= input_len {prompt}: the last prompt token is always "
                    f"computed (a prefill extends at least one token): priced as {prompt - 1} cached")
+    elif cached is not None and prompt is not None and not w.trace and \
+            length_bounds(cached)[1] >= max(length_bounds(prompt)[0], 1):
+        out.append(f"warning: workload.cached_len can draw {length_bounds(cached)[1]}, at or above the shortest "
+                   f"input_len {length_bounds(prompt)[0]}: such a request's cached prefix is cut to its prompt less "
+                   "one token (the last prompt token is always computed)")
     if getattr(w, "output_len", None) == 0:
         out.append("warning: workload.output_len 0: every request produces at least 1 token here (a prefill-only "
                    "request of max_new_tokens 0 is not modelled): priced as 1")
@@ -359,6 +368,30 @@ def clean_run_folder(out_dir: Path) -> list[Path]:
             p.unlink()
             removed.append(p)
     return removed
+
+
+@contextmanager
+def staged_folder(out_dir: Path) -> Iterator[Path]:
+    """A hidden folder inside ``out_dir`` to write a run's files into; when the block succeeds,
+    what an earlier run wrote there is removed (:func:`clean_run_folder`) and the new files take
+    its place (``summary.json`` last), so an interrupted or failed run leaves the folder as it
+    was (and removes the folder if it made it). Yields the staging folder."""
+    out_dir = Path(out_dir)
+    made = not out_dir.exists()
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=".run-", suffix=".partial", dir=out_dir))
+    except OSError as err:
+        raise UserInputError(str(out_dir), "", f"a folder the system lets this command write ({err.strerror})") from None
+    try:
+        yield stage
+        clean_run_folder(out_dir)
+        for p in sorted(stage.iterdir(), key=lambda p: p.name == "summary.json"):
+            os.replace(p, out_dir / p.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if made and not any(out_dir.iterdir()):
+            out_dir.rmdir()
 
 
 def write_results(out_dir: Path, payload: dict, results: Iterable, table_format: str = "parquet",

@@ -1,6 +1,7 @@
 """Metrics computed as the run goes, without per-step tables (``tables: summary | none``).
 
-Memory stays bounded by the requests in flight: counts, sums and the measured window are exact;
+Memory holds no step (the recorder's part is bounded by the requests in flight; the workload's
+lengths drawn up front are the run's): counts, sums and the measured window are exact;
 quantiles (median, p99) come from DDSketch (relative accuracy 0.5%). The measured window and
 the steps inside it follow :func:`sim.trace.metrics.summarize` exactly: a step counts when its forward
 starts inside [first measured arrival, last measured finish). Steps reach the recorder in launch

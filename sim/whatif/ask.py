@@ -28,7 +28,7 @@ import math
 import re
 from pathlib import Path
 
-from sim.commands import ASKERS, COMMANDS, command
+from sim.commands import ASKERS, COMMANDS, command, output_path
 from sim.errors import UserInputError
 
 PROFILES = Path(__file__).resolve().parents[2] / "scenarios" / "profiles"
@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests measured (default 8 per client or 8 s of arrivals, at least 64)")
     p.add_argument("--host-speed", type=float, default=1.0, metavar="X",
                    help="the card's host's single-thread speed over the profile's host's (default 1)")
-    p.add_argument("--out", type=Path, default=None, help="results folder (default results/ask-<engine>-<card>-<model>-<load>/)")
+    p.add_argument("--out", type=output_path, default=None, help="results folder (default results/ask-<engine>-<card>-<model>-<load>/)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     from sim.whatif.verdict import add_run_cv_argument
 
@@ -132,6 +132,27 @@ def _profile(args: argparse.Namespace, card) -> tuple[dict, Path, list[str]]:
     return moved, path, steps
 
 
+ASK_HEADER = "# overlap-sim ask"  # the first line of the scenario.yaml ask writes
+
+
+def _check_own_files(out: Path) -> None:
+    """``ask`` replaces ``scenario.yaml`` and ``profile.json`` in ``out`` only where an earlier
+    ``ask`` wrote them (its scenario's first line); a user's own files there are not overwritten.
+
+    Raises:
+        UserInputError: naming ``--out`` and the file.
+    """
+    scenario = out / "scenario.yaml"
+    try:
+        ours = scenario.is_file() and scenario.read_text(errors="replace").startswith(ASK_HEADER)
+    except OSError:
+        ours = False
+    for name in ("scenario.yaml", "profile.json"):
+        if (out / name).exists() and not ours:
+            raise UserInputError("--out", "", f"{out / name} was not written by ask, which would replace it; "
+                                 "choose another folder")
+
+
 def _check_load(scenario: dict) -> None:
     """Validate the scenario ``ask`` built (its workload and server; the profile is checked when
     it runs), naming the flags its values came from.
@@ -198,10 +219,11 @@ def run(args: argparse.Namespace) -> int:
     scenario = {"name": name, "seed": 0, "workload": workload, "server": server,
                 "costs": {"profile": "profile.json"}}
     _check_load(scenario)  # before anything is written
+    _check_own_files(out)
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "profile.json") as tmp:
         tmp.write_text(json.dumps(profile, indent=1, allow_nan=False) + "\n")
-    head = (f"# overlap-sim ask --engine {args.engine} --card {args.card} --model {args.model} ...: the scenario it ran\n"
+    head = (f"{ASK_HEADER} --engine {args.engine} --card {args.card} --model {args.model} ...: the scenario it ran\n"
             + "".join(f"#   {line}\n" for line in steps + notes))
     with atomic_path(out / "scenario.yaml") as tmp:
         tmp.write_text(head + yaml.safe_dump(scenario, sort_keys=False))

@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from sim.commands import add_no_leap_argument, apply_no_leap, command
+from sim.commands import add_no_leap_argument, apply_no_leap, command, output_path
 from sim.errors import UserInputError
 from sim.output.report import jsonable, ratio_pair
 from sim.whatif.verdict import add_run_cv_argument, check_run_cv, sweep_verdict_line, verdict_platform_note
@@ -30,7 +30,7 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=1, help="runs per grid point; repeat r uses seed + r (default 1)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario field for every point (repeatable)")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=output_path, default=None,
                    help="sweep folder (default results/<scenario>-sweep-<grid>/): points/<id>.json (one per finished run, "
                         "reused on a rerun), sweep.json, sweep.parquet, sweep.csv, the plots, and with --repeats > 1 "
                         "spread.csv and ratio_ci.csv")
@@ -102,6 +102,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     apply_no_leap(args)  # local worker processes inherit it (a Dask cluster's workers do not)
     scenario = load_scenario(args.scenario, args.overrides)
     grid = parse_grid(args.grid)
+    fixed = {item.partition("=")[0].strip() for item in args.overrides}
+    for key in grid:
+        if key in fixed:
+            raise UserInputError(f"--grid {key}", "", "also given with --set: the grid would set it at every point")
     if args.scheduler and args.executor != "dask":
         raise UserInputError("--scheduler", "", "needs --executor dask")
     max_workers = 4 * (os.cpu_count() or 1)
@@ -198,7 +202,7 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("results", type=Path, help="a results folder written by 'overlap-sim run'")
     p.add_argument("--setting", action="append", default=None, help="only this setting (repeatable; default all)")
     p.add_argument("--window", default=None, metavar="START:END", help="seconds of simulated time, e.g. 0.2:0.5")
-    p.add_argument("--out", type=Path, default=None, help="trace file (default RESULTS/trace.json; .gz compresses)")
+    p.add_argument("--out", type=output_path, default=None, help="trace file (default RESULTS/trace.json; .gz compresses)")
     p.add_argument("--preview", type=Path, default=None, metavar="PNG", help="also draw the first 40 ms as a PNG")
 
 
@@ -297,7 +301,7 @@ def cmd_gaps(args: argparse.Namespace) -> int:
 def _log_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("log", type=Path, help="an SGLang server log (scheduler 'Prefill batch' / 'Decode batch' lines)")
     p.add_argument("--json", action="store_true", help='print {"records": [...], "skipped_lines": N}')
-    p.add_argument("--out", type=Path, default=None, help="folder for log.csv and log.png (default results/<log>-log/)")
+    p.add_argument("--out", type=output_path, default=None, help="folder for log.csv and log.png (default results/<log>-log/)")
 
 
 @command("log", "parse an SGLang server log into a table over time and plot it", _log_args)

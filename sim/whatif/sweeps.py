@@ -99,9 +99,27 @@ def parse_grid(items: Iterable[str]) -> dict[str, list]:
     return grid
 
 
-def _point_id(scenario: Scenario) -> str:
+def _point_id(scenario: Scenario, digests: Optional[dict] = None) -> str:
+    """The key a point's saved result is found by on resume: the point's scenario and the
+    contents of the files it reads (the profile, the trace: ``digests`` caches them by path), so
+    a profile recalibrated or a trace edited in place is run again, not taken from the store."""
     blob = json.dumps(scenario.model_dump(mode="json"), sort_keys=True)
+    files = _file_digests(scenario, {} if digests is None else digests)
+    if files:  # a scenario that reads no file keeps the key it had before files were counted
+        blob += json.dumps(files, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def _file_digests(scenario: Scenario, cache: dict) -> dict[str, str]:
+    """SHA-256 of each file the scenario reads (``costs.profile``, ``workload.trace``), by key."""
+    out = {}
+    for key, relative in (("costs.profile", scenario.costs.profile), ("workload.trace", scenario.workload.trace)):
+        if relative:
+            path = scenario.resolve_path(relative)
+            if path not in cache:
+                cache[path] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+            out[key] = cache[path]
+    return out
 
 
 def plan_sweep(scenario: Scenario, grid: dict[str, list], repeats: int = 1) -> list[PointTask]:
@@ -124,6 +142,7 @@ def plan_sweep(scenario: Scenario, grid: dict[str, list], repeats: int = 1) -> l
         raise UserInputError("--grid", "", f"{points} grid points x {repeats} repeats = {points * repeats} runs; "
                              f"expected at most {MAX_POINT_TASKS} (split the sweep)")
     tasks: list[PointTask] = []
+    digests: dict = {}  # file path -> content digest, read once for the whole plan
     for index, combo in enumerate(itertools.product(*(grid[k] for k in keys))):
         values = dict(zip(keys, combo))
         overrides = [f"{k}={json.dumps(v)}" for k, v in values.items()]
@@ -144,7 +163,7 @@ def plan_sweep(scenario: Scenario, grid: dict[str, list], repeats: int = 1) -> l
             raise UserInputError("--repeats", "", f"seed {point.seed} + {repeats - 1} repeats exceeds {MAX_SEED}")
         for r in range(repeats):
             run = point.model_copy(update={"seed": point.seed + r})
-            tasks.append(PointTask(_point_id(run), index, values, r, run))
+            tasks.append(PointTask(_point_id(run, digests), index, values, r, run))
     return tasks
 
 
@@ -279,6 +298,12 @@ def _check_arguments(grid, repeats, workers, on_progress) -> None:
     if not isinstance(grid, dict) or not all(isinstance(k, str) and isinstance(v, (list, tuple, range)) and len(v)
                                              for k, v in grid.items()):
         raise UserInputError("grid", "", f"a dict of field path -> non-empty list of values (got {grid!r:.80})")
+    for key, values in grid.items():  # as parse_grid refuses on the command line
+        seen: list = []
+        for v in values:
+            if v in seen:
+                raise UserInputError(f"grid {key}", key, f"value {v!r} given twice")
+            seen.append(v)
     if isinstance(repeats, bool) or not isinstance(repeats, int):
         raise UserInputError("--repeats", "", f"an integer (got {repeats!r})")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
@@ -311,6 +336,10 @@ def sweep(scenario: Union[Scenario, str, Path, dict], grid: dict[str, list], rep
     if executor not in ("local", "dask"):
         raise UserInputError("--executor", "", f"expected 'local' or 'dask' (got {executor!r})")
     _check_arguments(grid, repeats, workers, on_progress)
+    if (scheduler is not None or client is not None) and executor != "dask":
+        raise UserInputError("--scheduler", "", "needs --executor dask (executor='dask')")
+    if out is not None and not isinstance(out, (str, Path)):
+        raise UserInputError("--out", "", f"a folder path or None (got {out!r})")
     scenario = load_scenario(scenario, overrides)
     tasks = plan_sweep(scenario, grid, repeats)
     manifest = {"scenario": scenario.name, "scenario_config": scenario.model_dump(mode="json"), "grid": grid,

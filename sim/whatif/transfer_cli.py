@@ -8,7 +8,7 @@ import json
 import math
 from pathlib import Path
 
-from sim.commands import command
+from sim.commands import command, output_path
 from sim.errors import UserInputError
 
 
@@ -17,7 +17,7 @@ def _args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("profile", nargs="?", type=Path, help="a measured SGLang or vLLM calibration profile (JSON)")
     p.add_argument("--to", default=None, metavar="CARD", help="the target card (see --list), e.g. l4")
-    p.add_argument("--out", type=Path, default=None, help="the new profile to write (JSON)")
+    p.add_argument("--out", type=output_path, default=None, help="the new profile to write (JSON)")
     p.add_argument("--from", dest="from_card", default=None, metavar="CARD",
                    help="the card the profile was measured on (default: its metadata.device_name)")
     p.add_argument("--host-speed", type=float, default=None, metavar="X",
@@ -56,6 +56,15 @@ def _print_cards() -> None:
         console.print(f"{c.key}: host {c.host}; source {c.source}", highlight=False, soft_wrap=False)
 
 
+MAX_PROBE_S = 3600.0  # a probe reading's seconds per repetition: beyond an hour it is a corrupt value
+
+
+def _is_seconds(v) -> bool:
+    """A number (not a bool) of seconds above 0 and up to :data:`MAX_PROBE_S` (compared, not
+    ``math.isfinite``: an integer too large for a float would raise OverflowError)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= MAX_PROBE_S
+
+
 def host_speed_from_probe(profile: dict, profile_path: Path, reading_path: Path) -> float:
     """The target host's speed over the measuring host's, from two readings of the host speed
     probe's Python workload (``python_s``, seconds per repetition; :mod:`calibrate.hostspeed`):
@@ -63,22 +72,28 @@ def host_speed_from_probe(profile: dict, profile_path: Path, reading_path: Path)
     bookkeeping twice as fast).
 
     Raises:
-        UserInputError: the profile has no reading, or the reading file is unreadable or has no
-            positive finite ``python_s`` (ratios outside 0.01..100 too).
+        UserInputError: the profile has no reading, or the reading file is unreadable, gives a
+            key twice or has no ``python_s`` above 0 and up to :data:`MAX_PROBE_S` (ratios outside
+            0.01..100 too).
     """
     ref = (profile.get("metadata") or {}).get("host_speed") or {}
     ref_s = ref.get("python_s") if isinstance(ref, dict) else None
-    if not (isinstance(ref_s, (int, float)) and math.isfinite(ref_s) and ref_s > 0):
+    if not _is_seconds(ref_s):
         raise UserInputError(str(profile_path), "metadata.host_speed.python_s",
                              "missing: the profile predates host speed probes (use --host-speed X)")
+    from sim.model.profile import DuplicateKeyError, unique_keys
+
     try:
-        reading = json.loads(Path(reading_path).read_text())
+        reading = json.loads(Path(reading_path).read_text(), object_pairs_hook=unique_keys)
+    except DuplicateKeyError as err:
+        raise UserInputError(str(reading_path), err.key, "given twice in one JSON object") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         why = getattr(err, "strerror", None) or err.__class__.__name__
         raise UserInputError("--host-probe", "", f"a readable JSON reading ({reading_path}: {why})") from None
     now_s = reading.get("python_s") if isinstance(reading, dict) else None
-    if not (isinstance(now_s, (int, float)) and math.isfinite(now_s) and now_s > 0):
-        raise UserInputError(str(reading_path), "python_s", "a positive number of seconds (from calibrate.hostspeed)")
+    if not _is_seconds(now_s):
+        raise UserInputError(str(reading_path), "python_s", f"a positive number of seconds up to {MAX_PROBE_S:g} "
+                             "(from calibrate.hostspeed)")
     speed = float(ref_s) / float(now_s)
     if not 0.01 <= speed <= 100:
         raise UserInputError(str(reading_path), "python_s", f"a reading within 100x of the profile's (ratio {speed:.3g})")

@@ -72,7 +72,7 @@ class Server(StrictModel):
     init_new_token_ratio: float = Field(default=0.7, ge=0, le=1)
     retraction: Literal["naive", "v0.5.10", "v0.5.22"] = "v0.5.22"
     admission: Literal["v0.5.4", "v0.5.22"] = "v0.5.22"
-    max_prefill_tokens: int = Field(default=16384, ge=1)
+    max_prefill_tokens: int = Field(default=16384, ge=1, le=MAX_TOKENS)
     disable_consecutive_prefill_overlap: bool = False
     launch_args: Optional[list[str]] = None
     version: Optional[str] = None

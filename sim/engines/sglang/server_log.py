@@ -22,6 +22,16 @@ fraction x/100; ``True``/``False`` booleans. Unknown fields are kept the same wa
 releases' fields appear without a code change. A line that is not a batch line, or a batch
 line with no ``key: value`` field or with a number that is not finite (``nan``, ``inf``: a
 garbled line), is skipped and counted, never fatal.
+
+A batch line whose values SGLang cannot have written refuses the whole log (:class:`UserInputError`
+naming the file, the line number and the field, as logged): a negative number (every numeric field
+SGLang logs is a count, a throughput, a length or a fraction; ``-0.00``, a rounded tiny negative,
+is 0), or a fraction above 1 (``token usage`` and the other ``... usage`` fields are the used share
+of the KV pool, ``num_used / max_total_num_tokens``; ``cache hit rate`` and ``accept rate`` are
+shares too). So is a timestamp earlier than the previous line of the same ranks (one process
+writes those in order; the logger's second resolution makes equal timestamps common, and those are
+fine). Lines of different ranks are written by different processes and may interleave slightly
+out of order, so they are not compared with each other.
 """
 
 from __future__ import annotations
@@ -74,13 +84,23 @@ def parse_line(line: str) -> Optional[dict]:
 
     Keys: ``time`` (datetime or None), ``kind`` ('prefill'|'decode'), ``forward_ct`` (if logged),
     one ``<rank>_rank`` per prefix rank (``tp_rank``, ``dp_rank``...), then the line's fields."""
+    parsed = _parse_line(line)
+    return None if parsed is None else parsed[0]
+
+
+def _parse_line(line: str) -> Optional[tuple[dict, dict, tuple]]:
+    """:func:`parse_line`'s record, each field's (label, text) as logged by column, and the
+    prefix ranks (the writing process); None if not a batch line."""
     m = _LINE.search(line)
     if m is None:
         return None
     fields = {}
+    raw = {}
     end = 0
     for fm in _FIELD.finditer(m.group("rest")):
-        fields[_column(fm.group(1))] = _value(fm.group(2))
+        col = _column(fm.group(1))
+        fields[col] = _value(fm.group(2))
+        raw[col] = (fm.group(1).strip(), fm.group(2).strip())
         end = fm.end()
     if m.group("rest")[end:].strip():
         return None  # a line cut short (a label without its value): skipped and counted as cut
@@ -99,7 +119,27 @@ def parse_line(line: str) -> Optional[dict]:
     if m.group("mixed"):
         rec["mixed_running_req"] = int(m.group("mixed"))
     rec.update(fields)
-    return rec
+    return rec, raw, tuple(_RANK.findall(m.group("ranks") or ""))
+
+
+def _is_fraction(label: str) -> bool:
+    label = label.lower()
+    return label.endswith("usage") or label.endswith("rate")
+
+
+def _check_values(rec: dict, raw: dict, source: str, lineno: int) -> None:
+    """Refuse a batch line holding a value SGLang cannot log (see the module docstring)."""
+    for col, (label, text) in raw.items():
+        v = rec.get(col)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if v < 0:
+            raise UserInputError(source, f"line {lineno}: {label}", f"must not be negative (got {text}): SGLang "
+                                 "logs counts, throughputs and fractions; the log is corrupt or not SGLang's")
+        if _is_fraction(label) and v > 1:
+            raise UserInputError(source, f"line {lineno}: {label}", f"expected a fraction in [0, 1] (got {text}): "
+                                 "SGLang logs usages and rates as shares (0.00 to 1.00, or up to 100%); the log is "
+                                 "corrupt")
 
 
 @dataclass
@@ -125,18 +165,33 @@ class ParsedLog:
 
 
 def parse_lines(lines: Iterable[str], source: str = "<lines>") -> ParsedLog:
-    """Parse log lines (see :func:`parse_line`); blank lines are ignored, others counted if skipped."""
+    """Parse log lines (see :func:`parse_line`); blank lines are ignored, others counted if skipped.
+
+    Raises:
+        UserInputError: a batch line with a negative number, a usage or rate above 1, or a timestamp
+            earlier than the previous line of the same ranks (names ``source`` and the line number)."""
     out = ParsedLog(source)
-    for line in lines:
+    last: dict = {}  # prefix ranks -> (time, line number) of the last timestamped line they wrote
+    for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        rec = parse_line(line)
-        if rec is None:
+        parsed = _parse_line(line)
+        if parsed is None:
             out.skipped_lines += 1
             if _LINE.search(line):
                 out.cut_lines += 1
-        else:
-            out.records.append(rec)
+            continue
+        rec, raw, ranks = parsed
+        _check_values(rec, raw, source, lineno)
+        if rec["time"] is not None:
+            prev = last.get(ranks)
+            if prev is not None and rec["time"] < prev[0]:
+                who = " of ranks " + " ".join(f"{n}{i}" for n, i in ranks) if ranks else ""
+                raise UserInputError(source, f"line {lineno}: timestamp", f"goes back in time ({rec['time']} after "
+                                     f"{prev[0]} on line {prev[1]}{who}): one process writes its lines in order; "
+                                     "logs joined out of order or corrupt")
+            last[ranks] = (rec["time"], lineno)
+        out.records.append(rec)
     return out
 
 
@@ -144,7 +199,8 @@ def parse_log(path: Path) -> ParsedLog:
     """Parse a server log file (undecodable bytes are replaced, not fatal).
 
     Raises:
-        UserInputError: the file cannot be read, is empty, or holds no batch line at all."""
+        UserInputError: the file cannot be read, is empty, holds no batch line at all, or has a
+            value SGLang cannot log (:func:`parse_lines`)."""
     path = Path(path)
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:

@@ -130,9 +130,9 @@ from pathlib import Path
 
 from sim.engines.vllm.server import TP_PRICING
 from sim.engines.vllm.structured import GrammarCosts
-from sim.errors import ScenarioError
+from sim.errors import ProfileError, ScenarioError
 from sim.model.costs import DECODE, LinearCostModel
-from sim.model.profile import CurveTable, load_profile, load_profile_read_only, profile_curves
+from sim.model.profile import CurveTable, load_profile, load_profile_read_only, profile_curves, shown
 from sim.model.reach import ReachMeter, distance, hulls
 
 VLLM_CURVE_AXES: dict[str, tuple[str, ...]] = {
@@ -201,7 +201,8 @@ class VllmProfileCosts:
 
     def __init__(self, profile: dict, setting: str, gpu_scale: float = 1.0, cpu_scale: float = 1.0,
                  statistic: str = "median", source: str = "<dict>", speculative: bool = False):
-        self.curves = profile_curves(profile, statistic, setting, VLLM_CURVES)
+        check_metadata(profile, source)
+        self.curves = profile_curves(profile, statistic, setting, VLLM_CURVES, source)
         self.profile, self.setting, self.source, self.statistic = profile, setting, source, statistic
         self.gpu_scale, self.cpu_scale = gpu_scale, cpu_scale
         self.reach = ReachMeter()
@@ -217,7 +218,7 @@ class VllmProfileCosts:
         self._forward = self.curves["vllm.forward"]
         self._frontend = {k: self.curves.get(f"vllm.frontend_{k}") for k in ("in", "out", "work")}
         self._pickup = self.curves.get("vllm.pickup")
-        shared = profile["metadata"].get("shared_prefix", {})
+        shared = profile["metadata"].get("shared_prefix") or {}  # (null: none measured)
         self.shared_prefix_saving = float(shared.get("by_setting", {}).get(setting, shared.get("saving", 0.0)))
         self.mixed_sum_of_parts = profile["metadata"].get("mixed_steps") == MIXED_SUM_OF_PARTS
         h = hulls(profile, self.curves)
@@ -375,6 +376,61 @@ class VllmInlineCosts:
 
     def describe(self) -> dict:
         return {**self._linear.describe(), "engine": "vllm"}
+
+
+def _is_share(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
+
+
+def check_metadata(profile: dict, source: str) -> None:
+    """Refuse the metadata :class:`VllmProfileCosts` reads when it cannot mean what it says
+    (before, a string crashed the run and a saving of 5 was used as given):
+
+    - ``shared_prefix``: absent, null, or an object whose ``saving`` and every value of
+      ``by_setting`` (an object, setting -> share) are shares in [0, 1]: the share ``f`` of a
+      shared prefix's attention the calibration saw counted once (module docstring; it measures
+      ``f`` in [0, 1], 1 when the repeats cost nothing, as its CPU runs saw). Above 1 the forward
+      would be priced at less than the context without the repeats, below 0 at more than all of it.
+    - ``speculative``: absent, null, or an object whose ``num_speculative_tokens`` (the ``k`` the
+      drafter's host work was measured at) is a whole number from 1 to
+      :data:`sim.engines.vllm.speculative.MAX_SPEC_TOKENS`, when given.
+    - ``mixed_steps``: absent, null or :data:`MIXED_SUM_OF_PARTS` (another word would price mixed
+      steps as one step in silence).
+
+    Raises:
+        ProfileError: naming ``metadata.<field>`` of ``source``.
+    """
+    from sim.engines.vllm.speculative import MAX_SPEC_TOKENS
+
+    meta = profile["metadata"]
+    shared = meta.get("shared_prefix")
+    if shared is not None:
+        if not isinstance(shared, dict):
+            raise ProfileError(source, "metadata.shared_prefix", f"an object with saving, the share of a shared "
+                               f"prefix's attention counted once (got {shown(shared)})")
+        if "saving" in shared and not _is_share(shared["saving"]):
+            raise ProfileError(source, "metadata.shared_prefix.saving", f"a share from 0 to 1 of a shared prefix's "
+                               f"attention counted once (got {shown(shared['saving'])})")
+        by_setting = shared.get("by_setting", {})
+        if not isinstance(by_setting, dict):
+            raise ProfileError(source, "metadata.shared_prefix.by_setting", "an object: setting -> share from 0 to 1 "
+                               f"(got {shown(by_setting)})")
+        for setting, v in by_setting.items():
+            if not _is_share(v):
+                raise ProfileError(source, f"metadata.shared_prefix.by_setting.{setting}", "a share from 0 to 1 of a "
+                                   f"shared prefix's attention counted once (got {shown(v)})")
+    spec = meta.get("speculative")
+    if spec is not None:
+        if not isinstance(spec, dict):
+            raise ProfileError(source, "metadata.speculative", f"an object with num_speculative_tokens, what the "
+                               f"speculative curves were measured with (got {shown(spec)})")
+        k = spec.get("num_speculative_tokens", 1)
+        if not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_SPEC_TOKENS):
+            raise ProfileError(source, "metadata.speculative.num_speculative_tokens", f"a whole number from 1 to "
+                               f"{MAX_SPEC_TOKENS}, the k the drafter's host work was measured at (got {shown(k)})")
+    if meta.get("mixed_steps") not in (None, MIXED_SUM_OF_PARTS):
+        raise ProfileError(source, "metadata.mixed_steps", f"{MIXED_SUM_OF_PARTS!r} or absent "
+                           f"(got {shown(meta['mixed_steps'])})")
 
 
 def check_tensor_parallel(scenario, profile: dict, source: str) -> None:

@@ -10,7 +10,7 @@ depend on the platform (``device``).
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
@@ -74,6 +74,10 @@ class VllmServer(StrictModel):
     @classmethod
     def _one_setting(cls, value):
         return [value] if isinstance(value, str) else value  # `--set server.settings=async`: a one-item list
+
+    # the cost fields of SGLang's loops, which vLLM's do not read (sim.engines.vllm.costs): given
+    # with other values than their defaults, a vLLM scenario is refused (the answer would not move)
+    UNREAD_COSTS: ClassVar[tuple[str, ...]] = ("gpu.overlap_residue", "gpu.sync_latency", "cpu.after_wait_scale", "gil")
 
     @property
     def resolved_block_size(self) -> int:
@@ -161,6 +165,11 @@ class VllmServer(StrictModel):
         if self.long_prefill_token_threshold > self.max_model_len:
             raise ValueError(f"long_prefill_token_threshold: must be <= max_model_len {self.max_model_len} "
                              f"(got {self.long_prefill_token_threshold})")
+        if self.block_size is not None and self.block_size > min(self.max_model_len, DEFAULT_CACHE_TOKENS):
+            raise ValueError(f"block_size: a block of {self.block_size} tokens is larger than max_model_len "
+                             f"{self.max_model_len} (or the default cache of {DEFAULT_CACHE_TOKENS} tokens): no request "
+                             "fills one, and the cache's size would come from the block, not the memory (vLLM's "
+                             "attention kernels take blocks of 16 to a few hundred tokens)")
         usable = (self.kv_blocks - 1) * self.resolved_block_size
         if usable < self.max_model_len:
             raise ValueError(f"num_gpu_blocks: the KV cache ({self.kv_blocks} blocks of {self.resolved_block_size} "

@@ -13,6 +13,7 @@ on the loop"); a flag SGLang's parser does not know is an error, as it is for
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -148,6 +149,8 @@ def _convert(spec: dict, flag: str, raw: str | None, source: str):
         value = {"int": int, "float": float, "str": str}[kind](raw)
     except ValueError:
         raise UserInputError(source, flag, f"expected {'an integer' if kind == 'int' else 'a number'} (got {raw!r})") from None
+    if kind == "float" and not math.isfinite(value):  # float("inf") parses; no SGLang setting means it
+        raise UserInputError(source, flag, f"expected a finite number (got {raw!r})")
     low = spec.get("min")  # the range SGLang's own ServerArgs checks accept (the rules table's `min`)
     if low is not None and not value >= low:  # NaN fails too
         raise UserInputError(source, flag, f"expected {'an integer' if kind == 'int' else 'a number'} >= {low} "

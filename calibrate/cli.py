@@ -40,7 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=["sglang", "vllm"], default=None,
                    help="time a real engine's own functions instead (SGLang 0.5.23's CPU engine in-process, or the "
                         "vLLM 0.32 CPU server, each in its own environment: realengines/<engine>/setup.sh); "
-                        "--backend/--device are then not used")
+                        "the framework calibration's flags (--backend, --device, --dry-run, --quick, ...) are then "
+                        "refused")
     p.add_argument("--engine-python", type=Path, default=None, metavar="PATH",
                    help="with --engine: the engine environment's python (default .venvs/<engine>/bin/python)")
     p.add_argument("--host-only", action="store_true",

@@ -138,8 +138,8 @@ class Scenario(StrictModel):
                                             for name in type(given).model_fields
                                             if getattr(given, name) != getattr(default, name)), (key, None, None))
             if given != default:
-                raise ValueError(f"costs.{key}: an SGLang loop's cost, which {self.server.engine}'s loops do not read "
-                                 f"(given {given!r}; leave it at its default {default!r})")
+                raise ValueError(f"costs.{key}: a cost of another engine's loops, which {self.server.engine}'s do not "
+                                 f"read (given {given!r}; leave it at its default {default!r})")
         return self
 
     @model_validator(mode="after")

@@ -132,5 +132,5 @@ def test_sglang_only_costs_are_refused_on_vllm(tmp_path, capsys, costs, field):
     path = write(tmp_path, {"name": "v", "server": {"engine": "vllm"}, "costs": costs})
     assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and f": {field}: an SGLang loop's cost" in err, err
+    assert len(err.splitlines()) == 1 and f": {field}: a cost of another engine's loops" in err, err
     assert not (tmp_path / "out").exists()

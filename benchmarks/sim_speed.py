@@ -300,10 +300,8 @@ def leap_report(workloads: list[str], sizes: list[int], settings: list[str], rep
     """CPU per request and simulated seconds per CPU second with the leap, step by step and (with
     ``against``) in another checkout, each case a fresh process, the modes alternated, repeated."""
     rows = []
+    modes = ["leap", "step"] + (["tree"] if against else [])
     for workload in workloads:
-        # vLLM's loops have no leap: its runs go step by step in both of this tree's modes, so one is run
-        first = "step" if workload.startswith("vllm-") else "leap"
-        modes = ([first] if first == "step" else ["leap", "step"]) + (["tree"] if against else [])
         for n in sizes:
             for setting in workload_settings(workload, settings):
                 for _ in range(repeats):
@@ -322,11 +320,9 @@ def leap_report(workloads: list[str], sizes: list[int], settings: list[str], rep
                     per_req = [1e6 * r["cpu_s"] / n for r in by[m]]
                     line.append(f"{m}: {spread(per_req, '.1f')} us/req, {spread([r['sim_s'] / r['cpu_s'] for r in by[m]], '.0f')} sim-s/CPU-s")
                 base = "tree" if against else "step"
-                if base != first:
-                    ratios = [a["cpu_s"] / b["cpu_s"] for a, b in zip(by[first], by[base])]
-                    line.append(f"{first}/{base} CPU {spread(ratios)}")
-                line.append(f"leapt {by[first][0]['leapt_steps'] / by[first][0]['steps']:.0%} of {by[first][0]['steps']} "
-                            f"steps; peak RSS {max(r['peak_rss_mb'] for r in by[first]):.0f} MB")
+                ratios = [a["cpu_s"] / b["cpu_s"] for a, b in zip(by["leap"], by[base])]
+                line.append(f"leap/{base} CPU {spread(ratios)}; leapt {by['leap'][0]['leapt_steps'] / by['leap'][0]['steps']:.0%} "
+                            f"of {by['leap'][0]['steps']} steps; peak RSS {max(r['peak_rss_mb'] for r in by['leap']):.0f} MB")
                 print("  ".join(line), flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out, index=False)
@@ -383,8 +379,8 @@ def main() -> None:
     ap.add_argument("--leap", nargs="*", default=None, metavar="WORKLOAD",
                     help="instead: CPU per request with the leap, step by step and (with --against) another "
                          "checkout, workloads 'open' and/or 'closed-C' (quickstart at C clients), and on vLLM "
-                         "'vllm-open' and/or 'vllm-closed-C' (no leap there: both modes step by step), at "
-                         "--sizes, --settings (default overlap normal; async sync for vLLM), --repeats")
+                         "'vllm-open' and/or 'vllm-closed-C' (vllm-h200 at C clients), at --sizes, --settings "
+                         "(default overlap normal; async sync for vLLM), --repeats")
     ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # internal: one case, JSON in and out
     ap.add_argument("--leap-case", default=None, help=argparse.SUPPRESS)  # internal: one leap case
     ap.add_argument("--sweep-cpu", action="store_true",

@@ -155,6 +155,8 @@ class Scenario(StrictModel):
         relative path in ``costs.profile`` or ``workload.trace`` is taken from the working
         directory). ``flag`` names the overrides in error messages (``--set``, ``--grid``)."""
         raw = self.model_dump(mode="json")
+        # the server fields the scenario gave (its defaults are not: an override's launch_args may set them)
+        raw["server"] = self.server.model_dump(mode="json", exclude_unset=True)
         for key in self.server._from_launch_args:  # re-derived from launch_args on validation
             raw["server"].pop(key, None)
         base = copy.deepcopy(raw)

@@ -135,10 +135,11 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
     Args:
         tables: ``steps`` keeps the per-step, per-request and ITL tables (exact metrics);
             ``summary`` keeps only the per-request table and streams the metrics; ``none`` keeps
-            no table (memory bounded by the requests in flight). Streamed quantiles are within
+            no table (memory: the requests in flight and the workload drawn up front). Streamed quantiles are within
             0.5% (DDSketch); counts, means and the idle fraction are exact.
         leap: let the engine take runs of steady decode steps at once where it can (SGLang's
-            ``normal`` and ``overlap`` loops, :mod:`sim.engines.sglang.leap`): the same answer,
+            ``normal`` and ``overlap`` loops, :mod:`sim.engines.sglang.leap`; vLLM's ``sync`` and
+            ``async``, :mod:`sim.engines.vllm.leap`): the same answer,
             byte for byte, in less time; False runs every step through the loop; None (default):
             True unless the environment sets ``OVERLAP_SIM_LEAP`` to 0, false, no or off (``--no-leap`` sets 0).
 

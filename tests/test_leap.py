@@ -5,7 +5,8 @@ byte for byte: the summary (as JSON), and with ``tables='steps'`` the steps, req
 tables as CSV text. Hand-checked cases first (where the leap must and must not apply), then a
 hypothesis-generated family: arrivals (Poisson, closed loop, warm-up before the benchmark),
 lengths, finishes by EOS and by length, KV pressure with each retraction policy, prefix hits,
-pages, sync latency, the after-wait scale, jitter, every SGLang setting, and vLLM's loops.
+pages, sync latency, the after-wait scale, jitter and every SGLang setting (vLLM's leap:
+``tests/test_vllm_leap.py``).
 """
 
 from __future__ import annotations
@@ -117,16 +118,22 @@ lengths = st.one_of(st.integers(1, 300), st.fixed_dictionaries(
     {"dist": st.just("lognormal"), "mean": st.integers(20, 200), "sigma": st.floats(0.1, 1.0), "max": st.just(600)}))
 
 
-@st.composite
-def scenarios(draw) -> dict:
+def draw_workload(draw) -> dict:
+    """A workload of the generated families (here and ``tests/test_vllm_leap.py``): closed or open
+    loop, warm-up (before the benchmark or not), lengths, prefix hits, finishes by EOS or length."""
     arrival = draw(st.sampled_from(["closed_loop", "poisson"]))
     n = draw(st.integers(2, 40))
     input_len = draw(st.integers(1, 400))
-    workload = {"arrival": arrival, "num_requests": n, "warmup_requests": draw(st.integers(0, n - 1)),
-                "concurrency": draw(st.integers(1, 16)), "rate_per_s": draw(st.floats(1.0, 400.0)),
-                "input_len": input_len, "cached_len": draw(st.integers(0, input_len)),
-                "output_len": draw(lengths), "finish": draw(st.sampled_from(["length", "eos"])),
-                "warmup_before_benchmark": arrival == "closed_loop" and draw(st.booleans())}
+    return {"arrival": arrival, "num_requests": n, "warmup_requests": draw(st.integers(0, n - 1)),
+            "concurrency": draw(st.integers(1, 16)), "rate_per_s": draw(st.floats(1.0, 400.0)),
+            "input_len": input_len, "cached_len": draw(st.integers(0, input_len)),
+            "output_len": draw(lengths), "finish": draw(st.sampled_from(["length", "eos"])),
+            "warmup_before_benchmark": arrival == "closed_loop" and draw(st.booleans())}
+
+
+@st.composite
+def scenarios(draw) -> dict:
+    workload = draw_workload(draw)
     page = draw(st.sampled_from([1, 1, 4, 16]))
     pool = draw(st.sampled_from([200_000, 8_192, 3_072, 1_600]))
     server = {"settings": ["overlap"], "kv_pool_tokens": pool // page * page, "page_size": page,
@@ -153,12 +160,6 @@ def test_generated_sglang_runs_are_unchanged(raw, setting, tables):
     assert_same(scenario, setting, tables)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(raw=scenarios(), setting=st.sampled_from(["sync", "async"]))
-def test_vllm_runs_ignore_the_flag(raw, setting):
-    raw["server"] = {"engine": "vllm", "settings": [setting]}
-    raw["costs"] = {"noise": raw["costs"]["noise"]}
-    assert_same(sim.load_scenario(raw), setting)
 
 
 # --- the numpy runs (sim.engines.sglang.leap_runs) --------------------------------------------

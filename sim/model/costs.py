@@ -166,3 +166,10 @@ class Jitter:
         if not self._buf:
             self._buf = self._rng.lognormal(self._mu, self._sigma, self._CHUNK).tolist()
         return self._buf.pop()
+
+    def give_back(self, draws: list[float]) -> None:
+        """Undo the last ``len(draws)`` calls, which returned ``draws`` (in order): the next calls
+        return them again, then what followed them (a leap that drew for a step it then did not
+        take; the generator's state, one buffer ahead, is the one the calls left)."""
+        if self.cv != 0:
+            self._buf.extend(reversed(draws))

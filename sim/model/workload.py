@@ -9,6 +9,7 @@ request when the previous one finished (SGLang ``bench_serving --max-concurrency
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from dataclasses import dataclass, replace
@@ -102,6 +103,7 @@ def make_requests(scenario) -> RequestSpecs:
 
 
 TRACE_KEYS = ("arrival_s", "input_len", "output_len", "cached_len")
+TRACE_FIELDS = TRACE_KEYS + ("max_new_tokens", "ignore_eos")  # every key a trace line may hold
 _trace_cache: dict = {}  # (path, mtime, size) -> parsed rows: a trace is read once per process
 # a line's reader, refusing a key given twice (made once: json.loads with a hook builds a decoder per
 # call, which made a 100,000-line trace 1.35x slower to read)
@@ -146,7 +148,8 @@ def read_trace(path: Path, sort: bool = True, by_length: bool = True) -> Request
 def _trace_value(rec: dict, key: str, where: str, source: str):
     v = rec.get(key, 0 if key == "cached_len" else None)
     if v is None:
-        raise UserInputError(source, where, f"missing key {key!r} (a request is a JSON object with arrival_s, "
+        what = f"{key!r} is null" if key in rec else f"missing key {key!r}"
+        raise UserInputError(source, where, f"{what} (a request is a JSON object with arrival_s, "
                              "input_len, output_len[, cached_len, max_new_tokens, ignore_eos])")
     # (an integer too large for a float fails the range checks below, compared exactly: math.isfinite
     # of 10**400 would raise OverflowError, so only floats are asked whether they are finite)
@@ -169,7 +172,7 @@ def _parse_trace(path: Path) -> list[tuple]:
     in file order."""
     source = str(path)
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark (Windows editors) is not data
     except OSError as err:
         raise UserInputError(source, "", f"cannot read trace ({err.strerror or err})") from None
     except UnicodeDecodeError as err:
@@ -191,6 +194,11 @@ def _parse_trace(path: Path) -> list[tuple]:
         if not isinstance(rec, dict):
             raise UserInputError(source, where, f"expected a JSON object with arrival_s, input_len, output_len"
                                  f"[, cached_len] (got {type(rec).__name__})")
+        unknown = next((k for k in rec if k not in TRACE_FIELDS), None)
+        if unknown is not None:  # a misspelt key would be read as its default, in silence
+            close = difflib.get_close_matches(unknown, TRACE_FIELDS, n=1)
+            raise UserInputError(source, f"{where}: {unknown}", "unknown key" + (f" (did you mean {close[0]!r}?)" if close
+                                 else f" (expected {', '.join(TRACE_FIELDS)})"))
         row = tuple(_trace_value(rec, k, where, source) for k in TRACE_KEYS)
         if row[3] > row[1]:
             raise UserInputError(source, f"{where}: cached_len", f"must be <= input_len (got cached_len {row[3]} > "

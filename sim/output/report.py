@@ -254,6 +254,13 @@ def load_warnings(scenario) -> list[str]:
         out.append(f"warning: workload.cached_len can draw {length_bounds(cached)[1]}, at or above the shortest "
                    f"input_len {length_bounds(prompt)[0]}: such a request's cached prefix is cut to its prompt less "
                    "one token (the last prompt token is always computed)")
+    if getattr(w, "trace", None):  # the trace gives these per request: a value the scenario gives is not used
+        defaults = type(w).model_fields
+        given = [k for k in ("num_requests", "input_len", "cached_len", "output_len", "max_new_tokens", "ignore_eos")
+                 if getattr(w, k) != defaults[k].default]
+        if given:
+            out.append(f"warning: workload.{', workload.'.join(given)} not used: the trace {w.trace} gives each "
+                       "request's lengths (and its number of requests)")
     if getattr(w, "output_len", None) == 0:
         out.append("warning: workload.output_len 0: every request produces at least 1 token here (a prefill-only "
                    "request of max_new_tokens 0 is not modelled): priced as 1")

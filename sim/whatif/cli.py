@@ -382,8 +382,8 @@ def cmd_plots(args: argparse.Namespace) -> int:
     if (args.results / MANIFEST).is_file():
         table, manifest = load_sweep(args.results)
         paths = save_sweep_plots(args.results, table, manifest.get("scenario", args.results.name))
-    elif is_run_folder(args.results):
-        run = load_run_tables(args.results)
+    elif is_run_folder(args.results) or (args.results / "summary.json").is_file():
+        run = load_run_tables(args.results)  # a run that kept no steps table is named as such
         paths = save_run_plots(args.results, run.scenario_name, run.steps, run.summaries, run.requests)
     else:
         raise UserInputError(str(args.results), "", "not a run or sweep folder (expected summary.json + steps_<setting>.csv "

@@ -27,7 +27,8 @@ A run stops (and the loop goes on step by step) before an iteration that would:
 Not leapt at all (step by step throughout): the MLX chain and ``thread_overlap`` loops, SGLang's
 CPU engine (``blocking_forward``: the forward runs in the launch), a cost model with a submission
 block (MLX profiles), a release fault that kills the server, structured output (a grammar's mask
-and accept each step, :mod:`sim.engines.sglang.structured`), and vLLM's loops. ``--no-leap``
+and accept each step, :mod:`sim.engines.sglang.structured`); vLLM's loops have their own
+(:mod:`sim.engines.vllm.leap`). ``--no-leap``
 (:func:`sim.simulate.simulate`'s ``leap=False``) runs every iteration step by step; the tests
 hold both paths to byte-identical outputs (``tests/test_leap.py``).
 """

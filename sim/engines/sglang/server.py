@@ -7,6 +7,7 @@ instead; the rules table (:mod:`sim.engines.sglang.rules`) turns them into these
 
 from __future__ import annotations
 
+import math
 from typing import Literal, Optional
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
@@ -32,7 +33,7 @@ class Server(StrictModel):
     (:mod:`sim.engines.sglang.rules.loop_rules`), which event loop runs: when ``launch_args`` is given and
     ``settings`` is not, ``settings`` becomes that one loop; flags that map onto a field here
     (``--page-size``, ``--max-running-requests``, ``--chunked-prefill-size``,
-    ``--max-total-tokens``, ``--schedule-conservativeness``,
+    ``--max-prefill-tokens``, ``--max-total-tokens``, ``--schedule-conservativeness``,
     SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP) fill it, and a field given both ways must agree.
     ``device`` is the platform ('mlx' = MPS with SGLANG_USE_MLX). ``version`` (default: the
     seed document's 0.5.22) also decides the release-specific faults the simulator predicts and,
@@ -40,7 +41,9 @@ class Server(StrictModel):
     admission rules of that release (``admission``: ``v0.5.22`` reserves ``ignore_eos``
     requests' whole output and a page per admitted request; ``v0.5.4`` weights every running
     request by the new-token ratio). ``max_prefill_tokens``: SGLang's second per-pass prefill
-    budget (``--max-prefill-tokens``, 16384).
+    budget (``--max-prefill-tokens``, 16384). ``chunked_prefill_size`` -1 or 0 turns chunked prefill
+    off, as SGLang's scheduler reads a size <= 0 (``Scheduler.__init__``, 0.5.23: no chunk budget;
+    a prompt is prefilled whole).
 
     ``forward_on_scheduler_thread``: the forward runs inside ``run_batch`` on the scheduler's own
     thread, so nothing can overlap it and every loop pays it in full. None (default): True on
@@ -66,7 +69,7 @@ class Server(StrictModel):
     device: Literal["cuda", "mlx", "mps", "cpu"] = "cuda"
     settings: list[Setting] = Field(default_factory=lambda: ["overlap", "normal"], min_length=1)
     max_running_requests: int = Field(default=64, ge=1, le=MAX_REQUESTS)
-    chunked_prefill_size: int = Field(default=8192, ge=1, le=MAX_TOKENS)
+    chunked_prefill_size: int = Field(default=8192, ge=-1, le=MAX_TOKENS)  # <= 0: chunked prefill off
     kv_pool_tokens: int = Field(default=400_000, ge=1, le=MAX_POOL_TOKENS)
     page_size: int = Field(default=1, ge=1, le=MAX_TOKENS)
     init_new_token_ratio: float = Field(default=0.7, ge=0, le=1)
@@ -193,6 +196,10 @@ class Server(StrictModel):
         if self.page_size > 1 and self.kv_pool_tokens % self.page_size:
             raise ValueError(f"kv_pool_tokens: must be a multiple of page_size {self.page_size} "
                              f"(got {self.kv_pool_tokens})")
+        if 0 < self.chunked_prefill_size < self.page_size:  # PrefillAdder ends a chunk on a page boundary
+            raise ValueError(f"chunked_prefill_size: at least page_size {self.page_size} (got "
+                             f"{self.chunked_prefill_size}): a chunk ends on a page boundary, so a smaller one "
+                             "takes no token and the prefill never ends")
         return self
 
 
@@ -231,8 +238,11 @@ def _resolve_launch_args(data: dict) -> tuple[dict, tuple, tuple]:
         wanted["settings"] = [adv.setting]
     derived = []
     for key, value in wanted.items():
-        if key in data and data[key] != value:
-            raise ValueError(f"{key} is {data[key]!r} but launch_args give {value!r}")
+        given = data.get(key)
+        if key in data and given != value and not (isinstance(value, float) and isinstance(given, (int, float))
+                                                   and math.isclose(given, value, rel_tol=1e-9)):
+            # (a float the flag derives, e.g. the ratio 0.7 x conservativeness, may differ in its last digit)
+            raise ValueError(f"{key} is {given!r} but launch_args give {value!r}")
         if key not in data:
             data[key] = value
             derived.append(key)

@@ -74,6 +74,7 @@ class EngineCore:
         self._results: dict[int, simpy.Event] = {}
         self.num_requests = len(specs)
         self.grammar = grammar
+        self.leap = None  # the run's sim.engines.vllm.leap.Leap (run_vllm sets it), or None: step by step
 
     # --- input ---------------------------------------------------------------------------
     def submit(self, rid: int, arrival_s: float) -> None:

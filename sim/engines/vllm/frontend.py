@@ -132,9 +132,15 @@ class ApiServer:
         """A step's outputs for ``num_reqs`` requests, out of ``update_from_output`` at
         ``update_end_s``: when its tokens reach the clients (s). Charged in call order (steps
         end in order); a step of no cost passes at once."""
+        deliver, self.free_s = self.egress_time(update_end_s, num_reqs, self.free_s)
+        return deliver
+
+    def egress_time(self, update_end_s: float, num_reqs: int, free_s: float) -> tuple[float, float]:
+        """:meth:`egress` with the output side free at ``free_s``, changing nothing: (when the
+        step's tokens reach the clients, when the output side is free after it), seconds."""
         cost = self.costs.frontend_s("out", num_reqs)
         if cost <= 0.0:
-            return update_end_s
+            return update_end_s, free_s
         work = min(self.costs.frontend_s("work", num_reqs), cost)
-        self.free_s = max(update_end_s + (cost - work), self.free_s) + work
-        return self.free_s
+        free_s = max(update_end_s + (cost - work), free_s) + work
+        return free_s, free_s

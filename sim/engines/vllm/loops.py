@@ -46,6 +46,11 @@ def sync_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store):
     while not core.all_done:
         if not sched.has_requests():
             yield core.idle()  # _process_input_queue: block until a request arrives
+        if core.leap is not None:  # a run of steady decode iterations at once (sim.engines.vllm.leap)
+            end, _, leapt = core.leap.run(env.now, None)
+            if leapt:
+                yield env.timeout(end - env.now)
+                continue
         t = core.add_requests(env.now)
         if not sched.has_requests():
             yield env.timeout(t)
@@ -71,6 +76,11 @@ def async_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store)
     while not core.all_done or queue:
         if not (sched.has_requests() or queue):
             yield core.idle()
+        if core.leap is not None and len(queue) == 1:  # sim.engines.vllm.leap: the step in flight goes on
+            end, queue[0], leapt = core.leap.run(env.now, queue[0])
+            if leapt:
+                yield env.timeout(end - env.now)
+                continue
         t = core.add_requests(env.now)
         executed = False
         deferred = None
@@ -107,7 +117,9 @@ def worker_loop(env: simpy.Environment, worker: Worker, rpcs: simpy.Store):
     """The worker process: each step's ``execute_model`` then ``sample_tokens``, in order."""
     while True:
         queued = bool(rpcs.items)
+        worker.waiting = True
         step, done = yield rpcs.get()
+        worker.waiting = False
         yield env.timeout(worker.pickup(step, queued) + worker.prepare(step))
         if step.num_reqs:
             yield env.timeout(worker.forward(step, env.now))

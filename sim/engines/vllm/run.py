@@ -9,6 +9,7 @@ import numpy as np
 import simpy
 
 from sim.engines.vllm.core import EngineCore
+from sim.engines.vllm.leap import Leap
 from sim.engines.vllm.costs import make_vllm_costs
 from sim.engines.vllm.loops import LOOPS, worker_loop
 from sim.engines.vllm.policy.scheduler import Scheduler
@@ -42,8 +43,8 @@ def run_vllm(scenario, setting: str, specs: RequestSpecs, warmup: int, recorder,
              leap: bool = True) -> tuple[dict, dict]:
     """Simulate ``scenario`` (a vLLM scenario, run noise already folded into its scales) under
     ``setting`` ('sync' | 'async') for the requests ``specs`` (ids below ``warmup`` are warm-up),
-    feeding ``recorder``. ``leap`` is accepted for the runner's interface; vLLM's loops run step by
-    step (no leap yet).
+    feeding ``recorder``. ``leap``: take runs of steady decode iterations at once
+    (:mod:`sim.engines.vllm.leap`; the same answer), else every iteration through the processes.
 
     Returns:
         (outcome, stats): outcome as :class:`sim.simulate.Result` documents it (status, KV peak,
@@ -73,6 +74,7 @@ def run_vllm(scenario, setting: str, specs: RequestSpecs, warmup: int, recorder,
                     setting == "async", srv.resolved_block_size if w.prefix_sharing == "shared" else 0,
                     srv.speculative)
     rpcs = simpy.Store(env)
+    core.leap = Leap.for_run(env, core, worker, rpcs, setting, leap)
     if clients is not None:
         clients.start()
     else:
@@ -91,5 +93,6 @@ def run_vllm(scenario, setting: str, specs: RequestSpecs, warmup: int, recorder,
                **reach_outcome(costs)}
     if scheduler.accept is not None:  # tokens per verify step per request, as drawn
         outcome["spec_accept_length"] = scheduler.accept.mean_accept_length
-    stats = {"sim_time_s": env.now, "steps": scheduler.next_step_seq}
+    stats = {"sim_time_s": env.now, "steps": scheduler.next_step_seq,
+             "leapt_steps": core.leap.leapt if core.leap is not None else 0}
     return outcome, stats

@@ -57,6 +57,7 @@ class Worker:
         self.cpu_jitter = cpu_jitter
         self.blocking_forward = blocking_forward
         self.async_scheduling = async_scheduling
+        self.waiting = False  # waiting for the engine core's next RPC (worker_loop; the leap reads it)
 
     def prepare(self, step: Batch) -> float:
         """CPU time of ``execute_model`` before the forward (the whole call for an empty step)."""

@@ -15,7 +15,8 @@ cache on, chunked prefill on, no mixed chunk):
   plus, per request admitted in this pass, a page and its ``min(max_new, 4096)`` (nothing for a
   request being chunked; the last chunk of a chunked request reserves it). A request whose
   prompt exceeds the chunk budget is chunked, its chunk ending on a page boundary. The pass
-  stops at the first request that does not fit, when a budget (``chunked_prefill_size``,
+  stops at the first request that does not fit, when a budget (``chunked_prefill_size``, none when it
+  is <= 0: chunked prefill off, SGLang's ``rem_chunk_tokens`` None,
   ``max_prefill_tokens``) is spent, or when an admission leaves no room.
 - The radix-cache prefix a request reuses is ``floor_p(min(cached_len, prompt - 1))``.
 
@@ -25,6 +26,8 @@ reserve no page per request.
 """
 
 from __future__ import annotations
+
+import math
 
 from sim.model.batch import Batch, Req
 from sim.model.costs import EXTEND
@@ -46,7 +49,8 @@ class AdmissionMixin:
         if running >= srv.max_running_requests and self.chunked_req is None:
             self.batch_is_full = True
             return None
-        p = _Pass(self, kv.free_pages * page, self._running_offset(), srv.chunked_prefill_size, srv.max_prefill_tokens)
+        chunk = srv.chunked_prefill_size if srv.chunked_prefill_size > 0 else math.inf  # <= 0: chunked prefill off
+        p = _Pass(self, kv.free_pages * page, self._running_offset(), chunk, srv.max_prefill_tokens)
         if self.chunked_req is not None:
             req = self.chunked_req
             room = int(p.kv_free - p.reserve)

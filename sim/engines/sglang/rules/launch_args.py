@@ -201,6 +201,10 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
         if tok in _LAUNCHER_TOKENS or re.fullmatch(r"(.*/)?python[0-9.]*", tok):
             continue
         if not tok.startswith("--"):
+            if tok.lower() in BOOL_WORDS and i >= 2 and _is_switch(tokens[i - 2]):
+                raise UserInputError(source, tokens[i - 2], f"takes no value (python -m sglang.launch_server refuses "
+                                     f"{tokens[i - 2]} {tok}: unrecognized arguments: {tok}; leave the flag out to "
+                                     "keep its default)")
             notes.append(f"argument {tok!r} passed over (not a --flag)")
             continue
         name, eq, inline = tok.partition("=")
@@ -244,6 +248,10 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
         server["init_new_token_ratio"] = min(0.7 * server["init_new_token_ratio"], 1.0)
     if env_truthy(env.get("SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP")):
         server["disable_consecutive_prefill_overlap"] = True
+    device = fields.get("device")
+    if device is not None and device not in ("cuda", "cpu", "mps"):  # npu, xpu, hpu...: another platform's backend
+        raise UserInputError(source, "--device", f"{device!r} is not modelled (the simulator models cuda, cpu and mps, "
+                             "with SGLANG_USE_MLX=1 the MLX backend): no answer for this command")
     platform = _resolve_platform(platform, fields, env, notes)
     refused = unmodelled(fields)
     tp = fields.get("tp_size", 1)
@@ -258,6 +266,16 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
                    f"refused: not modelled ({refused[what]})" if what in refused else MODELLED)
                   for shown, what in statuses)
     return LaunchConfig(platform, str(ver), fields, env, server, tuple(notes), flags)
+
+
+# a value given to a switch as the next token (argparse takes it as a stray argument and refuses it)
+BOOL_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "0", "1"})
+
+
+def _is_switch(token: str) -> bool:
+    """Whether ``token`` is a flag of SGLang's server that takes no value."""
+    known = known_flags().resolve(token) if token.startswith("--") and "=" not in token else None
+    return known is not None and not known[1]
 
 
 def _resolve_platform(platform: str, fields: dict, env: dict, notes: list[str]) -> str:

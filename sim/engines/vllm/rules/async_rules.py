@@ -144,7 +144,11 @@ class VllmAdvice:
 
 
 def evaluate(c: VllmLaunch) -> VllmAdvice:
-    """Resolve async scheduling for a parsed launch command (see the module docstring)."""
+    """Resolve async scheduling for a parsed launch command (see the module docstring); a command
+    whose sizes vLLM's start-up refuses (the checks a scenario's server section makes) is refused."""
+    startup = _startup_refusal(c)
+    if startup is not None:
+        return _advice(c, None, (startup,), True)
     rows = [r for r in RULES if r.when(c)]
     explicit = c.fields.get("async_scheduling")
     refusals = [r for r in rows if r.kind == "refuse_explicit"] if explicit else []
@@ -159,6 +163,29 @@ def evaluate(c: VllmLaunch) -> VllmAdvice:
     if refused:
         return _advice(c, None, tuple(refused), True)
     return _advice(c, on, tuple(decided), False)
+
+
+def _startup_refusal(c: VllmLaunch) -> Rule | None:
+    """The sizes the command sets (``--max-num-batched-tokens``, ``--max-model-len``,
+    ``--block-size``, ``--num-gpu-blocks-override`` ...) checked as a scenario's server section
+    checks them (:class:`sim.engines.vllm.server.VllmServer`: vLLM's ``SchedulerConfig`` and KV
+    cache start-up checks); the first refusal as a row, or None."""
+    from pydantic import ValidationError
+
+    from sim.engines.vllm.server import VllmServer  # here: the server section is the scenario's
+
+    fields = {k: v for k, v in c.server.items() if k != "speculative"}
+    try:
+        VllmServer(engine="vllm", device=c.platform if c.platform in ("cuda", "cpu") else "cuda", **fields)
+    except ValidationError as err:
+        first = err.errors()[0]
+        text = str(first["msg"]).removeprefix("Value error, ")
+        if first["loc"]:
+            text = f"{'.'.join(map(str, first['loc']))}: {text}"
+        return Rule("startup_sizes", "refuse_resolved", lambda _c: True, text,
+                    "vllm/config/scheduler.py verify_max_model_len; v1/core/kv_cache_utils.py "
+                    "check_enough_kv_cache_memory (as sim.engines.vllm.server.VllmServer checks them)")
+    return None
 
 
 def _advice(c: VllmLaunch, on: bool | None, decided: tuple, refused: bool) -> VllmAdvice:

@@ -1,0 +1,262 @@
+"""Leaping over steady decode runs of vLLM's loops: several engine-core iterations (and the worker's
+steps they send) at once, with the same answer as the SimPy processes give step by step.
+
+Between two events that change what vLLM's scheduler does, every step schedules one token for each
+running request, in the same order, and nothing else moves but each request's counters. Over such
+a run :class:`Leap` performs each iteration's phases as the float operations the processes of
+:mod:`sim.engines.vllm.loops` perform (the engine core's ``add_requests``, ``schedule``,
+``dispatch``, the wait and ``update``; the worker's ``prepare``, forward, ``roundtrip`` or pickup,
+``sample`` and ``collect``; the API server's ``egress``), in the same order and with the same
+jitter draws per generator, without the per-request walks of the policy: the requests' counters,
+blocks and delivery times are brought up to date once at the end, and the steps reach the
+recorder as the same rows and ITL samples in the same order. The engine core's clock then goes to
+the run's end through SimPy, which lands on the same float (checked before each iteration is
+taken).
+
+A run is taken only from the top of an engine-core iteration where:
+
+- the worker waits for an RPC (its last step's sampling is done) and, under async scheduling, the
+  step in flight is a decode of every running request whose output is back in the engine core;
+- no request waits, none finished since the last step, nothing is in the input queue by the
+  iteration's start, and no other SimPy event (an arrival, the API server) falls before the
+  run's end;
+- every running request decodes one token a step: no prefill chunk, no speculative decoding or
+  grammar, no preempted request's stale output, its blocks exactly covering its computed tokens;
+
+and it stops before an iteration that would finish a request (its stop token, ``max_tokens`` or
+``max_model_len``; async scheduling: before the in-flight step reaches ``max_tokens``), run out of
+KV blocks (preemption), find the worker still busy when the next step is sent (pickup) or end at
+or after the next other event. Not leapt: vLLM's CPU platform (the forward blocks the worker),
+speculative decoding, structured output. ``leap=False`` (``--no-leap``) runs every iteration
+through the processes; ``tests/test_vllm_leap.py`` holds both to byte-identical outputs.
+"""
+
+from __future__ import annotations
+
+from sim.engines.vllm.core import TIME_EPS_S
+from sim.model.batch import Batch
+from sim.model.costs import DECODE
+
+MIN_RUN = 3  # a shorter run is not worth the walks over the running requests at its start and end
+
+
+class Leap:
+    """Runs of steady decode iterations of one vLLM run (see the module docstring).
+
+    Args:
+        env: the run's SimPy environment.
+        core: its :class:`sim.engines.vllm.core.EngineCore` (scheduler, costs, API server).
+        worker: its :class:`sim.engines.vllm.worker.Worker`.
+        rpcs: the RPC store between them.
+        async_scheduling: the ``async`` setting's loop (a step in flight at each iteration's top).
+    """
+
+    def __init__(self, env, core, worker, rpcs, async_scheduling: bool):
+        self.env, self.core, self.worker, self.rpcs = env, core, worker, rpcs
+        self.async_scheduling = async_scheduling
+        self.leapt = 0  # iterations taken so far (the run's stats: leapt_steps)
+        self._retry_at = 0  # the step sequence number before which no run is tried again
+
+    @classmethod
+    def for_run(cls, env, core, worker, rpcs, setting: str, leap: bool) -> "Leap | None":
+        """The leap of a run, or None where its loop runs step by step only."""
+        sched = core.scheduler
+        if not leap or worker.blocking_forward or sched.num_spec_tokens or core.grammar is not None:
+            return None
+        return cls(env, core, worker, rpcs, setting == "async")
+
+    def run(self, now: float, prev: Batch | None) -> tuple[float, Batch | None, int]:
+        """Iterations of the engine core from its loop's top at ``now`` (``prev``: async
+        scheduling's step in flight; None for the synchronous loop). Returns (when the last one
+        ends, the step then in flight, iterations leapt; 0: none, nothing changed)."""
+        sched = self.core.scheduler
+        if sched.next_step_seq < self._retry_at:
+            return now, prev, 0
+        ready = self._ready(now, prev)
+        if ready is None:
+            self._retry_at = sched.next_step_seq + 2
+            return now, prev, 0
+        return self._run(now, prev, *ready)
+
+    # --- where a run may start ---------------------------------------------------------------
+    def _ready(self, now: float, prev: Batch | None):
+        """The run's constants if one may start at ``now`` (module docstring), else None:
+        (running requests, the step's sum_ctx at its first iteration, warm-up members, measured
+        members, their common last delivery, the most iterations, block allocations by residue,
+        the shared prefix tokens of each forward, the in-flight step's output time)."""
+        core, sched, worker = self.core, self.core.scheduler, self.worker
+        running = sched.running
+        n = len(running)
+        if (not n or sched.waiting or sched.finished_req_ids or core._was_idle or not worker.waiting
+                or self.rpcs.items or n > sched.max_num_scheduled_tokens):
+            return None
+        if core._head < len(core.inbox) and core.inbox[core._head][0] <= now + TIME_EPS_S:
+            return None
+        back_prev = None
+        if self.async_scheduling:
+            if prev is None or prev.kind != DECODE or prev.num_reqs != n or len(prev.chunks) != n:
+                return None
+            done = core._results.get(prev.seq)
+            if done is None or done.callbacks is not None:  # its output is not back yet
+                return None
+            back_prev = done.value
+            if any(entry[0] is not req for entry, req in zip(prev.chunks, running)):
+                return None
+        elif prev is not None:
+            return None
+        bs, max_len = sched.kv.block_size, sched.max_model_len
+        placeholders = 1 if self.async_scheduling else 0
+        last = running[0].last_token_s
+        if last != last:  # NaN: no token delivered yet
+            return None
+        k_max = 1 << 30
+        hist = [0] * bs
+        ctx = warm = 0
+        hits = []
+        for r in running:
+            c = r.num_computed_tokens
+            if (r.num_output_placeholders != placeholders or r.num_in_flight_tokens != placeholders
+                    or r.num_stale_output_tokens or r.num_spec_tokens or r.grammar or r.is_prefill_chunk
+                    or r.num_prompt_tokens + r.num_output_tokens + placeholders - c != 1
+                    or r.last_token_s != last or r.first_token_s != r.first_token_s or r.num_blocks != -(-c // bs)):
+                return None
+            out = r.num_output_tokens
+            stop = min(r.max_tokens - out - 1, max_len - r.num_prompt_tokens - out - 1, max_len - c - 1)
+            if r.output_len < r.max_tokens:  # a stop token ends it (check_stop)
+                stop = min(stop, r.output_len - out - 1)
+            if self.async_scheduling:  # the in-flight step must not reach max_tokens (l.668)
+                stop = min(stop, r.num_prompt_tokens + r.max_tokens - c - 1)
+            k_max = min(k_max, stop)
+            hist[(-c) % bs] += 1
+            ctx += c + 1
+            warm += r.warmup
+            if r.num_hit_blocks:
+                hits.append(r.num_hit_blocks)
+        if k_max < MIN_RUN:
+            return None
+        shared = 0
+        if worker.shared_block_size and len(hits) > 1:  # Worker.shared_kv of every step of the run
+            shared = (len(hits) - 1) * min(hits) * worker.shared_block_size
+        return running, ctx, warm, n - warm, last, k_max, hist, shared, back_prev
+
+    # --- the run --------------------------------------------------------------------------------
+    def _run(self, now: float, prev, running, ctx0, warm, measured, last, k_max, hist, shared, back_prev):
+        env, core, worker = self.env, self.core, self.worker
+        sched, costs, frontend, rec = core.scheduler, core.costs, core.frontend, core.recorder
+        kv, stream = sched.kv, worker.stream
+        n, bs = len(running), kv.block_size
+        phase, forward_s = costs.phase_s, costs.forward_s
+        cj, wj, gj = core.cpu_jitter, worker.cpu_jitter, worker.gpu_jitter
+        async_scheduling = self.async_scheduling
+        pickup_s = costs.pickup_s
+        horizon = env.peek()
+        inbox_next = core.inbox[core._head][0] if core._head < len(core.inbox) else float("inf")
+        seq0 = sched.next_step_seq
+        free, peak, usable = kv.num_free_blocks, kv.peak_used_blocks, kv.num_usable_blocks
+        free_s, busy = frontend.free_s, stream.busy_until
+        c, w3_prev, k = now, -float("inf"), 0
+        head = None  # async: the row of the step in flight, up to its forward's end
+        while k < k_max and c + TIME_EPS_S < inbox_next:
+            need = hist[k % bs]
+            if need > free:
+                break  # allocate_slots fails: preemption, step by step
+            ctx = ctx0 + k * n
+            # the engine core: add_requests (nothing arrived), schedule, dispatch
+            js, jd = cj(), cj()
+            s, d = phase("schedule", n) * js, phase("dispatch", n) * jd
+            start = c + 0.0
+            launch = start + s
+            a1 = c + (0.0 + (s + d))
+            if not a1 > w3_prev:  # the worker would find the RPC queued (pickup) or a tie: step by step
+                cj.give_back([js, jd])
+                break
+            # the worker: execute_model's preparation and forward, sample_tokens, the output back
+            jp = wj()
+            jg = gj()
+            jr = wj()
+            jm = wj()
+            jc = wj()
+            p = phase("prepare", n) * jp
+            fwd = forward_s(DECODE, n, n, ctx, shared, 0, 0, 0, count=False) * jg
+            w1 = a1 + (0.0 + p)
+            fs = w1 if w1 > busy else busy
+            fe = fs + fwd
+            rt = (pickup_s(n) if async_scheduling else phase("roundtrip", n)) * jr
+            w3 = (w1 + 0.0 + rt) + phase("sample", n) * jm
+            back = (w3 if w3 >= fe else fe) + phase("collect", n) * jc
+            # the engine core: wait for the step in flight (async: the one before), update it
+            r, back_w = (a1, back_prev) if async_scheduling else (w3, back)
+            a2 = r + max(0.0, back_w - r)
+            ju = cj()
+            end = a2 + phase("update", n) * ju
+            deliver, new_free_s = frontend.egress_time(end, n, free_s)
+            if not (end < horizon and now + (end - now) == end and (not async_scheduling or w3 < end)):
+                cj.give_back([js, jd, ju])
+                wj.give_back([jp, jr, jm, jc])
+                gj.give_back([jg])
+                break
+            # taken: its effects, in the order the processes make them
+            forward_s(DECODE, n, n, ctx, shared, 0, 0, 0)  # the reach counters (count=True)
+            free -= need
+            used = usable - free
+            if used > peak:
+                peak = used
+            busy = fe
+            free_s = new_free_s
+            row = (seq0 + k, DECODE, n, n, ctx, warm, 0, 0, False, used * bs, n, 0, c, start, start + s, launch,
+                   launch + d, fs, fe)
+            if async_scheduling:
+                if head is None:  # the step in flight at the run's start: its own object
+                    prev.sync_start, prev.process_start, prev.process_end, prev.finished = a1, a2, end, 0
+                    core._results.pop(prev.seq)
+                    rec.step(prev)
+                else:
+                    rec.step_row(head + (a1, a2, end))
+                head = row
+            else:
+                rec.step_row(row + (a1, a2, end))
+            if measured:
+                rec.itl(deliver - last, measured)
+            last = deliver
+            back_prev, w3_prev, c = back, (w3 if async_scheduling else -float("inf")), end
+            k += 1
+        if k == 0:
+            self._retry_at = sched.next_step_seq + 2
+            return now, prev, 0
+        self._commit(running, k, last, free, peak, free_s, busy)
+        self.leapt += k
+        if async_scheduling:
+            prev = self._in_flight(head, running, k, back_prev)
+        return c, prev, k
+
+    def _commit(self, running, k: int, last: float, free: int, peak: int, free_s: float, busy: float) -> None:
+        """The state after ``k`` iterations: each request's counters, blocks and last delivery
+        (as ``_update_after_schedule`` and ``update_from_output`` leave them), the KV pool, the
+        step numbers, the API server's and the device stream's clocks."""
+        sched = self.core.scheduler
+        bs = sched.kv.block_size
+        for r in running:
+            r.num_computed_tokens += k
+            r.num_output_tokens += k
+            r.num_blocks = -(-r.num_computed_tokens // bs)
+            r.last_token_s = last
+        sched.kv.num_free_blocks, sched.kv.peak_used_blocks = free, peak
+        sched.next_step_seq += k
+        self.core.frontend.free_s = free_s
+        self.worker.stream.busy_until = busy
+
+    def _in_flight(self, head: tuple, running, k: int, back: float) -> Batch:
+        """Async scheduling: the run's last step, in flight, as the loop goes on with it (its
+        entries as ``schedule`` made them, its output back at ``back``)."""
+        (seq, _kind, n, _tokens, ctx, warm, _over, _fin, _idle, kv_used, num_running, num_queued, recv_start,
+         schedule_start, schedule_end, launch_start, launch_end, forward_start, forward_end) = head
+        step = Batch(seq, DECODE, n, n, ctx, num_warmup=warm,
+                     chunks=[[r, 1, r.num_computed_tokens - 1, True, 0] for r in running])
+        step.kv_used_after_alloc, step.num_running, step.num_queued = kv_used, num_running, num_queued
+        step.recv_start, step.schedule_start, step.schedule_end = recv_start, schedule_start, schedule_end
+        step.launch_start, step.launch_end = launch_start, launch_end
+        step.forward_start, step.forward_end = forward_start, forward_end
+        done = self.env.event()
+        done.succeed(back)
+        self.core._results[seq] = done
+        return step

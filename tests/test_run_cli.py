@@ -262,3 +262,17 @@ def test_a_cached_prefix_that_can_outgrow_its_prompt_is_warned_of():
     drawn = sim.load_scenario(QUICKSTART, ["workload.cached_len={dist: choice, values: [0, 600]}"])
     assert any("cached_len can draw 600, at or above the shortest input_len 512" in w for w in load_warnings(drawn))
     assert not any("cached_len" in w for w in load_warnings(sim.load_scenario(QUICKSTART)))
+
+
+def test_a_killed_runs_staging_folder_is_removed_by_the_next_run(tmp_path):
+    """A run killed before it cleaned up leaves its hidden staging folder; the next run into the
+    folder removes it (its process is gone), and leaves a live run's alone."""
+    import os
+
+    out = tmp_path / "out"
+    dead, live = out / ".run-999999999-x.partial", out / f".run-{os.getpid()}-y.partial"
+    for stage in (dead, live):
+        stage.mkdir(parents=True)
+    assert main(["run", str(QUICKSTART), "--set", "workload.num_requests=16", "--no-plots", "--no-range",
+                 "--out", str(out)]) == 0
+    assert not dead.exists() and live.exists()

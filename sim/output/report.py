@@ -387,7 +387,8 @@ def staged_folder(out_dir: Path) -> Iterator[Path]:
     made = not out_dir.exists()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=".run-", suffix=".partial", dir=out_dir))
+        _remove_dead_stages(out_dir)
+        stage = Path(tempfile.mkdtemp(prefix=f".run-{os.getpid()}-", suffix=".partial", dir=out_dir))
     except OSError as err:
         raise UserInputError(str(out_dir), "", f"a folder the system lets this command write ({err.strerror})") from None
     try:
@@ -399,6 +400,26 @@ def staged_folder(out_dir: Path) -> Iterator[Path]:
         shutil.rmtree(stage, ignore_errors=True)
         if made and not any(out_dir.iterdir()):
             out_dir.rmdir()
+
+
+def _remove_dead_stages(out_dir: Path) -> None:
+    """Remove the staging folders (``.run-<pid>-*.partial``) of runs whose process is gone (killed
+    before it could clean up); a live run's is left alone."""
+    for stage in out_dir.glob(".run-*-*.partial"):
+        pid = stage.name.split("-")[1]
+        if not pid.isdigit() or not _alive(int(pid)):
+            shutil.rmtree(stage, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (signal 0: no signal sent)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # someone else's process, or a pid the system cannot check: leave its folder
+    return True
 
 
 def write_results(out_dir: Path, payload: dict, results: Iterable, table_format: str = "parquet",

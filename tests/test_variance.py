@@ -125,3 +125,16 @@ def test_run_level_noise_is_per_run_and_per_setting():
     # per-step noise of the same size averages out over a run
     per_step = sweep(scen, {}, repeats=12, workers=1)
     assert (spread(per_step, ["output_throughput"])["output_throughput_cv"] < 0.05).all()
+
+
+def test_a_ratio_of_zero_is_left_out_without_a_warning():
+    """A metric at 0 under one setting (no GPU gap) gives ratios of 0: they have no log and are
+    left out of the interval, with no numpy warning on the user's terminal."""
+    import warnings
+
+    from sim.whatif.variance import log_ratio_interval
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert log_ratio_interval([0.0, 1.1, 1.2]) == log_ratio_interval([1.1, 1.2])
+        assert all(v != v for v in log_ratio_interval([0.0, 0.0]))  # NaN: nothing to average

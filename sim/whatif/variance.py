@@ -79,8 +79,9 @@ def log_ratio_interval(ratios: Sequence[float], level: float = 0.95, method: str
     bootstrap of the mean log ratio, ``n_boot`` resamples, seeded)."""
     from scipy import stats  # deferred: SciPy takes a while to import
 
-    logs = np.log(np.asarray(ratios, dtype=np.float64))
-    logs = logs[np.isfinite(logs)]
+    r = np.asarray(ratios, dtype=np.float64)
+    r = r[(r > 0) & np.isfinite(r)]  # a ratio of 0 (a metric at 0 under one setting, e.g. no gap) has no log
+    logs = np.log(r)
     n = len(logs)
     if n == 0:
         return (math.nan, math.nan, math.nan)

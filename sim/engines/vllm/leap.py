@@ -226,7 +226,7 @@ class Leap:
         self._commit(running, k, last, free, peak, free_s, busy)
         self.leapt += k
         if async_scheduling:
-            prev = self._in_flight(head, running, k, back_prev)
+            prev = self._in_flight(head, running, back_prev)
         return c, prev, k
 
     def _commit(self, running, k: int, last: float, free: int, peak: int, free_s: float, busy: float) -> None:
@@ -245,7 +245,7 @@ class Leap:
         self.core.frontend.free_s = free_s
         self.worker.stream.busy_until = busy
 
-    def _in_flight(self, head: tuple, running, k: int, back: float) -> Batch:
+    def _in_flight(self, head: tuple, running, back: float) -> Batch:
         """Async scheduling: the run's last step, in flight, as the loop goes on with it (its
         entries as ``schedule`` made them, its output back at ``back``)."""
         (seq, _kind, n, _tokens, ctx, warm, _over, _fin, _idle, kv_used, num_running, num_queued, recv_start,

@@ -132,8 +132,6 @@ def test_a_ratio_of_zero_is_left_out_without_a_warning():
     left out of the interval, with no numpy warning on the user's terminal."""
     import warnings
 
-    from sim.whatif.variance import log_ratio_interval
-
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert log_ratio_interval([0.0, 1.1, 1.2]) == log_ratio_interval([1.1, 1.2])

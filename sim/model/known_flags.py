@@ -17,6 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+# words a user may put after a switch meaning its value; argparse takes them as a stray argument
+# and refuses the command ("unrecognized arguments"), so each engine's parser refuses them there
+SWITCH_VALUES = frozenset({"true", "false", "yes", "no", "on", "off", "0", "1"})
+
+
 @dataclass(frozen=True)
 class KnownFlags:
     """``flags``: option -> whether it takes a value; ``engine`` and ``version``: whose list;
@@ -32,6 +37,12 @@ class KnownFlags:
         one of them (the engine's parser refuses it: "invalid choice"), else None."""
         allowed = self.choices.get(option)
         return tuple(allowed) if allowed is not None and raw is not None and raw not in allowed else None
+
+    def gives_switch_a_value(self, flag: str, token: str) -> bool:
+        """Whether ``token``, after ``flag`` (as given, no ``=value``), is a value a switch cannot
+        take (:data:`SWITCH_VALUES` after a flag that takes none)."""
+        known = self.resolve(flag) if flag.startswith("--") and "=" not in flag else None
+        return known is not None and not known[1] and token.lower() in SWITCH_VALUES
 
     def resolve(self, name: str) -> tuple[str, bool] | None:
         """``(option, takes a value)`` for ``name`` (``--flag``, no ``=value``), or None when the

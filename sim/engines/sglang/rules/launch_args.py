@@ -201,7 +201,7 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
         if tok in _LAUNCHER_TOKENS or re.fullmatch(r"(.*/)?python[0-9.]*", tok):
             continue
         if not tok.startswith("--"):
-            if tok.lower() in BOOL_WORDS and i >= 2 and _is_switch(tokens[i - 2]):
+            if i >= 2 and known_flags().gives_switch_a_value(tokens[i - 2], tok):
                 raise UserInputError(source, tokens[i - 2], f"takes no value (python -m sglang.launch_server refuses "
                                      f"{tokens[i - 2]} {tok}: unrecognized arguments: {tok}; leave the flag out to "
                                      "keep its default)")
@@ -266,16 +266,6 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
                    f"refused: not modelled ({refused[what]})" if what in refused else MODELLED)
                   for shown, what in statuses)
     return LaunchConfig(platform, str(ver), fields, env, server, tuple(notes), flags)
-
-
-# a value given to a switch as the next token (argparse takes it as a stray argument and refuses it)
-BOOL_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "0", "1"})
-
-
-def _is_switch(token: str) -> bool:
-    """Whether ``token`` is a flag of SGLang's server that takes no value."""
-    known = known_flags().resolve(token) if token.startswith("--") and "=" not in token else None
-    return known is not None and not known[1]
 
 
 def _resolve_platform(platform: str, fields: dict, env: dict, notes: list[str]) -> str:

@@ -184,18 +184,6 @@ def _convert(kind: str, flag: str, raw: str | None, source: str, name: str = "")
     return raw
 
 
-# a value given to a switch as the next token (vllm serve takes it as a stray argument and refuses it)
-BOOL_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "0", "1"})
-
-
-def _is_switch(token: str) -> bool:
-    """Whether ``token`` is a flag of vLLM's server that takes no value (``_`` read as ``-``)."""
-    if not token.startswith("--") or "=" in token:
-        return False
-    known = known_flags().resolve(token.replace("_", "-").partition(".")[0])
-    return known is not None and not known[1]
-
-
 def parse_launch_args(args: list[str], platform: str = "cuda", version: str | None = None,
                       source: str = "launch arguments") -> VllmLaunch:
     """Read a vLLM launch command (the launcher prefix, the model and ``NAME=VALUE`` environment
@@ -226,7 +214,7 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
                 notes.append(f"environment variable {m.group(1)} is not read by the rules: passed over")
             continue
         if tok in _LAUNCHER_TOKENS or re.fullmatch(r"(.*/)?python[0-9.]*", tok) or not tok.startswith("-"):
-            if tok.lower() in BOOL_WORDS and i >= 2 and _is_switch(tokens[i - 2]):  # not a model: a switch's value
+            if i >= 2 and known_flags().gives_switch_a_value(tokens[i - 2].replace("_", "-").partition(".")[0], tok):
                 raise UserInputError(source, tokens[i - 2], f"takes no value (vllm serve refuses {tokens[i - 2]} "
                                      f"{tok}: unrecognized arguments; --no-<flag> turns a switch off)")
             continue  # the launcher, or the model (vllm serve MODEL)

@@ -390,7 +390,8 @@ def staged_folder(out_dir: Path) -> Iterator[Path]:
         _remove_dead_stages(out_dir)
         stage = Path(tempfile.mkdtemp(prefix=f".run-{os.getpid()}-", suffix=".partial", dir=out_dir))
     except OSError as err:
-        raise UserInputError(str(out_dir), "", f"a folder the system lets this command write ({err.strerror})") from None
+        raise UserInputError(str(out_dir), "",
+                             f"a folder the system lets this command write ({err.strerror})") from None
     try:
         yield stage
         clean_run_folder(out_dir)

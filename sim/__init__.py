@@ -7,8 +7,9 @@ Python API: :func:`load_scenario`, :func:`simulate`, :func:`compare`, :class:`Re
 Layout. Imports run one way, from each line to the lines above it that it names, never back
 and never between two engines (``tests/test_layout.py`` checks it)::
 
-    base            sim.errors, sim.atomic, sim.commands: user errors,
-                    atomic writes, the subcommand registry
+    base            sim.errors, sim.atomic, sim.commands, sim.jsonio: user
+                    errors, atomic writes, the subcommand registry, JSON
+                    read with its repeated keys found
     sim.model       the engine-neutral core: the scenario's workload and   <- base
                     costs sections, request lengths and arrivals, requests
                     and batches, cost models, calibration profiles (read),

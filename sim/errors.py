@@ -47,3 +47,9 @@ class ScenarioError(UserInputError):
 class ProfileError(UserInputError):
     """A calibration profile that cannot be used: unreadable, corrupt, from a newer schema,
     missing a curve, or holding NaN or negative times. ``source`` is the profile's path."""
+
+
+def shown(v) -> str:
+    """``repr(v)`` for a message, cut to 40 characters (a 400-digit integer is named, not printed)."""
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from sim.cli import main
-from sim.output.real_trace import _loads_top
+from sim.jsonio import loads_top_level as _loads_top
 
 GOOD = ("[2026-10-16 14:07:18 TP0] Decode batch, #running-req: 8, #token: 4480, token usage: 0.50, cuda graph: True, "
         "gen throughput (token/s): 2010.5, #queue-req: 2, ")

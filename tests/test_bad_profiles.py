@@ -208,7 +208,7 @@ def test_a_huge_integer_in_a_trace_is_refused(tmp_path, capsys):
 
 
 def test_unique_keys_refuses_the_first_repeat():
-    from sim.model.profile import DuplicateKeyError, duplicate_key_path, unique_keys
+    from sim.jsonio import DuplicateKeyError, duplicate_key_path, unique_keys
 
     assert unique_keys([("a", 1), ("b", 2)]) == {"a": 1, "b": 2}
     with pytest.raises(DuplicateKeyError) as err:

@@ -20,7 +20,7 @@ MAX_MODULES = 12  # per folder, __init__.py not counted
 
 # sim's layers (as in sim/__init__.py's docstring) -> the layers each may import besides itself
 SIM_LAYERS = {
-    "base": {"sim.errors", "sim.atomic", "sim.commands"},
+    "base": {"sim.errors", "sim.atomic", "sim.commands", "sim.jsonio"},
     "model": {"sim.model"},
     "trace": {"sim.trace"},
     "engines": {"sim.engines"},  # sim.engines and each sim.engines.<engine>

@@ -38,7 +38,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.errors import ProfileError, ScenarioError
+from sim.errors import ProfileError, ScenarioError, shown
+from sim.jsonio import DuplicateKeyError, duplicate_key_path, unique_keys
 from sim.model.curve import Curve
 
 FORMAT = "overlap-sim calibration profile"
@@ -176,63 +177,6 @@ def load_profile(path: str | Path, curves: CurveTable = SGLANG_CURVES) -> dict:
     return data
 
 
-class DuplicateKeyError(ValueError):
-    """A JSON object that gives one key twice (:func:`unique_keys`); ``key`` is that key."""
-
-    def __init__(self, key: str):
-        super().__init__(f"key {key!r} given twice in one object")
-        self.key = key
-
-
-def unique_keys(pairs: list) -> dict:
-    """``object_pairs_hook`` of :func:`json.loads` that refuses an object giving one key twice
-    (plain ``json.loads`` keeps the last value in silence: a hand-merged profile or trace line
-    would be read as half of what it says). Cheap: one ``dict`` of the pairs, as ``json.loads``
-    builds anyway, and a length comparison.
-
-    Raises:
-        DuplicateKeyError: naming the first key given twice.
-    """
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise DuplicateKeyError(key)
-            seen.add(key)
-    return out
-
-
-def duplicate_key_path(text: str, key: str) -> str:
-    """The dotted path (``metadata.date``, ``samples[3].point.ctx``) of the first key given twice
-    in one object of the JSON ``text`` (read again, only when :func:`unique_keys` refused it);
-    ``key`` alone when it cannot be found."""
-
-    class Marked(dict):
-        twice = None
-
-    def mark(pairs):
-        out = Marked(pairs)
-        if len(out) != len(pairs):
-            seen = set()
-            out.twice = next(k for k, _ in pairs if k in seen or seen.add(k))
-        return out
-
-    try:
-        stack = [("", json.loads(text, object_pairs_hook=mark))]
-    except (ValueError, RecursionError):  # unreadable past the key: the key alone
-        return key
-    while stack:  # depth first, in document order
-        path, node = stack.pop()
-        if isinstance(node, dict):
-            if node.twice is not None:
-                return f"{path}.{node.twice}" if path else node.twice
-            stack.extend((f"{path}.{k}" if path else k, v) for k, v in reversed(node.items()))
-        elif isinstance(node, list):
-            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(node))))
-    return key
-
-
 def validate_profile(data, source: str, curves: CurveTable = SGLANG_CURVES) -> None:
     """Check a parsed profile of ``curves``' engine; raise :class:`ProfileError` naming the first
     bad field. Every forward curve it holds (required, optional, per setting) is refused below
@@ -334,12 +278,6 @@ def _times_ok(times: list) -> bool:
         return True
     return (set(map(type, times)) <= {float, int} and min(times) >= 0 and max(times) <= MAX_STEP_S
             and math.isfinite(sum(times)))
-
-
-def shown(v) -> str:
-    """``repr(v)``, cut to 40 characters (a 400-digit integer is named, not printed)."""
-    text = repr(v)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _check_time(t, source: str, field: str) -> None:

@@ -54,9 +54,9 @@ import copy
 import math
 from typing import Optional
 
-from sim.errors import ProfileError
+from sim.errors import ProfileError, shown
 from sim.model.cards import CARDS, Card, find_card
-from sim.model.profile import SGLANG_CURVES, CurveTable, measured_size, shown, validate_profile
+from sim.model.profile import SGLANG_CURVES, CurveTable, measured_size, validate_profile
 
 MAX_MODEL_SIZE = 10**7  # a model dimension (layers, hidden, heads, vocab ...): beyond any model built
 MAX_PARAMS = 10**14  # parameters: 100 trillion

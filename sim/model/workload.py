@@ -20,8 +20,8 @@ import numpy as np
 import simpy
 from pydantic import Field
 
-from sim.errors import UserInputError
-from sim.model.profile import DuplicateKeyError, shown, unique_keys
+from sim.errors import UserInputError, shown
+from sim.jsonio import DuplicateKeyError, unique_keys
 from sim.model.schema import MAX_TOKENS, StrictModel, ChoiceLength, Length, LognormalLength, NormalLength, UniformLength
 
 MAX_ARRIVAL_S = 1.0e9  # about 32 years of arrivals: a later one is a corrupt value

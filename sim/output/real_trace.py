@@ -29,6 +29,7 @@ from typing import Optional
 import numpy as np
 
 from sim.errors import UserInputError
+from sim.jsonio import loads_top_level
 
 KERNEL_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "runtime"}
@@ -43,47 +44,6 @@ GAP_KEYS = ["num_steps", "gpu_idle_fraction", "mean_gap_ms", "median_gap_ms", "p
 MAX_ABS_TS_US = float(2 ** 53)
 MAX_SPAN_US = 7 * 24 * 3600 * 1e6
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
-
-
-def _loads_top(raw: bytes) -> tuple[object, list[str]]:
-    """``json.loads(raw)`` and the keys repeated in the top-level object (``json.loads`` keeps the
-    last silently). The top level is walked here and each value parsed by json's C scanner, so this
-    costs what ``json.loads`` does; an ``object_pairs_hook`` would run for every event. Anything
-    the walk does not expect goes to ``json.loads``, which parses it or raises its usual error."""
-    text = raw.decode(json.detect_encoding(raw), "surrogatepass")
-    ws = json.decoder.WHITESPACE.match
-    scan = json.JSONDecoder().scan_once
-    try:
-        i = ws(text, 0).end()
-        if text[i] != "{":
-            raise ValueError
-        obj: dict = {}
-        dups: list[str] = []
-        i = ws(text, i + 1).end()
-        if text[i] != "}":
-            while True:
-                if text[i] != '"':
-                    raise ValueError
-                key, i = scan(text, i)
-                i = ws(text, i).end()
-                if text[i] != ":":
-                    raise ValueError
-                value, i = scan(text, ws(text, i + 1).end())
-                if key in obj:
-                    dups.append(key)
-                obj[key] = value
-                i = ws(text, i).end()
-                if text[i] == ",":
-                    i = ws(text, i + 1).end()
-                elif text[i] == "}":
-                    break
-                else:
-                    raise ValueError
-        if ws(text, i + 1).end() != len(text):
-            raise ValueError
-        return obj, dups
-    except (ValueError, IndexError, StopIteration):
-        return json.loads(text), []
 
 
 def read_trace_events(path: Path) -> list[dict]:
@@ -103,7 +63,7 @@ def read_trace_events(path: Path) -> list[dict]:
         raw = path.read_bytes()
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
-        data, dups = _loads_top(raw)
+        data, dups = loads_top_level(raw)
     except OSError as err:
         raise UserInputError(str(path), "", f"cannot read the trace ({err.strerror or err})") from None
     except EOFError:

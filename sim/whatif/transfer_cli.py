@@ -81,7 +81,7 @@ def host_speed_from_probe(profile: dict, profile_path: Path, reading_path: Path)
     if not _is_seconds(ref_s):
         raise UserInputError(str(profile_path), "metadata.host_speed.python_s",
                              "missing: the profile predates host speed probes (use --host-speed X)")
-    from sim.model.profile import DuplicateKeyError, unique_keys
+    from sim.jsonio import DuplicateKeyError, unique_keys
 
     try:
         reading = json.loads(Path(reading_path).read_text(), object_pairs_hook=unique_keys)

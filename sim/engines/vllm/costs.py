@@ -130,9 +130,9 @@ from pathlib import Path
 
 from sim.engines.vllm.server import TP_PRICING
 from sim.engines.vllm.structured import GrammarCosts
-from sim.errors import ProfileError, ScenarioError
+from sim.errors import ProfileError, ScenarioError, shown
 from sim.model.costs import DECODE, LinearCostModel
-from sim.model.profile import CurveTable, load_profile, load_profile_read_only, profile_curves, shown
+from sim.model.profile import CurveTable, load_profile, load_profile_read_only, profile_curves
 from sim.model.reach import ReachMeter, distance, hulls
 
 VLLM_CURVE_AXES: dict[str, tuple[str, ...]] = {

@@ -124,7 +124,7 @@ def swap_vllm_host(full: dict, host: dict) -> dict:
     import copy
 
     from calibrate.profile import build_profile
-    from sim.engines.vllm.costs import VLLM_CURVES
+    from sim.engines.vllm.profile import VLLM_CURVES
 
     samples = [copy.deepcopy(s) for s in full["samples"] if s["curve"] == "vllm.forward"]
     samples += [copy.deepcopy(s) for s in host["samples"]]
@@ -143,7 +143,7 @@ def rescore(full_path: Path, host_path: Path, validation: Path, repeats: int, wo
     from sim.model.profile import SGLANG_HOST_CURVES, load_profile
 
     if engine == "vllm":
-        from sim.engines.vllm.costs import VLLM_CURVES, VLLM_HOST_CURVES
+        from sim.engines.vllm.profile import VLLM_CURVES, VLLM_HOST_CURVES
 
         composed = swap_vllm_host(load_profile(full_path, VLLM_CURVES), load_profile(host_path, VLLM_HOST_CURVES))
     else:
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     from sim.model.profile import SGLANG_HOST_CURVES, load_profile
 
     if args.engine == "vllm":
-        from sim.engines.vllm.costs import VLLM_CURVES, VLLM_HOST_CURVES
+        from sim.engines.vllm.profile import VLLM_CURVES, VLLM_HOST_CURVES
 
         if args.touch_bytes:
             p.error("--touch-bytes: SGLang's only")

@@ -62,7 +62,7 @@ def stub_control(engine, model, grid, folder: Path, profile_path: Path, val_dir:
     from calibrate.host.vllm import calibrate_vllm_host
     from calibrate.profile import save_profile
     from calibrate.real.validate import compare
-    from sim.engines.vllm.costs import VLLM_CURVES, VLLM_HOST_CURVES
+    from sim.engines.vllm.profile import VLLM_CURVES, VLLM_HOST_CURVES
     from sim.model.profile import load_profile
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -23,7 +23,7 @@ def build_profile(metadata: dict, samples: list[dict], curves: CurveTable = SGLA
         samples: ``{"curve", "point": {axis: value}, "times_s": [...]}`` records; a record with
             ``"setting"`` was measured under that event loop only and goes into the profile's
             ``setting_curves`` (:mod:`sim.model.profile`).
-        curves: the engine's curves (SGLang's by default; vLLM's: ``sim.engines.vllm.costs.VLLM_CURVES``).
+        curves: the engine's curves (SGLang's by default; vLLM's: ``sim.engines.vllm.profile.VLLM_CURVES``).
 
     Raises:
         ProfileError: a curve has no samples or its samples do not cover a full grid.

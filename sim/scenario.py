@@ -427,7 +427,7 @@ def _check_files(scenario: Scenario) -> None:
             what = "a folder, not a calibration profile" if Path(path).is_dir() else "no such calibration profile"
             raise ScenarioError(scenario.source, "costs.profile", f"{what}: {path}")
         if isinstance(srv, VllmServer):
-            from sim.engines.vllm.costs import load_vllm_profile
+            from sim.engines.vllm.profile import load_vllm_profile
 
             load_vllm_profile(path, read_only=True)  # the run's cost models reuse it
         else:

@@ -1,6 +1,6 @@
 """Bad profiles, traces and transfer flags a fuzzer found: each is refused in one line on stderr
 naming the file and the field, exit status 2, nothing written (sim.model.profile,
-sim.engines.vllm.costs.check_metadata, sim.model.transfer.check_metadata, the trace reader)."""
+sim.engines.vllm.profile.check_metadata, sim.model.transfer.check_metadata, the trace reader)."""
 
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ def test_a_sample_off_the_grid_prices_nothing_and_is_not_refused():
 def test_a_stored_forward_of_no_time_is_refused_wherever_it_is(where):
     """The rule held the required forward curves only: a setting's forward curve, or an optional one
     (vLLM's vllm.spec_forward), of 0 s was taken."""
-    from sim.engines.vllm.costs import VLLM_CURVES
+    from sim.engines.vllm.profile import VLLM_CURVES
     from sim.model.profile import validate_profile
 
     p = copy.deepcopy(VLLM)

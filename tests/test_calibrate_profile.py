@@ -100,7 +100,7 @@ def test_cli_reports_a_bad_profile_in_one_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("path", sorted((ROOT / "scenarios" / "profiles").glob("*.json")), ids=lambda p: p.name)
 def test_shipped_profiles_load_and_are_measured(path):
-    from sim.engines.vllm.costs import VLLM_CURVES
+    from sim.engines.vllm.profile import VLLM_CURVES
     from sim.model.profile import SGLANG_CURVES
 
     table = VLLM_CURVES if json.loads(path.read_text())["metadata"].get("engine") == "vllm" else SGLANG_CURVES

@@ -188,7 +188,7 @@ def test_compose_command_writes_a_profile(tmp_path, run_cli):
 
 def vllm_host_profile(value_s: float = 1e-4) -> dict:
     """A vLLM profile whose every curve is ``value_s`` (forward 5 ms) at 1, 4, 16 requests."""
-    from sim.engines.vllm.costs import VLLM_CURVES
+    from sim.engines.vllm.profile import VLLM_CURVES
 
     samples = []
     for name, axes in VLLM_CURVES.all.items():
@@ -210,7 +210,7 @@ def vllm_host_profile(value_s: float = 1e-4) -> dict:
 def test_vllm_forward_is_the_cards_and_host_curves_are_moved():
     """Hand-computed: decode nodes read forward.decode(n, ctx); prefill nodes forward.extend of
     all their tokens; every host curve divided by the host speed."""
-    from sim.engines.vllm.costs import VLLM_CURVES
+    from sim.engines.vllm.profile import VLLM_CURVES
 
     device = synthetic_profile({"forward.decode": lambda n, c: 1e-3 + 1e-6 * n * c,
                                 "forward.extend": lambda t, p: 2e-3 + 1e-6 * t})

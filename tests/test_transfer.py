@@ -267,7 +267,7 @@ def _vllm_profile(forward_s: float = 0.02, host_s: float = 1e-3, slope: float = 
 
 
 def _vllm_curves():
-    from sim.engines.vllm.costs import VLLM_CURVES
+    from sim.engines.vllm.profile import VLLM_CURVES
 
     return VLLM_CURVES
 
@@ -332,7 +332,7 @@ def test_vllm_forward_moved_by_hand():
 
 
 def test_vllm_host_curves_divided_and_setting_curves_moved():
-    from sim.engines.vllm.costs import VLLM_CURVES
+    from sim.engines.vllm.profile import VLLM_CURVES
 
     old = _vllm_profile(host_s=1e-3, slope=2e-4)
     new = transfer_profile(old, "l4", host_speed=4.0, curves=VLLM_CURVES)

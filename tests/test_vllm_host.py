@@ -14,7 +14,7 @@ from calibrate.host.compose import compose
 from calibrate.host.vllm import HOST_FUNCTIONS, VllmHostGrid, context_dependence, host_costs, host_design
 from calibrate.real.vllm import trace as vllm_trace
 from calibrate.real.environment import Engine
-from sim.engines.vllm.costs import VLLM_CURVES, VLLM_HOST_CURVES
+from sim.engines.vllm.profile import VLLM_CURVES, VLLM_HOST_CURVES
 from sim.model.profile import validate_profile
 from tests.calibrate_helpers import synthetic_profile
 

@@ -205,7 +205,7 @@ def test_the_measured_profile_prices_grammars_and_matches_the_readme_example():
     import re
     from pathlib import Path
 
-    from sim.engines.vllm.costs import VLLM_CURVES
+    from sim.engines.vllm.profile import VLLM_CURVES
     from sim.model.profile import profile_curves
 
     root = Path(__file__).resolve().parent.parent

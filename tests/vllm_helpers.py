@@ -10,7 +10,7 @@ import copy
 import json
 from pathlib import Path
 
-from sim.engines.vllm.costs import VLLM_CURVE_AXES
+from sim.engines.vllm.profile import VLLM_CURVE_AXES
 
 # constant costs (s) of a test profile: the engine core's and the worker's phases, the forward
 CONSTANT = {"add_request": 0.0, "schedule": 2e-4, "dispatch": 1e-4, "prepare": 3e-4, "forward": 4e-3,

@@ -282,7 +282,7 @@ def _host_table(path: Path):
 
     meta = _peek(path) or {}
     if meta.get("engine") == "vllm":
-        from sim.engines.vllm.costs import VLLM_CURVES, VLLM_HOST_CURVES
+        from sim.engines.vllm.profile import VLLM_CURVES, VLLM_HOST_CURVES
 
         return VLLM_HOST_CURVES if meta.get("kind") == "host" else VLLM_CURVES
     return SGLANG_HOST_CURVES

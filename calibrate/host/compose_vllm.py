@@ -3,7 +3,7 @@
 ``overlap-sim compose DEVICE.json VLLM.json --out PROFILE.json`` with a vLLM file as the host
 part (``metadata.engine: "vllm"``: the host-costs file of ``calibrate --engine vllm --host-only``,
 vLLM's server with the forward stubbed, :mod:`calibrate.host.vllm`; or a full CPU profile of
-``calibrate --engine vllm``) writes a vLLM profile (:data:`sim.engines.vllm.costs.VLLM_CURVES`) whose
+``calibrate --engine vllm``) writes a vLLM profile (:data:`sim.engines.vllm.profile.VLLM_CURVES`) whose
 
 - ``vllm.forward`` (scheduled tokens x mean context) is the card's: each node priced from the
   device profile's SGLang-shaped curves as ``overlap-sim transfer`` maps a vLLM node
@@ -82,7 +82,7 @@ def compose_vllm(device: dict, host: dict, move: dict, *, device_source: str, ho
         ProfileError: the device profile lacks the forward curves; the host file is no vLLM profile.
     """
     from calibrate.profile import build_profile
-    from sim.engines.vllm.costs import VLLM_CURVES
+    from sim.engines.vllm.profile import VLLM_CURVES
 
     hmeta, dmeta = host["metadata"], device["metadata"]
     if hmeta.get("engine") != "vllm":

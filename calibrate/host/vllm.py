@@ -21,7 +21,7 @@ The curves and the mapping of vLLM's functions to them are the CPU calibration's
 ``prepare`` (``execute_model`` less the stub), ``sample``, ``update``, ``add_request``, the RPC
 intervals ``dispatch``/``roundtrip``/``collect`` (sync) and ``pickup``/``collect`` (async), the API
 server's ``frontend_in``/``frontend_out``; the base curves from ``sync``, ``async``'s own in
-``setting_curves``. The result is a *host-costs file* (:data:`sim.engines.vllm.costs.VLLM_HOST_CURVES`,
+``setting_curves``. The result is a *host-costs file* (:data:`sim.engines.vllm.profile.VLLM_HOST_CURVES`,
 ``metadata.kind = "host"``, ``engine = "vllm"``); ``overlap-sim compose DEVICE HOST`` joins it to a
 card's forward curves (:mod:`calibrate.host.compose_vllm`).
 
@@ -266,7 +266,7 @@ def calibrate_vllm_host(engine: Engine, model_dir: Path, grid: VllmHostGrid, fol
 def host_costs(engine: Engine, grid: VllmHostGrid, order: list[tuple[str, str]], outs: list[Path],
                ruler: dict | None, settings: tuple[str, ...] = ("sync", "async"), command: str = "",
                probe: dict | None = None) -> dict:
-    """The host-costs file (a dict in the profile format, :data:`sim.engines.vllm.costs.VLLM_HOST_CURVES`)
+    """The host-costs file (a dict in the profile format, :data:`sim.engines.vllm.profile.VLLM_HOST_CURVES`)
     from the stubbed sessions' folders (``order[i]`` = (setting, name) of ``outs[i]``): every
     sample of the CPU calibration's mapping but the forward's, the first setting's as the base
     curves, the others' own in ``setting_curves`` (``dispatch`` and ``roundtrip`` are synchronous
@@ -284,7 +284,7 @@ def host_costs(engine: Engine, grid: VllmHostGrid, order: list[tuple[str, str]],
     from calibrate.measure import host_cpu
     from calibrate.profile import build_profile
     from calibrate.real.environment import model_metadata
-    from sim.engines.vllm.costs import VLLM_HOST_CURVES
+    from sim.engines.vllm.profile import VLLM_HOST_CURVES
 
     loads = host_design(grid)
     sizes = set(grid.decode_batch_sizes)

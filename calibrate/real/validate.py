@@ -416,7 +416,7 @@ def validate(engine: Engine, model_dir: Path, profile: Path, out: Path, plan: Pl
     from sim.model.profile import load_profile
 
     if plan.engine == "vllm":
-        from sim.engines.vllm.costs import load_vllm_profile
+        from sim.engines.vllm.profile import load_vllm_profile
 
         load_vllm_profile(profile)  # fail now, not after the sessions
     else:

@@ -25,7 +25,7 @@ is blocked in the submission of a step (``submit.*``, MLX). Calibration builds a
 profiles (:mod:`calibrate.profile`); this module, which imports no torch or MLX, reads them.
 
 Those are SGLang's curves (:data:`SGLANG_CURVES`, the default). Another engine's profile holds
-that engine's curves, named by ``metadata.engine`` (``"vllm"``: :data:`sim.engines.vllm.costs.VLLM_CURVES`,
+that engine's curves, named by ``metadata.engine`` (``"vllm"``: :data:`sim.engines.vllm.profile.VLLM_CURVES`,
 defined and documented by that engine); the same file format, samples and ``setting_curves``
 apply, and the readers take the engine's :class:`CurveTable`. A profile without
 ``metadata.engine`` is an SGLang profile.

@@ -30,7 +30,7 @@ records the transfer (``metadata.transfer``) with its stated relative uncertaint
 (:data:`UNCERTAINTY_REL`, docs/transfer.md gives the reasoning) and how far the two methods are
 apart on this profile's grid (``method_spread_rel``).
 
-A vLLM profile (``metadata.engine: "vllm"``, :data:`sim.engines.vllm.costs.VLLM_CURVES`) has one
+A vLLM profile (``metadata.engine: "vllm"``, :data:`sim.engines.vllm.profile.VLLM_CURVES`) has one
 forward curve, ``vllm.forward`` over ``num_tokens`` x ``ctx`` (scheduled tokens of the step x the
 mean over its requests of the context after the step), which does not say how many requests the
 step held. :func:`vllm_forward_point` maps a node onto the two shapes above by the fewest and the
@@ -239,7 +239,7 @@ def transfer_profile(profile: dict, to: str, *, source: str = "<profile>", from_
 
     Args:
         curves: the profile's engine's curves (SGLang's by default; a vLLM profile:
-            :data:`sim.engines.vllm.costs.VLLM_CURVES`, which this engine-neutral module does not
+            :data:`sim.engines.vllm.profile.VLLM_CURVES`, which this engine-neutral module does not
             import: ``overlap-sim transfer`` picks it by ``metadata.engine``).
         from_card: the card it was measured on (default: ``metadata.device_name`` looked up).
         host_speed: target host single-thread speed / source host's (> 0; 2 = phases take half).

@@ -119,7 +119,7 @@ def _profile(args: argparse.Namespace, card) -> tuple[dict, Path, list[str]]:
     if find_card(meta.get("device_name", "")) == card and args.host_speed == 1.0:
         return profile, path, steps
     if args.engine == "vllm":
-        from sim.engines.vllm.costs import VLLM_CURVES as table
+        from sim.engines.vllm.profile import VLLM_CURVES as table
     else:
         from sim.model.profile import SGLANG_CURVES as table
     moved = transfer_profile(profile, card.key, source=str(path), host_speed=args.host_speed, curves=table)

@@ -125,7 +125,7 @@ def curve_table(path: Path):
     except (OSError, UnicodeDecodeError, ValueError, AttributeError, RecursionError):
         return SGLANG_CURVES  # unreadable or not a profile: load_profile says why
     if engine == "vllm":
-        from sim.engines.vllm.costs import VLLM_CURVES
+        from sim.engines.vllm.profile import VLLM_CURVES
 
         return VLLM_CURVES
     if engine == "sglang":

@@ -3,7 +3,7 @@
 ``overlap-sim calibrate --engine vllm`` starts the real vLLM 0.32 server (CPU build) once per
 setting (``sync``, ``async``) with the tracer (:mod:`realengines.vllm.tracer`), runs designed
 closed-loop loads (:func:`calibrate.real.vllm.sessions.design`) and prices the curves of
-:data:`sim.engines.vllm.costs.VLLM_CURVE_AXES` from the steps it ran
+:data:`sim.engines.vllm.profile.VLLM_CURVE_AXES` from the steps it ran
 (:mod:`calibrate.real.vllm.trace`):
 
 - decode waves: for each batch size B and context C, B clients with prompts of ``C - 16`` tokens
@@ -208,7 +208,7 @@ def calibrate_vllm(engine: Engine, model_dir: Path, grid: VllmGrid, folder: Path
     """
     from calibrate.measure import host_cpu
     from calibrate.profile import build_profile
-    from sim.engines.vllm.costs import MIXED_SUM_OF_PARTS, VLLM_CURVES
+    from sim.engines.vllm.profile import MIXED_SUM_OF_PARTS, VLLM_CURVES
     from sim.model.profile import profile_curves
 
     merged: dict[tuple, dict] = {}

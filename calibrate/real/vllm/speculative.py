@@ -52,7 +52,7 @@ from calibrate.profile import build_profile
 from calibrate.real.vllm import trace as vllm_trace
 from calibrate.real.jobs import decode_waves
 from calibrate.real.vllm.merge import drop_incomplete_rows, merge_sample
-from sim.engines.vllm.costs import VLLM_CURVES
+from sim.engines.vllm.profile import VLLM_CURVES
 from sim.engines.vllm.speculative import MODELLED_METHODS, draft_passes_s
 from sim.model.profile import profile_curves
 

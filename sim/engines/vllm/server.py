@@ -50,7 +50,7 @@ class VllmServer(StrictModel):
     None: plain decoding), ``structured_output`` (the share of requests with a grammar and its
     costs: :mod:`sim.engines.vllm.structured`; None: none), ``tensor_parallel_size`` (``-tp``: one
     engine core, that many workers in lockstep; priced by a profile measured at that size,
-    :func:`sim.engines.vllm.costs.check_tensor_parallel`, or by the inline costs as given).
+    :func:`sim.engines.vllm.profile.check_tensor_parallel`, or by the inline costs as given).
     """
 
     engine: Literal["vllm"]

@@ -4,7 +4,9 @@
 - :func:`unique_keys`: the ``object_pairs_hook`` that refuses it anywhere (a profile, a trace line);
   :func:`duplicate_key_path` names where, reading the text again only when one was found;
 - :func:`loads_top_level`: the top-level object's repeated keys only (a Chrome trace, whose
-  events may repeat keys harmlessly).
+  events may repeat keys harmlessly);
+- :func:`is_number`: a value read from JSON is a number in a range (not a bool, and an integer too
+  large for a float compared exactly instead of raising).
 """
 
 from __future__ import annotations
@@ -90,3 +92,12 @@ def loads_top_level(raw: bytes) -> tuple[object, list[str]]:
 
     data = json.loads(raw, object_pairs_hook=hook)
     return data, (_repeats(last[0]) if isinstance(data, dict) and last[0] is not None else [])
+
+
+def is_number(v, low: float, high: float, above: bool = False) -> bool:
+    """Whether ``v`` is an int or float (not a bool) from ``low`` to ``high`` (above ``low`` with
+    ``above``). The comparisons do it all: NaN fails them, and an integer too large for a float
+    (``10**400``, which ``math.isfinite`` refuses with OverflowError) is compared exactly."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    return (low < v if above else low <= v) and v <= high

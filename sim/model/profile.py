@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sim.errors import ProfileError, ScenarioError, shown
-from sim.jsonio import DuplicateKeyError, duplicate_key_path, unique_keys
+from sim.jsonio import DuplicateKeyError, duplicate_key_path, is_number, unique_keys
 from sim.model.curve import Curve
 
 FORMAT = "overlap-sim calibration profile"
@@ -241,7 +241,7 @@ def validate_profile(data, source: str, curves: CurveTable = SGLANG_CURVES) -> N
         if not isinstance(s.get("setting", ""), str):
             raise ProfileError(source, f"{where}.setting", "a setting name")
         for axis in known[s["curve"]]:
-            if not _is_coordinate(s["point"].get(axis)):
+            if not is_number(s["point"].get(axis), 0, MAX_COORDINATE):
                 raise ProfileError(source, f"{where}.point.{axis}",
                                    f"a number from 0 to {MAX_COORDINATE:.0e} (got {shown(s['point'].get(axis))})")
         times = s["times_s"]
@@ -259,13 +259,6 @@ def _check_forward(c: dict, name: str, table: CurveTable, source: str, where: st
     if min(flat) < MIN_FORWARD_S:
         raise ProfileError(source, f"{where}.values_s", f"times >= {MIN_FORWARD_S:g} s: a forward "
                            f"takes time (got {min(flat)!r})")
-
-
-def _is_coordinate(v) -> bool:
-    """A number (not a bool) from 0 to :data:`MAX_COORDINATE`; the comparisons come first, as a
-    NaN fails them and an integer too large for a float is compared exactly (``math.isfinite``
-    of ``10**400`` raises OverflowError)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= MAX_COORDINATE
 
 
 def _times_ok(times: list) -> bool:
@@ -295,7 +288,7 @@ def _check_curve(c, axes: tuple[str, ...], source: str, where: str) -> None:
     if not isinstance(grid, list) or len(grid) != len(axes):
         raise ProfileError(source, f"{where}.grid", f"{len(axes)} list(s) of node coordinates")
     for d, nodes in enumerate(grid):
-        ok = isinstance(nodes, list) and nodes and all(_is_coordinate(v) for v in nodes)
+        ok = isinstance(nodes, list) and nodes and all(is_number(v, 0, MAX_COORDINATE) for v in nodes)
         if not ok or any(b <= a for a, b in zip(nodes, nodes[1:])):
             raise ProfileError(source, f"{where}.grid[{d}]", "a non-empty, strictly increasing list of numbers "
                                f"from 0 to {MAX_COORDINATE:.0e}")

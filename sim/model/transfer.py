@@ -55,6 +55,7 @@ import math
 from typing import Optional
 
 from sim.errors import ProfileError, shown
+from sim.jsonio import is_number
 from sim.model.cards import CARDS, Card, find_card
 from sim.model.profile import SGLANG_CURVES, CurveTable, measured_size, validate_profile
 
@@ -133,9 +134,9 @@ def vllm_decode_max(meta: dict, source: str) -> float:
         ProfileError: neither is there (a positive number)."""
     grid = meta.get("grid") if isinstance(meta.get("grid"), dict) else {}
     sizes = grid.get("decode_batch_sizes")
-    if isinstance(sizes, list) and sizes and all(_is_positive(v) for v in sizes):
+    if isinstance(sizes, list) and sizes and all(is_number(v, 0, MAX_MODEL_SIZE, above=True) for v in sizes):
         return max(sizes)
-    if _is_positive(grid.get("max_num_seqs")):
+    if is_number(grid.get("max_num_seqs"), 0, MAX_MODEL_SIZE, above=True):
         return grid["max_num_seqs"]
     raise ProfileError(source, "metadata.grid.max_num_seqs", "the largest decode batch (vllm.forward nodes of up "
                        "to that many tokens are decode steps), or metadata.grid.decode_batch_sizes")
@@ -144,11 +145,6 @@ def vllm_decode_max(meta: dict, source: str) -> float:
 def _is_size(v, most: int) -> bool:
     """A positive integer no larger than ``most`` (not a bool, a float or a string)."""
     return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= most
-
-
-def _is_positive(v) -> bool:
-    # (compared, not math.isfinite: an integer too large for a float would raise OverflowError)
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= MAX_MODEL_SIZE
 
 
 def vllm_forward_point(num_tokens: float, ctx: float, decode_max: float) -> tuple[str, float, float, float]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sim.commands import command, output_path
 from sim.errors import UserInputError
+from sim.jsonio import is_number
 
 
 def _args(p: argparse.ArgumentParser) -> None:
@@ -59,12 +60,6 @@ def _print_cards() -> None:
 MAX_PROBE_S = 3600.0  # a probe reading's seconds per repetition: beyond an hour it is a corrupt value
 
 
-def _is_seconds(v) -> bool:
-    """A number (not a bool) of seconds above 0 and up to :data:`MAX_PROBE_S` (compared, not
-    ``math.isfinite``: an integer too large for a float would raise OverflowError)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= MAX_PROBE_S
-
-
 def host_speed_from_probe(profile: dict, profile_path: Path, reading_path: Path) -> float:
     """The target host's speed over the measuring host's, from two readings of the host speed
     probe's Python workload (``python_s``, seconds per repetition; :mod:`calibrate.hostspeed`):
@@ -78,7 +73,7 @@ def host_speed_from_probe(profile: dict, profile_path: Path, reading_path: Path)
     """
     ref = (profile.get("metadata") or {}).get("host_speed") or {}
     ref_s = ref.get("python_s") if isinstance(ref, dict) else None
-    if not _is_seconds(ref_s):
+    if not is_number(ref_s, 0, MAX_PROBE_S, above=True):
         raise UserInputError(str(profile_path), "metadata.host_speed.python_s",
                              "missing: the profile predates host speed probes (use --host-speed X)")
     from sim.jsonio import DuplicateKeyError, unique_keys
@@ -91,7 +86,7 @@ def host_speed_from_probe(profile: dict, profile_path: Path, reading_path: Path)
         why = getattr(err, "strerror", None) or err.__class__.__name__
         raise UserInputError("--host-probe", "", f"a readable JSON reading ({reading_path}: {why})") from None
     now_s = reading.get("python_s") if isinstance(reading, dict) else None
-    if not _is_seconds(now_s):
+    if not is_number(now_s, 0, MAX_PROBE_S, above=True):
         raise UserInputError(str(reading_path), "python_s", f"a positive number of seconds up to {MAX_PROBE_S:g} "
                              "(from calibrate.hostspeed)")
     speed = float(ref_s) / float(now_s)

@@ -91,6 +91,7 @@ from pathlib import Path
 
 from sim.engines.vllm.server import TP_PRICING
 from sim.errors import ProfileError, shown
+from sim.jsonio import is_number
 from sim.model.profile import CurveTable, load_profile, load_profile_read_only
 
 VLLM_CURVE_AXES: dict[str, tuple[str, ...]] = {
@@ -142,10 +143,6 @@ def load_vllm_profile(path: str | Path, read_only: bool = False) -> dict:
     return profile
 
 
-def _is_share(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
-
-
 def check_metadata(profile: dict, source: str) -> None:
     """Refuse the metadata :class:`VllmProfileCosts` reads when it cannot mean what it says
     (before, a string crashed the run and a saving of 5 was used as given):
@@ -172,7 +169,7 @@ def check_metadata(profile: dict, source: str) -> None:
         if not isinstance(shared, dict):
             raise ProfileError(source, "metadata.shared_prefix", f"an object with saving, the share of a shared "
                                f"prefix's attention counted once (got {shown(shared)})")
-        if "saving" in shared and not _is_share(shared["saving"]):
+        if "saving" in shared and not is_number(shared["saving"], 0, 1):
             raise ProfileError(source, "metadata.shared_prefix.saving", f"a share from 0 to 1 of a shared prefix's "
                                f"attention counted once (got {shown(shared['saving'])})")
         by_setting = shared.get("by_setting", {})
@@ -180,7 +177,7 @@ def check_metadata(profile: dict, source: str) -> None:
             raise ProfileError(source, "metadata.shared_prefix.by_setting", "an object: setting -> share from 0 to 1 "
                                f"(got {shown(by_setting)})")
         for setting, v in by_setting.items():
-            if not _is_share(v):
+            if not is_number(v, 0, 1):
                 raise ProfileError(source, f"metadata.shared_prefix.by_setting.{setting}", "a share from 0 to 1 of a "
                                    f"shared prefix's attention counted once (got {shown(v)})")
     spec = meta.get("speculative")

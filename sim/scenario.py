@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import re
 import sys
 from pathlib import Path
@@ -96,6 +97,12 @@ ServerSection = Annotated[
 ]
 
 
+@functools.cache
+def _default_costs() -> Costs:
+    """The costs section with every field at its default (built once)."""
+    return Costs()
+
+
 class Scenario(StrictModel):
     """A validated scenario. ``source`` is the file it came from (for messages), ``base_dir``
     the folder that relative paths in it (trace, profile) are resolved against."""
@@ -128,7 +135,7 @@ class Scenario(StrictModel):
     def _costs_the_engine_reads(self):
         """A cost field the scenario's engine does not read (its server's ``UNREAD_COSTS``) is
         refused when given another value than its default: it would change nothing."""
-        defaults = Costs()
+        defaults = _default_costs()
         for key in getattr(self.server, "UNREAD_COSTS", ()):
             given, default = self.costs, defaults
             for part in key.split("."):
@@ -363,14 +370,14 @@ def load_scenario(path_or_dict: Union[str, Path, dict, Scenario], overrides: Opt
             the message names the file and the field; ``path_or_dict`` or ``overrides`` of
             another type.
     """
-    if isinstance(overrides, (str, bytes)):
-        raise ScenarioError("overrides", "", f"a list of KEY.PATH=VALUE strings (got {overrides!r})")
-    try:
-        overrides = list(overrides or [])  # an iterator once: checked and used as a list
-    except TypeError:
-        raise ScenarioError("overrides", "", f"a list of KEY.PATH=VALUE strings (got {overrides!r})") from None
-    if not all(isinstance(o, str) for o in overrides):
-        raise ScenarioError("overrides", "", f"a list of KEY.PATH=VALUE strings (got {overrides!r})")
+    given, bad = overrides, isinstance(overrides, (str, bytes))
+    if not bad:
+        try:
+            overrides = list(overrides or [])  # an iterator once: checked and used as a list
+        except TypeError:
+            bad = True
+    if bad or not all(isinstance(o, str) for o in overrides):
+        raise ScenarioError("overrides", "", f"a list of KEY.PATH=VALUE strings (got {given!r})")
     if not isinstance(path_or_dict, (str, Path, dict, Scenario)):
         raise ScenarioError(repr(path_or_dict)[:60], "", "a scenario: a YAML file's path, a dict or a Scenario "
                                                          f"(got a {type(path_or_dict).__name__})")

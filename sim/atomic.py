@@ -1,12 +1,13 @@
-"""Atomic file writes: a reader sees the old file or the whole new one, never a part."""
+"""Atomic writes: a reader sees the old file (or folder of files) or the whole new one, never a part."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from sim.errors import UserInputError
 
@@ -122,3 +123,53 @@ def check_output_file(path: Path | str, flag: str, suffixes: Iterable[str] | Non
         raise UserInputError(flag, "", f"{path} is not writable")
     _check_parents(path, flag)
     return path
+
+
+@contextmanager
+def staged_folder(out_dir: Path, clean: Callable[[Path], object], last: str) -> Iterator[Path]:
+    """A hidden folder inside ``out_dir`` to write a set of files into; when the block succeeds,
+    ``clean(out_dir)`` removes what the earlier set left there and the new files take its place
+    (the one named ``last`` last), so an interrupted or failed write leaves the folder as it was
+    (and removes the folder if it made it). A staging folder a killed process left is removed.
+    Yields the staging folder.
+
+    Raises:
+        UserInputError: naming ``out_dir``, when the system refuses the folder."""
+    out_dir = Path(out_dir)
+    made = not out_dir.exists()
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _remove_dead_stages(out_dir)
+        stage = Path(tempfile.mkdtemp(prefix=f".run-{os.getpid()}-", suffix=".partial", dir=out_dir))
+    except OSError as err:
+        raise UserInputError(str(out_dir), "",
+                             f"a folder the system lets this command write ({err.strerror})") from None
+    try:
+        yield stage
+        clean(out_dir)
+        for p in sorted(stage.iterdir(), key=lambda p: p.name == last):
+            os.replace(p, out_dir / p.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if made and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+
+
+def _remove_dead_stages(out_dir: Path) -> None:
+    """Remove the staging folders (``.run-<pid>-*.partial``) of processes that are gone (killed
+    before they could clean up); a live one's is left alone."""
+    for stage in out_dir.glob(".run-*-*.partial"):
+        pid = stage.name.split("-")[1]
+        if not pid.isdigit() or not _alive(int(pid)):
+            shutil.rmtree(stage, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (signal 0: no signal sent)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # someone else's process, or a pid the system cannot check: leave its folder
+    return True

@@ -6,12 +6,9 @@ import json
 import math
 import os
 import re
-import shutil
 import sys
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable
 
 from sim.atomic import atomic_path
 from sim.errors import UserInputError
@@ -375,52 +372,6 @@ def clean_run_folder(out_dir: Path) -> list[Path]:
             p.unlink()
             removed.append(p)
     return removed
-
-
-@contextmanager
-def staged_folder(out_dir: Path) -> Iterator[Path]:
-    """A hidden folder inside ``out_dir`` to write a run's files into; when the block succeeds,
-    what an earlier run wrote there is removed (:func:`clean_run_folder`) and the new files take
-    its place (``summary.json`` last), so an interrupted or failed run leaves the folder as it
-    was (and removes the folder if it made it). Yields the staging folder."""
-    out_dir = Path(out_dir)
-    made = not out_dir.exists()
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        _remove_dead_stages(out_dir)
-        stage = Path(tempfile.mkdtemp(prefix=f".run-{os.getpid()}-", suffix=".partial", dir=out_dir))
-    except OSError as err:
-        raise UserInputError(str(out_dir), "",
-                             f"a folder the system lets this command write ({err.strerror})") from None
-    try:
-        yield stage
-        clean_run_folder(out_dir)
-        for p in sorted(stage.iterdir(), key=lambda p: p.name == "summary.json"):
-            os.replace(p, out_dir / p.name)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-        if made and not any(out_dir.iterdir()):
-            out_dir.rmdir()
-
-
-def _remove_dead_stages(out_dir: Path) -> None:
-    """Remove the staging folders (``.run-<pid>-*.partial``) of runs whose process is gone (killed
-    before it could clean up); a live run's is left alone."""
-    for stage in out_dir.glob(".run-*-*.partial"):
-        pid = stage.name.split("-")[1]
-        if not pid.isdigit() or not _alive(int(pid)):
-            shutil.rmtree(stage, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process ``pid`` runs on this machine (signal 0: no signal sent)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, OSError):
-        return True  # someone else's process, or a pid the system cannot check: leave its folder
-    return True
 
 
 def write_results(out_dir: Path, payload: dict, results: Iterable, table_format: str = "parquet",

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from sim.atomic import atomic_path
-from sim.errors import UserInputError
 from sim.model.reach import FAR
 from sim.model.schema import MAX_TOKENS, length_bounds
 from sim.trace.metrics import SUMMARY_KEYS

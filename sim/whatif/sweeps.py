@@ -90,13 +90,21 @@ def parse_grid(items: Iterable[str]) -> dict[str, list]:
         if any(v == "" for v in values):
             raise UserInputError(f"--grid {item}", key, "a value between every two commas (an empty one is given: "
                                  "two commas in a row, or one at an end)")
-        seen = []
-        for v in values:
-            if v in seen:
-                raise UserInputError(f"--grid {item}", key, f"value {v!r} given twice")
-            seen.append(v)
+        _refuse_repeats(f"--grid {item}", key, values)
         grid[key] = values
     return grid
+
+
+def _refuse_repeats(source: str, key: str, values) -> None:
+    """Refuse a grid key's values when one is given twice (compared by ==: values need not hash).
+
+    Raises:
+        UserInputError: naming ``source`` and ``key``."""
+    seen: list = []
+    for v in values:
+        if v in seen:
+            raise UserInputError(source, key, f"value {v!r} given twice")
+        seen.append(v)
 
 
 def _point_id(scenario: Scenario, digests: Optional[dict] = None) -> str:
@@ -299,11 +307,7 @@ def _check_arguments(grid, repeats, workers, on_progress) -> None:
                                              for k, v in grid.items()):
         raise UserInputError("grid", "", f"a dict of field path -> non-empty list of values (got {grid!r:.80})")
     for key, values in grid.items():  # as parse_grid refuses on the command line
-        seen: list = []
-        for v in values:
-            if v in seen:
-                raise UserInputError(f"grid {key}", key, f"value {v!r} given twice")
-            seen.append(v)
+        _refuse_repeats(f"grid {key}", key, values)
     if isinstance(repeats, bool) or not isinstance(repeats, int):
         raise UserInputError("--repeats", "", f"an integer (got {repeats!r})")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from sim.commands import output_path
 from sim.errors import ProfileError
+from sim.jsonio import is_number
 
 DEVICE_CURVES = ("forward.decode", "forward.extend", "submit.decode", "submit.extend")
 HOST_CURVES = ("recv", "schedule.extend", "schedule.decode", "process.extend", "process.decode")
@@ -99,8 +100,7 @@ def _host_move(device: dict, host: dict, host_speed: float | None, host_yardstic
             got = yardstick.host_speed(source, target)
         except ValueError as err:
             raise ProfileError(*(given or (device_source, "samples")), f"{err}; pass --host-speed") from None
-        if not (isinstance(got.get("host_speed"), (int, float)) and
-                1 / MAX_HOST_SPEED <= got["host_speed"] <= MAX_HOST_SPEED):
+        if not is_number(got.get("host_speed"), 1 / MAX_HOST_SPEED, MAX_HOST_SPEED):
             raise ProfileError(*(given or (host_source, "metadata.yardstick")),
                                f"readings that give a host speed of {got.get('host_speed')!r}, outside 1/"
                                f"{MAX_HOST_SPEED:g}..{MAX_HOST_SPEED:g} (the range --host-speed takes): not "

@@ -87,6 +87,8 @@ class LinearCostModel:
         self.extrapolated_steps = 0
         self.decode_submits = False
         self._costs = costs
+        self._decode_part: dict[int, tuple[float, float, float, float]] = {}  # decode_s's per batch size
+        self._decode_ctx = tuple(t[3] for t in (self._schedule, self._launch, self._forward[DECODE], self._process))
 
     def forward_s(self, kind, num_reqs, num_tokens, sum_ctx, attn_pairs=0):
         t = self._forward[kind]
@@ -108,16 +110,28 @@ class LinearCostModel:
         t = self._process
         return t[0] + t[1] * num_reqs + t[2] * num_tokens + t[3] * sum_ctx
 
-    def decode_s(self, num_reqs, sum_ctx):
+    def decode_arrays(self, num_reqs, sum_ctx):
+        """(schedule, launch, forward, process) of a decode batch of ``num_reqs`` requests over
+        ``sum_ctx`` context tokens (seconds); over an array of contexts (float64) the same
+        expressions give four arrays, the same floats elementwise."""
         s, l, f, p = self._schedule, self._launch, self._forward[DECODE], self._process
         return (s[0] + s[1] * num_reqs + s[2] * num_reqs + s[3] * sum_ctx,
                 l[0] + l[1] * num_reqs + l[2] * num_reqs + l[3] * sum_ctx,
                 f[0] + f[1] * num_reqs + f[2] * num_reqs + f[3] * sum_ctx,
                 p[0] + p[1] * num_reqs + p[2] * num_reqs + p[3] * sum_ctx)
 
-    # over an array of contexts (float64) the same expressions give four arrays, the same floats
-    # elementwise (the same operations in the same order)
-    decode_arrays = decode_s
+    def decode_s(self, num_reqs, sum_ctx):
+        """:meth:`decode_arrays` of one batch, the same floats: each phase's sum is evaluated
+        left to right, so its first three terms (``num_reqs``' part) are the same double whenever
+        they are computed, and are kept per batch size (the leap prices a step at a time)."""
+        part = self._decode_part.get(num_reqs)
+        if part is None:
+            part = self._decode_part[num_reqs] = tuple(
+                t[0] + t[1] * num_reqs + t[2] * num_reqs
+                for t in (self._schedule, self._launch, self._forward[DECODE], self._process))
+        s, l, f, p = part
+        cs, cl, cf, cp = self._decode_ctx
+        return s + cs * sum_ctx, l + cl * sum_ctx, f + cf * sum_ctx, p + cp * sum_ctx
 
     def submit_s(self, kind, num_reqs, num_tokens, sum_ctx):
         return 0.0

@@ -240,9 +240,12 @@ class Leap:
         most asked for, the clock, the batch then in flight, its process cost, its forward end)."""
         s, p = self.s, self.p
         deferred = prev is not None
-        k_max = min(min(s.finishing_at, default=g + MAX_RUN) - g + deferred, MAX_RUN)
+        k_max = MAX_RUN
         if step_s > 0.0 and p.horizon < math.inf:  # about as many steps as fit before the next arrival
             k_max = min(k_max, int((p.horizon - now) / step_s * 1.25) + 8)
+            if k_max < MIN_RUN:  # (asked first: the common case of an open loop, and the cheaper test)
+                return None
+        k_max = min(min(s.finishing_at, default=g + MAX_RUN) - g + deferred, k_max)
         if k_max < MIN_RUN:
             return None
         if not deferred:

@@ -151,7 +151,7 @@ INT_FIELDS = {  # field -> bad values
     "workload.num_requests": [0, 10**30, float("inf")],
     "workload.warmup_requests": [-1],
     "server.max_running_requests": [0, 10**30],
-    "server.chunked_prefill_size": [-2, float("nan")],  # -1 and 0: chunked prefill off (SGLang)
+    "server.chunked_prefill_size": [-10**10, float("nan")],  # <= 0: chunked prefill off (SGLang)
     "server.kv_pool_tokens": [0, -4096, 10**30],
     "server.page_size": [0, 10**30],
     "costs.gil.ops_per_forward": [0, 10**9],

@@ -15,6 +15,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -294,3 +295,24 @@ def test_the_environment_turns_the_leap_off_by_any_usual_word(monkeypatch, value
     monkeypatch.setenv(LEAP_ENV, value)
     res = sim.simulate(constant_scenario(c=4, num_requests=12, output_len=80), "overlap")
     assert (res.stats["leapt_steps"] > 0) == leaps
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0, allow_subnormal=True), min_size=16, max_size=16),
+       st.lists(st.integers(1, 4096), min_size=1, max_size=20), st.integers(0, 10**7))
+def test_linear_decode_s_equals_its_array_form(terms, sizes, ctx):
+    """The linear model's per-step ``decode_s`` (each batch size's part kept) gives the doubles
+    of ``decode_arrays``, the expressions evaluated whole, for every size, asked in any order."""
+    from sim.model.costs import LinearCostModel
+    from sim.scenario import Costs
+
+    t = [terms[i:i + 4] for i in range(0, 16, 4)]
+    term = lambda x: {"base": x[0], "per_req": x[1], "per_token": x[2], "per_ctx_token": x[3]}  # noqa: E731
+    t[0][0] += 1e-6  # a forward must take time (the scenario's own check)
+    costs = Costs.model_validate({"gpu": {"decode": term(t[0])}, "cpu": {
+        "schedule": term(t[1]), "launch": term(t[2]), "process": term(t[3])}})
+    model = LinearCostModel(costs)
+    for n in sizes + sizes[::-1]:
+        got = model.decode_s(n, ctx + n)
+        assert got == model.decode_arrays(n, ctx + n), n
+        assert got == tuple(float(a[0]) for a in model.decode_arrays(n, np.array([float(ctx + n)]))), n

@@ -113,3 +113,22 @@ def test_stat_quantiles_equal_ddsketch(samples):
     for q in (0.0, 0.01, 0.5, 0.99, 1.0):
         want, got = sketch.get_quantile_value(q), stat.quantile(q)
         assert math.isnan(got) if want is None else got == want, (q, got, want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.floats(-1e-3, 10.0), st.sampled_from([0.0, 5e-324, math.nan, math.inf])), max_size=300),
+       st.integers(0, 300))
+def test_stat_extend_equals_adds(values, cut):
+    """``_Stat.extend`` (a flush's gaps at once) counts as ``add`` of each value in order: the
+    same count, total (the same running sum) and buckets, wherever the values are split."""
+    from sim.trace.streaming import _Stat
+
+    one, many = _Stat(), _Stat()
+    for v in values:
+        one.add(v)
+    many.extend(values[:cut])
+    many.extend(values[cut:])
+    one.fold()
+    many.fold()
+    assert (one.count, one.zero, one.bins) == (many.count, many.zero, many.bins)
+    assert one.total == many.total or (math.isnan(one.total) and math.isnan(many.total))

@@ -84,3 +84,14 @@ def test_cli(capsys):
     assert "for vLLM" in capsys.readouterr().err
     assert main(["advise", "--device", "cpu", "--", "--disable-overlap-schedule"]) == 0  # SGLang as before
     assert "SGLang" in capsys.readouterr().out
+
+
+def test_a_size_the_simulator_does_not_model_is_not_a_vllm_refusal():
+    """A block larger than the context is the simulator's limit, not vLLM's start-up check: the
+    async answer stands, the setting is unmodelled and a note says why; a size vLLM's own
+    ``verify_max_model_len`` refuses is still a refusal."""
+    adv = advise(["--model", "m", "--block-size", "4096", "--max-model-len", "2048"])
+    assert not adv.refused and adv.async_scheduling is True and adv.setting is None
+    assert any(n.startswith("not modelled by the simulator (vLLM may start): block_size") for n in adv.notes)
+    adv = advise(["--model", "m", "--max-num-batched-tokens", "8", "--max-num-seqs", "64"])
+    assert adv.refused and adv.setting is None and adv.decided_by[0].kind == "refuse_resolved"

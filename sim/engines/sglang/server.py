@@ -41,8 +41,8 @@ class Server(StrictModel):
     admission rules of that release (``admission``: ``v0.5.22`` reserves ``ignore_eos``
     requests' whole output and a page per admitted request; ``v0.5.4`` weights every running
     request by the new-token ratio). ``max_prefill_tokens``: SGLang's second per-pass prefill
-    budget (``--max-prefill-tokens``, 16384). ``chunked_prefill_size`` -1 or 0 turns chunked prefill
-    off, as SGLang's scheduler reads a size <= 0 (``Scheduler.__init__``, 0.5.23: no chunk budget;
+    budget (``--max-prefill-tokens``, 16384). ``chunked_prefill_size`` <= 0 (SGLang's -1) turns chunked
+    prefill off, as SGLang's scheduler reads a size <= 0 (``Scheduler.__init__``, 0.5.23: no chunk budget;
     a prompt is prefilled whole).
 
     ``forward_on_scheduler_thread``: the forward runs inside ``run_batch`` on the scheduler's own
@@ -69,7 +69,7 @@ class Server(StrictModel):
     device: Literal["cuda", "mlx", "mps", "cpu"] = "cuda"
     settings: list[Setting] = Field(default_factory=lambda: ["overlap", "normal"], min_length=1)
     max_running_requests: int = Field(default=64, ge=1, le=MAX_REQUESTS)
-    chunked_prefill_size: int = Field(default=8192, ge=-1, le=MAX_TOKENS)  # <= 0: chunked prefill off
+    chunked_prefill_size: int = Field(default=8192, ge=-MAX_TOKENS, le=MAX_TOKENS)  # <= 0: chunked prefill off
     kv_pool_tokens: int = Field(default=400_000, ge=1, le=MAX_POOL_TOKENS)
     page_size: int = Field(default=1, ge=1, le=MAX_TOKENS)
     init_new_token_ratio: float = Field(default=0.7, ge=0, le=1)

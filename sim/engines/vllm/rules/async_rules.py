@@ -147,7 +147,7 @@ def evaluate(c: VllmLaunch) -> VllmAdvice:
     """Resolve async scheduling for a parsed launch command (see the module docstring); a command
     whose sizes vLLM's start-up refuses (the checks a scenario's server section makes) is refused."""
     startup = _startup_refusal(c)
-    if startup is not None:
+    if startup is not None and startup.kind == "refuse_resolved":
         return _advice(c, None, (startup,), True)
     rows = [r for r in RULES if r.when(c)]
     explicit = c.fields.get("async_scheduling")
@@ -162,14 +162,17 @@ def evaluate(c: VllmLaunch) -> VllmAdvice:
     refused = [r for r in rows if r.kind == "refuse_resolved"] if on else []
     if refused:
         return _advice(c, None, tuple(refused), True)
-    return _advice(c, on, tuple(decided), False)
+    return _advice(c, on, tuple(decided), False, startup)
 
 
 def _startup_refusal(c: VllmLaunch) -> Rule | None:
     """The sizes the command sets (``--max-num-batched-tokens``, ``--max-model-len``,
     ``--block-size``, ``--num-gpu-blocks-override`` ...) checked as a scenario's server section
     checks them (:class:`sim.engines.vllm.server.VllmServer`: vLLM's ``SchedulerConfig`` and KV
-    cache start-up checks); the first refusal as a row, or None."""
+    cache start-up checks); the first refusal as a row, or None. The row's kind is
+    ``refuse_resolved`` where vLLM itself refuses to start (the section's message says so), else
+    ``not_modelled``: a size vLLM may accept but the simulator does not model (a block larger than
+    the context, a long-prefill threshold beyond it), which leaves the async answer standing."""
     from pydantic import ValidationError
 
     from sim.engines.vllm.server import VllmServer  # here: the server section is the scenario's
@@ -182,14 +185,19 @@ def _startup_refusal(c: VllmLaunch) -> Rule | None:
         text = str(first["msg"]).removeprefix("Value error, ")
         if first["loc"]:
             text = f"{'.'.join(map(str, first['loc']))}: {text}"
+        if "vLLM refuses to start" not in text:
+            return Rule("startup_sizes", "not_modelled", lambda _c: True, text,
+                        "sim.engines.vllm.server.VllmServer: a size the simulator does not model")
         return Rule("startup_sizes", "refuse_resolved", lambda _c: True, text,
                     "vllm/config/scheduler.py verify_max_model_len; v1/core/kv_cache_utils.py "
                     "check_enough_kv_cache_memory (as sim.engines.vllm.server.VllmServer checks them)")
     return None
 
 
-def _advice(c: VllmLaunch, on: bool | None, decided: tuple, refused: bool) -> VllmAdvice:
-    notes = [f"{r.id}: {r.text} ({r.source})" for r in RULES if r.kind == "note" and r.when(c)
+def _advice(c: VllmLaunch, on: bool | None, decided: tuple, refused: bool,
+            not_modelled: Rule | None = None) -> VllmAdvice:
+    notes = [f"not modelled by the simulator (vLLM may start): {not_modelled.text}"] if not_modelled else []
+    notes += [f"{r.id}: {r.text} ({r.source})" for r in RULES if r.kind == "note" and r.when(c)
              and (r.applies_if_async is None or r.applies_if_async == on)]
     if c.platform == "cpu" and c.fields.get("async_scheduling") and not refused:
         notes.append("to measure async scheduling on CPU, the harness must skip that assignment at start-up "
@@ -200,7 +208,7 @@ def _advice(c: VllmLaunch, on: bool | None, decided: tuple, refused: bool) -> Vl
                      "the rules are assumed to still hold")
     elif c.version not in CHECKED_VERSIONS:
         notes.append(f"release {c.version} was not checked (checked: {', '.join(CHECKED_VERSIONS)})")
-    modelled = not refused and not unmodelled(c.fields)
+    modelled = not refused and not unmodelled(c.fields) and not_modelled is None
     setting = None if not modelled else ("async" if on else "sync")
     return VllmAdvice(c, on, setting, decided, refused, tuple(notes))
 

@@ -316,3 +316,23 @@ def test_linear_decode_s_equals_its_array_form(terms, sizes, ctx):
         got = model.decode_s(n, ctx + n)
         assert got == model.decode_arrays(n, ctx + n), n
         assert got == tuple(float(a[0]) for a in model.decode_arrays(n, np.array([float(ctx + n)]))), n
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(1.0, 1e4), min_size=1, max_size=5, unique=True),
+       st.lists(st.floats(0.0, 1e6), min_size=1, max_size=6, unique=True),
+       st.data())
+def test_curve_along_equals_the_curve_at_each_point(axis0, axis1, data):
+    """``Curve.along`` (the numpy runs' forward costs) gives, elementwise, the float the scalar
+    curve gives at each point, inside the grid and beyond it on either side, on every call (its
+    arrays are made once, at the first)."""
+    from sim.model.curve import Curve
+
+    g0, g1 = sorted(axis0), sorted(axis1)
+    values = [[data.draw(st.floats(-1e-3, 1.0)) for _ in g1] for _ in g0]
+    curve = Curve(("num_reqs", "ctx"), (g0, g1), values)
+    for _ in range(2):
+        x0 = data.draw(st.floats(0.0, 2e4))
+        x1 = np.array(data.draw(st.lists(st.floats(0.0, 2e6), min_size=1, max_size=20)))
+        got = curve.along(x0, x1)
+        assert got.tolist() == [curve(x0, float(x)) for x in x1]

@@ -51,6 +51,7 @@ class Curve:
         self.lo = tuple(g[0] for g in self.grid)
         self.hi = tuple(g[-1] for g in self.grid)
         self._memo: dict[float, float] | None = {} if len(self.axes) == 1 else None  # x -> value
+        self._arrays = None  # :meth:`along`'s numpy copies of the second axis and the rows, made once
 
     def __call__(self, *x: float) -> float:
         """The curve at ``x`` (one value per axis), in seconds, >= 0."""
@@ -88,16 +89,17 @@ class Curve:
         i, t = _segment(self.grid[0], x0)
         v = self.values
         i1 = i + 1 if len(v) > 1 else i
-        nodes = self.grid[1]
-        if len(nodes) == 1:
+        if self._arrays is None:
+            self._arrays = (np.asarray(self.grid[1]), [np.asarray(r) for r in v])
+        g, rows = self._arrays
+        if len(g) == 1:
             j = np.zeros(len(x1), dtype=np.int64)
             u = np.zeros(len(x1))
         else:
-            j = np.clip(np.searchsorted(nodes, x1, side="right") - 1, 0, len(nodes) - 2)
-            g = np.asarray(nodes)
+            j = np.clip(np.searchsorted(g, x1, side="right") - 1, 0, len(g) - 2)
             u = (x1 - g[j]) / (g[j + 1] - g[j])
         j1 = j + 1 if len(v[0]) > 1 else j
-        row, row1 = np.asarray(v[i]), np.asarray(v[i1])
+        row, row1 = rows[i], rows[i1]
         a = row[j] + u * (row[j1] - row[j])
         b = row1[j] + u * (row1[j1] - row1[j])
         y = a + t * (b - a)

@@ -58,6 +58,8 @@ class TraceRecorder:
     millions of objects; the requests table (strings among its columns) keeps tuples.
     """
 
+    keeps_rows = True  # every column of a step row is kept (the leap's numpy runs fill them all)
+
     def __init__(self):
         self._step_values = array("d")
         self._requests: list[tuple] = []

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.engines.sglang.policy.decode import DECODE_LOG_INTERVAL
 from sim.model.costs import DECODE
 
 MIN_RUN = 24  # shorter runs go step by step in the leap's own loop (numpy's per-call cost)
@@ -99,8 +100,8 @@ def overlap_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, 
     rows = np.empty((k, 22))
     rows[0, :19] = prev_row
     j = k - 1
-    _scheduled(rows[1:], s.next_step_seq - k, n, warm, ctx[:j], used_after[:j] * page, starts[:j], recv, sched[:j],
-               ls[:j], le[:j], fs[:j], fe[:j])
+    _scheduled(rows[1:], p.recorder.keeps_rows, s.next_step_seq - k, n, warm, ctx[:j], used_after[:j], page,
+               starts[:j], recv, sched[:j], ls[:j], le[:j], fs[:j], fe[:j])
     rows[:, 19] = le
     rows[:, 20] = ps
     rows[:, 21] = done
@@ -145,30 +146,38 @@ def normal_run(leap, now: float, k_max: int) -> tuple[int, float] | None:
             return None
     _commit(leap, g0, k, n, need, used_after, ctx, float(starts[k - 1]), float(fe[k - 1]))
     rows = np.empty((k, 22))
-    _scheduled(rows, s.next_step_seq - k, n, warm, ctx[:k], used_after[:k] * kv.page_size, starts[:k], recv,
-               sched[:k], ls[:k], le[:k], le[:k], fe[:k])  # each forward starts at its launch's end
+    _scheduled(rows, p.recorder.keeps_rows, s.next_step_seq - k, n, warm, ctx[:k], used_after[:k], kv.page_size,
+               starts[:k], recv, sched[:k], ls[:k], le[:k], le[:k], fe[:k])  # each forward starts at its launch's end
     rows[:, 19], rows[:, 20], rows[:, 21] = le[:k], ready[:k], done[:k]
     _deliver(s, rows, done[:k], np.full(k, n - warm, dtype=np.int64), s.next_decode_seq - 1)
     return k, float(done[k - 1])
 
 
-def _scheduled(rows: np.ndarray, first_seq: int, n: int, warm: int, ctx, kv_used, starts, recv: float, sched,
-               ls, le, fs, fe) -> None:
+def _scheduled(rows: np.ndarray, full: bool, first_seq: int, n: int, warm: int, ctx, used_after, page: int, starts,
+               recv: float, sched, ls, le, fs, fe) -> None:
     """Columns ``seq`` to ``forward_end`` of the rows of consecutive decode batches of ``n``
-    requests (``warm`` warm-up), the first numbered ``first_seq``: contexts, KV tokens used after
-    each allocation, iteration starts, recv and schedule costs, launch starts and ends, forward
-    starts and ends (arrays, one value per batch)."""
-    rows[:, 0] = np.arange(first_seq, first_seq + len(rows))
+    requests (``warm`` warm-up), the first numbered ``first_seq``: contexts, KV pages used after
+    each allocation (``page`` tokens each), iteration starts, recv and schedule costs, launch
+    starts and ends, forward starts and ends (arrays, one value per batch). ``full`` False (a
+    recorder that keeps no rows, :attr:`sim.trace.streaming.StreamingRecorder.keeps_rows`): only
+    the columns it reads (kind, size, overshoot, after_idle, the forward's start and end); the
+    others are left as they are."""
     rows[:, 1] = DECODE
-    rows[:, 2] = rows[:, 3] = rows[:, 10] = n  # num_reqs, num_tokens, num_running (no member leaves)
+    rows[:, 2] = n  # num_reqs (no member leaves)
+    rows[:, 6] = rows[:, 8] = 0  # overshoot, after_idle
+    rows[:, 17], rows[:, 18] = fs, fe
+    if not full:
+        return
+    rows[:, 0] = np.arange(first_seq, first_seq + len(rows))
+    rows[:, 3] = rows[:, 10] = n  # num_tokens, num_running
     rows[:, 4] = ctx
     rows[:, 5] = warm
-    rows[:, 6] = rows[:, 7] = rows[:, 8] = rows[:, 11] = 0  # overshoot, finished, after_idle, num_queued
-    rows[:, 9] = kv_used
+    rows[:, 7] = rows[:, 11] = 0  # finished, num_queued
+    rows[:, 9] = used_after * page
     rows[:, 12] = starts
     rows[:, 13] = starts + recv
     rows[:, 14] = rows[:, 13] + sched
-    rows[:, 15], rows[:, 16], rows[:, 17], rows[:, 18] = ls, le, fs, fe
+    rows[:, 15], rows[:, 16] = ls, le
 
 
 def _kv_fits(s, g0: int, k_max: int):
@@ -202,9 +211,9 @@ def _commit(leap, g0: int, k: int, n: int, need: np.ndarray, used_after: np.ndar
             break
         s.new_token_ratio = max(s.new_token_ratio - s.ratio_decay, s.min_ratio)
     kv.alloc(int(used_after[k - 1]) - kv.used_pages)
-    logged = [i for i in range(max(0, k - 40), k) if (g0 + i) % 40 == 0]  # DECODE_LOG_INTERVAL
-    if logged:
-        s.last_logged_usage = int(used_after[logged[-1]]) / kv.total_pages
+    logged = k - 1 - (g0 + k - 1) % DECODE_LOG_INTERVAL  # the last of them whose seq the log interval divides
+    if logged >= 0:
+        s.last_logged_usage = int(used_after[logged]) / kv.total_pages
     s.next_decode_seq = g0 + k
     s.next_step_seq += k
     s._idle_calls = 0

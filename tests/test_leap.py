@@ -336,3 +336,21 @@ def test_curve_along_equals_the_curve_at_each_point(axis0, axis1, data):
         x1 = np.array(data.draw(st.lists(st.floats(0.0, 2e6), min_size=1, max_size=20)))
         got = curve.along(x0, x1)
         assert got.tolist() == [curve(x0, float(x)) for x in x1]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 2048), st.integers(0, 10**7), st.integers(1, 200), st.integers(0, 5000))
+def test_profile_counts_a_numpy_run_as_its_steps(num_reqs, ctx0, k, growth):
+    """``count_decode_steps`` over a run's contexts counts what ``forward_s`` counts step by step:
+    the same extrapolated and far steps and the same largest distance, inside the profile's data
+    (its shortcut) and beyond it in batch size or context."""
+    from sim.model.costs import DECODE
+    from sim.model.profile_costs import ProfileCostModel
+
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "profiles" / "h200-llama-3.2-1b.json"
+    stepwise, vector = ProfileCostModel.from_file(path), ProfileCostModel.from_file(path)
+    ctx = [ctx0 + i * growth for i in range(k)]
+    for c in ctx:
+        stepwise.forward_s(DECODE, num_reqs, num_reqs, c)
+    vector.count_decode_steps(num_reqs, np.array(ctx, dtype=np.float64))
+    assert vector.reach.outcome() == stepwise.reach.outcome()

@@ -81,6 +81,7 @@ class ProfileCostModel:
         self._submit = (c.get("submit.extend"), c.get("submit.decode"))  # MLX profiles only
         self.decode_submits = self._submit[1] is not None  # a decode's launch can block (the leap steps aside)
         self._decode_cpu_seen: dict[int, tuple[float, float, float]] = {}  # batch size -> a decode's CPU phases
+        self._decode_reach: dict[int, float] = {}  # batch size -> its distance from the data (count_decode_steps)
         h = hulls(profile, c)
         self._hull = tuple((h[f"forward.{k}"], h[f"launch.{k}"], h[f"schedule.{k}"], h[f"process.{k}"])
                            for k in ("extend", "decode"))
@@ -162,12 +163,21 @@ class ProfileCostModel:
         import numpy as np
 
         hf, hl, hs, hp = self._hull[DECODE]
-        d = np.full(len(sum_ctx), max(distance(hf, num_reqs), distance(hl, num_reqs), distance(hs, num_reqs),
-                                      distance(hp, num_reqs)))
+        size = self._decode_reach.get(num_reqs)  # the batch size's distance, the same at every context
+        if size is None:
+            size = self._decode_reach[num_reqs] = max(distance(hf, num_reqs), distance(hl, num_reqs),
+                                                      distance(hs, num_reqs), distance(hp, num_reqs))
         if len(hf[0]) > 1:
             x, lo, hi = sum_ctx / num_reqs, hf[0][1], hf[1][1]
-            d = np.maximum(d, np.where(x > hi, (x + 1.0) / (hi + 1.0),
-                                       np.where(x < lo, (lo + 1.0) / (np.maximum(x, 0.0) + 1.0), 1.0)))
+            if size == 1.0 and lo <= x.min() and x.max() <= hi:
+                return  # every step inside the data: nothing to count
+            d = np.maximum(np.full(len(sum_ctx), size),
+                           np.where(x > hi, (x + 1.0) / (hi + 1.0),
+                                    np.where(x < lo, (lo + 1.0) / (np.maximum(x, 0.0) + 1.0), 1.0)))
+        elif size == 1.0:
+            return
+        else:
+            d = np.full(len(sum_ctx), size)
         self.reach.steps(d)
 
     def submit_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:

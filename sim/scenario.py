@@ -86,7 +86,7 @@ class NumberTooLong(yaml.YAMLError):
 def _engine_of(value) -> str | None:
     """The engine a ``server`` section is for (``engine``, default sglang); None: an unknown one."""
     engine = value.get("engine", "sglang") if isinstance(value, dict) else getattr(value, "engine", "sglang")
-    return engine if engine in ENGINES else None
+    return engine if isinstance(engine, str) and engine in ENGINES else None
 
 
 _SERVER_UNION = Union[Annotated[Server, Tag("sglang")], Annotated[VllmServer, Tag("vllm")]]

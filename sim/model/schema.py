@@ -43,30 +43,54 @@ class StrictModel(BaseModel):
     @classmethod
     def _numbers_are_numbers(cls, data):
         if isinstance(data, dict):
-            numeric, switches = _typed_fields(cls)
+            numeric, switches, numeric_lists = _typed_fields(cls)
             for name, value in data.items():
                 if name in numeric and isinstance(value, bool):
                     raise ValueError(f"{name}: a number (got {str(value).lower()})")
                 if name in switches and value is not None and not isinstance(value, bool):
                     raise ValueError(f"{name}: true or false (got {value!r})")
+                if name in numeric_lists and isinstance(value, (list, tuple)):
+                    for i, item in enumerate(value):
+                        if isinstance(item, bool):
+                            raise ValueError(f"{name}.{i}: a number (got {str(item).lower()})")
         return data
 
 
-_TYPED: dict[type, tuple[frozenset[str], frozenset[str]]] = {}
+_TYPED: dict[type, tuple[frozenset[str], frozenset[str], frozenset[str]]] = {}
 
 
-def _typed_fields(model: type[BaseModel]) -> tuple[frozenset[str], frozenset[str]]:
-    """The fields of ``model`` that take an int or a float (alone or in a union) and no bool or
-    string, and those that take a bool and nothing else (None aside)."""
+def _kinds(annotation) -> set:
+    """The types a field's annotation admits, with ``Annotated[...]`` unwrapped and unions (and
+    ``Optional``) flattened, at any depth; a list's annotation stays whole."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _kinds(typing.get_args(annotation)[0])
+    if origin is Union:
+        return set().union(*(_kinds(a) for a in typing.get_args(annotation)))
+    return {annotation}
+
+
+def _is_numeric(kinds: set) -> bool:
+    return bool(kinds & {int, float}) and not kinds & {bool, str}
+
+
+def _typed_fields(model: type[BaseModel]) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    """The fields of ``model`` that take an int or a float (alone or in a union, ``Annotated``
+    or not) and no bool or string, those that take a bool and nothing else (None aside), and
+    those that take a list of such numbers."""
     if model not in _TYPED:
-        numeric, switches = set(), set()
+        numeric, switches, numeric_lists = set(), set(), set()
         for name, field in model.model_fields.items():
-            kinds = set(typing.get_args(field.annotation)) or {field.annotation}
-            if kinds & {int, float} and not kinds & {bool, str}:
+            kinds = _kinds(field.annotation)
+            if _is_numeric(kinds):
                 numeric.add(name)
             if bool in kinds and kinds - {bool, type(None)} == set():
                 switches.add(name)
-        _TYPED[model] = (frozenset(numeric), frozenset(switches))
+            for kind in kinds:
+                if typing.get_origin(kind) in (list, tuple) and _is_numeric(
+                        set().union(*(_kinds(a) for a in typing.get_args(kind) if a is not Ellipsis))):
+                    numeric_lists.add(name)
+        _TYPED[model] = (frozenset(numeric), frozenset(switches), frozenset(numeric_lists))
     return _TYPED[model]
 
 

@@ -152,7 +152,11 @@ class Server(StrictModel):
         derived: tuple = ()
         notes: tuple = ()
         if isinstance(data, dict) and isinstance(data.get("launch_args"), list):
-            # YAML reads `--pp-size, 2` as a number: launch arguments are strings
+            # YAML reads `--pp-size, 2` as a number: launch arguments are strings, a number taken as
+            # its text; anything else (a list, a map, null, true) is not an argument
+            for i, a in enumerate(data["launch_args"]):
+                if not isinstance(a, (str, int, float)) or isinstance(a, bool):
+                    raise ValueError(f"launch_args.{i}: expected a string (a launch argument), got {a!r}")
             data = {**data, "launch_args": [a if isinstance(a, str) else str(a) for a in data["launch_args"]]}
             data, derived, notes = _resolve_launch_args(data)
         if isinstance(data, dict) and data.get("version") is not None:

@@ -126,15 +126,17 @@ def check_output_file(path: Path | str, flag: str, suffixes: Iterable[str] | Non
 
 
 @contextmanager
-def staged_folder(out_dir: Path, clean: Callable[[Path], object], last: str) -> Iterator[Path]:
+def staged_folder(out_dir: Path, stale: Callable[[Path], list[Path]], last: str) -> Iterator[Path]:
     """A hidden folder inside ``out_dir`` to write a set of files into; when the block succeeds,
-    ``clean(out_dir)`` removes what the earlier set left there and the new files take its place
-    (the one named ``last`` last), so an interrupted or failed write leaves the folder as it was
-    (and removes the folder if it made it). A staging folder a killed process left is removed.
-    Yields the staging folder.
+    the new files replace what the earlier set left there (``stale(out_dir)``: its files) in one
+    transaction (:func:`_publish`: the one named ``last`` last), so an interrupted or failed write,
+    or a publication the system refuses half way, leaves the folder as it was (and removes the
+    folder if it made it). Staging folders a killed process left are removed (its files put back
+    where it died while publishing). Yields the staging folder.
 
     Raises:
-        UserInputError: naming ``out_dir``, when the system refuses the folder."""
+        UserInputError: naming ``out_dir`` (or the file in it), when the system refuses the
+            folder, a file of the new set, or moving an earlier file aside."""
     out_dir = Path(out_dir)
     made = not out_dir.exists()
     try:
@@ -146,22 +148,75 @@ def staged_folder(out_dir: Path, clean: Callable[[Path], object], last: str) -> 
                              f"a folder the system lets this command write ({err.strerror})") from None
     try:
         yield stage
-        clean(out_dir)
-        for p in sorted(stage.iterdir(), key=lambda p: p.name == last):
-            os.replace(p, out_dir / p.name)
+        _publish(out_dir, stage, stale(out_dir), last)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
         if made and not any(out_dir.iterdir()):
             out_dir.rmdir()
 
 
+def _publish(out_dir: Path, stage: Path, stale: list[Path], last: str) -> None:
+    """Move the files of ``stage`` into ``out_dir`` (``last`` last), the ``stale`` files and those
+    the new ones replace first moved aside into a backup folder; if a move fails, the new files
+    are taken out again and the earlier ones put back, so the folder is as it was.
+
+    Raises:
+        UserInputError: naming the file, when one of the new names is a folder in ``out_dir``
+            (refused before anything moves) or the system refuses a move."""
+    new = sorted(stage.iterdir(), key=lambda p: p.name == last)
+    for p in new:
+        target = out_dir / p.name
+        if target.is_dir() and not target.is_symlink():
+            raise UserInputError(str(target), "", "a folder where this command writes a file; remove it or "
+                                 "write elsewhere (the folder's earlier files are left as they were)")
+    replaced = {p.name for p in new if os.path.lexists(out_dir / p.name)}
+    aside = list(dict.fromkeys([p.name for p in stale if os.path.lexists(p)] + sorted(replaced)))
+    backup = Path(tempfile.mkdtemp(prefix=f".run-{os.getpid()}-", suffix=".old", dir=out_dir))
+    moved: list[str] = []
+    placed: list[str] = []
+    try:
+        for name in aside:
+            failing = out_dir / name
+            os.replace(failing, backup / name)
+            moved.append(name)
+        for p in new:
+            failing = out_dir / p.name
+            os.replace(p, failing)
+            placed.append(p.name)
+    except OSError as err:
+        for name in placed:
+            _quietly(os.unlink, out_dir / name)
+        kept = all(_quietly(os.replace, backup / name, out_dir / name) for name in moved)
+        if kept:
+            shutil.rmtree(backup, ignore_errors=True)
+        where = "the folder's earlier files are left as they were" if kept else f"the earlier files are in {backup}"
+        raise UserInputError(str(failing), "", f"the system refused to replace it ({_reason(err)}); {where}") from None
+    shutil.rmtree(backup, ignore_errors=True)
+
+
+def _quietly(fn, *args) -> bool:
+    """``fn(*args)``; False if the system refused it."""
+    try:
+        fn(*args)
+        return True
+    except OSError:
+        return False
+
+
 def _remove_dead_stages(out_dir: Path) -> None:
     """Remove the staging folders (``.run-<pid>-*.partial``) of processes that are gone (killed
-    before they could clean up); a live one's is left alone."""
-    for stage in out_dir.glob(".run-*-*.partial"):
+    before they could clean up; a live one's is left alone), after putting back the earlier
+    files a dead process had moved aside to publish (``.run-<pid>-*.old``) where no file of
+    their name took their place."""
+    for stage in [*out_dir.glob(".run-*-*.partial"), *out_dir.glob(".run-*-*.old")]:
         pid = stage.name.split("-")[1]
-        if not pid.isdigit() or not _alive(int(pid)):
-            shutil.rmtree(stage, ignore_errors=True)
+        if pid.isdigit() and _alive(int(pid)):
+            continue
+        if stage.suffix == ".old":
+            for p in stage.iterdir():
+                if not os.path.lexists(out_dir / p.name):
+                    _quietly(os.replace, p, out_dir / p.name)
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:

@@ -127,8 +127,9 @@ def run_failures(summaries: dict[str, dict]) -> list[str]:
 @command("run", "simulate a scenario under each scheduling setting and compare them", _add_run_args)
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.atomic import check_output_dir, staged_folder
-    from sim.output.report import (clean_run_folder, composed_note, device_mismatch, load_warnings, print_table,
-                                   profile_metadata, reimplementation_warning, run_payload, run_title, write_results)
+    from sim.output.report import (composed_note, device_mismatch, load_warnings, print_table,
+                                   profile_metadata, reimplementation_warning, run_payload, run_title, stale_run_files,
+                                   write_results)
     from sim.scenario import load_scenario
     from sim.simulate import simulate
     from sim.whatif.verdict import check_run_cv, resolve_run_cv, verdict, verdict_platform_note
@@ -152,7 +153,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     warnings = load_warnings(scenario)
     if warnings:
         payload["warnings"] = warnings
-    with staged_folder(out_dir, clean_run_folder, "summary.json") as stage:  # the old run or the new, never a mix
+    with staged_folder(out_dir, stale_run_files, "summary.json") as stage:  # the old run or the new, never a mix
         write_results(stage, payload, results, args.format, args.tables)
         if not args.no_plots and args.tables == "steps":
             from sim.output.plots import save_run_plots  # matplotlib only when plots are drawn

@@ -276,3 +276,51 @@ def test_a_killed_runs_staging_folder_is_removed_by_the_next_run(tmp_path):
     assert main(["run", str(QUICKSTART), "--set", "workload.num_requests=16", "--no-plots", "--no-range",
                  "--out", str(out)]) == 0
     assert not dead.exists() and live.exists()
+
+
+def test_a_run_the_system_refuses_half_way_leaves_the_earlier_run_whole(tmp_path, capsys, monkeypatch):
+    """Publishing a run is one transaction: a folder where the run writes a file is refused before
+    anything moves, and a move the system refuses half way (an immutable file, a full disk) puts
+    the earlier run's files back; either way one line, exit 2, and the folder as it was."""
+    import os
+
+    import sim.atomic
+
+    out = tmp_path / "out"
+    args = ["run", str(QUICKSTART), "--set", "workload.num_requests=16", "--no-range", "--out", str(out)]
+    assert main(args) == 0
+    (out / "gaps.png").unlink()
+    (out / "gaps.png").mkdir()
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    capsys.readouterr()
+    again = [*args[:3], "workload.num_requests=24", *args[4:]]
+    assert main(again) == 2
+    err = capsys.readouterr().err
+    assert "gaps.png: a folder where this command writes a file" in err and err.count("\n") == 1
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    (out / "gaps.png").rmdir()
+
+    real = os.replace
+
+    def refuse_one(src, dst):
+        if Path(dst) == out / "steps_normal.parquet" and ".partial" in str(src):  # publishing the new one
+            raise PermissionError(1, "Operation not permitted")
+        return real(src, dst)
+
+    monkeypatch.setattr(sim.atomic.os, "replace", refuse_one)
+    assert main(again) == 2
+    err = capsys.readouterr().err
+    assert "the system refused to replace it (Operation not permitted)" in err and "left as they were" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no staging or backup folder left
+
+
+def test_a_dead_runs_moved_aside_files_are_put_back(tmp_path):
+    """A run killed while publishing leaves the earlier files it had moved aside in a backup
+    folder: the next run into the folder puts back those no file replaced, then goes on."""
+    out = tmp_path / "out"
+    backup = out / ".run-999999999-z.old"
+    backup.mkdir(parents=True)
+    (backup / "notes.txt").write_text("mine")
+    assert main(["run", str(QUICKSTART), "--set", "workload.num_requests=16", "--no-plots", "--no-range",
+                 "--out", str(out)]) == 0
+    assert (out / "notes.txt").read_text() == "mine" and not backup.exists()

@@ -353,11 +353,12 @@ RUN_FILES = re.compile(r"^(?:(?:steps|requests|itl)_[a-z0-9_]+\.(?:csv|parquet)|
                        r"|trace\.json(?:\.gz)?)$")
 
 
-def clean_run_folder(out_dir: Path) -> list[Path]:
-    """Remove what an earlier ``run`` wrote into ``out_dir`` (its tables, plots and default
-    Chrome trace, all derived from that run), so no stale file sits beside the new summary.
-    Only a folder holding a run's ``summary.json`` is cleaned, and only the file names a run
-    writes (:data:`RUN_FILES`). Returns the paths removed."""
+def stale_run_files(out_dir: Path) -> list[Path]:
+    """What an earlier ``run`` wrote into ``out_dir`` (its tables, plots and default Chrome
+    trace, all derived from that run), which a new run replaces so that no stale file sits
+    beside the new summary (:func:`sim.atomic.staged_folder` moves them aside). Only a folder
+    holding a run's ``summary.json`` has them, and only the file names a run writes
+    (:data:`RUN_FILES`)."""
     out_dir = Path(out_dir)
     try:
         payload = json.loads((out_dir / "summary.json").read_text())
@@ -365,12 +366,7 @@ def clean_run_folder(out_dir: Path) -> list[Path]:
         return []
     if not isinstance(payload, dict) or "settings" not in payload:
         return []
-    removed = []
-    for p in out_dir.iterdir():
-        if p.is_file() and RUN_FILES.match(p.name):
-            p.unlink()
-            removed.append(p)
-    return removed
+    return [p for p in out_dir.iterdir() if p.is_file() and RUN_FILES.match(p.name)]
 
 
 def write_results(out_dir: Path, payload: dict, results: Iterable, table_format: str = "parquet",

@@ -588,6 +588,12 @@ for _id, _text, _words in [("corrupt", "{", ["cannot read"]), ("a-list", "[1, 2]
     case(f"trace-summary-{_id}")(_summary_case(_text, _words))
 
 
+@case("trace-out-over-the-runs-summary")
+def _(ctx):
+    run = ctx.run_folder()
+    return ["trace", run, "--out", str(Path(run, "summary.json"))], ["--out", "summary.json", "is the input"]
+
+
 @case("trace-steps-nan")
 def _(ctx):
     import pandas as pd

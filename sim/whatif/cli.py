@@ -216,9 +216,10 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from sim.atomic import check_output_file
 
     window = parse_window(args.window)
-    out = check_output_file(args.out or args.results / "trace.json", "--out", (".json", ".json.gz", ".gz"))
+    inputs = _run_inputs(args.results)  # the run's own files: the trace may not overwrite what it reads
+    out = check_output_file(args.out or args.results / "trace.json", "--out", (".json", ".json.gz", ".gz"), inputs)
     if args.preview:
-        check_output_file(args.preview, "--preview", image_suffixes())
+        check_output_file(args.preview, "--preview", image_suffixes(), inputs)
     run = load_run_tables(args.results, args.setting)
     trace = chrome_trace(run, window)
     out = write_chrome_trace(trace, out)
@@ -230,6 +231,17 @@ def cmd_trace(args: argparse.Namespace) -> int:
     print(f"{out}: {counts.get('X', 0)} slices, {counts.get('s', 0)} flow arrows, {counts.get('C', 0)} counter samples "
           f"for {', '.join(run.steps)}; open it in https://ui.perfetto.dev or chrome://tracing")
     return 0
+
+
+def _run_inputs(results: Path) -> list[Path]:
+    """The files of the run folder ``results`` that ``trace`` reads: its summary and tables (none
+    if it is not a folder)."""
+    from sim.output.report import RUN_FILES
+
+    if not results.is_dir():
+        return []
+    return [p for p in results.iterdir() if p.name == "summary.json" or (
+        RUN_FILES.match(p.name) and p.suffix in (".csv", ".parquet"))]
 
 
 def _gaps_args(p: argparse.ArgumentParser) -> None:

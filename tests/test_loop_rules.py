@@ -111,8 +111,9 @@ def test_thread_era_selects_thread_overlap():
 
 def test_flags_the_rules_do_not_read_are_passed_over_with_a_note():
     adv = advise(["--log-level", "info", "--random-seed", "7", "stray", "--tp", "2", "--mem-fraction-static=0.8"])
-    assert adv.setting == "overlap"
+    assert adv.overlap and adv.setting is None  # TP on a card: the loop is overlap; the simulator refuses it
     assert adv.config.fields["tp_size"] == 2
+    assert advise(["--tp", "2"], "cpu").setting == "overlap"  # modelled on the CPU server (a profile at TP 2)
     notes = " | ".join(adv.notes)
     for text in ("--log-level info", "--random-seed 7", "'stray' passed over", "--mem-fraction-static", ):
         assert text in notes

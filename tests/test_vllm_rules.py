@@ -95,3 +95,13 @@ def test_a_size_the_simulator_does_not_model_is_not_a_vllm_refusal():
     assert any(n.startswith("not modelled by the simulator (vLLM may start): block_size") for n in adv.notes)
     adv = advise(["--model", "m", "--max-num-batched-tokens", "8", "--max-num-seqs", "64"])
     assert adv.refused and adv.setting is None and adv.decided_by[0].kind == "refuse_resolved"
+
+
+def test_a_refused_flag_leaves_no_simulator_setting():
+    """Tensor parallelism on a card is refused by the simulator (no card profile at that size):
+    the answer names no setting, as for pipeline parallelism, on both engines."""
+    from sim.engines.sglang.rules.loop_rules import advise as advise_sglang
+
+    assert advise(["--model", "m", "-tp", "2"]).setting is None
+    assert advise(["--model", "m", "-tp", "2"], "cpu").setting == "sync"
+    assert advise_sglang(["--tp-size", "2"]).setting is None

@@ -43,7 +43,8 @@ class Advice:
         config: the parsed launch command.
         loop: SGLang event loop name, e.g. 'event_loop_overlap'.
         setting: the simulator setting that models it ('overlap', 'overlap_mlx', 'normal',
-            'thread_overlap'), or None when the simulator does not model that loop.
+            'thread_overlap'), or None when the simulator does not model that loop or refuses
+            a flag of the command (``refused: not modelled``: it gives no answer for it).
         overlap: whether the overlap schedule is on.
         disabled_by: the rows (and the user flag) that turned overlap off, in order.
         selected_by: the loop row that chose the loop.
@@ -162,7 +163,8 @@ def evaluate(config: LaunchConfig) -> Advice:
     for h in (*disabled, *hazards):
         if h.checked and config.version not in h.checked and h.severity != "info":
             notes.append(f"{h.id}: {config.version} was not checked (checked: {', '.join(h.checked)})")
-    return Advice(config, loop, selected.get("setting"), bool(ctx["overlap"]), tuple(disabled),
+    refused = any(status.startswith("refused") for _, status in config.flags)  # the simulator gives no answer
+    return Advice(config, loop, None if refused else selected.get("setting"), bool(ctx["overlap"]), tuple(disabled),
                   _hit(selected, text), hazards, tuple(notes))
 
 

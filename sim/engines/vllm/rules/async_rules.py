@@ -208,7 +208,8 @@ def _advice(c: VllmLaunch, on: bool | None, decided: tuple, refused: bool,
                      "the rules are assumed to still hold")
     elif c.version not in CHECKED_VERSIONS:
         notes.append(f"release {c.version} was not checked (checked: {', '.join(CHECKED_VERSIONS)})")
-    modelled = not refused and not unmodelled(c.fields) and not_modelled is None
+    modelled = (not refused and not unmodelled(c.fields) and not_modelled is None
+                and not any(status.startswith("refused") for _, status in c.flags))
     setting = None if not modelled else ("async" if on else "sync")
     return VllmAdvice(c, on, setting, decided, refused, tuple(notes))
 

@@ -235,6 +235,53 @@ def test_killed_sweep_loses_nothing_and_resumes(tmp_path):
     pd.testing.assert_frame_equal(load_sweep(out)[0], fresh)
 
 
+def _group_size(pgid: int) -> int:
+    """How many processes of the process group ``pgid`` run (Linux's /proc)."""
+    n = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path("/proc", entry, "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[2]) == pgid:
+                n += 1
+    return n
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process group from Linux's /proc")
+@pytest.mark.parametrize("when", [2, 4])
+def test_ctrl_c_on_a_sweep_with_workers_is_one_line_and_stops_them(tmp_path, when):
+    """Ctrl-C reaches the whole process group, as the fork server starts (``when`` 2 processes in
+    the group: it imports the simulator) or while two workers run (4): the sweep's process answers
+    it (one line, exit 130) and stops its workers; the workers and the fork server print nothing
+    and are gone."""
+    out = tmp_path / "sw"
+    args = [sys.executable, "-m", "sim.cli", "sweep", str(QUICKSTART), "--grid", "workload.concurrency=1,2,4,8",
+            "--set", "workload.num_requests=3000", "--no-leap", "--workers", "2", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 120
+    while _group_size(proc.pid) < when and time.time() < deadline:  # the sweep, the fork server, two workers
+        time.sleep(0.01)
+    time.sleep(0.5 if when == 4 else 0.0)
+    os.killpg(proc.pid, signal.SIGINT)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 130
+    lines = [x for x in err.splitlines() if x.strip() and not x.startswith("sweep")]
+    assert lines == ["overlap-sim: interrupted"], err
+    deadline = time.time() + 30
+    while time.time() < deadline:  # no process of the group left (workers, fork server)
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("a worker or the fork server outlived the interrupted sweep")
+
+
 def test_a_grid_over_seed_keeps_the_point_seed_and_each_runs_seed(tmp_path, capsys):
     # the documented use `--grid seed=0,1`: the grid's column is point_seed, seed is each run's
     table = sweep(NOISY, {"seed": [0, 10]}, repeats=2, workers=1)

@@ -20,6 +20,9 @@ import itertools
 import json
 import math
 import os
+import signal
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
@@ -248,11 +251,40 @@ def _execute_local(tasks: list[PointTask], workers: Optional[int]) -> Iterator[t
         ctx = mp.get_context("spawn")
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
     try:
-        futures = {pool.submit(run_point, t): t for t in tasks}
+        with _interrupts_held():  # the workers (and the fork server) start with Ctrl-C blocked: this process answers it
+            futures = {pool.submit(run_point, t): t for t in tasks}
         for fut in as_completed(futures):
             yield futures[fut], fut.result()
+    except BaseException:  # Ctrl-C, a failed point, the caller gone: stop the workers now (finished points are saved)
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            if proc.is_alive():
+                proc.terminate()
+        raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """A Ctrl-C held back while the block runs, raised (KeyboardInterrupt) when it ends: SIGINT
+    is blocked in this thread, so the processes the block starts inherit the mask and a Ctrl-C
+    sent to the whole process group reaches only the sweep's own process (no traceback from each
+    worker or from the fork server's import), and one that came just before is recorded rather
+    than raised half way through starting a worker (which then outlived the sweep). Outside the
+    main thread or where signal masks do not exist: nothing."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C held back is delivered now: recorded
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def _execute_dask(tasks: list[PointTask], workers: Optional[int], scheduler: Optional[str],

@@ -280,3 +280,13 @@ def test_on_the_cpu_engine_advise_does_not_describe_cuda_streams(run_cli):
     code, out, _ = run_cli(["advise", "--device", "cpu", "--", "--model-path", "M"])
     flat = " ".join(out.split())
     assert code == 0 and "scheduler's thread" in flat and "CUDA streams" not in flat
+
+
+def test_sizes_the_server_section_refuses_leave_no_simulator_setting():
+    """A pool that is not a whole number of pages (SGLang rounds it down and starts; the
+    simulator's server section refuses it) is not modelled: no setting, a note naming the field,
+    as vLLM's advise does for its sizes."""
+    adv = advise(["--page-size", "4096", "--max-total-tokens", "16"])
+    assert adv.setting is None and adv.overlap
+    assert adv.notes[0].startswith("not modelled by the simulator (SGLang may start): kv_pool_tokens")
+    assert advise(["--page-size", "16", "--max-total-tokens", "4096"]).setting == "overlap"

@@ -163,9 +163,30 @@ def evaluate(config: LaunchConfig) -> Advice:
     for h in (*disabled, *hazards):
         if h.checked and config.version not in h.checked and h.severity != "info":
             notes.append(f"{h.id}: {config.version} was not checked (checked: {', '.join(h.checked)})")
-    refused = any(status.startswith("refused") for _, status in config.flags)  # the simulator gives no answer
+    sizes = _unmodelled_sizes(config)
+    if sizes is not None:
+        notes.insert(0, f"not modelled by the simulator (SGLang may start): {sizes}")
+    # a flag refused, or sizes the scenario's server section refuses: the simulator gives no answer
+    refused = sizes is not None or any(status.startswith("refused") for _, status in config.flags)
     return Advice(config, loop, None if refused else selected.get("setting"), bool(ctx["overlap"]), tuple(disabled),
                   _hit(selected, text), hazards, tuple(notes))
+
+
+def _unmodelled_sizes(config: LaunchConfig) -> str | None:
+    """The first refusal the scenario's server section (:class:`sim.engines.sglang.server.Server`)
+    makes of the fields the command sets (a pool that is not a whole number of pages, a chunk
+    below the page size ...), as ``field: why``; None where it takes them."""
+    from pydantic import ValidationError
+
+    from sim.engines.sglang.server import Server  # here: the server section is the scenario's
+
+    try:
+        Server(**config.server)
+    except ValidationError as err:
+        first = err.errors()[0]
+        text = str(first["msg"]).removeprefix("Value error, ")
+        return f"{'.'.join(map(str, first['loc']))}: {text}" if first["loc"] else text
+    return None
 
 
 def advise(args: list[str], platform: str = "cuda", version: str | None = None,

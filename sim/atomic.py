@@ -138,12 +138,13 @@ def staged_folder(out_dir: Path, stale: Callable[[Path], list[Path]], last: str)
         UserInputError: naming ``out_dir`` (or the file in it), when the system refuses the
             folder, a file of the new set, or moving an earlier file aside."""
     out_dir = Path(out_dir)
-    made = not out_dir.exists()
+    made = [p for p in (out_dir, *out_dir.parents) if not p.exists()]  # the folders this command creates
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         _remove_dead_stages(out_dir)
         stage = Path(tempfile.mkdtemp(prefix=f".run-{os.getpid()}-", suffix=".partial", dir=out_dir))
     except OSError as err:
+        _remove_empty(made)
         raise UserInputError(str(out_dir), "",
                              f"a folder the system lets this command write ({err.strerror})") from None
     try:
@@ -151,8 +152,17 @@ def staged_folder(out_dir: Path, stale: Callable[[Path], list[Path]], last: str)
         _publish(out_dir, stage, stale(out_dir), last)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-        if made and not any(out_dir.iterdir()):
-            out_dir.rmdir()
+        _remove_empty(made)
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove those of ``folders`` (innermost first) that exist and are empty: the folders a
+    command made for output it did not write."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty, or gone: keep it / nothing to do
+            pass
 
 
 def _publish(out_dir: Path, stage: Path, stale: list[Path], last: str) -> None:

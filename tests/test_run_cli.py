@@ -324,3 +324,13 @@ def test_a_dead_runs_moved_aside_files_are_put_back(tmp_path):
     assert main(["run", str(QUICKSTART), "--set", "workload.num_requests=16", "--no-plots", "--no-range",
                  "--out", str(out)]) == 0
     assert (out / "notes.txt").read_text() == "mine" and not backup.exists()
+
+
+def test_a_results_folder_the_system_refuses_leaves_no_folder_behind(tmp_path, capsys, monkeypatch):
+    """A scenario name too long for a file name: one line, exit 2, and the results/ folder the
+    run made on the way is removed again."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(QUICKSTART), "--set", "workload.num_requests=16", "--set", "name=" + "n" * 300,
+                 "--no-plots", "--no-range"]) == 2
+    assert "File name too long" in capsys.readouterr().err
+    assert not (tmp_path / "results").exists()

@@ -33,6 +33,7 @@ def _scenario(tmp_path, **server) -> str:
     ({"server": {"settings": ["overlap_mlx", "normal"], "device": "cuda"}}, "overlap_mlx on server.device cuda"),
     ({"server": {"settings": ["thread_overlap", "normal"], "device": "mlx"}}, "thread_overlap on server.device mlx"),
     ({"workload": {"output_len": 0}}, "workload.output_len 0"),
+    ({"workload": {"input_len": {"dist": "choice", "values": [0, 64]}}}, "workload.input_len can be 0"),
     ({"server": {"version": "9.9.9"}}, "server.version 9.9.9 is newer than any release checked"),
     ({"workload": {"output_len": 4100}}, "reach 4116 tokens, beyond the 4094 that server.kv_pool_tokens"),
 ])

@@ -257,6 +257,9 @@ def load_warnings(scenario) -> list[str]:
         if given:
             out.append(f"warning: workload.{', workload.'.join(given)} not used: the trace {w.trace} gives each "
                        "request's lengths (and its number of requests)")
+    if getattr(w, "input_len", None) is not None and not w.trace and length_bounds(w.input_len)[0] == 0:
+        out.append("warning: workload.input_len can be 0: such a prompt is priced here as 1 token (a request with "
+                   "an empty prompt is not modelled; vLLM's API refuses one: 'The decoder prompt cannot be empty')")
     if getattr(w, "output_len", None) == 0:
         out.append("warning: workload.output_len 0: every request produces at least 1 token here (a prefill-only "
                    "request of max_new_tokens 0 is not modelled): priced as 1")

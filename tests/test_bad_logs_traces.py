@@ -114,10 +114,13 @@ def test_gaps_numeric_strings_and_epoch_clocks_on_other_pids_are_read(tmp_path, 
 
 
 @pytest.mark.parametrize("key2", ["traceEvents", "trace\\u0045vents"])
-def test_gaps_trace_events_given_twice_exits_2(tmp_path, capsys, key2):
+@pytest.mark.parametrize("command", [["gaps"], ["calibrate", "--from-trace"]])
+def test_gaps_trace_events_given_twice_exits_2(tmp_path, capsys, key2, command):
     one, two = json.dumps([{**KERNEL, "ts": 0, "dur": 5}]), json.dumps([{**KERNEL, "ts": 100, "dur": 5}])
     path = _trace(tmp_path, raw=f'{{"traceEvents": {one}, "displayTimeUnit": "ms", "{key2}": {two}}}')
-    _refused(capsys, ["gaps", path], path, "traceEvents", "2 times")
+    extra = ["--out", str(tmp_path / "p.json")] if command[0] == "calibrate" else []
+    _refused(capsys, [*command, path, *extra], path, "traceEvents", "2 times")
+    assert not (tmp_path / "p.json").exists()
 
 
 def test_gaps_repeated_keys_below_the_top_level_are_not_refused(tmp_path, capsys):

@@ -259,16 +259,16 @@ def _load(path: Path) -> tuple[dict, list[dict]]:
     """(the trace's top-level object, its events), parsed once; a file that does not parse is
     reported as :func:`sim.output.real_trace.read_trace_events` reports it (one line)."""
     import gzip
-    import json
 
+    from sim.jsonio import loads_top_level
     from sim.output.real_trace import read_trace_events
 
     try:
         raw = path.read_bytes()
-        data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+        data, repeated = loads_top_level(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
         events = data.get("traceEvents") if isinstance(data, dict) else data
-        if not isinstance(events, list):
-            raise ValueError("no event list")
+        if not isinstance(events, list) or "traceEvents" in repeated:
+            raise ValueError("no event list, or two")
     except Exception:
         read_trace_events(path)  # raises the one-line error naming the file
         raise

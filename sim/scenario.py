@@ -391,7 +391,8 @@ def load_scenario(path_or_dict: Union[str, Path, dict, Scenario], overrides: Opt
         if path.is_dir():
             raise ScenarioError(source, "", "a folder; expected a scenario file (YAML)")
         if not path.is_file():
-            raise ScenarioError(source, "", "no such scenario file")
+            raise ScenarioError(source, "", "no such scenario file" if not path.exists() else
+                                "not a regular file (a pipe or a device?); expected a scenario file (YAML)")
         try:
             raw = _load_yaml(path.read_text())
         except yaml.YAMLError as err:

@@ -260,6 +260,12 @@ def _(ctx):
     return ["run", str(ctx.tmp / "nope.yaml"), "--out", ctx.out], ["nope.yaml", "no such scenario file"]
 
 
+@case("run-pipe-as-scenario")
+def _(ctx):
+    os.mkfifo(ctx.tmp / "p.yaml")
+    return ["run", str(ctx.tmp / "p.yaml"), "--out", ctx.out], ["p.yaml", "not a regular file"]
+
+
 @case("run-folder-as-scenario")
 def _(ctx):
     (ctx.tmp / "d.yaml").mkdir()

@@ -85,6 +85,9 @@ def parse_grid(items: Iterable[str]) -> dict[str, list]:
             values = yaml.safe_load(f"[{text}]")
         except yaml.YAMLError:
             values = [v.strip() for v in text.split(",")]
+        if None in values and text.strip():  # `null`, `~`: YAML's null, which no field takes as a point
+            raise UserInputError(f"--grid {item}", key, "null is not a value a grid can take (leave the key out "
+                                 "of the grid for its default)")
         values = [v for v in values if v is not None]
         if not values:
             raise UserInputError(f"--grid {item}", key, "expected at least one value after '='")

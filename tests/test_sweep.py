@@ -327,3 +327,15 @@ def test_the_python_apis_wrong_types_name_what_is_wrong():
                           ({"grid": {"workload.concurrency": [8]}, "scheduler": "tcp://h:1"}, "executor")):
         with pytest.raises(UserInputError, match=words):
             sweep(QUICKSTART, **kwargs)
+
+
+def test_a_sweep_refuses_outputs_it_cannot_write_before_its_points_run(tmp_path, capsys):
+    """sweep.json (or a point's file) that is a folder: one line naming it, exit 2, before any
+    point runs (it failed after its work, after the progress bar)."""
+    out = tmp_path / "sw"
+    (out / "sweep.json").mkdir(parents=True)
+    rc = main(["sweep", str(QUICKSTART), "--grid", "workload.concurrency=1,2", "--set", "workload.num_requests=16",
+               "--no-plots", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "sweep.json: a folder where the sweep writes a file" in err and len(err.strip().splitlines()) == 1
+    assert not (out / "points").exists()

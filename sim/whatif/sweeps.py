@@ -399,6 +399,8 @@ def sweep(scenario: Union[Scenario, str, Path, dict], grid: dict[str, list], rep
     done = sum(t.point_id in results for t in tasks)
     resumed = done
     pending = list(unique.values())
+    if store is not None:
+        _check_outputs(Path(out), store, pending)
     if executor == "dask":
         stream = _execute_dask(pending, workers, scheduler, client)  # connected before any progress
     else:
@@ -421,6 +423,26 @@ def sweep(scenario: Union[Scenario, str, Path, dict], grid: dict[str, list], rep
         # scheduler) leaves the folder's manifest and table as they were, describing each other
         atomic_write_text(Path(out) / MANIFEST, json.dumps(jsonable({**manifest, "resumed": resumed}), indent=2) + "\n")
     return table
+
+
+def _check_outputs(out: Path, store: PointStore, pending: list[PointTask]) -> None:
+    """Before any point runs: the files the sweep will write can be written (its points' files,
+    table and manifest are not folders; the points' folder takes files), so a sweep does not fail
+    after its work.
+
+    Raises:
+        UserInputError: naming ``--out`` and the path."""
+    from sim.atomic import probe_writable
+
+    paths = [out / MANIFEST, out / f"{TABLE_NAME}.parquet", out / f"{TABLE_NAME}.csv",
+             *(store._path(t.point_id) for t in pending)]
+    for path in [store.dir, *paths]:
+        if path.exists() and (path.is_dir() != (path == store.dir)):
+            what = "a file where the sweep keeps its points' folder" if path == store.dir else \
+                "a folder where the sweep writes a file"
+            raise UserInputError("--out", "", f"{path}: {what}; remove it or write elsewhere")
+    if pending and store.dir.is_dir():
+        probe_writable(store.dir, "--out", store.dir)
 
 
 # the manifest's fields that say which sweep a folder holds

@@ -36,51 +36,41 @@ import sys as _sys
 # for about 0.1 s of CPU before it sleeps. The simulator does no linear algebra, so in the
 # command-line process (the ``overlap-sim`` script, or ``python -m sim.<module>``, whose argv[0]
 # is still "-m" while its package imports), when no thread count was chosen, numpy loads with
-# one BLAS thread (the variable is removed again at once: child processes do not inherit it;
-# :func:`sim.cli.main` calls this first, inside its Ctrl-C handler). A program or notebook that
-# imports sim keeps numpy's own choice.
+# one BLAS thread (the variable is removed again at once: child processes do not inherit it). A
+# program or notebook that imports sim keeps numpy's own choice.
 _BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
 _COMMAND_LINE = bool(_sys.argv) and (_sys.argv[0] == "-m" or _os.path.basename(_sys.argv[0]) == "overlap-sim")
+if _COMMAND_LINE and "numpy" not in _sys.modules and not any(v in _os.environ for v in _BLAS_THREAD_VARS):
+    _os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        import numpy as _numpy  # noqa: F401
+    except ModuleNotFoundError:
+        pass
+    finally:
+        del _os.environ["OPENBLAS_NUM_THREADS"]
 
-
-def _load_numpy_for_the_command_line() -> None:
-    """Import numpy with one BLAS thread in the command-line process (see above); elsewhere, or
-    once numpy is loaded or a thread count chosen: nothing."""
-    if _COMMAND_LINE and "numpy" not in _sys.modules and not any(v in _os.environ for v in _BLAS_THREAD_VARS):
-        _os.environ["OPENBLAS_NUM_THREADS"] = "1"
-        try:
-            import numpy  # noqa: F401
-        except ModuleNotFoundError:
-            pass
-        finally:
-            del _os.environ["OPENBLAS_NUM_THREADS"]
-
+try:
+    from sim.scenario import Scenario, load_scenario
+    from sim.simulate import Result, compare, simulate
+except ModuleNotFoundError as _err:
+    # A calibration host (a GPU box with torch, numpy, rich) may lack the simulator's own
+    # dependencies; what calibration imports of sim (sim.errors, sim.atomic, sim.model.profile,
+    # sim.output.report) must still import there.
+    if _err.name not in ("pydantic", "yaml", "simpy"):
+        raise
 
 __all__ = ["Scenario", "Result", "load_scenario", "simulate", "compare", "sweep"]
 
 
-_API = {"Scenario": "sim.scenario", "load_scenario": "sim.scenario", "Result": "sim.simulate",
-        "compare": "sim.simulate", "simulate": "sim.simulate", "sweep": "sim.whatif.sweeps"}
-
-
 def __getattr__(name: str):
-    """The API, imported on first use (PEP 562): ``import sim`` alone loads none of the simulator
-    (the command line imports what its command needs, inside its Ctrl-C handler; a calibration
-    host without pydantic or SimPy imports what calibration needs of sim); the sweep module brings
-    pandas, which a plain ``overlap-sim run`` does not need.
+    """:func:`sweep`, imported on first use (PEP 562): the sweep module brings pandas, which a
+    plain ``overlap-sim run`` does not need at start-up.
 
     Raises:
         AttributeError: ``name`` is not part of the API.
     """
-    module = _API.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sim' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_API))
+    if name == "sweep":
+        from sim.whatif.sweeps import sweep
+        globals()["sweep"] = sweep
+        return sweep
+    raise AttributeError(f"module 'sim' has no attribute {name!r}")

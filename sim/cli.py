@@ -16,7 +16,6 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from sim import _load_numpy_for_the_command_line
 from sim.commands import COMMANDS, OneLineParser, UsageError, add_no_leap_argument, apply_no_leap, command, output_path
 from sim.errors import (EXIT_BAD_INPUT, EXIT_EXTERNAL_FAILED, EXIT_INTERRUPTED, EXIT_RUN_FAILED, ExternalRunError,
                         UserInputError)
@@ -218,9 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(sys, name) is None:
             setattr(sys, name, open(os.devnull, "w"))
     try:
-        _load_numpy_for_the_command_line()
         parser = build_parser(argv[0] if argv else None)  # imports the commands' modules
-    except KeyboardInterrupt:  # Ctrl-C while the simulator loads: one line, as later
+    except KeyboardInterrupt:  # Ctrl-C while the commands load: one line, as later
         print("overlap-sim: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     try:

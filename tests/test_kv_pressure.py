@@ -215,3 +215,26 @@ def test_cli_run_reports_the_failure_as_an_outcome(tmp_path, capsys):
     assert out["settings"]["normal"]["outcome"] == "ok"
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["settings"]["overlap"]["could_not_connect"] == 56
+
+
+@pytest.mark.parametrize("context, truncate, outcome", [
+    (None, False, (14, 0, 14 * 128, 14 * 32)),  # no bound: as asked
+    (160, False, (14, 0, 14 * 128, 14 * 30)),  # max_req_len 159: max_new cut to 159 - 128 - 1 = 30
+    (158, False, (0, 14, 0, 0)),  # 128 + 32 > 158: the tokenizer manager's error answer (too_long)
+    (100, True, (14, 0, 14 * 94, 14 * 1)),  # cut to 100, then to max_req_input_len 94; 0 new tokens priced as 1
+])
+def test_context_length_as_sglang_applies_it(context, truncate, outcome):
+    """``server.context_length`` (``--context-length``), closed forms of SGLang 0.5.23's checks:
+    (completed, too_long, input tokens, output tokens) of the 14 measured requests of 128 + 32."""
+    spec = {"name": "ctx", "workload": {"arrival": "closed_loop", "concurrency": 4, "num_requests": 16,
+                                        "warmup_requests": 2, "input_len": 128, "output_len": 32},
+            "server": {"settings": ["overlap"], "context_length": context, "allow_auto_truncate": truncate},
+            "costs": {"noise": {"gpu_cv": 0.0, "cpu_cv": 0.0}}}
+    s = sim.simulate(sim.load_scenario(spec), "overlap").summary()
+    assert (s["completed"], s["too_long"], s["total_input_tokens"], s["total_output_tokens"]) == outcome
+
+
+def test_context_length_is_read_from_the_launch_command():
+    scenario = sim.load_scenario({"name": "ctx", "server": {"launch_args": [
+        "--model-path", "m", "--context-length", "4096", "--allow-auto-truncate"]}})
+    assert scenario.server.context_length == 4096 and scenario.server.allow_auto_truncate

@@ -271,13 +271,14 @@ def _length_warnings(w, server) -> list[str]:
     (each engine's ``length_cap``): its output is cut there, shorter than ``output_len`` asks."""
     if w.arrival == "trace":
         return []
-    field, most, how = server.length_cap
+    field, most, how, *fate = server.length_cap
     prompt, output = length_bounds(w.input_len)[1], length_bounds(w.output_len)[1]
     longest = prompt + output
     if longest <= most or MAX_TOKENS in (prompt, output):  # (an unbounded distribution's cap: not a length asked)
         return []
+    fate = fate[0] if fate else "such requests finish there, with fewer output tokens than asked"
     return [f"warning: workload input_len + output_len reach {longest} tokens, beyond the {most} that {field} "
-            f"lets one request reach ({how}): such requests finish there, with fewer output tokens than asked"]
+            f"lets one request reach ({how}): {fate}"]
 
 
 def _client_warnings(w, server) -> list[str]:

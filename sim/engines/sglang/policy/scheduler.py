@@ -167,7 +167,9 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
         As ``init_req_max_new_tokens`` (0.5.23): ``max_new_tokens`` is clipped so that the prompt
         and the output fit the KV pool (``pool - ceil_p(input) - page - 1``); a request whose
         output would go beyond it stops there, by length. A prompt the pool cannot hold
-        (``input >= pool - 6``, SGLang's ``max_req_input_len``) fails as ``too_long``."""
+        (``input >= pool - 6``, SGLang's ``max_req_input_len``) fails as ``too_long``. With a
+        ``context_length`` (:meth:`_fit_context`), the tokenizer manager's and the scheduler's
+        checks against it come first."""
         self.now = now
         horizon = now + TIME_EPS_S
         inbox = self.inbox
@@ -177,17 +179,22 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
         s = self.specs
         kv = self.kv
         cap = kv.size_tokens
+        context = self.server.context_length
         while inbox and inbox[0][0] <= horizon:
             arrival, rid = inbox.popleft()
             req = Req(rid, arrival, int(s.input_len[rid]), int(s.cached_len[rid]), int(s.output_len[rid]),
                       self.finish_by_length, rid < self.warmup_requests)
+            asked = None  # the max_new_tokens the client sends (None: none sent)
             if s.max_new_tokens is not None:
-                max_new = int(s.max_new_tokens[rid])
+                max_new = asked = int(s.max_new_tokens[rid])
             else:  # a client without a cap on an EOS finish: SGLang's estimate
                 max_new = req.output_len if self.finish_by_length else max(req.output_len, CLIP_MAX_NEW_TOKENS)
+                asked = max_new if self.finish_by_length else None
             req.ignore_eos = self.finish_by_length if s.ignore_eos is None else bool(s.ignore_eos[rid])
             if self.grammar is not None:
                 req.grammar = bool(self.grammar[rid])
+            if context is not None:
+                max_new = self._fit_context(req, context, max_new, asked, cap)
             req.max_new_tokens = min(max_new, cap - kv.ceil(req.input_len) - kv.page_size - 1)
             req.output_len = min(req.output_len, req.max_new_tokens)
             req.finish_by_length = req.output_len >= req.max_new_tokens
@@ -197,6 +204,35 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
                 self.waiting.append(req)
             n += 1
         return n
+
+    def _fit_context(self, req: Req, context: int, max_new: int, asked: int | None, cap: int) -> int:
+        """``server.context_length`` applied to an arriving request, as SGLang 0.5.23 applies
+        ``--context-length``; returns its ``max_new_tokens`` (0: it fails as ``too_long``).
+
+        ``TokenizerManager._validate_one_request`` (``managers/tokenizer_manager.py``): a prompt of
+        ``context`` tokens or more, or one whose prompt and the ``max_new_tokens`` the client sent
+        (``asked``) exceed ``context``, is answered with an error; with ``allow_auto_truncate`` the
+        prompt is cut to ``context`` tokens and ``max_new_tokens`` to what is left. Then the
+        scheduler (``TpModelWorker.get_worker_info``: ``max_req_len = min(context - 1, pool - 1)``,
+        ``max_req_input_len = max_req_len - 5``; ``validate_input_length``): a prompt of
+        ``max_req_input_len`` or more is refused (cut to it with auto-truncate), and
+        ``max_new_tokens`` is clipped to ``max_req_len - input - 1``. A cut prompt keeps its cached
+        prefix up to its last token; a request cut to no new token is priced as one (a prefill-only
+        request is not modelled, as for ``output_len`` 0)."""
+        truncate = self.server.allow_auto_truncate
+        if req.input_len >= context or (asked is not None and req.input_len + asked > context):
+            if not truncate:
+                return 0
+            req.input_len = min(req.input_len, context)
+            max_new = min(max_new, max(0, context - req.input_len))
+        max_req_len = min(context - 1, cap - 1)
+        if req.input_len >= max_req_len - 5:
+            if not truncate or max_req_len - 5 < 1:
+                return 0
+            req.input_len = max_req_len - 5
+        req.cached_len = min(req.cached_len, req.input_len - 1)
+        max_new = min(max_new, max_req_len - req.input_len - 1)
+        return max(1, max_new) if truncate else max(0, max_new)
 
     @property
     def all_done(self) -> bool:

@@ -139,8 +139,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         table = sweep(scenario, grid, args.repeats, out=out, executor=args.executor, workers=args.workers,
                       scheduler=args.scheduler, on_progress=on_progress)
+    except BaseException:  # interrupted or failed: the bar goes without a last line (one line says why)
+        progress.live.transient = True  # a terminal: the bar is erased
+        quiet, _err.quiet = _err.quiet, not _err.is_terminal  # elsewhere: its last line is not printed
+        try:
+            if "first" not in state:
+                progress.stop()
+        finally:
+            _err.quiet = quiet
+        state["first"] = False  # stopped
+        raise
     finally:
-        if "first" not in state:  # started
+        if "first" not in state:  # started, and not stopped above
             progress.stop()
     _print_sweep(table, scenario.name, Console())
     line = sweep_verdict_line(table, scenario.costs.noise, args.run_cv, scenario.server.device)

@@ -36,6 +36,7 @@ def _scenario(tmp_path, **server) -> str:
     ({"workload": {"input_len": {"dist": "choice", "values": [0, 64]}}}, "workload.input_len can be 0"),
     ({"server": {"version": "9.9.9"}}, "server.version 9.9.9 is newer than any release checked"),
     ({"workload": {"output_len": 4100}}, "reach 4116 tokens, beyond the 4094 that server.kv_pool_tokens"),
+    ({"server": {"context_length": 20}}, "beyond the 18 that server.context_length lets one request reach"),
 ])
 def test_approximate_answers_say_so(run_cli, tmp_path, change, words):
     path = _scenario(tmp_path, **change)

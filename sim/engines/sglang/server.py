@@ -82,7 +82,7 @@ class Server(StrictModel):
     forward_on_scheduler_thread: Optional[bool] = None
     structured_output: Optional[StructuredOutput] = None
     tp_size: int = Field(default=1, ge=1, le=64)
-    context_length: Optional[int] = Field(default=None, ge=1, le=MAX_TOKENS)  # --context-length; None: no bound
+    context_length: Optional[int] = Field(default=None, ge=0, le=MAX_TOKENS)  # --context-length; None: no bound
     allow_auto_truncate: bool = False  # --allow-auto-truncate: cut a request to the context instead of refusing it
     _from_launch_args: tuple = PrivateAttr(default=())
     _launch_notes: tuple = PrivateAttr(default=())  # launch arguments the rules passed over
@@ -101,13 +101,14 @@ class Server(StrictModel):
         exceed it (``--allow-auto-truncate``: cuts it there)
         (:meth:`sim.engines.sglang.policy.scheduler.Scheduler.recv`)."""
         pool = self.kv_pool_tokens - self.page_size - 1
-        if self.context_length is None or self.context_length - 2 >= pool:
+        most = None if self.context_length is None else max(0, self.context_length - 2)
+        if most is None or most >= pool:
             return ("server.kv_pool_tokens", pool, "SGLang clips max_new_tokens so that a request fits the KV pool")
         if self.allow_auto_truncate:
-            return ("server.context_length", self.context_length - 2,
+            return ("server.context_length", most,
                     "with --allow-auto-truncate SGLang cuts the prompt and max_new_tokens to the context length, "
                     "a cut to 0 new tokens priced as 1", "such requests finish there, with fewer tokens than asked")
-        return ("server.context_length", self.context_length - 2, "SGLang's tokenizer manager refuses a request "
+        return ("server.context_length", most, "SGLang's tokenizer manager refuses a request "
                 "whose prompt and max_new_tokens exceed --context-length, its scheduler cuts max_new_tokens to "
                 "context_length - 2 less the prompt", "such requests fail (too_long, the server's error answer) or "
                 "finish with fewer output tokens than asked")

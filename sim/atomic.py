@@ -167,8 +167,10 @@ def _remove_empty(folders: list[Path]) -> None:
 
 def _publish(out_dir: Path, stage: Path, stale: list[Path], last: str) -> None:
     """Move the files of ``stage`` into ``out_dir`` (``last`` last), the ``stale`` files and those
-    the new ones replace first moved aside into a backup folder; if a move fails, the new files
-    are taken out again and the earlier ones put back, so the folder is as it was.
+    the new ones replace first moved aside into a backup folder; if a move fails (or a Ctrl-C
+    comes half way), the new files are taken out again and the earlier ones put back, so the
+    folder is as it was. (A process killed outright half way leaves its backup folder, whose
+    files the next run into the folder puts back where their names are free.)
 
     Raises:
         UserInputError: naming the file, when one of the new names is a folder in ``out_dir``
@@ -193,12 +195,14 @@ def _publish(out_dir: Path, stage: Path, stale: list[Path], last: str) -> None:
             failing = out_dir / p.name
             os.replace(p, failing)
             placed.append(p.name)
-    except OSError as err:
+    except BaseException as err:  # a refusal, or Ctrl-C half way: the earlier files go back
         for name in placed:
             _quietly(os.unlink, out_dir / name)
         kept = all(_quietly(os.replace, backup / name, out_dir / name) for name in moved)
         if kept:
             shutil.rmtree(backup, ignore_errors=True)
+        if not isinstance(err, OSError):
+            raise
         where = "the folder's earlier files are left as they were" if kept else f"the earlier files are in {backup}"
         raise UserInputError(str(failing), "", f"the system refused to replace it ({_reason(err)}); {where}") from None
     shutil.rmtree(backup, ignore_errors=True)

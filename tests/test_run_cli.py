@@ -334,3 +334,27 @@ def test_a_results_folder_the_system_refuses_leaves_no_folder_behind(tmp_path, c
                  "--no-plots", "--no-range"]) == 2
     assert "File name too long" in capsys.readouterr().err
     assert not (tmp_path / "results").exists()
+
+
+def test_a_ctrl_c_while_a_run_publishes_puts_the_earlier_run_back(tmp_path, capsys, monkeypatch):
+    """Ctrl-C between moving the earlier files aside and the last new one: the new files are
+    taken out and the earlier ones put back (exit 130, the folder as it was)."""
+    import os
+
+    import sim.atomic
+
+    out = tmp_path / "out"
+    args = ["run", str(QUICKSTART), "--set", "workload.num_requests=16", "--no-range", "--out", str(out)]
+    assert main(args) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    real = os.replace
+
+    def interrupted(src, dst):
+        if Path(dst) == out / "summary.json" and ".partial" in str(src):
+            raise KeyboardInterrupt
+        return real(src, dst)
+
+    monkeypatch.setattr(sim.atomic.os, "replace", interrupted)
+    assert main([*args[:3], "workload.num_requests=24", *args[4:]]) == 130
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before

@@ -234,11 +234,15 @@ def _remove_dead_stages(out_dir: Path) -> None:
 
 
 def _alive(pid: int) -> bool:
-    """Whether a process ``pid`` runs on this machine (signal 0: no signal sent)."""
+    """Whether a process ``pid`` runs on this machine (signal 0: no signal sent); a zombie (killed,
+    not yet reaped by its parent: state Z in Linux's ``/proc/<pid>/stat``) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except (PermissionError, OverflowError, OSError):
         return True  # someone else's process, or a pid the system cannot check: leave its folder
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc: the signal's answer

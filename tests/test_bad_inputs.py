@@ -600,6 +600,13 @@ def _(ctx):
     return ["trace", run, "--out", str(Path(run, "summary.json"))], ["--out", "summary.json", "is the input"]
 
 
+@case("trace-preview-over-the-runs-plot")
+def _(ctx):
+    run = ctx.run_folder()
+    Path(run, "timeline.png").write_bytes(b"png")
+    return ["trace", run, "--preview", str(Path(run, "timeline.png"))], ["--preview", "the run's own plot"]
+
+
 @case("trace-steps-nan")
 def _(ctx):
     import pandas as pd

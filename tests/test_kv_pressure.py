@@ -238,3 +238,19 @@ def test_context_length_is_read_from_the_launch_command():
     scenario = sim.load_scenario({"name": "ctx", "server": {"launch_args": [
         "--model-path", "m", "--context-length", "4096", "--allow-auto-truncate"]}})
     assert scenario.server.context_length == 4096 and scenario.server.allow_auto_truncate
+
+
+def test_context_length_weighs_the_cap_the_client_sends():
+    """An EOS request whose client sends no max_new_tokens is not refused by the tokenizer
+    manager's total check (SGLang checks only a sent cap); one that sends 101 on a 100-token
+    prompt is, at a context of 200, and the run's warning names max_new_tokens."""
+    from sim.output.report import load_warnings
+
+    base = {"name": "ctx", "workload": {"concurrency": 4, "num_requests": 16, "input_len": 100, "output_len": 50,
+                                        "finish": "eos"},
+            "server": {"settings": ["overlap"], "context_length": 1000}, "costs": {"noise": {"gpu_cv": 0.0}}}
+    assert sim.simulate(sim.load_scenario(base), "overlap").summary()["completed"] == 16
+    capped = sim.load_scenario(base, ["workload.finish=length", "workload.max_new_tokens=101",
+                                      "server.context_length=200"])
+    assert sim.simulate(capped, "overlap").summary()["too_long"] == 16
+    assert any("input_len + max_new_tokens reach 201" in w for w in load_warnings(capped))

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from sim.cli import main
 from sim.trace.metrics import SUMMARY_KEYS
@@ -358,3 +359,22 @@ def test_a_ctrl_c_while_a_run_publishes_puts_the_earlier_run_back(tmp_path, caps
     monkeypatch.setattr(sim.atomic.os, "replace", interrupted)
     assert main([*args[:3], "workload.num_requests=24", *args[4:]]) == 130
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads a process's state from Linux's /proc")
+def test_a_zombie_runs_staging_folder_is_removed(tmp_path):
+    """A process killed but not yet reaped (a zombie) counts as dead, so a killed run's staging
+    folder is removed by the next run while its parent has not reaped it yet."""
+    import subprocess
+    import time
+
+    from sim.atomic import _alive
+
+    child = subprocess.Popen(["sleep", "30"])
+    assert _alive(child.pid)
+    child.kill()
+    deadline = time.time() + 10
+    while _alive(child.pid) and time.time() < deadline:  # not reaped: a zombie once the kill lands
+        time.sleep(0.01)
+    assert not _alive(child.pid)
+    child.wait()

@@ -45,6 +45,9 @@ class RequestSpecs:
     arrival_s: np.ndarray | None
     max_new_tokens: np.ndarray | None = None  # per request; None: the scheduler's default (output_len for length)
     ignore_eos: np.ndarray | None = None  # per request (bool); None: True for finish: length
+    # per request (bool): whether the client sends max_new_tokens (False: an EOS request without a
+    # cap, whose max_new_tokens is the server's estimate); None: every request sends it
+    max_new_sent: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.input_len)
@@ -99,7 +102,8 @@ def make_requests(scenario) -> RequestSpecs:
     else:
         max_new = output_len if w.finish == "length" else np.maximum(output_len, EOS_MAX_NEW_TOKENS)
     ignore = np.full(n, w.finish == "length" if w.ignore_eos is None else w.ignore_eos)
-    return RequestSpecs(input_len, cached, output_len, arrival, max_new, ignore)
+    sent = np.full(n, w.max_new_tokens is not None or w.finish == "length")
+    return RequestSpecs(input_len, cached, output_len, arrival, max_new, ignore, sent)
 
 
 TRACE_KEYS = ("arrival_s", "input_len", "output_len", "cached_len")
@@ -140,9 +144,10 @@ def read_trace(path: Path, sort: bool = True, by_length: bool = True) -> Request
     output_len = np.asarray([r[2] for r in rows], dtype=np.int64)
     cached = np.minimum(np.asarray([r[3] for r in rows], dtype=np.int64), input_len - 1)
     default_cap = output_len if by_length else np.maximum(output_len, EOS_MAX_NEW_TOKENS)
-    max_new = np.where(np.asarray([r[4] for r in rows]) < 0, default_cap, [r[4] for r in rows]).astype(np.int64)
+    given = np.asarray([r[4] for r in rows]) >= 0
+    max_new = np.where(given, [r[4] for r in rows], default_cap).astype(np.int64)
     ignore = np.asarray([by_length if r[5] is None else r[5] for r in rows], dtype=bool)
-    return RequestSpecs(input_len, cached, output_len, arrival, max_new, ignore)
+    return RequestSpecs(input_len, cached, output_len, arrival, max_new, ignore, given | by_length)
 
 
 def _trace_value(rec: dict, key: str, where: str, source: str):

@@ -269,15 +269,17 @@ def load_warnings(scenario) -> list[str]:
 def _length_warnings(w, server) -> list[str]:
     """A request whose prompt and output can outgrow what the engine lets one request reach
     (each engine's ``length_cap``): its output is cut there, shorter than ``output_len`` asks."""
-    if w.arrival == "trace":
+    if w.arrival == "trace" or getattr(w, "trace", None):  # the trace's lengths: not the workload's fields
         return []
     field, most, how, *fate = server.length_cap
     prompt, output = length_bounds(w.input_len)[1], length_bounds(w.output_len)[1]
-    longest = prompt + output
+    longest, what = prompt + output, "output_len"
+    if fate and w.max_new_tokens is not None:  # a refusal weighs the cap the client sends, not the output
+        longest, what = prompt + max(output, length_bounds(w.max_new_tokens)[1]), "max_new_tokens"
     if longest <= most or MAX_TOKENS in (prompt, output):  # (an unbounded distribution's cap: not a length asked)
         return []
     fate = fate[0] if fate else "such requests finish there, with fewer output tokens than asked"
-    return [f"warning: workload input_len + output_len reach {longest} tokens, beyond the {most} that {field} "
+    return [f"warning: workload input_len + {what} reach {longest} tokens, beyond the {most} that {field} "
             f"lets one request reach ({how}): {fate}"]
 
 

@@ -230,6 +230,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     out = check_output_file(args.out or args.results / "trace.json", "--out", (".json", ".json.gz", ".gz"), inputs)
     if args.preview:
         check_output_file(args.preview, "--preview", image_suffixes(), inputs)
+        _refuse_the_runs_plots(args.preview, args.results)
     run = load_run_tables(args.results, args.setting)
     trace = chrome_trace(run, window)
     out = write_chrome_trace(trace, out)
@@ -241,6 +242,17 @@ def cmd_trace(args: argparse.Namespace) -> int:
     print(f"{out}: {counts.get('X', 0)} slices, {counts.get('s', 0)} flow arrows, {counts.get('C', 0)} counter samples "
           f"for {', '.join(run.steps)}; open it in https://ui.perfetto.dev or chrome://tracing")
     return 0
+
+
+def _refuse_the_runs_plots(path: Path, results: Path) -> None:
+    """A --preview that would replace one of the run's own plots (gaps, metrics, timeline) is
+    refused, naming it."""
+    if not results.is_dir() or not path.exists():
+        return
+    for name in ("gaps.png", "metrics.png", "timeline.png"):
+        plot = results / name
+        if plot.exists() and path.samefile(plot):
+            raise UserInputError("--preview", "", f"{path} is the run's own plot {plot}; write the preview elsewhere")
 
 
 def _run_inputs(results: Path) -> list[Path]:

@@ -82,7 +82,8 @@ class Server(StrictModel):
     forward_on_scheduler_thread: Optional[bool] = None
     structured_output: Optional[StructuredOutput] = None
     tp_size: int = Field(default=1, ge=1, le=64)
-    context_length: Optional[int] = Field(default=None, ge=0, le=MAX_TOKENS)  # --context-length; None: no bound
+    # --context-length; None: no bound. Below 2 SGLang 0.5.23 does not start (TpModelWorker: max_req_len > 0)
+    context_length: Optional[int] = Field(default=None, ge=2, le=MAX_TOKENS)
     allow_auto_truncate: bool = False  # --allow-auto-truncate: cut a request to the context instead of refusing it
     _from_launch_args: tuple = PrivateAttr(default=())
     _launch_notes: tuple = PrivateAttr(default=())  # launch arguments the rules passed over

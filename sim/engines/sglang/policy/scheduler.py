@@ -184,12 +184,14 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
             arrival, rid = inbox.popleft()
             req = Req(rid, arrival, int(s.input_len[rid]), int(s.cached_len[rid]), int(s.output_len[rid]),
                       self.finish_by_length, rid < self.warmup_requests)
-            asked = None  # the max_new_tokens the client sends (None: none sent)
             if s.max_new_tokens is not None:
-                max_new = asked = int(s.max_new_tokens[rid])
+                max_new = int(s.max_new_tokens[rid])
             else:  # a client without a cap on an EOS finish: SGLang's estimate
                 max_new = req.output_len if self.finish_by_length else max(req.output_len, CLIP_MAX_NEW_TOKENS)
-                asked = max_new if self.finish_by_length else None
+            # the max_new_tokens the client sends (None: none sent, the server's estimate)
+            sent = self.finish_by_length if s.max_new_sent is None and s.max_new_tokens is None else (
+                s.max_new_sent is None or bool(s.max_new_sent[rid]))
+            asked = max_new if sent else None
             req.ignore_eos = self.finish_by_length if s.ignore_eos is None else bool(s.ignore_eos[rid])
             if self.grammar is not None:
                 req.grammar = bool(self.grammar[rid])

@@ -56,6 +56,14 @@ class StrictModel(BaseModel):
         return data
 
 
+def first_error(err) -> str:
+    """The first problem of a pydantic ``ValidationError`` as ``field.path: text`` (the text
+    without pydantic's "Value error, " prefix)."""
+    first = err.errors()[0]
+    text = str(first["msg"]).removeprefix("Value error, ")
+    return f"{'.'.join(map(str, first['loc']))}: {text}" if first["loc"] else text
+
+
 _TYPED: dict[type, tuple[frozenset[str], frozenset[str], frozenset[str]]] = {}
 
 

@@ -136,22 +136,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 progress.console.print(f"resuming: {done} of {total} point runs already in {out}/points/")
         progress.update(bar, completed=done, total=total)
 
+    failed = True
     try:
         table = sweep(scenario, grid, args.repeats, out=out, executor=args.executor, workers=args.workers,
                       scheduler=args.scheduler, on_progress=on_progress)
-    except BaseException:  # interrupted or failed: the bar goes without a last line (one line says why)
-        progress.live.transient = True  # a terminal: the bar is erased
-        quiet, _err.quiet = _err.quiet, not _err.is_terminal  # elsewhere: its last line is not printed
-        try:
-            if "first" not in state:
-                progress.stop()
-        finally:
-            _err.quiet = quiet
-        state["first"] = False  # stopped
-        raise
+        failed = False
     finally:
-        if "first" not in state:  # started, and not stopped above
-            progress.stop()
+        if "first" not in state:  # started
+            _stop_progress(progress, failed)
     _print_sweep(table, scenario.name, Console())
     line = sweep_verdict_line(table, scenario.costs.noise, args.run_cv, scenario.server.device)
     if line:
@@ -253,6 +245,20 @@ def _refuse_the_runs_plots(path: Path, results: Path) -> None:
         plot = results / name
         if plot.exists() and path.samefile(plot):
             raise UserInputError("--preview", "", f"{path} is the run's own plot {plot}; write the preview elsewhere")
+
+
+def _stop_progress(progress, failed: bool) -> None:
+    """Stop the sweep's bar; a failed or interrupted sweep's goes without a last line (one line
+    says why): erased on a terminal, not printed elsewhere."""
+    if not failed:
+        progress.stop()
+        return
+    progress.live.transient = True
+    quiet, _err.quiet = _err.quiet, not _err.is_terminal
+    try:
+        progress.stop()
+    finally:
+        _err.quiet = quiet
 
 
 def _run_inputs(results: Path) -> list[Path]:

@@ -20,12 +20,9 @@ import itertools
 import json
 import math
 import os
-import signal
-import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 import pandas as pd
 import yaml
@@ -35,6 +32,7 @@ from sim.output.report import atomic_write_frame, atomic_write_text, jsonable
 from sim.model.schema import MAX_SEED
 from sim.scenario import Scenario, load_scenario
 from sim.simulate import check
+from sim.whatif.executors import execute_dask, execute_local
 
 SEED_RULE = "seed of repeat r = point seed + r (point seed: scenario.seed, or the grid's seed value)"
 POINTS_DIR = "points"
@@ -196,13 +194,14 @@ class PointStore:
     def __init__(self, out_dir: Path):
         self.dir = Path(out_dir) / POINTS_DIR  # made by the first save (a sweep that runs nothing leaves nothing)
 
-    def _path(self, point_id: str) -> Path:
+    def path(self, point_id: str) -> Path:
+        """The file of a point's saved results."""
         return self.dir / f"{point_id}.json"
 
     def load(self, point_id: str) -> Optional[dict]:
         """The saved ``{setting: summary}`` of a point, or None if absent or unreadable (a file
         cut short by a crash is rerun, not trusted)."""
-        path = self._path(point_id)
+        path = self.path(point_id)
         try:
             return json.loads(path.read_text())["summaries"]
         except (OSError, ValueError, KeyError, TypeError):
@@ -211,7 +210,7 @@ class PointStore:
     def save(self, task: PointTask, summaries: dict) -> None:
         payload = {"point_id": task.point_id, "scenario": task.scenario.name, "seed": task.scenario.seed,
                    "values": jsonable(task.values), "summaries": summaries}
-        atomic_write_text(self._path(task.point_id), json.dumps(payload) + "\n")
+        atomic_write_text(self.path(task.point_id), json.dumps(payload) + "\n")
 
 
 def _cell(value: Any) -> Any:
@@ -234,101 +233,6 @@ def sweep_table(tasks: list[PointTask], results: dict[str, dict], grid_keys: lis
             row.update({k: (math.nan if v is None else v) for k, v in summ.items()})
             rows.append(row)
     return pd.DataFrame(rows)
-
-
-def _execute_local(tasks: list[PointTask], workers: Optional[int]) -> Iterator[tuple[PointTask, dict]]:
-    workers = max(1, min(workers or os.cpu_count() or 1, len(tasks)))
-    if workers == 1:
-        for t in tasks:
-            yield t, run_point(t)
-        return
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    # forkserver: no fork of a parent that runs threads (rich's progress refresh); spawn elsewhere
-    if "forkserver" in mp.get_all_start_methods():
-        ctx = mp.get_context("forkserver")
-        # preload this module instead of __main__, so a script without a __main__ guard works
-        ctx.set_forkserver_preload(["sim.whatif.sweeps"])
-    else:
-        ctx = mp.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
-    try:
-        with _interrupts_held():  # the workers (and the fork server) start with Ctrl-C blocked: this process answers it
-            futures = {pool.submit(run_point, t): t for t in tasks}
-        for fut in as_completed(futures):
-            yield futures[fut], fut.result()
-    except BaseException:  # Ctrl-C, a failed point, the caller gone: stop the workers now (finished points are saved)
-        for proc in list((getattr(pool, "_processes", None) or {}).values()):
-            if proc.is_alive():
-                proc.terminate()
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-@contextmanager
-def _interrupts_held() -> Iterator[None]:
-    """A Ctrl-C held back while the block runs, raised (KeyboardInterrupt) when it ends: SIGINT
-    is blocked in this thread, so the processes the block starts inherit the mask and a Ctrl-C
-    sent to the whole process group reaches only the sweep's own process (no traceback from each
-    worker or from the fork server's import), and one that came just before is recorded rather
-    than raised half way through starting a worker (which then outlived the sweep). Outside the
-    main thread or where signal masks do not exist: nothing."""
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C held back is delivered now: recorded
-        signal.signal(signal.SIGINT, previous)
-    if caught:
-        raise KeyboardInterrupt
-
-
-def _execute_dask(tasks: list[PointTask], workers: Optional[int], scheduler: Optional[str],
-                  client=None) -> Iterator[tuple[PointTask, dict]]:
-    """The point tasks on Dask: connects now (an unreachable or malformed ``scheduler`` fails
-    before any progress is shown) and returns the stream of finished tasks.
-
-    Raises:
-        UserInputError: dask.distributed missing, or ``scheduler`` cannot be reached (named ``--scheduler``).
-    """
-    try:
-        from dask.distributed import Client, LocalCluster, as_completed
-    except ImportError:
-        raise UserInputError("--executor dask", "", "needs dask.distributed: pip install 'overlap-sim[dask]'") from None
-
-    own_client = own_cluster = None
-    if client is None:
-        if scheduler:
-            try:
-                client = own_client = Client(scheduler, timeout="10s")
-            except (OSError, TimeoutError, ValueError) as err:  # ValueError: not an address (no port, ...)
-                raise UserInputError("--scheduler", "", f"cannot reach the Dask scheduler {scheduler} ({err}); "
-                                                        "expected an address such as tcp://host:8786") from None
-        else:
-            own_cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1,
-                                       dashboard_address=None)
-            client = own_client = Client(own_cluster)
-
-    def stream() -> Iterator[tuple[PointTask, dict]]:
-        try:
-            futures = {client.submit(run_point, t, key=f"overlap-sim-point-{t.point_id}", pure=False): t
-                       for t in tasks}
-            for fut in as_completed(futures):
-                yield futures[fut], fut.result()
-        finally:
-            if own_client is not None:
-                own_client.close()
-            if own_cluster is not None:
-                own_cluster.close()
-
-    return stream()
 
 
 def _check_arguments(grid, repeats, workers, on_progress) -> None:
@@ -402,9 +306,9 @@ def sweep(scenario: Union[Scenario, str, Path, dict], grid: dict[str, list], rep
     if store is not None:
         _check_outputs(Path(out), store, pending)
     if executor == "dask":
-        stream = _execute_dask(pending, workers, scheduler, client)  # connected before any progress
+        stream = execute_dask(run_point, pending, workers, scheduler, client)  # connected before any progress
     else:
-        stream = _execute_local(pending, workers)
+        stream = execute_local(run_point, pending, workers)
     if on_progress:
         on_progress(done, total)
     copies = {pid: sum(t.point_id == pid for t in tasks) for pid in unique}
@@ -435,7 +339,7 @@ def _check_outputs(out: Path, store: PointStore, pending: list[PointTask]) -> No
     from sim.atomic import probe_writable
 
     paths = [out / MANIFEST, out / f"{TABLE_NAME}.parquet", out / f"{TABLE_NAME}.csv",
-             *(store._path(t.point_id) for t in pending)]
+             *(store.path(t.point_id) for t in pending)]
     for path in [store.dir, *paths]:
         if path.exists() and (path.is_dir() != (path == store.dir)):
             what = "a file where the sweep keeps its points' folder" if path == store.dir else \

@@ -188,15 +188,13 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
                 max_new = int(s.max_new_tokens[rid])
             else:  # a client without a cap on an EOS finish: SGLang's estimate
                 max_new = req.output_len if self.finish_by_length else max(req.output_len, CLIP_MAX_NEW_TOKENS)
-            # the max_new_tokens the client sends (None: none sent, the server's estimate)
-            sent = self.finish_by_length if s.max_new_sent is None and s.max_new_tokens is None else (
-                s.max_new_sent is None or bool(s.max_new_sent[rid]))
-            asked = max_new if sent else None
             req.ignore_eos = self.finish_by_length if s.ignore_eos is None else bool(s.ignore_eos[rid])
             if self.grammar is not None:
                 req.grammar = bool(self.grammar[rid])
-            if context is not None:
-                max_new = self._fit_context(req, context, max_new, asked, cap)
+            if context is not None:  # the max_new_tokens the client sends (none: the server's estimate)
+                sent = bool(s.max_new_sent[rid]) if s.max_new_sent is not None else (
+                    s.max_new_tokens is not None or self.finish_by_length)
+                max_new = self._fit_context(req, context, max_new, max_new if sent else None, cap)
             req.max_new_tokens = min(max_new, cap - kv.ceil(req.input_len) - kv.page_size - 1)
             req.output_len = min(req.output_len, req.max_new_tokens)
             req.finish_by_length = req.output_len >= req.max_new_tokens

@@ -179,13 +179,12 @@ def _unmodelled_sizes(config: LaunchConfig) -> str | None:
     from pydantic import ValidationError
 
     from sim.engines.sglang.server import Server  # here: the server section is the scenario's
+    from sim.model.schema import first_error
 
     try:
         Server(**config.server)
     except ValidationError as err:
-        first = err.errors()[0]
-        text = str(first["msg"]).removeprefix("Value error, ")
-        return f"{'.'.join(map(str, first['loc']))}: {text}" if first["loc"] else text
+        return first_error(err)
     return None
 
 

@@ -176,15 +176,13 @@ def _startup_refusal(c: VllmLaunch) -> Rule | None:
     from pydantic import ValidationError
 
     from sim.engines.vllm.server import VllmServer  # here: the server section is the scenario's
+    from sim.model.schema import first_error
 
     fields = {k: v for k, v in c.server.items() if k != "speculative"}
     try:
         VllmServer(engine="vllm", device=c.platform if c.platform in ("cuda", "cpu") else "cuda", **fields)
     except ValidationError as err:
-        first = err.errors()[0]
-        text = str(first["msg"]).removeprefix("Value error, ")
-        if first["loc"]:
-            text = f"{'.'.join(map(str, first['loc']))}: {text}"
+        text = first_error(err)
         if "vLLM refuses to start" not in text:
             return Rule("startup_sizes", "not_modelled", lambda _c: True, text,
                         "sim.engines.vllm.server.VllmServer: a size the simulator does not model")

@@ -17,8 +17,9 @@ Ratios measured in one run (interleaved, repeated, each run a fresh process; med
         # decode steps per second of this tree over another checkout's (e.g. `git archive <commit>
         # | tar -x -C /tmp/old`), closed loop at concurrency 64, one setting per --settings
     python benchmarks/sim_speed.py --cli-modes 20000 --repeats 3
-        # `overlap-sim run` wall time, default mode (Parquet tables, plots) over --tables none, then
-        # the CPU time of each part of the default mode beyond the streamed one
+        # `overlap-sim run` wall and CPU time, default mode (Parquet tables), --plots and --tables
+        # none, then the CPU time of each part of the default mode (and of --plots) beyond the
+        # streamed one
         # (add --tree DIR to run another checkout's command line)
 """
 
@@ -42,9 +43,6 @@ from pathlib import Path
 
 import simpy
 import yaml
-
-if "--parts" not in sys.argv:  # --parts times pandas' import itself
-    import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 # --tree DIR (internal, for --against): import the simulator of another checkout
@@ -86,6 +84,47 @@ class CountingEnvironment(simpy.Environment):
         super().schedule(event, priority, delay)
 
 
+def peak_rss_mib() -> float:
+    """This process's own peak resident memory (MiB): ``VmHWM`` of ``/proc/self/status``, the
+    peak of its address space since its last ``exec``. Not ``ru_maxrss``: on Linux that keeps the
+    peak of the process before the ``exec``, i.e. of the parent that started it (a fork holds the
+    parent's pages), so a child of a 100 MiB benchmark process reads at least 100 MiB. Where there
+    is no ``/proc`` (macOS), ``ru_maxrss`` (bytes there)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+# runs a command as its own child and writes [exit status, CPU seconds, peak RSS in KiB] to the file
+# named by its first argument: the command forks from this small interpreter, not from the benchmark
+# process, so its ru_maxrss is its own (see peak_rss_mib)
+LAUNCHER = ("import json, os, sys\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    os.execv(sys.argv[2], sys.argv[2:])\n"
+            "_, status, usage = os.wait4(pid, 0)\n"
+            "with open(sys.argv[1], 'w') as f:\n"
+            "    json.dump([os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime, usage.ru_maxrss], f)\n")
+
+
+def run_child(cmd: list[str], cwd: Path, env: dict) -> tuple[int, float, float, float]:
+    """Run ``cmd`` (stdout discarded) through :data:`LAUNCHER`; return (its exit status, wall
+    seconds, CPU seconds (user + system), peak RSS in MiB)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "usage.json"
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-S", "-c", LAUNCHER, str(report), *cmd], cwd=cwd, env=env,
+                       stdout=subprocess.DEVNULL, check=False)
+        wall = time.perf_counter() - t0
+        code, cpu, peak_kib = json.loads(report.read_text())
+    return code, wall, cpu, peak_kib / 1024
+
+
 def run_case(args: tuple) -> dict:
     """Run one (size, arrival, setting, tables) case in this process; return its measurements."""
     num_requests, arrival, setting, tables, concurrency = args
@@ -118,7 +157,7 @@ def run_case(args: tuple) -> dict:
         "decode_steps": decode_steps, "decode_steps_per_wall_s": decode_steps / wall,
         "cpu_s": cpu, "decode_steps_per_cpu_s": decode_steps / cpu,
         "events_per_step": envs[0].events / max(steps, 1),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_mib(),
         "output_throughput": summ["output_throughput"], "completed": summ["completed"],
     }
 
@@ -149,9 +188,15 @@ def compare_trees(against: Path, sizes: list[int], settings: list[str], tables: 
 
 def compare_cli_modes(num_requests: int, repeats: int) -> None:
     """Wall seconds of ``overlap-sim run`` of the closed-loop reference workload at
-    ``num_requests``: the default mode (Parquet tables, plots) against ``--tables none``,
-    alternated, ``repeats`` times."""
-    modes = {"default (Parquet tables + plots)": [], "--tables none": ["--tables", "none"]}
+    ``num_requests``: the default mode (Parquet tables; plots only with ``--plots`` since
+    5 December 2026), ``--plots`` and ``--tables none``, alternated, ``repeats`` times; the
+    ratios to ``--tables none`` in wall and in CPU time (user + system of the child)."""
+    modes = {"default (Parquet tables)": [], "--plots (tables + plots)": ["--plots"],
+             "--tables none": ["--tables", "none"]}
+    helped = subprocess.run([sys.executable, "-m", "sim.cli", "run", "--help"], cwd=TREE, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(TREE), "COLUMNS": "200"}).stdout
+    if "--plots " not in helped:  # a tree from before 5 December 2026: its default draws the plots
+        modes = {"default (Parquet tables + plots)": [], "--tables none": ["--tables", "none"]}
     with tempfile.TemporaryDirectory() as tmp:
         scenario = Path(tmp) / "reference.yaml"
         raw = reference_scenario(num_requests, "closed_loop")
@@ -159,23 +204,25 @@ def compare_cli_modes(num_requests: int, repeats: int) -> None:
         scenario.write_text(yaml.safe_dump(raw))
         wall: dict[str, list[float]] = {m: [] for m in modes}
         peak: dict[str, list[float]] = {m: [] for m in modes}
+        cpu: dict[str, list[float]] = {m: [] for m in modes}
         for _ in range(repeats):
             for mode, extra in modes.items():
-                t0 = time.perf_counter()
-                proc = subprocess.Popen([sys.executable, "-m", "sim.cli", "run", str(scenario), "--out",
-                                         str(Path(tmp) / "out"), *extra], cwd=TREE, stdout=subprocess.DEVNULL,
-                                        env={**os.environ, "PYTHONPATH": str(TREE)})
-                _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS
-                wall[mode].append(time.perf_counter() - t0)
-                proc.returncode = os.waitstatus_to_exitcode(status)
-                if proc.returncode:
-                    raise SystemExit(f"overlap-sim run ({mode}) exited {proc.returncode}")
-                peak[mode].append(usage.ru_maxrss / 1024)  # KiB on Linux
+                code, seconds, cpu_s, peak_mib = run_child(
+                    [sys.executable, "-m", "sim.cli", "run", str(scenario), "--out", str(Path(tmp) / "out"), *extra],
+                    TREE, {**os.environ, "PYTHONPATH": str(TREE)})
+                if code:
+                    raise SystemExit(f"overlap-sim run ({mode}) exited {code}")
+                wall[mode].append(seconds)
+                cpu[mode].append(cpu_s)
+                peak[mode].append(peak_mib)
     for mode, values in wall.items():
-        print(f"overlap-sim run, {num_requests} requests, overlap + normal, {mode:<32} wall {spread(values)} s, "
-              f"peak RSS {spread(peak[mode], '.0f')} MiB")
-    ratios = [a / b for a, b in zip(*wall.values())]
-    print(f"default / --tables none: {spread(ratios)}")
+        print(f"overlap-sim run, {num_requests} requests, overlap + normal, {mode:<26} wall {spread(values)} s, "
+              f"CPU {spread(cpu[mode])} s, peak RSS {spread(peak[mode], '.0f')} MiB")
+    streamed = "--tables none"
+    for mode in list(modes)[:-1]:
+        for what, times in (("wall", wall), ("CPU", cpu)):
+            ratios = [a / b for a, b in zip(times[mode], times[streamed])]
+            print(f"{mode} / {streamed}, {what}: {spread(ratios)}")
     print(f"where the default mode's extra time goes (CPU seconds, one fresh process each, median of {repeats}):")
     parts: dict[str, list[float]] = {}
     for _ in range(repeats):
@@ -196,8 +243,9 @@ def compare_cli_modes(num_requests: int, repeats: int) -> None:
 def default_mode_parts(num_requests: int) -> dict[str, float]:
     """CPU seconds (this process's) of each part of ``overlap-sim run``'s default mode beyond the
     streamed one, on the closed-loop reference workload with settings overlap and normal, in
-    ``cmd_run``'s order: simulating with and without tables, the summaries, importing pandas,
-    writing the tables, importing matplotlib, drawing the plots."""
+    ``cmd_run``'s order: simulating with and without tables (numpy columns), the summaries from
+    the columns, writing them as Parquet (importing pyarrow); then what ``--format csv`` and
+    ``--plots`` add: importing pandas, the tables as DataFrames, CSV, matplotlib and the plots."""
     clock = time.process_time
     scenario = sim.load_scenario({**reference_scenario(num_requests, "closed_loop"),
                                   "server": {"settings": ["overlap", "normal"], "max_running_requests": 256}})
@@ -207,31 +255,36 @@ def default_mode_parts(num_requests: int) -> dict[str, float]:
         sim.simulate(scenario, setting, tables="none").summary()
     parts["simulate, --tables none (both settings)"] = clock() - t
     t = clock()
-    import pandas  # noqa: F401  (what building the tables imports first)
-    parts["import pandas"] = clock() - t
-    t = clock()
     results = [sim.simulate(scenario, s) for s in scenario.server.settings]
-    parts["simulate with tables (rows kept, tables built), both settings"] = clock() - t
+    parts["simulate with tables (rows kept, columns built), both settings"] = clock() - t
     t = clock()
     summaries = {r.setting: r.summary() for r in results}
-    parts["summaries from the tables"] = clock() - t
-    tables_mib = sum(int(getattr(r, k).memory_usage(deep=True).sum()) for r in results
-                     for k in ("steps", "requests", "itl")) / 2**20
+    parts["summaries from the columns"] = clock() - t
+    tables_mib = sum(values.nbytes + (sum(map(len, values)) if values.dtype == object else 0)
+                     for r in results for k in ("steps", "requests", "itl")
+                     for values in r.columns(k).data.values()) / 2**20
     from sim.output.report import write_results
     with tempfile.TemporaryDirectory() as tmp:
         t = clock()
         write_results(Path(tmp), {"settings": summaries}, results)
-        parts["write the tables (steps, requests, ITL per setting; Parquet)"] = clock() - t
+        parts["write the tables as Parquet (pyarrow's import included)"] = clock() - t
+        t = clock()
+        import pandas  # noqa: F401
+        parts["--format csv or --plots: import pandas"] = clock() - t
+        t = clock()
+        for r in results:
+            r.steps, r.requests, r.itl  # noqa: B018  (the DataFrames of the same arrays)
+        parts["--format csv or --plots: the tables as DataFrames"] = clock() - t
         t = clock()
         write_results(Path(tmp), {"settings": summaries}, results, "csv")
-        parts["(not in the default mode: the same tables as CSV, --format csv)"] = clock() - t
+        parts["--format csv: write the same tables as CSV"] = clock() - t
         t = clock()
         from sim.output.plots import save_run_plots  # imports matplotlib
-        parts["import matplotlib (and the plot module)"] = clock() - t
+        parts["--plots: import matplotlib (and the plot module)"] = clock() - t
         t = clock()
         save_run_plots(Path(tmp), scenario.name, {r.setting: r.steps for r in results}, summaries,
                        {r.setting: r.requests for r in results})
-        parts["draw and save the three plots"] = clock() - t
+        parts["--plots: draw and save the three plots"] = clock() - t
     parts["(memory, MiB: the tables held, steps + requests + ITL, both settings)"] = tables_mib
     return parts
 
@@ -292,7 +345,7 @@ def run_leap_case(args: tuple) -> dict:
     return {"workload": workload, "requests": num_requests, "setting": setting, "mode": mode, "cpu_s": cpu,
             "sim_s": res.stats["sim_time_s"], "steps": res.stats["steps"],
             "leapt_steps": res.stats.get("leapt_steps", 0), "throughput": summary["output_throughput"],
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_rss_mb": peak_rss_mib()}
 
 
 def leap_report(workloads: list[str], sizes: list[int], settings: list[str], repeats: int, against: Path | None,
@@ -325,6 +378,8 @@ def leap_report(workloads: list[str], sizes: list[int], settings: list[str], rep
                             f"of {by['leap'][0]['steps']} steps; peak RSS {max(r['peak_rss_mb'] for r in by['leap']):.0f} MB")
                 print("  ".join(line), flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
+    import pandas as pd  # here, not at the top: a case's process holds only what the simulator imports
+
     pd.DataFrame(rows).to_csv(out, index=False)
     print(f"written {out}")
 
@@ -357,7 +412,7 @@ def sweep_cpu(repeats: int, against: Path | None, num_requests: int = 1000) -> N
 
 
 def baseline_rss(_=None) -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak_rss_mib()
 
 
 def main() -> None:
@@ -439,6 +494,8 @@ def main() -> None:
             print(f"{row['requests']:>7} {row['arrival']:<11} c={row['concurrency']:<4} {row['setting']:<12} wall {row['wall_s']:7.2f}s  "
                   f"sim {row['sim_s']:8.1f}s  x{row['x_real_time']:7.0f}  {row['decode_steps_per_wall_s']:9.0f} decode steps/s  "
                   f"{row['events_per_step']:.2f} ev/step  {row['peak_rss_mb']:6.0f} MB", flush=True)
+    import pandas as pd
+
     df = pd.DataFrame(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out, index=False)

@@ -16,7 +16,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from sim.commands import COMMANDS, OneLineParser, UsageError, add_no_leap_argument, apply_no_leap, command, output_path
+from sim.commands import (COMMANDS, OneLineParser, UsageError, add_no_leap_argument, add_plots_arguments, apply_no_leap,
+                          command, output_path)
 from sim.errors import (EXIT_BAD_INPUT, EXIT_EXTERNAL_FAILED, EXIT_INTERRUPTED, EXIT_RUN_FAILED, ExternalRunError,
                         UserInputError)
 
@@ -40,7 +41,8 @@ OWN_COMMANDS = ("run",)
 
 
 RUN_EPILOG = ("Writes into the results folder: summary.json, steps_/requests_/itl_<setting>.<format> (the tables "
-              "--tables keeps) and gaps.png, metrics.png, timeline.png (with --tables steps); the tables, plots "
+              "--tables keeps) and, with --plots, gaps.png, metrics.png, timeline.png (with --tables steps; `overlap-sim "
+              "plots FOLDER` draws them later from the tables); the tables, plots "
               "and Chrome trace of an earlier run in that folder are removed first. Exit status: 0 done; 2 bad "
               "input (one line on "
               "stderr, nothing written); 3 a setting's server died or none of its measured requests completed "
@@ -64,7 +66,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="tables kept: steps (all, exact metrics), summary (per-request only; streamed metrics), "
                         "none (no tables; memory: the requests in flight and the workload drawn up front, about 100 "
                         "bytes a request)")
-    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    add_plots_arguments(p)
     add_no_leap_argument(p)
     p.add_argument("--no-range", action="store_true",
                    help="do not simulate the profile's stated uncertainties (each costs two streamed runs per "
@@ -179,6 +181,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.tables != "steps" and not args.no_plots:
             print("no plots: they are drawn from the steps tables (--tables steps)")
         print(f"results written to {out_dir}/")
+        if args.tables == "steps" and args.no_plots:
+            print(f"plots: overlap-sim plots {out_dir}/ draws gaps.png, metrics.png and timeline.png from these "
+                  "tables (or run with --plots)")
     failures = run_failures(summaries)
     if failures:
         print(f"overlap-sim: run failed: {'; '.join(failures)} (exit status {EXIT_RUN_FAILED})", file=sys.stderr)

@@ -85,6 +85,20 @@ def add_no_leap_argument(p: argparse.ArgumentParser) -> None:
                         "(the same answer, slower; for checking and debugging)")
 
 
+def add_plots_arguments(p: argparse.ArgumentParser) -> None:
+    """``--plots`` (draw the run's three PNG plots) and ``--no-plots`` (the default since
+    5 December 2026, kept for scripts written before): ``args.no_plots`` is True unless
+    ``--plots`` is given. The plots cost about a second of CPU whatever the run's length
+    (matplotlib's import and three figures: docs/speed.md), as much as a 10,000-request run."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--plots", dest="no_plots", action="store_false",
+                       help="draw gaps.png, metrics.png and timeline.png (about a second of CPU; `overlap-sim plots "
+                            "FOLDER` draws them later from the saved tables)")
+    group.add_argument("--no-plots", dest="no_plots", action="store_true",
+                       help="no PNG plots (the default)")
+    p.set_defaults(no_plots=True)
+
+
 def apply_no_leap(args: argparse.Namespace) -> None:
     """With ``--no-leap``, set ``OVERLAP_SIM_LEAP=0`` for this process and the workers it starts
     (:data:`LEAP_ENV`: every :func:`sim.simulate.simulate` then steps)."""

@@ -15,15 +15,18 @@ from sim.commands import LEAP_ENV
 from sim.model.costs import Jitter
 from sim.model.workload import make_requests
 from sim.scenario import Scenario, load_scenario
+from sim.trace.columns import Columns, matches, values_of
 from sim.trace.metrics import summarize
-from sim.trace.recorder import FAILURE_KINDS, STEP_COLUMNS, TraceRecorder
+from sim.trace.recorder import FAILURE_KINDS, STEP_COLUMNS, TraceRecorder, rows_to_columns
 from sim.trace.streaming import StreamingRecorder
 
 if TYPE_CHECKING:  # pandas is imported when a table is built (a streamed run may build none)
     import pandas as pd
 
-# a table, or what builds it on first use (a streamed run's empty tables: no pandas until read)
-Table = Union["pd.DataFrame", Callable[[], "pd.DataFrame"]]
+# a table: a DataFrame, the recorder's columns (a DataFrame of the same arrays is built when first
+# read), or what builds the DataFrame on first use (a streamed run's empty tables); pandas is not
+# imported before a DataFrame is asked for
+Table = Union["pd.DataFrame", Columns, Callable[[], Union["pd.DataFrame", Columns]]]
 
 
 class Result:
@@ -31,9 +34,9 @@ class Result:
 
     Attributes:
         scenario: the scenario that ran; setting: the event loop ('normal', 'overlap', ...).
-        steps, requests, itl: trace tables (schema in :mod:`sim.trace.recorder`), times in seconds;
-            a streamed run's empty tables are built when first read (pandas is not imported
-            before).
+        steps, requests, itl: trace tables (DataFrames, schema in :mod:`sim.trace.recorder`), times
+            in seconds, built when first read (pandas is not imported before);
+            :meth:`columns` gives the same tables as numpy columns without pandas.
         outcome: {'status': 'ok'|'server_died', 'reason': str, 'time_s': float,
             'peak_token_usage': fraction of the KV pool, 'token_usage_at_failure': fraction,
             'retraction_steps', 'retractions' (requests retracted), 'reprefill_tokens',
@@ -56,6 +59,16 @@ class Result:
         self.stats = {} if stats is None else stats
 
     def _table(self, name: str) -> pd.DataFrame:
+        table = self.columns(name)
+        if isinstance(table, Columns):  # the same arrays, as a DataFrame
+            table = self._tables[name] = table.to_frame()
+        return table
+
+    def columns(self, name: str) -> Union[Columns, "pd.DataFrame"]:
+        """Table ``name`` ('steps', 'requests' or 'itl') as the recorder gave it (:class:`Columns`)
+        when no DataFrame of it was built yet, else that DataFrame: what
+        :func:`sim.trace.metrics.summarize` and :func:`sim.output.report.write_results` read
+        (either), without importing pandas for a table nobody asked as a DataFrame."""
         table = self._tables[name]
         if callable(table):  # built on first use
             table = self._tables[name] = table()
@@ -75,13 +88,15 @@ class Result:
 
     def summary(self) -> dict:
         """bench_serving-style metrics (see :mod:`sim.trace.metrics`) plus the run's outcome."""
-        out = dict(self.metrics) if self.metrics is not None else summarize(self.steps, self.requests, self.itl)
+        requests = self.columns("requests") if self.metrics is None else None
+        out = (dict(self.metrics) if requests is None
+               else summarize(self.columns("steps"), requests, self.columns("itl")))
         o = self.outcome
         out["peak_token_usage"] = o.get("peak_token_usage", math.nan)
         if self.metrics is None:
-            measured = self.requests[~self.requests["warmup"].astype(bool)]
+            measured = ~values_of(requests, "warmup").astype(bool)
             for kind in FAILURE_KINDS:
-                out[kind] = int((measured["failure"] == kind).sum())
+                out[kind] = int((measured & matches(requests, "failure", kind)).sum())
         for key in ("retractions", "retraction_steps", "reprefill_tokens", "skipped_decodes", "extrapolated_steps",
                     "far_steps"):
             out[key] = int(o.get(key, 0))
@@ -179,21 +194,15 @@ def _result(scenario: Scenario, setting: str, recorder, tables: str, outcome: di
     """The :class:`Result` of a finished run: the recorder's tables (``tables == "steps"``), or
     its streamed summary with the tables built only if read."""
     if tables == "steps":
-        return Result(scenario, setting, recorder.steps_frame(), recorder.requests_frame(), recorder.itl_frame(),
+        return Result(scenario, setting, recorder.step_columns(), recorder.request_columns(), recorder.itl_columns(),
                       outcome, stats=stats)
     recorder.finish()
-    return Result(scenario, setting, partial(_empty_frame, STEP_COLUMNS),
-                  recorder.requests_frame() if tables == "summary" else recorder.requests_frame,
-                  partial(_empty_frame, ITL_COLUMNS), outcome, metrics=recorder.summary(), stats=stats)
+    return Result(scenario, setting, partial(rows_to_columns, [], STEP_COLUMNS),
+                  recorder.request_columns() if tables == "summary" else recorder.request_columns,
+                  partial(rows_to_columns, [], ITL_COLUMNS), outcome, metrics=recorder.summary(), stats=stats)
 
 
 ITL_COLUMNS = ["itl_s", "weight"]
-
-
-def _empty_frame(columns: list[str]) -> pd.DataFrame:
-    import pandas as pd
-
-    return pd.DataFrame(columns=columns)
 
 
 def _run_noise_applied(scenario: Scenario, setting: str) -> Scenario:

@@ -20,7 +20,7 @@ QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     assert main(["run", str(QUICKSTART), "--set", "workload.num_requests=24", "--set", "workload.output_len=32",
-                 "--set", "workload.warmup_requests=0", "--out", str(out)]) == 0
+                 "--set", "workload.warmup_requests=0", "--plots", "--out", str(out)]) == 0
     return out
 
 

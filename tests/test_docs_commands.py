@@ -6,7 +6,7 @@ in the docs has to be classified here.
 
 - RUN: cheap ``overlap-sim`` subcommands run for real, in the order a page shows them, in a
   temporary workspace whose ``scenarios/`` and ``docs/`` are the repository's. Shrunk without
-  changing what they check (:func:`cheapen`): ``run`` and ``ask`` get ``--no-plots``; ``sweep`` runs in
+  changing what they check (:func:`cheapen`): ``run`` and ``ask`` lose ``--plots``; ``sweep`` runs in
   process, without plots, with at most 2 repeats and shorter requests; ``calibrate
   --from-trace`` reads a recorded trace (``tests/`` is in the workspace too). Table rows and messages
   shown under a ``$`` line must be in that command's output; the README's quickstart table
@@ -321,8 +321,8 @@ def cheapen(argv: list[str]) -> list[str]:
     """The same subcommand, flags and inputs, at a fraction of the cost."""
     sub = argv[1]
     argv = list(argv)
-    if sub in ("run", "ask") and "--no-plots" not in argv:
-        argv.append("--no-plots")
+    if sub in ("run", "ask"):  # no plots (the default since 5 December 2026)
+        argv = [a for a in argv if a != "--plots"]
     if sub == "sweep":
         if "--repeats" in argv:
             i = argv.index("--repeats")

@@ -16,7 +16,8 @@ QUICKSTART = Path(__file__).resolve().parents[1] / "scenarios" / "quickstart.yam
 
 def test_run_writes_results_and_json(tmp_path, capsys):
     out = tmp_path / "res"
-    assert main(["run", str(QUICKSTART), "--out", str(out), "--json", "--set", "workload.num_requests=24"]) == 0
+    assert main(["run", str(QUICKSTART), "--out", str(out), "--json", "--plots", "--set",
+                 "workload.num_requests=24"]) == 0
     payload = json.loads(capsys.readouterr().out)
     assert payload["scenario"] == "quickstart" and payload["seed"] == 0
     assert set(payload["settings"]) == {"overlap", "normal"}
@@ -35,6 +36,26 @@ def test_run_writes_results_and_json(tmp_path, capsys):
     assert (steps["forward_start"] >= steps["launch_end"] - 1e-12).all()
     saved = json.loads((out / "summary.json").read_text())
     assert saved["settings"] == payload["settings"]
+
+
+def test_plots_only_on_request_and_the_table_says_how(tmp_path, capsys):
+    """Since 5 December 2026 a run draws no plots unless --plots (issue 31: they cost about a
+    second whatever the run's length); the table's last line names the command that draws them
+    from the saved tables, and that command draws the three."""
+    out = tmp_path / "res"
+    assert main(["run", str(QUICKSTART), "--out", str(out), "--set", "workload.num_requests=12"]) == 0
+    text = capsys.readouterr().out
+    assert not list(out.glob("*.png"))
+    assert text.rstrip().splitlines()[-1] == (f"plots: overlap-sim plots {out}/ draws gaps.png, metrics.png and "
+                                              "timeline.png from these tables (or run with --plots)")
+    assert main(["plots", str(out)]) == 0
+    assert {p.name for p in out.glob("*.png")} == {"gaps.png", "metrics.png", "timeline.png"}
+    # --no-plots is still taken (the default), and not with --plots
+    assert main(["run", str(QUICKSTART), "--out", str(out), "--no-plots", "--tables", "none", "--set",
+                 "workload.num_requests=12"]) == 0
+    assert "plots:" not in capsys.readouterr().out and not list(out.glob("*.png"))  # the earlier plots went
+    assert main(["run", str(QUICKSTART), "--out", str(tmp_path / "x"), "--plots", "--no-plots"]) == 2
+    assert "--no-plots: not allowed with argument --plots" in capsys.readouterr().err
 
 
 def test_run_table_and_csv_on_request(tmp_path, capsys):
@@ -58,7 +79,7 @@ def test_run_table_and_csv_on_request(tmp_path, capsys):
 def test_variants_get_their_own_folder_and_a_rerun_leaves_nothing_stale(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     small = ["--set", "workload.num_requests=10", "--set", "workload.warmup_requests=2"]
-    assert main(["run", str(QUICKSTART), *small]) == 0
+    assert main(["run", str(QUICKSTART), *small, "--plots"]) == 0
     variant = tmp_path / "results" / "quickstart-workload.num_requests=10,workload.warmup_requests=2"
     assert (variant / "summary.json").is_file() and (variant / "gaps.png").is_file()
     assert main(["run", str(QUICKSTART), *small, "--set", "server.settings=overlap", "--no-plots"]) == 0
@@ -214,7 +235,7 @@ def test_an_interrupted_run_leaves_the_folder_as_it_was(tmp_path, capsys, monkey
     """Ctrl-C while the plots are drawn: one line, exit 130, and the folder still holds the earlier
     run's files, every one of them (no new table beside an old plot, no staging folder left)."""
     out = tmp_path / "out"
-    args = ["run", str(QUICKSTART), "--set", "workload.num_requests=16", "--no-range", "--out", str(out)]
+    args = ["run", str(QUICKSTART), "--set", "workload.num_requests=16", "--no-range", "--plots", "--out", str(out)]
     assert main(args) == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     capsys.readouterr()
@@ -288,7 +309,7 @@ def test_a_run_the_system_refuses_half_way_leaves_the_earlier_run_whole(tmp_path
     import sim.atomic
 
     out = tmp_path / "out"
-    args = ["run", str(QUICKSTART), "--set", "workload.num_requests=16", "--no-range", "--out", str(out)]
+    args = ["run", str(QUICKSTART), "--set", "workload.num_requests=16", "--no-range", "--plots", "--out", str(out)]
     assert main(args) == 0
     (out / "gaps.png").unlink()
     (out / "gaps.png").mkdir()
@@ -345,7 +366,7 @@ def test_a_ctrl_c_while_a_run_publishes_puts_the_earlier_run_back(tmp_path, caps
     import sim.atomic
 
     out = tmp_path / "out"
-    args = ["run", str(QUICKSTART), "--set", "workload.num_requests=16", "--no-range", "--out", str(out)]
+    args = ["run", str(QUICKSTART), "--set", "workload.num_requests=16", "--no-range", "--plots", "--out", str(out)]
     assert main(args) == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     capsys.readouterr()

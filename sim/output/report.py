@@ -15,8 +15,10 @@ from sim.model.reach import FAR
 from sim.model.schema import MAX_TOKENS, length_bounds
 from sim.trace.metrics import SUMMARY_KEYS
 
-if TYPE_CHECKING:  # tables arrive as DataFrames; a streamed run need not import pandas
+if TYPE_CHECKING:  # tables arrive as DataFrames or a run's Columns; a run need not import pandas
     import pandas as pd
+
+    from sim.trace.columns import Columns
     from rich.console import Console  # rich: imported when a table is printed (not by run --json)
 
 RATIO_BASELINE = "normal"
@@ -341,18 +343,28 @@ def atomic_write_text(path: Path, text: str) -> None:
         tmp.write_text(text)
 
 
-def atomic_write_frame(df: pd.DataFrame, path: Path) -> None:
-    """Write a DataFrame as CSV or Parquet (by suffix), atomically."""
+def atomic_write_frame(df: pd.DataFrame | Columns, path: Path) -> None:
+    """Write a table, a DataFrame or a run's :class:`sim.trace.columns.Columns`, as CSV or Parquet
+    (by suffix), atomically. Columns go to Parquet through pyarrow alone (pandas is not imported:
+    ``pandas.read_parquet`` reads back the DataFrame ``Columns.to_frame`` gives, ``kind`` a
+    category); to CSV as that DataFrame."""
+    from sim.trace.columns import Columns
+
     with atomic_path(path) as tmp:
         if Path(path).suffix == ".parquet":
-            df.to_parquet(tmp, index=False)
+            if isinstance(df, Columns):
+                import pyarrow.parquet
+
+                pyarrow.parquet.write_table(df.to_arrow(), tmp)
+            else:
+                df.to_parquet(tmp, index=False)
             import pyarrow  # imported by to_parquet
 
             pyarrow.default_memory_pool().release_unused()  # the Arrow copy's memory back to the system
         else:
             from sim.output.csv_writer import write_csv  # to_csv's bytes, faster on long float tables
 
-            write_csv(df, tmp)
+            write_csv(df.to_frame() if isinstance(df, Columns) else df, tmp)
 
 
 RUN_FILES = re.compile(r"^(?:(?:steps|requests|itl)_[a-z0-9_]+\.(?:csv|parquet)|gaps\.png|metrics\.png|timeline\.png"
@@ -385,7 +397,7 @@ def write_results(out_dir: Path, payload: dict, results: Iterable, table_format:
     kinds = {"steps": ("steps", "requests", "itl"), "summary": ("requests",), "none": ()}[tables]
     for res in results:
         for kind in kinds:
-            df = getattr(res, kind)
+            df = res.columns(kind)
             path = out_dir / f"{kind}_{res.setting}.{table_format}"
             atomic_write_frame(df, path)
             written.append(path)

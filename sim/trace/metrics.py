@@ -15,8 +15,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # the tables are DataFrames; pandas is imported by whoever built them
+from sim.trace.columns import matches, values_of
+
+if TYPE_CHECKING:  # a table is a DataFrame or the recorder's Columns; pandas is imported by whoever built it
     import pandas as pd
+
+    from sim.trace.columns import Columns
 
 SUMMARY_KEYS = [
     "completed", "failed", "duration_s", "request_throughput", "output_throughput",
@@ -59,18 +63,46 @@ def _stats_ms(values: np.ndarray, prefix: str, out: dict, weights: np.ndarray | 
     if total == 0:
         out[f"mean_{prefix}_ms"] = out[f"median_{prefix}_ms"] = out[f"p99_{prefix}_ms"] = math.nan
         return
-    # fsum: correctly rounded, so the mean does not depend on BLAS threads (sweeps on Dask = local)
-    out[f"mean_{prefix}_ms"] = math.fsum((values * weights).tolist()) / total * 1e3
+    # fsum: correctly rounded, so the mean does not depend on BLAS threads (sweeps on Dask = local);
+    # a sum beyond the largest double (values near 1e308 s: only a corrupt trace) is +-inf, as numpy's
+    terms = (values * weights).tolist()
+    try:
+        out[f"mean_{prefix}_ms"] = math.fsum(terms) / total * 1e3
+    except OverflowError:
+        out[f"mean_{prefix}_ms"] = float(np.sum(terms)) / total * 1e3
     out[f"median_{prefix}_ms"] = weighted_quantile(values, weights, 0.5) * 1e3
     out[f"p99_{prefix}_ms"] = weighted_quantile(values, weights, 0.99) * 1e3
 
 
-def measured_window(requests: pd.DataFrame) -> tuple[float, float]:
-    """(start, end) seconds of the measured window: first measured arrival, last measured finish."""
-    measured = requests[~requests["warmup"].astype(bool)]
-    if measured.empty:
+def measured_window(requests: pd.DataFrame | Columns) -> tuple[float, float]:
+    """(start, end) seconds of the measured window: first measured arrival, last measured finish
+    (NaN ones skipped; (NaN, NaN) without a measured request)."""
+    measured = ~values_of(requests, "warmup").astype(bool)
+    if not measured.any():
         return (math.nan, math.nan)
-    return float(measured["arrival_s"].min()), float(measured["finish_s"].max())
+    return (_skipna(values_of(requests, "arrival_s")[measured], np.min),
+            _skipna(values_of(requests, "finish_s")[measured], np.max))
+
+
+def _skipna(values: np.ndarray, reduce) -> float:
+    """``reduce`` (np.min, np.max) of ``values`` without their NaNs, as pandas' ``min``/``max``
+    skip them; NaN when nothing is left."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[~np.isnan(values)]
+    return float(reduce(values)) if len(values) else math.nan
+
+
+def forward_gaps(forward_start: np.ndarray, forward_end: np.ndarray) -> np.ndarray:
+    """Device idle time (seconds) before each forward of a steps table in launch order: its start
+    minus the previous forward's end, a negative one as 0 (NaN for the first, and where either
+    is NaN). Shapes (n,) -> (n,). The same floats as :func:`step_gaps` (pandas' ``shift(1)`` and
+    ``clip(lower=0)``, which keeps -0.0 and NaN)."""
+    start = np.asarray(forward_start, dtype=np.float64)
+    previous_end = np.empty(len(start), dtype=np.float64)
+    previous_end[:1] = math.nan
+    previous_end[1:] = np.asarray(forward_end, dtype=np.float64)[:-1]
+    gap = start - previous_end
+    return np.where(np.isnan(gap) | (gap >= 0.0), gap, 0.0)
 
 
 def step_gaps(steps: pd.DataFrame) -> pd.Series:
@@ -80,48 +112,51 @@ def step_gaps(steps: pd.DataFrame) -> pd.Series:
     return (steps["forward_start"] - prev_end).clip(lower=0.0)
 
 
-def summarize(steps: pd.DataFrame, requests: pd.DataFrame, itl: pd.DataFrame) -> dict:
+def summarize(steps: pd.DataFrame | Columns, requests: pd.DataFrame | Columns, itl: pd.DataFrame | Columns) -> dict:
     """The summary of one run (keys in :data:`SUMMARY_KEYS`; latencies in ms, throughputs per s).
 
     Args:
-        steps, requests, itl: the trace tables (schema in :mod:`sim.trace.recorder`).
+        steps, requests, itl: the trace tables (schema in :mod:`sim.trace.recorder`), each a
+            DataFrame or :class:`sim.trace.columns.Columns` (the same answer, to the bit).
     """
     out: dict = {}
-    measured = requests[~requests["warmup"].astype(bool)]
-    done = measured[measured["status"] == "completed"]
-    out["completed"] = int(len(done))
-    out["failed"] = int((measured["status"] == "failed").sum())
+    measured = ~values_of(requests, "warmup").astype(bool)
+    done = measured & matches(requests, "status", "completed")
+    out["completed"] = int(done.sum())
+    out["failed"] = int((measured & matches(requests, "status", "failed")).sum())
     start, end = measured_window(requests)
-    duration = end - start if len(measured) else 0.0
+    duration = end - start if measured.any() else 0.0
     out["duration_s"] = float(duration)
-    out["total_input_tokens"] = int(done["input_len"].sum())
-    out["total_output_tokens"] = int(done["output_tokens"].sum())
+    output_tokens = values_of(requests, "output_tokens")[done]
+    out["total_input_tokens"] = int(values_of(requests, "input_len")[done].sum())
+    out["total_output_tokens"] = int(output_tokens.sum())
     out["request_throughput"] = out["completed"] / duration if duration > 0 else 0.0
     out["output_throughput"] = out["total_output_tokens"] / duration if duration > 0 else 0.0
 
-    ttft = (done["first_token_s"] - done["arrival_s"]).to_numpy()
-    e2e = (done["finish_s"] - done["arrival_s"]).to_numpy()
-    multi = done["output_tokens"].to_numpy() > 1
-    tpot = ((e2e - ttft)[multi] / (done["output_tokens"].to_numpy()[multi] - 1))
+    arrival = values_of(requests, "arrival_s")[done]
+    ttft = values_of(requests, "first_token_s")[done] - arrival
+    e2e = values_of(requests, "finish_s")[done] - arrival
+    multi = output_tokens > 1
+    tpot = ((e2e - ttft)[multi] / (output_tokens[multi] - 1))
     _stats_ms(ttft, "ttft", out)
     _stats_ms(tpot, "tpot", out)
-    _stats_ms(itl["itl_s"].to_numpy(), "itl", out, itl["weight"].to_numpy())
+    _stats_ms(values_of(itl, "itl_s"), "itl", out, values_of(itl, "weight"))
     _stats_ms(e2e, "e2e_latency", out)
 
     if len(steps) and duration > 0:
-        fs, fe = steps["forward_start"].to_numpy(), steps["forward_end"].to_numpy()
+        fs, fe = values_of(steps, "forward_start"), values_of(steps, "forward_end")
         in_window = (fs >= start) & (fs < end)
         busy = (np.clip(fe, start, end) - np.clip(fs, start, end)).sum()
-        gaps = step_gaps(steps).to_numpy()
-        gap_mask = in_window & ~steps["after_idle"].to_numpy(dtype=bool) & ~np.isnan(gaps)
-        decode = in_window & (steps["kind"] == "decode").to_numpy()
+        gaps = forward_gaps(fs, fe)
+        gap_mask = in_window & ~values_of(steps, "after_idle").astype(bool) & ~np.isnan(gaps)
+        decode = in_window & matches(steps, "kind", "decode")
         out["num_steps"] = int(in_window.sum())
         out["gpu_idle_fraction"] = float(max(0.0, 1.0 - busy / duration))
         _stats_ms(gaps[gap_mask], "gap", out)
-        wait = (steps["process_start"] - steps["sync_start"]).to_numpy()[in_window]
+        wait = (values_of(steps, "process_start") - values_of(steps, "sync_start"))[in_window]
         out["mean_sync_wait_ms"] = float(np.nanmean(wait)) * 1e3 if in_window.any() else math.nan
-        out["mean_decode_batch_size"] = float(steps["num_reqs"].to_numpy()[decode].mean()) if decode.any() else math.nan
-        out["overshoot_tokens"] = int(steps["overshoot"].to_numpy()[in_window].sum())
+        out["mean_decode_batch_size"] = float(values_of(steps, "num_reqs")[decode].mean()) if decode.any() else math.nan
+        out["overshoot_tokens"] = int(values_of(steps, "overshoot")[in_window].sum())
     else:
         out.update(num_steps=0, gpu_idle_fraction=math.nan, mean_gap_ms=math.nan, median_gap_ms=math.nan,
                    p99_gap_ms=math.nan, mean_sync_wait_ms=math.nan, mean_decode_batch_size=math.nan,

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 from sim.model.batch import FINISHED, Batch, Req
 from sim.model.costs import KIND_NAMES
+from sim.trace.columns import Columns
 
 FAILURE_KINDS = ("cut_off", "could_not_connect", "aborted", "too_long")  # summary counts these
 
@@ -108,57 +109,53 @@ class TraceRecorder:
         self._itl_values.extend(values_s.tolist())
         self._itl_weights.extend(weights.tolist())
 
-    def steps_frame(self) -> pd.DataFrame:
-        """The steps table, in launch order (``seq``): each column of :data:`STEP_COLUMNS` typed
-        as :data:`STEP_TYPES` says."""
-        import pandas as pd  # deferred: a streamed run never builds a table
-
+    def step_columns(self) -> Columns:
+        """The steps table as columns, in launch order (``seq``): each column of
+        :data:`STEP_COLUMNS` typed as :data:`STEP_TYPES` says (``kind``: int8 codes of
+        :data:`sim.model.costs.KIND_NAMES`). The rows' buffer is released."""
         values = np.frombuffer(self._step_values, dtype=np.float64).reshape(-1, len(STEP_COLUMNS))
         columns = {}
         for i, name in enumerate(STEP_COLUMNS):
             kind = STEP_TYPES[name]
             column = values[:, i]
             if kind == "kind":
-                columns[name] = pd.Categorical.from_codes(column.astype(np.int8), categories=list(KIND_NAMES))
+                columns[name] = column.astype(np.int8)
             else:
                 columns[name] = column.copy() if kind == "float64" else column.astype(kind)
         del values
         self._step_values = array("d")  # the rows' buffer, now copied into the columns: freed
-        # copy=False: the fresh columns become the frame's as they are (no second copy into
-        # consolidated blocks: at 100,000 requests that copy was 64 MiB a setting at its peak)
-        return _in_order(pd.DataFrame(columns, columns=STEP_COLUMNS, copy=False), "seq")
+        return Columns(columns, {"kind": tuple(KIND_NAMES)}).sorted_by("seq")
+
+    def request_columns(self) -> Columns:
+        """The requests table as columns, by request id."""
+        return rows_to_columns(self._requests, REQUEST_COLUMNS).sorted_by("rid")
+
+    def itl_columns(self) -> Columns:
+        """The ITL table as columns (``itl_s`` float64 seconds, ``weight`` int64), in the order
+        recorded."""
+        return Columns({"itl_s": np.asarray(self._itl_values, dtype=np.float64),
+                        "weight": np.asarray(self._itl_weights, dtype=np.int64)})
+
+    def steps_frame(self) -> pd.DataFrame:
+        """:meth:`step_columns` as a DataFrame (the same arrays; ``kind`` categorical)."""
+        return self.step_columns().to_frame()
 
     def requests_frame(self) -> pd.DataFrame:
-        """The requests table, by request id."""
-        return _frame(self._requests, REQUEST_COLUMNS, "rid")
+        """:meth:`request_columns` as a DataFrame."""
+        return self.request_columns().to_frame()
 
     def itl_frame(self) -> pd.DataFrame:
-        import pandas as pd
-
-        return pd.DataFrame({"itl_s": np.asarray(self._itl_values, dtype=np.float64),
-                             "weight": np.asarray(self._itl_weights, dtype=np.int64)}, copy=False)
+        """:meth:`itl_columns` as a DataFrame."""
+        return self.itl_columns().to_frame()
 
 
-def _frame(rows: list[tuple], columns: list[str], order: str) -> pd.DataFrame:
-    """A DataFrame of ``rows`` (tuples in ``columns`` order) sorted by ``order`` (stable), built
-    column by column (numpy infers each column's type once: int64, float64, bool or object, as
-    ``pd.DataFrame(rows)`` does, at a fraction of its time)."""
-    import pandas as pd  # deferred: a streamed run never builds a table
-
+def rows_to_columns(rows: list[tuple], names: list[str]) -> Columns:
+    """:class:`Columns` of ``rows`` (tuples in ``names`` order), built column by column (numpy
+    infers each column's type once: int64, float64, bool or object, as ``pd.DataFrame(rows)``
+    does); no rows: empty object columns, as ``pd.DataFrame([], columns=names)`` has."""
     if not rows:
-        frame = pd.DataFrame(rows, columns=columns)
-    else:
-        frame = pd.DataFrame({name: _column(values) for name, values in zip(columns, zip(*rows))}, columns=columns,
-                             copy=False)  # fresh columns: no second copy
-    return _in_order(frame, order)
-
-
-def _in_order(frame: pd.DataFrame, order: str) -> pd.DataFrame:
-    """``frame`` sorted by its column ``order`` (stable), with a fresh 0..n-1 index."""
-    keys = frame[order].to_numpy()
-    if len(keys) > 1 and not (keys[1:] > keys[:-1]).all():  # already in order: nothing to sort
-        frame = frame.sort_values(order, kind="stable")
-    return frame.reset_index(drop=True)
+        return Columns({name: np.array([], dtype=object) for name in names})
+    return Columns({name: _column(values) for name, values in zip(names, zip(*rows))})
 
 
 def _column(values: tuple) -> np.ndarray:

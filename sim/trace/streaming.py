@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 from sim.model.batch import FINISHED, Batch, Req
 from sim.trace.metrics import SUMMARY_KEYS
-from sim.trace.recorder import FAILURE_KINDS, REQUEST_COLUMNS, TraceRecorder
+from sim.trace.columns import Columns
+from sim.trace.recorder import FAILURE_KINDS, REQUEST_COLUMNS, TraceRecorder, rows_to_columns
 
 RELATIVE_ACCURACY = 0.005
 FOLD = 65536  # values a metric buffers before counting them (memory: 16 bytes each)
@@ -333,12 +334,15 @@ class StreamingRecorder:
         self._pending = kept
         self._flush_pending()
 
-    def requests_frame(self) -> pd.DataFrame:
+    def request_columns(self) -> Columns:
+        """The requests table kept (``keep_requests``) as columns, by request id; empty without."""
         if self._rows is None:
-            import pandas as pd  # deferred: ``tables: none`` builds no table unless asked
+            return rows_to_columns([], REQUEST_COLUMNS)
+        return self._rows.request_columns()
 
-            return pd.DataFrame(columns=REQUEST_COLUMNS)
-        return self._rows.requests_frame()
+    def requests_frame(self) -> pd.DataFrame:
+        """:meth:`request_columns` as a DataFrame (pandas imported only now)."""
+        return self.request_columns().to_frame()
 
     def summary(self) -> dict:
         """The same keys as :func:`sim.trace.metrics.summarize`, plus failure counts by kind."""

@@ -28,7 +28,7 @@ import math
 import re
 from pathlib import Path
 
-from sim.commands import ASKERS, COMMANDS, command, output_path
+from sim.commands import ASKERS, COMMANDS, add_plots_arguments, command, output_path
 from sim.errors import UserInputError
 
 PROFILES = Path(__file__).resolve().parents[2] / "scenarios" / "profiles"
@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-speed", type=float, default=1.0, metavar="X",
                    help="the card's host's single-thread speed over the profile's host's (default 1)")
     p.add_argument("--out", type=output_path, default=None, help="results folder (default results/ask-<engine>-<card>-<model>-<load>/)")
-    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    add_plots_arguments(p)
     from sim.whatif.verdict import add_run_cv_argument
 
     add_run_cv_argument(p)

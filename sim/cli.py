@@ -129,39 +129,34 @@ def run_failures(summaries: dict[str, dict]) -> list[str]:
 @command("run", "simulate a scenario under each scheduling setting and compare them", _add_run_args)
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.atomic import check_output_dir, staged_folder
-    from sim.output.report import (composed_note, device_mismatch, load_warnings, print_table,
-                                   profile_metadata, reimplementation_warning, run_payload, run_title, stale_run_files,
-                                   write_results)
+    from sim.output.report import (atomic_write_text, composed_note, device_mismatch, print_table,
+                                   reimplementation_warning, run_title, stale_run_files, write_tables)
     from sim.scenario import load_scenario
     from sim.simulate import simulate
-    from sim.whatif.verdict import check_run_cv, resolve_run_cv, verdict, verdict_platform_note
+    from sim.whatif.verdict import check_run_cv
 
     check_run_cv(args.run_cv)
     apply_no_leap(args)
     scenario = load_scenario(args.scenario, args.overrides)
     out_dir = check_output_dir(args.out or default_run_folder(scenario.name, args.overrides), "--out")
-    results = [simulate(scenario, s, tables=args.tables) for s in scenario.server.settings]
-    summaries = {r.setting: r.summary() for r in results}
-    payload = run_payload(scenario.name, scenario.seed, summaries)
-    found = verdict(summaries, *resolve_run_cv(args.run_cv, scenario.costs.noise, scenario.server.device))
-    meta = profile_metadata(scenario.resolve_path(scenario.costs.profile)) if scenario.costs.profile else None
-    if found is not None and not found.failed:
-        found = standing(found, scenario, meta, summaries, simulate_range=not getattr(args, "no_range", False))
-    payload["verdict"] = found.as_json() if found is not None else None
-    note = verdict_platform_note(scenario.server) if found is not None else None
-    if note:
-        payload["verdict"]["platform_note"] = note
-    payload["scenario_config"] = scenario.model_dump(mode="json")
-    warnings = load_warnings(scenario)
-    if warnings:
-        payload["warnings"] = warnings
+    plots = not args.no_plots and args.tables == "steps"
     with staged_folder(out_dir, stale_run_files, "summary.json") as stage:  # the old run or the new, never a mix
-        write_results(stage, payload, results, args.format, args.tables)
-        if not args.no_plots and args.tables == "steps":
+        summaries, kept = {}, []
+        for setting in scenario.server.settings:  # each setting's tables written, then let go (memory)
+            result = simulate(scenario, setting, tables=args.tables)
+            summaries[result.setting] = result.summary()
+            write_tables(stage, result, args.format, args.tables)
+            if plots:
+                kept.append(result)
+            del result
+        found, meta, note, warnings = _run_answer(args, scenario, summaries)
+        payload = _run_summary_json(scenario, summaries, found, note, warnings)
+        atomic_write_text(stage / "summary.json", json.dumps(payload, indent=2) + "\n")
+        if plots:
             from sim.output.plots import save_run_plots  # matplotlib only when plots are drawn
 
-            save_run_plots(stage, scenario.name, {r.setting: r.steps for r in results}, summaries,
-                           {r.setting: r.requests for r in results}, device=scenario.server.device)
+            save_run_plots(stage, scenario.name, {r.setting: r.steps for r in kept}, summaries,
+                           {r.setting: r.requests for r in kept}, device=scenario.server.device)
     # what the table's reader is warned of: the same lines in --json's "warnings"
     before = [line for line in (device_mismatch(scenario.server.device, meta), reimplementation_warning(meta))
               if line] + list(warnings)
@@ -189,6 +184,35 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"overlap-sim: run failed: {'; '.join(failures)} (exit status {EXIT_RUN_FAILED})", file=sys.stderr)
         return EXIT_RUN_FAILED
     return 0
+
+
+def _run_answer(args: argparse.Namespace, scenario, summaries: dict[str, dict]) -> tuple:
+    """The verdict of a run's ``summaries`` and how sure it is, the profile's metadata, the
+    platform note and the load's warnings: (found, meta, note, warnings)."""
+    from sim.output.report import load_warnings, profile_metadata
+    from sim.whatif.verdict import resolve_run_cv, verdict, verdict_platform_note
+
+    found = verdict(summaries, *resolve_run_cv(args.run_cv, scenario.costs.noise, scenario.server.device))
+    meta = profile_metadata(scenario.resolve_path(scenario.costs.profile)) if scenario.costs.profile else None
+    if found is not None and not found.failed:
+        found = standing(found, scenario, meta, summaries, simulate_range=not getattr(args, "no_range", False))
+    note = verdict_platform_note(scenario.server) if found is not None else None
+    return found, meta, note, load_warnings(scenario)
+
+
+def _run_summary_json(scenario, summaries: dict[str, dict], found, note: str | None, warnings: list[str]) -> dict:
+    """summary.json of a run: the summaries and their ratios, the verdict, the scenario as run
+    and the load's warnings."""
+    from sim.output.report import run_payload
+
+    payload = run_payload(scenario.name, scenario.seed, summaries)
+    payload["verdict"] = found.as_json() if found is not None else None
+    if note:
+        payload["verdict"]["platform_note"] = note
+    payload["scenario_config"] = scenario.model_dump(mode="json")
+    if warnings:
+        payload["warnings"] = warnings
+    return payload
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

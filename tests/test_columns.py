@@ -49,7 +49,7 @@ def test_columns_refuse_what_is_not_a_table():
     with pytest.raises(ValueError, match="outside its 2 categories"):
         Columns({"kind": np.array([0, 2], dtype=np.int8)}, {"kind": KINDS})
     with pytest.raises(TypeError, match="other than strings"):
-        Columns({"s": np.array(["a", None], dtype=object)}).to_arrow()
+        next(Columns({"s": np.array(["a", None], dtype=object)}).arrow_batches(10))
 
 
 def test_summary_by_hand():
@@ -130,13 +130,38 @@ def test_forward_gaps_are_pandas_shift_and_clip(pairs):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(tables())
-def test_parquet_of_columns_reads_back_as_pandas_writes_it(tmp_path, t):
+@given(tables(), st.sampled_from([1, 3, 65536]))
+def test_parquet_of_columns_reads_back_as_pandas_writes_it(tmp_path, monkeypatch, t, row_group_rows):
+    """Also in row groups of 1 and 3 rows (each with its own dictionary for ``kind``)."""
+    import sim.output.report
+
+    monkeypatch.setattr(sim.output.report, "ROW_GROUP_ROWS", row_group_rows)
     for i, table in enumerate(t):
         ours, theirs = tmp_path / f"ours{i}.parquet", tmp_path / f"theirs{i}.parquet"
         atomic_write_frame(table, ours)
         table.to_frame().to_parquet(theirs, index=False)
         pd.testing.assert_frame_equal(pd.read_parquet(ours), pd.read_parquet(theirs), check_exact=True)
+
+
+def test_a_runs_steps_are_views_of_the_rows_typed_when_asked(tmp_path):
+    """The recorder's steps columns are views of its buffer of doubles; the summary read from them
+    is the summary of the typed DataFrame, and the DataFrame has the table's types."""
+    from sim.scenario import load_scenario
+    from sim.simulate import simulate
+    from sim.trace.recorder import STEP_TYPES
+
+    scenario = load_scenario(ROOT / "scenarios" / "quickstart.yaml", ["workload.num_requests=12"])
+    result = simulate(scenario, "overlap")
+    columns = result.columns("steps")
+    assert all(columns[name].base is not None for name in STEP_COLUMNS)  # views, not copies
+    assert columns["num_reqs"].dtype == np.float64 and columns.typed("num_reqs").dtype == np.int64
+    got = result.summary()
+    frame = result.steps
+    assert str(frame["kind"].dtype) == "category" and frame["after_idle"].dtype == bool
+    assert {c: str(frame[c].dtype) for c in STEP_COLUMNS if STEP_TYPES[c] != "kind"} == {
+        c: STEP_TYPES[c] for c in STEP_COLUMNS if STEP_TYPES[c] != "kind"}
+    assert _same(got, {**summarize(frame, result.requests, result.itl), **{k: got[k] for k in got
+                                                                           if k not in SUMMARY_KEYS}})
 
 
 def test_a_default_run_imports_neither_pandas_nor_matplotlib(tmp_path):

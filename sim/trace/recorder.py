@@ -64,8 +64,8 @@ class TraceRecorder:
     def __init__(self):
         self._step_values = array("d")
         self._requests: list[tuple] = []
-        self._itl_values: list[float] = []
-        self._itl_weights: list[int] = []
+        self._itl_values = array("d")  # 16 bytes a sample with its weight (a list: about 40)
+        self._itl_weights = array("q")
 
     def arrival(self, rid: int, arrival_s: float) -> None:
         """A request was sent (the full trace gets arrivals from the request rows instead)."""
@@ -106,25 +106,19 @@ class TraceRecorder:
 
     def itl_many(self, values_s: np.ndarray, weights: np.ndarray) -> None:
         """Several ITL samples at once (:meth:`itl` of each, in order)."""
-        self._itl_values.extend(values_s.tolist())
-        self._itl_weights.extend(weights.tolist())
+        self._itl_values.frombytes(np.ascontiguousarray(values_s, dtype=np.float64).tobytes())
+        self._itl_weights.frombytes(np.ascontiguousarray(weights, dtype=np.int64).tobytes())
 
     def step_columns(self) -> Columns:
-        """The steps table as columns, in launch order (``seq``): each column of
-        :data:`STEP_COLUMNS` typed as :data:`STEP_TYPES` says (``kind``: int8 codes of
-        :data:`sim.model.costs.KIND_NAMES`). The rows' buffer is released."""
+        """The steps table as columns, in launch order (``seq``): views of the rows' buffer (no
+        copy; the recorder lets go of it), each column typed as :data:`STEP_TYPES` says when
+        a DataFrame or Parquet is made (``kind``: codes of :data:`sim.model.costs.KIND_NAMES`;
+        counts and flags are exact doubles until then)."""
         values = np.frombuffer(self._step_values, dtype=np.float64).reshape(-1, len(STEP_COLUMNS))
-        columns = {}
-        for i, name in enumerate(STEP_COLUMNS):
-            kind = STEP_TYPES[name]
-            column = values[:, i]
-            if kind == "kind":
-                columns[name] = column.astype(np.int8)
-            else:
-                columns[name] = column.copy() if kind == "float64" else column.astype(kind)
-        del values
-        self._step_values = array("d")  # the rows' buffer, now copied into the columns: freed
-        return Columns(columns, {"kind": tuple(KIND_NAMES)}).sorted_by("seq")
+        self._step_values = array("d")  # the buffer lives on in the views
+        types = {name: kind for name, kind in STEP_TYPES.items() if kind not in ("float64", "kind")}
+        return Columns({name: values[:, i] for i, name in enumerate(STEP_COLUMNS)}, {"kind": tuple(KIND_NAMES)},
+                       types).sorted_by("seq")
 
     def request_columns(self) -> Columns:
         """The requests table as columns, by request id."""
@@ -132,9 +126,11 @@ class TraceRecorder:
 
     def itl_columns(self) -> Columns:
         """The ITL table as columns (``itl_s`` float64 seconds, ``weight`` int64), in the order
-        recorded."""
-        return Columns({"itl_s": np.asarray(self._itl_values, dtype=np.float64),
-                        "weight": np.asarray(self._itl_weights, dtype=np.int64)})
+        recorded: views of the recorder's buffers, which it lets go of."""
+        values = np.frombuffer(self._itl_values, dtype=np.float64)
+        weights = np.frombuffer(self._itl_weights, dtype=np.int64)
+        self._itl_values, self._itl_weights = array("d"), array("q")
+        return Columns({"itl_s": values, "weight": weights})
 
     def steps_frame(self) -> pd.DataFrame:
         """:meth:`step_columns` as a DataFrame (the same arrays; ``kind`` categorical)."""

@@ -2,7 +2,8 @@
 
 Runs, interleaved and repeated, a bare ``python -c pass`` and ``overlap-sim run`` of the
 quickstart cut to 10 requests in three modes (``--tables none --no-plots``, ``--no-plots``
-with tables, and the default with plots), each in a fresh process, and reports the CPU time
+with tables, the default since 5 December 2026, and tables with plots, ``--plots``; a tree from
+before, whose default draws them, without the flag), each in a fresh process, and reports the CPU time
 (user + system, seconds, from ``resource.getrusage(RUSAGE_CHILDREN)``) of each, and of each run
 beyond the bare interpreter: median and spread (min-max) over the repeats. It also lists which
 heavy libraries each mode imported (``-X importtime``).
@@ -36,8 +37,17 @@ SCENARIO_ARGS = ["scenarios/quickstart.yaml", "--set", "workload.num_requests=10
 MODES = {
     "run --tables none --no-plots": ["--tables", "none", "--no-plots"],
     "run --no-plots": ["--no-plots"],
-    "run (tables + plots)": [],
+    "run --plots (tables + plots)": ["--plots"],
 }
+
+
+def mode_args(tree: Path, mode: str) -> list[str]:
+    """The flags of ``mode`` as ``tree``'s command line takes them: a tree from before
+    5 December 2026 has no ``--plots`` (its default draws the plots)."""
+    extra = MODES[mode]
+    if "--plots" in extra and "--plots" not in (tree / "sim" / "commands.py").read_text():
+        return [a for a in extra if a != "--plots"]
+    return extra
 HEAVY = ("pandas", "matplotlib", "scipy", "pyarrow", "pydantic", "rich", "numpy", "simpy", "yaml", "ddsketch")
 
 
@@ -108,8 +118,9 @@ def main() -> None:
             cpu.setdefault(("", "python -c pass"), []).append(child_cpu_s([sys.executable, "-c", "pass"], ROOT))
             cpu.setdefault(("", "libraries"), []).append(child_cpu_s(import_only, ROOT))
             for tree_name, tree in trees.items():
-                for mode, extra in MODES.items():
-                    cpu.setdefault((tree_name, mode), []).append(child_cpu_s(run_cmd(tree, out, extra), tree))
+                for mode in MODES:
+                    cpu.setdefault((tree_name, mode), []).append(
+                        child_cpu_s(run_cmd(tree, out, mode_args(tree, mode)), tree))
         bare = cpu[("", "python -c pass")]
         print(f"{'python -c pass':<44} {spread(bare)}")
         # (named: the importable top-level packages; a private module such as _sysconfigdata or
@@ -124,7 +135,7 @@ def main() -> None:
             if not tree_name:
                 continue
             beyond[(tree_name, mode)] = [v - b for v, b in zip(values, bare)]
-            imports = ", ".join(heavy_imports(trees[tree_name], out, MODES[mode]))
+            imports = ", ".join(heavy_imports(trees[tree_name], out, mode_args(trees[tree_name], mode)))
             print(f"{tree_name + ': ' + mode:<44} {spread(values)}; beyond bare python "
                   f"{spread(beyond[(tree_name, mode)])}; imports {imports}")
         if args.against is not None:

@@ -253,6 +253,33 @@ def test_an_interrupted_run_leaves_the_folder_as_it_was(tmp_path, capsys, monkey
     assert main([*args[:-1], str(fresh)]) == 130 and not fresh.exists()
 
 
+def test_interrupted_after_a_settings_tables_were_written_leaves_the_folder_as_it_was(tmp_path, capsys,
+                                                                                       monkeypatch):
+    """Each setting's tables go into the staging folder as soon as it is simulated: a Ctrl-C while
+    the next setting runs leaves the earlier run's folder as it was, and no staging folder."""
+    import importlib
+
+    module = importlib.import_module("sim.simulate")  # the module (the package exports the function)
+    out = tmp_path / "out"
+    args = ["run", str(QUICKSTART), "--set", "workload.num_requests=16", "--no-range", "--out", str(out)]
+    assert main(args) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    simulate, written = module.simulate, []
+
+    def second_interrupted(scenario, setting, **kwargs):
+        if written:  # the first setting's tables are in the staging folder by now
+            assert any(p.name.startswith(".run-") for p in out.iterdir())
+            raise KeyboardInterrupt
+        written.append(setting)
+        return simulate(scenario, setting, **kwargs)
+
+    monkeypatch.setattr(module, "simulate", second_interrupted)
+    capsys.readouterr()
+    assert main([*args[:3], "workload.num_requests=24", *args[4:]]) == 130
+    assert capsys.readouterr().err.strip() == "overlap-sim: interrupted"
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
 def test_an_empty_out_is_refused_and_a_failing_stdout_is_one_line(tmp_path, capsys):
     """``--out ''`` would be the current folder: refused by name. Standard output closed, full or
     unable to encode the table: the results are written, one line says why the table is not."""

@@ -52,12 +52,14 @@ STEP_TYPES = dict.fromkeys(STEP_COLUMNS, "int64") | dict.fromkeys(
 
 
 class TraceRecorder:
-    """Collects rows as the simulation runs, turned into DataFrames once at the end.
+    """Collects rows as the simulation runs, handed over once at the end as numpy columns
+    (:class:`sim.trace.columns.Columns`; DataFrames are made of them when asked for).
 
     A step's 22 values go into one flat array of doubles (``array('d')``: ints and bools up to
     2**53 are exact there), a row at a time, so a long run keeps 8 bytes per value rather than a
-    Python object each, and the steps table is a reshape of that buffer, not a walk over
-    millions of objects; the requests table (strings among its columns) keeps tuples.
+    Python object each, and the steps table is views of that buffer, not a walk over millions
+    of objects; the requests table (strings among its columns) keeps tuples; the ITL samples
+    arrays of doubles and ints.
     """
 
     keeps_rows = True  # every column of a step row is kept (the leap's numpy runs fill them all)
@@ -138,16 +140,8 @@ class TraceRecorder:
         return Columns({"itl_s": values, "weight": weights})
 
     def steps_frame(self) -> pd.DataFrame:
-        """:meth:`step_columns` as a DataFrame (the same arrays; ``kind`` categorical)."""
+        """:meth:`step_columns` as a DataFrame (typed; ``kind`` categorical)."""
         return self.step_columns().to_frame()
-
-    def requests_frame(self) -> pd.DataFrame:
-        """:meth:`request_columns` as a DataFrame."""
-        return self.request_columns().to_frame()
-
-    def itl_frame(self) -> pd.DataFrame:
-        """:meth:`itl_columns` as a DataFrame."""
-        return self.itl_columns().to_frame()
 
 
 def rows_to_columns(rows: list[tuple], names: list[str]) -> Columns:

@@ -13,13 +13,9 @@ from __future__ import annotations
 
 import math
 from array import array
-from typing import TYPE_CHECKING
 
 import numpy as np
 from ddsketch.mapping import LogarithmicMapping
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 from sim.model.batch import FINISHED, Batch, Req
 from sim.trace.metrics import SUMMARY_KEYS
@@ -339,10 +335,6 @@ class StreamingRecorder:
         if self._rows is None:
             return rows_to_columns([], REQUEST_COLUMNS)
         return self._rows.request_columns()
-
-    def requests_frame(self) -> pd.DataFrame:
-        """:meth:`request_columns` as a DataFrame (pandas imported only now)."""
-        return self.request_columns().to_frame()
 
     def summary(self) -> dict:
         """The same keys as :func:`sim.trace.metrics.summarize`, plus failure counts by kind."""

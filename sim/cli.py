@@ -179,6 +179,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.tables == "steps" and args.no_plots:
             print(f"plots: overlap-sim plots {out_dir}/ draws gaps.png, metrics.png and timeline.png from these "
                   "tables (or run with --plots)")
+        elif plots:
+            print(f"plots: gaps.png, metrics.png and timeline.png drawn in {out_dir}/")
     failures = run_failures(summaries)
     if failures:
         print(f"overlap-sim: run failed: {'; '.join(failures)} (exit status {EXIT_RUN_FAILED})", file=sys.stderr)

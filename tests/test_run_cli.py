@@ -50,6 +50,9 @@ def test_plots_only_on_request_and_the_table_says_how(tmp_path, capsys):
                                               "timeline.png from these tables (or run with --plots)")
     assert main(["plots", str(out)]) == 0
     assert {p.name for p in out.glob("*.png")} == {"gaps.png", "metrics.png", "timeline.png"}
+    assert main(["run", str(QUICKSTART), "--out", str(out), "--plots", "--set", "workload.num_requests=12"]) == 0
+    assert capsys.readouterr().out.rstrip().splitlines()[-1] == (
+        f"plots: gaps.png, metrics.png and timeline.png drawn in {out}/")
     # --no-plots is still taken (the default), and not with --plots
     assert main(["run", str(QUICKSTART), "--out", str(out), "--no-plots", "--tables", "none", "--set",
                  "workload.num_requests=12"]) == 0

@@ -183,7 +183,11 @@ def _publish(out_dir: Path, stage: Path, stale: list[Path], last: str) -> None:
                                  "write elsewhere (the folder's earlier files are left as they were)")
     replaced = {p.name for p in new if os.path.lexists(out_dir / p.name)}
     aside = list(dict.fromkeys([p.name for p in stale if os.path.lexists(p)] + sorted(replaced)))
-    backup = Path(tempfile.mkdtemp(prefix=f".run-{os.getpid()}-", suffix=".old", dir=out_dir))
+    try:
+        backup = Path(tempfile.mkdtemp(prefix=f".run-{os.getpid()}-", suffix=".old", dir=out_dir))
+    except OSError as err:  # the folder became unwritable while the run went on: nothing moved yet
+        raise UserInputError(str(out_dir), "", f"a folder the system lets this command write ({_reason(err)}); "
+                              "its earlier files are left as they were") from None
     moved: list[str] = []
     placed: list[str] = []
     try:

@@ -364,6 +364,23 @@ def test_a_run_the_system_refuses_half_way_leaves_the_earlier_run_whole(tmp_path
     err = capsys.readouterr().err
     assert "the system refused to replace it (Operation not permitted)" in err and "left as they were" in err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no staging or backup folder left
+    monkeypatch.setattr(sim.atomic.os, "replace", real)
+
+    # the folder turned unwritable while the run went on (a fuzzing helper's case): the backup
+    # folder cannot be made; the line names the run's folder, not a backup that never was
+    make = sim.atomic.tempfile.mkdtemp
+
+    def refuse_backup(*a, suffix="", **k):
+        if suffix == ".old":
+            raise PermissionError(13, "Permission denied")
+        return make(*a, suffix=suffix, **k)
+
+    monkeypatch.setattr(sim.atomic.tempfile, "mkdtemp", refuse_backup)
+    assert main(again) == 2
+    err = capsys.readouterr().err
+    assert err == (f"overlap-sim: error: {out}: a folder the system lets this command write (Permission denied); its "
+                   "earlier files are left as they were\n")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 def test_a_dead_runs_moved_aside_files_are_put_back(tmp_path):

@@ -345,8 +345,9 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 # rows per Parquet row group of a run's table: the writer holds a row group's encoded columns until
 # it is complete (a whole 100,000-request steps table in one held about 40 MiB more), and a group's
-# typed copies are made as it is written
-ROW_GROUP_ROWS = 65536
+# typed copies are made as it is written (65,536 rows: 14 MiB more than 16,384 at the peak of a
+# 20,000-request run; the file's size and the CPU the same)
+ROW_GROUP_ROWS = 16384
 
 
 def atomic_write_frame(df: pd.DataFrame | Columns, path: Path) -> None:
@@ -364,7 +365,11 @@ def atomic_write_frame(df: pd.DataFrame | Columns, path: Path) -> None:
 
                 batches = df.arrow_batches(ROW_GROUP_ROWS)  # a row group's typed copies at a time
                 first = next(batches)
-                with pyarrow.parquet.ParquetWriter(tmp, first.schema) as writer:
+                # dictionary encoding for the category and text columns only: on the times and
+                # counts (pyarrow's default, what to_parquet did) it built hash tables for
+                # nothing: 2.5x the CPU, 14 MiB more at the peak and a 17% larger steps file
+                text = [name for name in df.names if name in df.categories or df[name].dtype == object]
+                with pyarrow.parquet.ParquetWriter(tmp, first.schema, use_dictionary=text) as writer:
                     writer.write_table(first)
                     for batch in batches:
                         writer.write_table(batch)

@@ -194,9 +194,9 @@ def compare_cli_modes(num_requests: int, repeats: int) -> None:
     ratios to ``--tables none`` in wall and in CPU time (user + system of the child)."""
     modes = {"default (Parquet tables)": [], "--plots (tables + plots)": ["--plots"],
              "--tables none": ["--tables", "none"]}
-    helped = subprocess.run([sys.executable, "-m", "sim.cli", "run", "--help"], cwd=TREE, capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": str(TREE), "COLUMNS": "200"}).stdout
-    if "--plots " not in helped:  # a tree from before 5 December 2026: its default draws the plots
+    from startup import takes_plots_flag  # benchmarks/startup.py (this script's folder is on the path)
+
+    if not takes_plots_flag(TREE):  # a tree from before 5 December 2026: its default draws the plots
         modes = {"default (Parquet tables + plots)": [], "--tables none": ["--tables", "none"]}
     with tempfile.TemporaryDirectory() as tmp:
         scenario = Path(tmp) / "reference.yaml"

@@ -41,13 +41,16 @@ MODES = {
 }
 
 
+def takes_plots_flag(tree: Path) -> bool:
+    """Whether ``tree``'s ``run`` has ``--plots``: a tree from before 5 December 2026 has not (its
+    default draws the plots)."""
+    return "--plots" in (tree / "sim" / "commands.py").read_text()
+
+
 def mode_args(tree: Path, mode: str) -> list[str]:
-    """The flags of ``mode`` as ``tree``'s command line takes them: a tree from before
-    5 December 2026 has no ``--plots`` (its default draws the plots)."""
+    """The flags of ``mode`` as ``tree``'s command line takes them (:func:`takes_plots_flag`)."""
     extra = MODES[mode]
-    if "--plots" in extra and "--plots" not in (tree / "sim" / "commands.py").read_text():
-        return [a for a in extra if a != "--plots"]
-    return extra
+    return extra if takes_plots_flag(tree) else [a for a in extra if a != "--plots"]
 HEAVY = ("pandas", "matplotlib", "scipy", "pyarrow", "pydantic", "rich", "numpy", "simpy", "yaml", "ddsketch")
 
 

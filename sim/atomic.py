@@ -146,7 +146,7 @@ def staged_folder(out_dir: Path, stale: Callable[[Path], list[Path]], last: str)
     except OSError as err:
         _remove_empty(made)
         raise UserInputError(str(out_dir), "",
-                             f"a folder the system lets this command write ({err.strerror})") from None
+                             f"a folder the system lets this command write ({_reason(err)})") from None
     try:
         yield stage
         _publish(out_dir, stage, stale(out_dir), last)

@@ -67,7 +67,7 @@ class Result:
     def columns(self, name: str) -> Union[Columns, "pd.DataFrame"]:
         """Table ``name`` ('steps', 'requests' or 'itl') as the recorder gave it (:class:`Columns`)
         when no DataFrame of it was built yet, else that DataFrame: what
-        :func:`sim.trace.metrics.summarize` and :func:`sim.output.report.write_results` read
+        :func:`sim.trace.metrics.summarize` and :func:`sim.output.report.write_tables` read
         (either), without importing pandas for a table nobody asked as a DataFrame."""
         table = self._tables[name]
         if callable(table):  # built on first use
@@ -88,15 +88,17 @@ class Result:
 
     def summary(self) -> dict:
         """bench_serving-style metrics (see :mod:`sim.trace.metrics`) plus the run's outcome."""
-        requests = self.columns("requests") if self.metrics is None else None
-        out = (dict(self.metrics) if requests is None
-               else summarize(self.columns("steps"), requests, self.columns("itl")))
+        failures = {}  # the streamed metrics count them; from the tables, here
+        if self.metrics is None:
+            requests = self.columns("requests")
+            out = summarize(self.columns("steps"), requests, self.columns("itl"))
+            measured = ~values_of(requests, "warmup").astype(bool)
+            failures = {kind: int((measured & matches(requests, "failure", kind)).sum()) for kind in FAILURE_KINDS}
+        else:
+            out = dict(self.metrics)
         o = self.outcome
         out["peak_token_usage"] = o.get("peak_token_usage", math.nan)
-        if self.metrics is None:
-            measured = ~values_of(requests, "warmup").astype(bool)
-            for kind in FAILURE_KINDS:
-                out[kind] = int((measured & matches(requests, "failure", kind)).sum())
+        out.update(failures)
         for key in ("retractions", "retraction_steps", "reprefill_tokens", "skipped_decodes", "extrapolated_steps",
                     "far_steps"):
             out[key] = int(o.get(key, 0))

@@ -119,7 +119,7 @@ def test_stat_quantiles_equal_ddsketch(samples):
 @given(st.lists(st.one_of(st.floats(-1e-3, 1e6), st.sampled_from([0.0, -0.0, 5e-324, 1e-300, 1e300])), max_size=300),
        st.integers(0, 300))
 def test_stat_extend_equals_adds(values, cut):
-    """``_Stat.extend`` (a flush's gaps at once) counts as ``add`` of each value in order: the
+    """``_Stat.add_once_each`` of a list (a flush's gaps at once) counts as ``add`` of each value in order: the
     same count, total (the same running sum) and buckets, wherever the values are split. (Gaps
     are finite: NaN ones are left out before they reach the metric.)"""
     from sim.trace.streaming import _Stat
@@ -127,8 +127,8 @@ def test_stat_extend_equals_adds(values, cut):
     one, many = _Stat(), _Stat()
     for v in values:
         one.add(v)
-    many.extend(values[:cut])
-    many.extend(values[cut:])
+    many.add_once_each(values[:cut])
+    many.add_once_each(values[cut:])
     one.fold()
     many.fold()
     assert (one.count, one.zero, one.bins) == (many.count, many.zero, many.bins)

@@ -134,7 +134,7 @@ class Columns:
 
 
 def _arrow_array(pa, values: np.ndarray):
-    """One Arrow array of a 1-d numpy array (see :meth:`Columns.to_arrow`), from its buffers."""
+    """One Arrow array of a 1-d numpy array (see :meth:`Columns.arrow_batches`), from its buffers."""
     n = len(values)
     if values.dtype == object:
         if n == 0:

@@ -95,8 +95,8 @@ def _skipna(values: np.ndarray, reduce) -> float:
 def forward_gaps(forward_start: np.ndarray, forward_end: np.ndarray) -> np.ndarray:
     """Device idle time (seconds) before each forward of a steps table in launch order: its start
     minus the previous forward's end, a negative one as 0 (NaN for the first, and where either
-    is NaN). Shapes (n,) -> (n,). The same floats as :func:`step_gaps` (pandas' ``shift(1)`` and
-    ``clip(lower=0)``, which keeps -0.0 and NaN)."""
+    is NaN). Shapes (n,) -> (n,). The same floats as pandas' ``shift(1)`` and ``clip(lower=0)``,
+    which keep -0.0 and NaN (what this project computed before 5 December 2026)."""
     start = np.asarray(forward_start, dtype=np.float64)
     previous_end = np.empty(len(start), dtype=np.float64)
     previous_end[:1] = math.nan
@@ -106,10 +106,11 @@ def forward_gaps(forward_start: np.ndarray, forward_end: np.ndarray) -> np.ndarr
 
 
 def step_gaps(steps: pd.DataFrame) -> pd.Series:
-    """Device idle time (seconds) before each forward: its start minus the previous forward's end
-    (NaN for the first). Index aligned with ``steps`` (which must be in launch order)."""
-    prev_end = steps["forward_end"].shift(1)
-    return (steps["forward_start"] - prev_end).clip(lower=0.0)
+    """:func:`forward_gaps` of a steps DataFrame (in launch order), as a Series on its index."""
+    import pandas as pd
+
+    return pd.Series(forward_gaps(steps["forward_start"].to_numpy(), steps["forward_end"].to_numpy()),
+                     index=steps.index)
 
 
 def summarize(steps: pd.DataFrame | Columns, requests: pd.DataFrame | Columns, itl: pd.DataFrame | Columns) -> dict:

@@ -64,16 +64,12 @@ class _Stat:
         if len(values) >= FOLD:
             self.fold()
 
-    def extend(self, values: list[float]) -> None:
-        """:meth:`add` of each of ``values`` (seconds, a list), once each, in order."""
-        self._values.extend(values)
-        self._weights.extend([1] * len(values))
-        if len(self._values) >= FOLD:
-            self.fold()
-
-    def add_once_each(self, values: np.ndarray) -> None:
-        """:meth:`add` of each value (a float64 array, seconds) once, in order."""
-        self._values.frombytes(np.ascontiguousarray(values, dtype=np.float64).tobytes())
+    def add_once_each(self, values: list[float] | np.ndarray) -> None:
+        """:meth:`add` of each value (seconds; a list of floats, or a float64 array) once, in order."""
+        if isinstance(values, list):
+            self._values.extend(values)
+        else:
+            self._values.frombytes(np.ascontiguousarray(values, dtype=np.float64).tobytes())
         k = len(values)
         ones = _ONES if k <= len(_ONES) // 8 else np.ones(k, dtype=np.int64).tobytes()
         self._weights.frombytes(ones[:8 * k])
@@ -287,7 +283,7 @@ class StreamingRecorder:
             if type(rec) is _Steps:  # decode steps of a leapt run, all inside the window
                 busy = _running_sum(busy, np.minimum(rec.fe, end) - rec.fs)
                 if gaps:
-                    self.gap.extend(gaps)
+                    self.gap.add_once_each(gaps)
                     gaps = []
                 self.gap.add_once_each(rec.gap)
                 steps += len(rec.fs)
@@ -309,7 +305,7 @@ class StreamingRecorder:
             overshoot += over
             sync_wait_s += sync_wait
         if gaps:
-            self.gap.extend(gaps)
+            self.gap.add_once_each(gaps)
         self.sync_count += steps - self.steps
         self.busy_s, self.sync_wait_s, self.steps, self.decode_steps, self.decode_reqs, self.overshoot = (
             busy, sync_wait_s, steps, decode_steps, decode_reqs, overshoot)

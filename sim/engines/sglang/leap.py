@@ -135,11 +135,11 @@ class Leap:
             overshoot = excluded = ()
             if leaving:  # _compose_decode: requests finishing in the batch in flight
                 excluded = [r for r in leaving if r.finish_by_length] if s.exclude_length_finishes else ()
-                overshoot = [r for r in leaving if r not in excluded] if excluded else leaving
-                for r in excluded:  # v0.5.22: left out of this batch
-                    n -= 1
+                overshoot = [r for r in leaving if not r.finish_by_length] if excluded else leaving
+                n -= len(excluded)  # v0.5.22: left out of this batch
+                for r in excluded:
                     warm -= r.warmup
-                    ctx -= r.ctx_at_join() + g - r.join_seq
+                    ctx -= r.input_len + r.output_done + g - r.join_seq  # ctx_at_join() + g - join_seq
                 if n == 0:
                     break
                 if excluded:

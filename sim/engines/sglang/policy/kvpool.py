@@ -101,6 +101,18 @@ class DecodePageDemand:
     def remove(self, kv_base: int, join_seq: int) -> None:
         self._count[self.residue(kv_base, join_seq)] -= 1
 
+    def add_all(self, reqs) -> None:
+        """:meth:`add` of each of ``reqs`` (requests with ``kv_base`` and ``join_seq``)."""
+        count, page = self._count, self.page_size
+        for r in reqs:
+            count[(r.kv_base - r.join_seq) % page] += 1
+
+    def remove_all(self, reqs) -> None:
+        """:meth:`remove` of each of ``reqs`` (requests with ``kv_base`` and ``join_seq``)."""
+        count, page = self._count, self.page_size
+        for r in reqs:
+            count[(r.kv_base - r.join_seq) % page] -= 1
+
     def need(self, g: int) -> int:
         """Running requests that take a new page in decode batch ``g``."""
         return self._count[(-g) % self.page_size]

@@ -50,6 +50,18 @@ class RunningReserve:
         if req.max_new_tokens - req.delivered > CLIP_MAX_NEW_TOKENS:
             self.long.append(req)
 
+    def add_all(self, reqs: list[Req]) -> None:
+        """:meth:`add` of each of ``reqs`` (a group joining together), without a call per request."""
+        full = self.full_ratio_for_ignore_eos
+        n, base, joined = self.n, self.base, self.joined
+        for req in reqs:
+            c = 0 if req.ignore_eos and full else 1
+            n[c] += 1
+            base[c] += req.max_new_tokens - req.delivered + req.join_seq - 1
+            joined[c][req.join_seq] = joined[c].get(req.join_seq, 0) + 1
+            if req.max_new_tokens - req.delivered > CLIP_MAX_NEW_TOKENS:
+                self.long.append(req)
+
     def remove(self, req: Req) -> None:
         """``req`` left the running batch (finished, retracted, aborted), before its fields change."""
         c = self._cls(req)
@@ -62,6 +74,24 @@ class RunningReserve:
             del self.joined[c][req.join_seq]
         if self.long and req in self.long:
             self.long.remove(req)
+
+    def remove_all(self, reqs: list[Req]) -> None:
+        """:meth:`remove` of each of ``reqs`` (a group leaving together), without a call per request."""
+        full = self.full_ratio_for_ignore_eos
+        n, base, joined = self.n, self.base, self.joined
+        for req in reqs:
+            c = 0 if req.ignore_eos and full else 1
+            n[c] -= 1
+            base[c] -= req.max_new_tokens - req.delivered + req.join_seq - 1
+            left = joined[c][req.join_seq] - 1
+            if left:
+                joined[c][req.join_seq] = left
+            else:
+                del joined[c][req.join_seq]
+        if self.long:
+            for req in reqs:
+                if req in self.long:
+                    self.long.remove(req)
 
     def delivered(self, req: Req) -> None:
         """A running request's prefill result was processed after it joined (overlap): its

@@ -85,19 +85,28 @@ class ResultsMixin:
 
     def leave_decoded(self, finished: list[Req], g: int, t: float) -> None:
         """Requests whose last token came in decode batch ``g`` leave the running batch at ``t``:
-        their KV freed, their clients told (``process_batch_result_decode``'s finish path)."""
+        their KV freed, their clients told (``process_batch_result_decode``'s finish path). The
+        running batch's aggregates drop by the group's sums (one update each, not one per
+        request); then each request is settled in batch order."""
         self.batch_is_full = False  # requests left the running batch
+        self.reserve.remove_all(finished)
+        self.demand.remove_all(finished)
+        pages = self.kv.pages
+        warm = grammar = ctx = finish = freed = 0
         for req in finished:
-            self.reserve.remove(req)
-            self.n_running -= 1
-            self.n_running_warmup -= req.warmup
-            self.n_running_grammar -= req.grammar
-            self.ctx_offset -= req.ctx_at_join() - req.join_seq
-            self.finish_sum -= req.finish_seq
-            self.kv.free(self.kv.pages(req.kv_base + (g - req.join_seq + 1)))
-            self.demand.remove(req.kv_base, req.join_seq)
+            warm += req.warmup
+            grammar += req.grammar
+            ctx += req.input_len + req.output_done - req.join_seq  # ctx_at_join() - join_seq
+            finish += req.finish_seq
+            freed += pages(req.kv_base + (g - req.join_seq + 1))
             req.output_done = req.output_len
-            self._complete(req, t)
+        self.n_running -= len(finished)
+        self.n_running_warmup -= warm
+        self.n_running_grammar -= grammar
+        self.ctx_offset -= ctx
+        self.finish_sum -= finish
+        self.kv.free(freed)
+        self._settle_all(finished, t)
 
     def _complete(self, req: Req, t: float) -> None:
         self._settle(req, t, FINISHED)
@@ -113,6 +122,18 @@ class ResultsMixin:
         self.num_done += 1
         self.recorder.request(req)
         self.on_finish(req.rid, t)
+
+    def _settle_all(self, reqs: list[Req], t: float) -> None:
+        """:meth:`_settle` of each of ``reqs`` (finished, in order) at ``t``: recorded together,
+        then each client told in turn."""
+        for req in reqs:
+            req.status = FINISHED
+            req.finish_s = t
+        self.num_done += len(reqs)
+        self.recorder.requests(reqs)
+        on_finish = self.on_finish
+        for req in reqs:
+            on_finish(req.rid, t)
 
     def fail_all(self, t: float) -> int:
         """The server died at ``t``: every request it holds (queued, prefilling, running) fails.
@@ -137,10 +158,8 @@ class ResultsMixin:
     def reject_arrivals(self, now: float) -> int:
         """After the server died: requests arriving by ``now`` cannot connect and fail."""
         n = 0
-        s = self.specs
         while self.inbox and self.inbox[0][0] <= now:
             arrival, rid = self.inbox.popleft()
-            self._fail(Req(rid, arrival, int(s.input_len[rid]), int(s.cached_len[rid]), int(s.output_len[rid]),
-                           self.finish_by_length, rid < self.warmup_requests), arrival, "could_not_connect")
+            self._fail(self.new_req(rid, arrival), arrival, "could_not_connect")
             n += 1
         return n

@@ -41,6 +41,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable
 
+import numpy as np
+
 from sim.engines.sglang.policy.admission import AdmissionMixin
 from sim.engines.sglang.policy.decode import ServerDied, DecodeMixin
 from sim.engines.sglang.policy.kvpool import DecodePageDemand, KVPool
@@ -141,6 +143,9 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
         self.num_requests = len(specs)
         self.grammar = grammar
         self.n_running_grammar = 0  # running requests with a grammar
+        # the lengths as memoryviews: an element read gives a Python int without numpy's scalar
+        self._lengths = tuple(memoryview(np.ascontiguousarray(a, dtype=np.int64))
+                              for a in (specs.input_len, specs.cached_len, specs.output_len))
 
     @property
     def kv_used(self) -> int:
@@ -182,8 +187,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
         context = self.server.context_length
         while inbox and inbox[0][0] <= horizon:
             arrival, rid = inbox.popleft()
-            req = Req(rid, arrival, int(s.input_len[rid]), int(s.cached_len[rid]), int(s.output_len[rid]),
-                      self.finish_by_length, rid < self.warmup_requests)
+            req = self.new_req(rid, arrival)
             if s.max_new_tokens is not None:
                 max_new = int(s.max_new_tokens[rid])
             else:  # a client without a cap on an EOS finish: SGLang's estimate
@@ -204,6 +208,12 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
                 self.waiting.append(req)
             n += 1
         return n
+
+    def new_req(self, rid: int, arrival_s: float) -> Req:
+        """Request ``rid`` as it reaches the server at ``arrival_s``: its lengths from the specs."""
+        input_len, cached_len, output_len = self._lengths
+        return Req(rid, arrival_s, input_len[rid], cached_len[rid], output_len[rid], self.finish_by_length,
+                   rid < self.warmup_requests)
 
     def _fit_context(self, req: Req, context: int, max_new: int, asked: int | None, cap: int) -> int:
         """``server.context_length`` applied to an arriving request, as SGLang 0.5.23 applies
@@ -267,23 +277,32 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
             self.batch_is_full = False
         self._chunk_in_last_prefill = False
         g = self.next_decode_seq
-        for r in self.pending_merge:
+        joining = self.pending_merge
+        finishing_at, order = self.finishing_at, self._order
+        warm = grammar = ctx = finish = 0
+        for r in joining:
             r.output_done += 1  # the prefill sampled one token
             r.status = RUNNING
             r.join_seq = g
             r.finish_seq = g + (r.output_len - r.output_done) - 1
             r.kv_base = r.prefill_target - r.shared_len
-            self.demand.add(r.kv_base, g)
-            self.n_running += 1
-            self.n_running_warmup += r.warmup
-            self.n_running_grammar += r.grammar
-            self.ctx_offset += r.ctx_at_join() - g
-            self.finish_sum += r.finish_seq
-            self.finishing_at.setdefault(r.finish_seq, []).append(r)
-            self.fresh.append(r)
-            r.order = self._next_order()
-            self.reserve.add(r)
-        self.pending_merge.clear()
+            warm += r.warmup
+            grammar += r.grammar
+            ctx += r.input_len + r.output_done - g  # ctx_at_join() - g
+            finish += r.finish_seq
+            finishing_at.setdefault(r.finish_seq, []).append(r)
+            order += 1  # _next_order
+            r.order = order
+        self._order = order
+        self.n_running += len(joining)
+        self.n_running_warmup += warm
+        self.n_running_grammar += grammar
+        self.ctx_offset += ctx
+        self.finish_sum += finish
+        self.demand.add_all(joining)
+        self.reserve.add_all(joining)
+        self.fresh.extend(joining)
+        joining.clear()
 
     def _next_order(self) -> int:
         self._order += 1

@@ -36,6 +36,39 @@ def test_decode_page_demand_by_residue():
     assert d.need(0) == 0
 
 
+_MEMBER = st.tuples(st.integers(0, 5000), st.integers(0, 40), st.integers(1, 9000), st.integers(0, 3), st.booleans())
+
+
+@settings(max_examples=200, deadline=None)
+@given(page=st.sampled_from([1, 2, 16, 64]), full_ratio=st.booleans(),
+       members=st.lists(_MEMBER, min_size=0, max_size=30), leaving=st.data())
+def test_a_group_joins_and_leaves_as_its_members_one_by_one(page, full_ratio, members, leaving):
+    """RunningReserve.add_all/remove_all and DecodePageDemand.add_all/remove_all (a group joining
+    or leaving the running batch together) leave the state that add/remove of each member does."""
+    from sim.engines.sglang.policy.reserve import RunningReserve
+
+    reqs = []
+    for i, (kv_base, join_seq, max_new, delivered, ignore_eos) in enumerate(members):
+        r = _req(i, 10, max_new)
+        r.kv_base, r.join_seq, r.delivered, r.ignore_eos = kv_base, join_seq, delivered, ignore_eos
+        reqs.append(r)
+    gone = leaving.draw(st.lists(st.sampled_from(reqs), unique=True) if reqs else st.just([]))
+    one, group = (RunningReserve(full_ratio), DecodePageDemand(page)), (RunningReserve(full_ratio), DecodePageDemand(page))
+    for r in reqs:
+        one[0].add(r)
+        one[1].add(r.kv_base, r.join_seq)
+    group[0].add_all(reqs)
+    group[1].add_all(reqs)
+    for r in gone:
+        one[0].remove(r)
+        one[1].remove(r.kv_base, r.join_seq)
+    group[0].remove_all(gone)
+    group[1].remove_all(gone)
+    for a, b in zip(one, group):
+        assert {k: v for k, v in vars(a).items()} == {k: v for k, v in vars(b).items()}
+    assert one[0].total(0.7, 3, 12) == group[0].total(0.7, 3, 12)
+
+
 def _req(rid, input_len, output_len):
     return Req(rid, 0.0, input_len, 0, output_len, True, False, max_new_tokens=output_len)
 

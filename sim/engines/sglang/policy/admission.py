@@ -59,26 +59,24 @@ class AdmissionMixin:
             if take <= 0:
                 return None
             p.add(req, take)
-        waiting, chunks, max_running = self.waiting, p.chunks, srv.max_running_requests
-        while waiting and p.budget > 0 and p.rem_input > 0:
-            if running + len(chunks) >= max_running:
+        while self.waiting and p.budget > 0 and p.rem_input > 0:
+            if running + len(p.chunks) >= srv.max_running_requests:
                 self.batch_is_full = True
             if self.batch_is_full:
                 break
-            req = waiting[0]
-            if req.prefill_target == 0:
-                self._match_prefix(req)
+            req = self.waiting[0]
+            self._match_prefix(req)
             extend = req.prefill_target - req.prefix_len
             future = min(max(req.max_new_tokens - req.output_done, 0), CLIP_MAX_NEW_TOKENS)
             if extend + future + p.per_req >= p.kv_free - p.reserve:
-                self.batch_is_full = bool(chunks) or self.n_running > 0
+                self.batch_is_full = bool(p.chunks) or self.n_running > 0
                 break
             take = extend
-            if -(-extend // page) * page > p.budget:  # chunked (KVPool.ceil): the chunk ends on a page boundary
+            if kv.ceil(extend) > p.budget:  # chunked: the chunk ends on a page boundary
                 take = kv.floor(req.prefix_len + kv.floor(p.budget)) - req.prefix_len
                 if take <= 0:
                     break
-            waiting.popleft()
+            self.waiting.popleft()
             p.add(req, take)
             if p.kv_free - p.reserve <= 0:  # this admission used up the room: the next one cannot fit
                 self.batch_is_full = True
@@ -118,19 +116,16 @@ class _Pass:
         """Admit ``take`` tokens of ``req``'s prompt: a page, and for the chunk that ends the
         prompt ``min(max_new_tokens, 4096)`` of output (not less the output so far: SGLang's
         ``_select_prefill_admission`` reserves the full budget even for a retracted request)."""
-        s = self.s
-        page = s.kv.page_size
-        held = req.kv_held
-        grow = -held // page - (-held - take) // page  # KVPool.grow: pages(held + take) - pages(held)
+        s, kv = self.s, self.s.kv
+        grow = kv.grow(req.kv_held, take)
         req.prefix_len += take
-        req.kv_held = held + take
+        req.kv_held += take
         last = req.prefix_len == req.prefill_target
         finishes = last and req.output_done + 1 >= req.output_len
         self.chunks.append((req, take, last, finishes, req.retractions))
-        ceil = -(-take // page) * page  # KVPool.ceil
-        self.budget -= ceil
-        self.rem_input -= ceil
-        self.kv_free -= grow * page
+        self.budget -= kv.ceil(take)
+        self.rem_input -= kv.ceil(take)
+        self.kv_free -= grow * kv.page_size
         self.pages += grow
         self.num_tokens += take
         self.sum_ctx += req.prefix_len

@@ -123,8 +123,9 @@ class _Pass:
         last = req.prefix_len == req.prefill_target
         finishes = last and req.output_done + 1 >= req.output_len
         self.chunks.append((req, take, last, finishes, req.retractions))
-        self.budget -= kv.ceil(take)
-        self.rem_input -= kv.ceil(take)
+        whole_pages = kv.ceil(take)
+        self.budget -= whole_pages
+        self.rem_input -= whole_pages
         self.kv_free -= grow * kv.page_size
         self.pages += grow
         self.num_tokens += take

@@ -184,28 +184,30 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
         s = self.specs
         kv = self.kv
         cap = kv.size_tokens
+        room = cap - kv.page_size - 1  # the pool less a page and one token (SGLang's clip, with the prompt's pages)
         context = self.server.context_length
+        by_length, grammar, waiting = self.finish_by_length, self.grammar, self.waiting
         while inbox and inbox[0][0] <= horizon:
             arrival, rid = inbox.popleft()
             req = self.new_req(rid, arrival)
             if s.max_new_tokens is not None:
                 max_new = int(s.max_new_tokens[rid])
             else:  # a client without a cap on an EOS finish: SGLang's estimate
-                max_new = req.output_len if self.finish_by_length else max(req.output_len, CLIP_MAX_NEW_TOKENS)
-            req.ignore_eos = self.finish_by_length if s.ignore_eos is None else bool(s.ignore_eos[rid])
-            if self.grammar is not None:
-                req.grammar = bool(self.grammar[rid])
+                max_new = req.output_len if by_length else max(req.output_len, CLIP_MAX_NEW_TOKENS)
+            req.ignore_eos = by_length if s.ignore_eos is None else bool(s.ignore_eos[rid])
+            if grammar is not None:
+                req.grammar = bool(grammar[rid])
             if context is not None:  # the max_new_tokens the client sends (none: the server's estimate)
                 sent = bool(s.max_new_sent[rid]) if s.max_new_sent is not None else (
-                    s.max_new_tokens is not None or self.finish_by_length)
+                    s.max_new_tokens is not None or by_length)
                 max_new = self._fit_context(req, context, max_new, max_new if sent else None, cap)
-            req.max_new_tokens = min(max_new, cap - kv.ceil(req.input_len) - kv.page_size - 1)
+            req.max_new_tokens = min(max_new, room - kv.ceil(req.input_len))
             req.output_len = min(req.output_len, req.max_new_tokens)
             req.finish_by_length = req.output_len >= req.max_new_tokens
             if req.input_len >= cap - 6 or req.max_new_tokens < 1:
                 self._fail(req, now, "too_long")
             else:
-                self.waiting.append(req)
+                waiting.append(req)
             n += 1
         return n
 

@@ -40,24 +40,34 @@ import sys as _sys
 # program or notebook that imports sim keeps numpy's own choice.
 _BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
 _COMMAND_LINE = bool(_sys.argv) and (_sys.argv[0] == "-m" or _os.path.basename(_sys.argv[0]) == "overlap-sim")
-if _COMMAND_LINE and "numpy" not in _sys.modules and not any(v in _os.environ for v in _BLAS_THREAD_VARS):
-    _os.environ["OPENBLAS_NUM_THREADS"] = "1"
-    try:
-        import numpy as _numpy  # noqa: F401
-    except ModuleNotFoundError:
-        pass
-    finally:
-        del _os.environ["OPENBLAS_NUM_THREADS"]
+try:  # a Ctrl-C while the libraries load (a command's first few tenths of a second): one line, as later
+    if _COMMAND_LINE and "numpy" not in _sys.modules and not any(v in _os.environ for v in _BLAS_THREAD_VARS):
+        _os.environ["OPENBLAS_NUM_THREADS"] = "1"
+        try:
+            import numpy as _numpy  # noqa: F401
+        except ModuleNotFoundError:
+            pass
+        finally:
+            del _os.environ["OPENBLAS_NUM_THREADS"]
 
-try:
-    from sim.scenario import Scenario, load_scenario
-    from sim.simulate import Result, compare, simulate
-except ModuleNotFoundError as _err:
-    # A calibration host (a GPU box with torch, numpy, rich) may lack the simulator's own
-    # dependencies; what calibration imports of sim (sim.errors, sim.atomic, sim.model.profile,
-    # sim.output.report) must still import there.
-    if _err.name not in ("pydantic", "yaml", "simpy"):
+    try:
+        from sim.scenario import Scenario, load_scenario
+        from sim.simulate import Result, compare, simulate
+    except ModuleNotFoundError as _err:
+        # A calibration host (a GPU box with torch, numpy, rich) may lack the simulator's own
+        # dependencies; what calibration imports of sim (sim.errors, sim.atomic, sim.model.profile,
+        # sim.output.report) must still import there.
+        if _err.name not in ("pydantic", "yaml", "simpy"):
+            raise
+    if _COMMAND_LINE and _sys.argv[0] != "-m":  # (python -m runs its module itself: not imported twice)
+        import sim.cli  # the overlap-sim script's module, under the same guard
+except KeyboardInterrupt:
+    if not _COMMAND_LINE:  # a program or notebook gets the interrupt
         raise
+    from sim.errors import EXIT_INTERRUPTED
+
+    print("overlap-sim: interrupted", file=_sys.stderr)
+    raise SystemExit(EXIT_INTERRUPTED) from None
 
 __all__ = ["Scenario", "Result", "load_scenario", "simulate", "compare", "sweep"]
 

@@ -446,3 +446,31 @@ def test_a_zombie_runs_staging_folder_is_removed(tmp_path):
         time.sleep(0.01)
     assert not _alive(child.pid)
     child.wait()
+
+
+_INTERRUPT_AT_SIMPY = """
+import sys
+class Interrupt:  # Ctrl-C while the libraries load: raised when simpy is imported
+    def find_spec(self, name, path=None, target=None):
+        if name == "simpy":
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, Interrupt())
+sys.argv[0] = {argv0!r}
+import sim
+"""
+
+
+@pytest.mark.parametrize("argv0, command_line", [("/usr/bin/overlap-sim", True), ("notebook.py", False)])
+def test_ctrl_c_while_the_libraries_load(argv0, command_line):
+    """A Ctrl-C during ``import sim`` in the command line: one line and exit 130, no traceback; a
+    program that imports sim gets the KeyboardInterrupt itself."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _INTERRUPT_AT_SIMPY.format(argv0=argv0)], capture_output=True,
+                          text=True, timeout=120)
+    if command_line:
+        assert done.returncode == 130
+        assert done.stderr == "overlap-sim: interrupted\n" and done.stdout == ""
+    else:  # Python's own handling of an uncaught interrupt: a traceback
+        assert done.returncode != 0 and done.stderr.rstrip().endswith("KeyboardInterrupt")

@@ -40,7 +40,22 @@ import sys as _sys
 # program or notebook that imports sim keeps numpy's own choice.
 _BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
 _COMMAND_LINE = bool(_sys.argv) and (_sys.argv[0] == "-m" or _os.path.basename(_sys.argv[0]) == "overlap-sim")
-try:  # a Ctrl-C while the libraries load (a command's first few tenths of a second): one line, as later
+# A Ctrl-C while the libraries load (a command's first few tenths of a second) ends the command
+# line as one later does: one line, exit 130. The import machinery does not always let the
+# KeyboardInterrupt through (numpy turns one inside its C import into an ImportError, an import
+# lock's callback swallows one), so the command line notes the signal itself while it imports.
+_interrupted = False
+if _COMMAND_LINE:
+    import signal as _signal
+
+    def _note_interrupt(_signum, _frame):
+        global _interrupted
+        _interrupted = True
+        raise KeyboardInterrupt
+
+    if _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
+        _signal.signal(_signal.SIGINT, _note_interrupt)
+try:
     if _COMMAND_LINE and "numpy" not in _sys.modules and not any(v in _os.environ for v in _BLAS_THREAD_VARS):
         _os.environ["OPENBLAS_NUM_THREADS"] = "1"
         try:
@@ -61,13 +76,17 @@ try:  # a Ctrl-C while the libraries load (a command's first few tenths of a sec
             raise
     if _COMMAND_LINE and _sys.argv[0] != "-m":  # (python -m runs its module itself: not imported twice)
         import sim.cli  # the overlap-sim script's module, under the same guard
-except KeyboardInterrupt:
-    if not _COMMAND_LINE:  # a program or notebook gets the interrupt
+except (KeyboardInterrupt, ImportError):
+    if not _interrupted:  # a program or notebook gets the interrupt; a broken install its error
         raise
-    from sim.errors import EXIT_INTERRUPTED
+if _COMMAND_LINE:
+    if _signal.getsignal(_signal.SIGINT) is _note_interrupt:
+        _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+    if _interrupted:  # raised above, or swallowed on the way
+        from sim.errors import EXIT_INTERRUPTED
 
-    print("overlap-sim: interrupted", file=_sys.stderr)
-    raise SystemExit(EXIT_INTERRUPTED) from None
+        print("overlap-sim: interrupted", file=_sys.stderr)
+        raise SystemExit(EXIT_INTERRUPTED)
 
 __all__ = ["Scenario", "Result", "load_scenario", "simulate", "compare", "sweep"]
 

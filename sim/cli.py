@@ -12,6 +12,7 @@ import importlib
 import json
 import re
 import os
+import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -242,8 +243,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point. Returns the exit status (0 ok, 2 bad input, 3 a run whose server died or
-    whose requests all failed)."""
-    argv = sys.argv[1:] if argv is None else argv
+    whose requests all failed, 130 interrupted). Run as the command (``argv`` None), a Ctrl-C
+    after the command has finished and said so is ignored: the process exits with the status its
+    work earned (Python would otherwise end it by the signal, without a word)."""
+    status = _command(sys.argv[1:] if argv is None else argv)
+    if argv is None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return status
+
+
+def _command(argv: list[str]) -> int:
+    """:func:`main` for the arguments ``argv``."""
     for name in ("stdout", "stderr"):  # a closed stream (`>&-`): what would be printed goes nowhere
         if getattr(sys, name) is None:
             setattr(sys, name, open(os.devnull, "w"))

@@ -449,28 +449,56 @@ def test_a_zombie_runs_staging_folder_is_removed(tmp_path):
 
 
 _INTERRUPT_AT_SIMPY = """
-import sys
-class Interrupt:  # Ctrl-C while the libraries load: raised when simpy is imported
+import os, signal, sys
+class Interrupt:  # Ctrl-C while the libraries load: the signal arrives as simpy is imported
     def find_spec(self, name, path=None, target=None):
-        if name == "simpy":
-            raise KeyboardInterrupt
+        if name != "simpy":
+            return None
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+        except KeyboardInterrupt:
+            if {way!r} == "as ImportError":  # numpy's C import turns it into an ImportError
+                raise ImportError("the import failed") from None
+            if {way!r} == "raised":
+                raise
+        return None  # "swallowed", as an import lock's callback does (or no KeyboardInterrupt at all)
 sys.meta_path.insert(0, Interrupt())
 sys.argv[0] = {argv0!r}
 import sim
 """
 
 
-@pytest.mark.parametrize("argv0, command_line", [("/usr/bin/overlap-sim", True), ("notebook.py", False)])
-def test_ctrl_c_while_the_libraries_load(argv0, command_line):
-    """A Ctrl-C during ``import sim`` in the command line: one line and exit 130, no traceback; a
-    program that imports sim gets the KeyboardInterrupt itself."""
+@pytest.mark.parametrize("argv0, way", [("/usr/bin/overlap-sim", "raised"), ("/usr/bin/overlap-sim", "as ImportError"),
+                                        ("/usr/bin/overlap-sim", "swallowed"), ("notebook.py", "raised")])
+def test_ctrl_c_while_the_libraries_load(argv0, way):
+    """A Ctrl-C during ``import sim`` in the command line: one line and exit 130, no traceback,
+    however the import machinery passes it on; a program that imports sim gets the
+    KeyboardInterrupt itself."""
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", _INTERRUPT_AT_SIMPY.format(argv0=argv0)], capture_output=True,
-                          text=True, timeout=120)
-    if command_line:
+    done = subprocess.run([sys.executable, "-c", _INTERRUPT_AT_SIMPY.format(argv0=argv0, way=way)],
+                          capture_output=True, text=True, timeout=120)
+    if argv0.endswith("overlap-sim"):
         assert done.returncode == 130
         assert done.stderr == "overlap-sim: interrupted\n" and done.stdout == ""
     else:  # Python's own handling of an uncaught interrupt: a traceback
         assert done.returncode != 0 and done.stderr.rstrip().endswith("KeyboardInterrupt")
+
+
+def test_a_ctrl_c_after_the_command_has_finished_is_ignored():
+    """Run as the command (no argv given), main() ignores SIGINT once its work is done and said,
+    so a late Ctrl-C cannot turn a finished run's status into death by signal."""
+    import subprocess
+    import sys
+
+    code = ("import signal, sys; sys.argv = ['overlap-sim', 'run', {q!r}, '--set', 'workload.num_requests=16', "
+            "'--tables', 'none', '--out', {out!r}]\nfrom sim.cli import main\nstatus = main()\n"
+            "print(status, signal.getsignal(signal.SIGINT) == signal.SIG_IGN)")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        done = subprocess.run([sys.executable, "-c", code.format(q=str(QUICKSTART), out=out)], capture_output=True,
+                              text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "0 True"

@@ -92,6 +92,18 @@ class Curve:
         if self._arrays is None:
             self._arrays = (np.asarray(self.grid[1]), [np.asarray(r) for r in v])
         g, rows = self._arrays
+        if len(g) > 1 and len(x1):
+            lo, hi = float(x1.min()), float(x1.max())
+            j0 = _segment(self.grid[1], lo)[0]
+            if lo == lo and hi == hi and j0 == _segment(self.grid[1], hi)[0]:
+                # every x1 in one cell (a run's contexts, as a rule): the cell's corners as scalars,
+                # the same doubles the gathers below would give
+                g0, g1, r = self.grid[1][j0], self.grid[1][j0 + 1], v[i]
+                u = (x1 - g0) / (g1 - g0)
+                a = r[j0] + u * (r[j0 + 1] - r[j0])
+                b = v[i1][j0] + u * (v[i1][j0 + 1] - v[i1][j0])
+                y = a + t * (b - a)
+                return np.where(y > 0.0, y, 0.0)
         if len(g) == 1:
             j = np.zeros(len(x1), dtype=np.int64)
             u = np.zeros(len(x1))

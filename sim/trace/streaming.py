@@ -25,6 +25,7 @@ from sim.trace.recorder import FAILURE_KINDS, REQUEST_COLUMNS, TraceRecorder, ro
 RELATIVE_ACCURACY = 0.005
 FOLD = 65536  # values a metric buffers before counting them (memory: 16 bytes each)
 _LN2 = math.log(2)
+BIN_SPAN = 1 << 20  # bucket keys a fold counts with one bincount (memory: 8 MiB at most); wider: sorted
 _ONES = np.ones(8192, dtype=np.int64).tobytes()  # unit weights of up to 8,192 values, as bytes
 
 
@@ -101,10 +102,18 @@ class _Stat:
             keys = np.ceil(x)
             for i in np.flatnonzero(np.abs(x - np.rint(x)) < 1e-6):
                 keys[i] = math.ceil(math.log(float(values[i])) / _LN2 * self._multiplier)
-            unique, where = np.unique(keys, return_inverse=True)
-            sums = np.bincount(where, weights=weights)
+            ints = keys.astype(np.int64)
+            low = int(ints.min())
+            if int(ints.max()) - low < BIN_SPAN:  # weights by key over the keys' span (no sort)
+                span = ints - low
+                unique = np.flatnonzero(np.bincount(span))  # the keys present (a weight of 0 included)
+                sums = np.bincount(span, weights=weights)[unique]
+                unique += low
+            else:  # values over very many orders of magnitude
+                unique, where = np.unique(ints, return_inverse=True)
+                sums = np.bincount(where, weights=weights)
             bins = self.bins
-            for key, weight in zip(unique.astype(np.int64).tolist(), sums.astype(np.int64).tolist()):
+            for key, weight in zip(unique.tolist(), sums.astype(np.int64).tolist()):
                 bins[key] = bins.get(key, 0) + weight
         self._values, self._weights = array("d"), array("q")
 

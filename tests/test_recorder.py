@@ -31,7 +31,7 @@ def test_two_steps_out_of_order_come_back_sorted_and_typed():
     rec = TraceRecorder()
     rec.step(_batch(1, DECODE, [0.5 + i for i in range(10)], num_reqs=3, after_idle=True, kv_used_after_alloc=48))
     rec.step(_batch(0, EXTEND, [0, *[0.25] * 9], num_tokens=512, sum_ctx=512, finished=2))
-    df = rec.steps_frame()
+    df = rec.step_columns().to_frame()
     assert list(df.columns) == STEP_COLUMNS
     assert df["seq"].tolist() == [0, 1] and df.index.tolist() == [0, 1]
     assert df["kind"].astype(str).tolist() == ["extend", "decode"]
@@ -44,7 +44,7 @@ def test_two_steps_out_of_order_come_back_sorted_and_typed():
 
 
 def test_no_steps_gives_an_empty_table_with_every_column():
-    df = TraceRecorder().steps_frame()
+    df = TraceRecorder().step_columns().to_frame()
     assert list(df.columns) == STEP_COLUMNS and len(df) == 0
 
 
@@ -61,7 +61,7 @@ def test_any_values_come_back_exactly(rows):
         rec.step(_batch(seq, kind, times, num_reqs=ints[0], num_tokens=ints[1], sum_ctx=ints[2], num_warmup=ints[3],
                         finished=ints[4], kv_used_after_alloc=ints[5], num_running=ints[6], num_queued=ints[7],
                         after_idle=idle))
-    df = rec.steps_frame()
+    df = rec.step_columns().to_frame()
     assert len(df) == len(rows)
     for seq, (kind, ints, idle, times) in enumerate(rows):
         row = df.iloc[seq]
@@ -87,7 +87,7 @@ def test_the_table_is_what_a_dataframe_of_the_rows_would_be():
                      len(b.overshoot), b.finished, b.after_idle, b.kv_used_after_alloc, b.num_running, b.num_queued,
                      *[getattr(b, t) for t in TIMES]))
     want = pd.DataFrame(rows, columns=STEP_COLUMNS)
-    got = rec.steps_frame()
+    got = rec.step_columns().to_frame()
     assert got["kind"].astype(str).tolist() == want["kind"].astype(str).tolist()
     pd.testing.assert_frame_equal(got.drop(columns="kind"), want.drop(columns="kind"))
     assert np.array_equal(got["forward_end"].to_numpy(), want["forward_end"].to_numpy())

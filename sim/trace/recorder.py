@@ -20,12 +20,7 @@ from __future__ import annotations
 
 from array import array
 from operator import itemgetter
-from typing import TYPE_CHECKING
-
 import numpy as np
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 from sim.model.batch import FINISHED, Batch, Req
 from sim.model.costs import KIND_NAMES
@@ -143,10 +138,6 @@ class TraceRecorder:
         weights = np.frombuffer(self._itl_weights, dtype=np.int64)
         self._itl_values, self._itl_weights = array("d"), array("q")
         return Columns({"itl_s": values, "weight": weights})
-
-    def steps_frame(self) -> pd.DataFrame:
-        """:meth:`step_columns` as a DataFrame (typed; ``kind`` categorical)."""
-        return self.step_columns().to_frame()
 
 
 def rows_to_columns(rows: list[tuple], names: list[str]) -> Columns:

@@ -139,7 +139,7 @@ class Leap:
                 n -= len(excluded)  # v0.5.22: left out of this batch
                 for r in excluded:
                     warm -= r.warmup
-                    ctx -= r.input_len + r.output_done + g - r.join_seq  # ctx_at_join() + g - join_seq
+                    ctx -= r.ctx_at_join() + g - r.join_seq
                 if n == 0:
                     break
                 if excluded:

@@ -43,19 +43,13 @@ class RunningReserve:
 
     def add(self, req: Req) -> None:
         """``req`` joined the running batch (its ``join_seq`` and ``delivered`` are set)."""
-        c = self._cls(req)
-        self.n[c] += 1
-        self.base[c] += req.max_new_tokens - req.delivered + req.join_seq - 1
-        self.joined[c][req.join_seq] = self.joined[c].get(req.join_seq, 0) + 1
-        if req.max_new_tokens - req.delivered > CLIP_MAX_NEW_TOKENS:
-            self.long.append(req)
+        self.add_all((req,))
 
-    def add_all(self, reqs: list[Req]) -> None:
-        """:meth:`add` of each of ``reqs`` (a group joining together), without a call per request."""
-        full = self.full_ratio_for_ignore_eos
+    def add_all(self, reqs) -> None:
+        """Each of ``reqs`` joined the running batch (a group merged together; :meth:`add`)."""
         n, base, joined = self.n, self.base, self.joined
         for req in reqs:
-            c = 0 if req.ignore_eos and full else 1
+            c = self._cls(req)
             n[c] += 1
             base[c] += req.max_new_tokens - req.delivered + req.join_seq - 1
             joined[c][req.join_seq] = joined[c].get(req.join_seq, 0) + 1
@@ -64,23 +58,13 @@ class RunningReserve:
 
     def remove(self, req: Req) -> None:
         """``req`` left the running batch (finished, retracted, aborted), before its fields change."""
-        c = self._cls(req)
-        self.n[c] -= 1
-        self.base[c] -= req.max_new_tokens - req.delivered + req.join_seq - 1
-        left = self.joined[c][req.join_seq] - 1
-        if left:
-            self.joined[c][req.join_seq] = left
-        else:
-            del self.joined[c][req.join_seq]
-        if self.long and req in self.long:
-            self.long.remove(req)
+        self.remove_all((req,))
 
-    def remove_all(self, reqs: list[Req]) -> None:
-        """:meth:`remove` of each of ``reqs`` (a group leaving together), without a call per request."""
-        full = self.full_ratio_for_ignore_eos
+    def remove_all(self, reqs) -> None:
+        """Each of ``reqs`` left the running batch (a group finishing together; :meth:`remove`)."""
         n, base, joined = self.n, self.base, self.joined
         for req in reqs:
-            c = 0 if req.ignore_eos and full else 1
+            c = self._cls(req)
             n[c] -= 1
             base[c] -= req.max_new_tokens - req.delivered + req.join_seq - 1
             left = joined[c][req.join_seq] - 1

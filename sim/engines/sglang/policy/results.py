@@ -96,7 +96,7 @@ class ResultsMixin:
         for req in finished:
             warm += req.warmup
             grammar += req.grammar
-            ctx += req.input_len + req.output_done - req.join_seq  # ctx_at_join() - join_seq
+            ctx += req.ctx_at_join() - req.join_seq
             finish += req.finish_seq
             freed += pages(req.kv_base + (g - req.join_seq + 1))
             req.output_done = req.output_len

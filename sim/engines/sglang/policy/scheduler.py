@@ -280,7 +280,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
         self._chunk_in_last_prefill = False
         g = self.next_decode_seq
         joining = self.pending_merge
-        finishing_at, order = self.finishing_at, self._order
+        finishing_at = self.finishing_at
         warm = grammar = ctx = finish = 0
         for r in joining:
             r.output_done += 1  # the prefill sampled one token
@@ -290,12 +290,10 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
             r.kv_base = r.prefill_target - r.shared_len
             warm += r.warmup
             grammar += r.grammar
-            ctx += r.input_len + r.output_done - g  # ctx_at_join() - g
+            ctx += r.ctx_at_join() - g
             finish += r.finish_seq
             finishing_at.setdefault(r.finish_seq, []).append(r)
-            order += 1  # _next_order
-            r.order = order
-        self._order = order
+            r.order = self._next_order()
         self.n_running += len(joining)
         self.n_running_warmup += warm
         self.n_running_grammar += grammar

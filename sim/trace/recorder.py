@@ -107,11 +107,6 @@ class TraceRecorder:
         self._itl_values.append(value_s)
         self._itl_weights.append(weight)
 
-    def itl_run(self, values_s: list[float], weight: int) -> None:
-        """ITL samples of consecutive decode steps with the same weight (:meth:`itl` of each, in order)."""
-        self._itl_values.extend(values_s)
-        self._itl_weights.extend(array("q", (weight,)) * len(values_s))
-
     def itl_many(self, values_s: np.ndarray, weights: np.ndarray) -> None:
         """Several ITL samples at once (:meth:`itl` of each, in order)."""
         self._itl_values.frombytes(np.ascontiguousarray(values_s, dtype=np.float64).tobytes())

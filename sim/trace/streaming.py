@@ -77,13 +77,6 @@ class _Stat:
         if len(self._values) >= FOLD:
             self.fold()
 
-    def add_each(self, values: list[float], weight: int) -> None:
-        """:meth:`add` of each value (seconds, a list of floats) with the same ``weight``, in order."""
-        self._values.extend(values)
-        self._weights.extend(array("q", (weight,)) * len(values))
-        if len(self._values) >= FOLD:
-            self.fold()
-
     def add_many(self, values: np.ndarray, weights: np.ndarray) -> None:
         """:meth:`add` of each value (an array, seconds) with its weight (an int array), in order."""
         self._values.frombytes(np.ascontiguousarray(values, dtype=np.float64).tobytes())
@@ -252,10 +245,6 @@ class StreamingRecorder:
     def itl_many(self, values_s: np.ndarray, weights: np.ndarray) -> None:
         """Several ITL samples at once (:meth:`itl` of each, in order)."""
         self.itl_stat.add_many(values_s, weights)
-
-    def itl_run(self, values_s: list[float], weight: int) -> None:
-        """ITL samples of consecutive decode steps with the same weight (:meth:`itl` of each, in order)."""
-        self.itl_stat.add_each(values_s, weight)
 
     def request(self, r: Req) -> None:
         if self._rows is not None:

@@ -14,9 +14,7 @@ run's first iteration may merge the last prefill into the running batch (its req
 decode's fresh members) and process the batch the loop had in flight through the policy's own
 path; finishes by length (left out of the next batch by v0.5.22's ``_reqs_finishing_inflight``)
 and overshoot members (an EOS finish, or a policy before v0.5.22) are carried. Long runs over an
-unchanging batch are computed with numpy (:mod:`sim.engines.sglang.leap_runs`); without jitter, the
-stretches between two events (a member joining, leaving, fresh or overshooting; the KV check
-failing) go through :meth:`Leap._quiet`, the same operations with the counters in locals.
+unchanging batch are computed with numpy (:mod:`sim.engines.sglang.leap_runs`).
 
 A run stops (and the loop goes on step by step) before an iteration that would:
 
@@ -56,7 +54,6 @@ class Leap:
         self.p = p
         self.s = p.scheduler
         self.leapt = 0  # iterations taken by the leap so far (the run's stats: leapt_steps)
-        self.recv0 = p.costs.recv_s(0)  # recv_requests with nothing new (every leapt iteration's)
 
     @classmethod
     def for_run(cls, p: Phases, setting: str) -> "Leap | None":
@@ -99,7 +96,7 @@ class Leap:
         cpu_j = p.cpu_jitter if p._cpu_noisy else None
         gpu_j = p.gpu_jitter if p._gpu_noisy else None
         lat, extra, wait_scale = costs.sync_latency_s, p.forward_extra_s, p.after_wait_scale
-        recv0, decode_s = self.recv0, costs.decode_s
+        recv0, decode_s = costs.recv_s(0), costs.decode_s
         total, page, counts, finishing_at = kv.total_pages, kv.page_size, s.demand._count, s.finishing_at
         # the batch in flight: the loop's own (processed by the policy's own path), then the leap's
         # decode g-1 as ``prev``: (its row up to num_warmup and overshoot, members, warm-up
@@ -114,13 +111,10 @@ class Leap:
         # the same floats: no jitter, no after-wait scale, costs priced over arrays
         vector = cpu_j is None and gpu_j is None and wait_scale == 1.0 and hasattr(costs, "decode_arrays")
         vector_after, step_s = 0, 0.0
-        quiet = cpu_j is None and gpu_j is None  # stretches without an event go to _quiet (no draws to interleave)
         while not s.inbox and now < p.horizon and (s.n_running or s.pending_merge):
             g = s.next_decode_seq
-            # steady: no member joins or is fresh, none of the batch in flight is fresh or overshoots
-            steady = not s.pending_merge and not s.fresh and (
-                not deferred or (prev is not None and not prev[3] and not prev[5]))
-            if steady and vector and g >= vector_after:
+            if vector and g >= vector_after and not s.pending_merge and not s.fresh and (
+                    not deferred or (prev is not None and not prev[3] and not prev[5])):
                 run = self._vector(now, g, prev, prev_proc if deferred else 0.0, step_s)
                 if run is not None:
                     k, k_max, now, prev, prev_proc, prev_fe = run
@@ -129,16 +123,6 @@ class Leap:
                         vector_after = s.next_decode_seq + MIN_RUN
                     continue
                 vector_after = g + MIN_RUN
-            if steady and quiet:  # iterations without an event, up to the next one (or a numpy run's turn)
-                now, prev, prev_proc, prev_fe, cold, k, quiet_step_s = self._quiet(
-                    now, g, prev, prev_proc if deferred else 0.0, prev_fe if deferred else 0.0, cold,
-                    vector_after if vector else math.inf)
-                if k:
-                    leapt += k
-                    step_s = quiet_step_s
-                    g = s.next_decode_seq
-                    if now >= p.horizon or (vector and g >= vector_after):
-                        continue
             # --- recv + get_next_batch_to_run: merge the last prefill, then a decode -----------
             if s.pending_merge:
                 s._merge_prefilled()
@@ -247,89 +231,6 @@ class Leap:
         if deferred:
             last = self._in_flight(prev[0] + (0,) + prev[4], prev[3], prev[5])
         return now, last, leapt
-
-    def _quiet(self, now: float, g: int, prev, prev_proc: float, prev_fe: float, cold: float, stop_g: float):
-        """A quiet stretch of :meth:`_run` without jitter: iterations from decode ``g`` in which
-        nothing but the contexts changes (no member joins, leaves, overshoots or is fresh; no
-        finish in the batch processed), up to the first that is not (its decode or the one it
-        processes finishes a request, the KV check fails), the horizon or decode ``stop_g``
-        (where a numpy run is tried). The same float operations as :meth:`_run`'s body, with the
-        scheduler's, the pool's and the stream's counters kept in locals and written back once.
-        ``prev`` and its ``prev_proc``, ``prev_fe``: the batch in flight as :meth:`_run` keeps it
-        (None: the normal loop). Returns (the clock, the batch in flight, its process cost, its
-        forward end, the after-wait scale, iterations, the last one's length)."""
-        s, p = self.s, self.p
-        kv, costs, rec = s.kv, p.costs, p.recorder
-        deferred = prev is not None
-        n, warm = s.n_running, s.n_running_warmup
-        measured = n - warm  # ITL weight of each processed decode (no member fresh, leaving or overshooting)
-        total, page, counts, finishing_at = kv.total_pages, kv.page_size, s.demand._count, s.finishing_at
-        used, peak, busy = kv.used_pages, kv.peak_pages, p.stream.busy_until
-        ratio, min_ratio, decay = s.new_token_ratio, s.min_ratio, s.ratio_decay
-        lat, extra, wait_scale, horizon = costs.sync_latency_s, p.forward_extra_s, p.after_wait_scale, p.horizon
-        recv0, decode_s, decode_row = self.recv0, costs.decode_s, rec.decode_row
-        ctx0, seq, last_t = s.ctx_offset, s.next_step_seq, s.last_decode_delivery_s
-        after_idle = p._was_idle
-        head_prev, mid_prev = (prev[0], prev[4]) if deferred else (None, None)
-        g0, start, itls = g, now, []  # the stretch's ITL samples, each of weight ``measured``
-        while g < stop_g and now < horizon and g - deferred not in finishing_at:  # (overlap: g processes g-1)
-            need = counts[(-g) % page]
-            if need > total - used:
-                break  # check_decode_mem fails: the general body
-            if ratio > min_ratio:
-                ratio = max(ratio - decay, min_ratio)
-            used += need
-            if used > peak:
-                peak = used
-            if g % DECODE_LOG_INTERVAL == 0:
-                s.last_logged_usage = used / total
-            ctx = ctx0 + n * g
-            sched_s, launch_s, forward, proc_s = decode_s(n, ctx)
-            recv_s = recv0 * cold
-            sched_s *= cold
-            schedule_start = now + recv_s
-            launch_start = now + (recv_s + sched_s)
-            launch_s *= cold
-            cold = 1.0
-            forward += extra
-            launch_end = launch_start + launch_s
-            forward_start = launch_end if launch_end > busy else busy
-            busy = forward_end = forward_start + forward
-            head = (seq, DECODE, n, n, ctx, warm, 0)
-            mid = (after_idle, used * page, n, 0, now, schedule_start, schedule_start + sched_s, launch_start,
-                   launch_end, forward_start, forward_end)
-            after_idle = False
-            seq += 1
-            ready = (prev_fe if deferred else forward_end) + lat
-            if ready > launch_end:
-                if ready - launch_end >= AFTER_WAIT_MIN_S:
-                    cold = wait_scale
-                process_start = ready
-            else:
-                process_start = launch_end
-            done = process_start + (prev_proc if deferred else proc_s) * cold
-            itls.append(done - last_t)
-            last_t = done
-            if deferred:
-                decode_row(head_prev, 0, mid_prev, launch_end, process_start, done)
-                head_prev, mid_prev, prev_proc, prev_fe = head, mid, proc_s, forward_end
-            else:
-                decode_row(head, 0, mid, launch_end, process_start, done)
-            start, now = now, done
-            g += 1
-        k = g - g0
-        if k:
-            if measured > 0:
-                rec.itl_run(itls, measured)
-            kv.used_pages, kv.peak_pages, p.stream.busy_until = used, peak, busy
-            s.new_token_ratio, s.next_decode_seq, s.next_step_seq, s.now = ratio, g, seq, start
-            s._idle_calls = 0
-            s.last_processed_decode = g - 1 - deferred
-            s.last_decode_delivery_s = last_t
-            p._was_idle = False
-            if deferred:
-                prev = (head_prev, n, warm, prev[3], mid_prev, prev[5])
-        return now, prev, prev_proc, prev_fe, cold, k, now - start
 
     def _vector(self, now: float, g: int, prev, prev_proc: float, step_s: float):
         """A numpy run (:mod:`sim.engines.sglang.leap_runs`) from decode ``g`` up to the next

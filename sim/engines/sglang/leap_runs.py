@@ -31,8 +31,8 @@ import numpy as np
 from sim.engines.sglang.policy.decode import DECODE_LOG_INTERVAL
 from sim.model.costs import DECODE
 
-MIN_RUN = 64  # shorter runs go through the leap's own loop (a run's fixed numpy cost is about that of
-# 40-60 of its quiet iterations: 64 measured 1% fewer instructions and 3% less CPU than 24 on issue 31's open loop)
+MIN_RUN = 64  # shorter runs go through the leap's own loop (a run's fixed numpy cost is that of dozens of its
+# iterations; see docs/speed.md for the threshold's measurement)
 
 
 def overlap_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, prev_row: tuple):

@@ -17,7 +17,12 @@ DIR``). Under callgrind a run takes about 60 times its CPU time (``closed-64`` a
 requests: about 25 s; ``open`` at 4,000: about 20 s). Instructions are not seconds: a change that
 trades instructions for cache misses or a slower numpy call can move them apart, so a speed
 claim still reports CPU time, measured interleaved; the count says which way a change goes
-when the CPU time is within its noise.
+when the CPU time is within its noise. It can also say so wrongly: a change that trades cheap
+instructions for others (locals for attribute loads, fewer calls, more list appends) can cut
+the count and leave the time where it was. On 5 December 2026 the leap's "quiet stretches" cut
+10-11% of the instructions a request of the open loop and none of its CPU time (the minimum of
+four runs in one process, three processes a tree, interleaved), and were reverted: confirm a
+count's gain with CPU time before keeping a change.
 """
 
 from __future__ import annotations

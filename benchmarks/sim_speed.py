@@ -16,6 +16,9 @@ Ratios measured in one run (interleaved, repeated, each run a fresh process; med
     python benchmarks/sim_speed.py --against /tmp/old --sizes 10000 --tables none --repeats 5
         # decode steps per second of this tree over another checkout's (e.g. `git archive <commit>
         # | tar -x -C /tmp/old`), closed loop at concurrency 64, one setting per --settings
+    python benchmarks/sim_speed.py --leap open --sizes 10000 --repeats 3 --warm 4 --against /tmp/old
+        # CPU per request of this tree's leap and another checkout's, each process the fastest of
+        # 4 runs (steadier on a noisy VM than one cold run, which --warm 1, the default, reports)
     python benchmarks/sim_speed.py --cli-modes 20000 --repeats 3
         # `overlap-sim run` wall and CPU time, default mode (Parquet tables), --plots and --tables
         # none, then the CPU time of each part of the default mode (and of --plots) beyond the
@@ -30,6 +33,7 @@ import cProfile
 import importlib
 import io
 import json
+import math
 import multiprocessing as mp
 import os
 import pstats
@@ -333,16 +337,20 @@ def workload_settings(workload: str, settings: list[str]) -> list[str]:
 
 
 def run_leap_case(args: tuple) -> dict:
-    """One (workload, requests, setting, mode) run in this process, ``--tables none``: CPU seconds
-    (this process's), simulated seconds, steps and leapt steps. ``mode``: ``leap`` or ``step``
-    (this tree's ``leap=False``) or ``tree`` (the tree under --tree, as it runs by default)."""
-    workload, num_requests, setting, mode = args
+    """One (workload, requests, setting, mode[, warm]) run in this process, ``--tables none``: CPU
+    seconds (this process's), simulated seconds, steps and leapt steps. ``mode``: ``leap`` or
+    ``step`` (this tree's ``leap=False``) or ``tree`` (the tree under --tree, as it runs by
+    default). ``warm`` > 1: the simulation runs that many times and the least CPU is reported."""
+    workload, num_requests, setting, mode, *rest = args
+    warm = rest[0] if rest else 1
     scenario = leap_workload(workload, num_requests)
     kwargs = {} if mode == "tree" else {"leap": mode == "leap"}
-    c0 = time.process_time()
-    res = sim.simulate(scenario, setting, tables="none", **kwargs)
-    summary = res.summary()
-    cpu = time.process_time() - c0
+    cpu = math.inf
+    for _ in range(warm):  # --warm N: the fastest of N runs in this process
+        c0 = time.process_time()
+        res = sim.simulate(scenario, setting, tables="none", **kwargs)
+        summary = res.summary()
+        cpu = min(cpu, time.process_time() - c0)
     return {"workload": workload, "requests": num_requests, "setting": setting, "mode": mode, "cpu_s": cpu,
             "sim_s": res.stats["sim_time_s"], "steps": res.stats["steps"],
             "leapt_steps": res.stats.get("leapt_steps", 0), "throughput": summary["output_throughput"],
@@ -350,18 +358,20 @@ def run_leap_case(args: tuple) -> dict:
 
 
 def leap_report(workloads: list[str], sizes: list[int], settings: list[str], repeats: int, against: Path | None,
-                out: Path) -> None:
+                out: Path, warm: int = 1) -> None:
     """CPU per request and simulated seconds per CPU second with the leap, step by step and (with
-    ``against``) in another checkout, each case a fresh process, the modes alternated, repeated."""
+    ``against``) in another checkout, each case a fresh process, the modes alternated, repeated.
+    ``warm`` > 1: each process runs its case that many times and reports the least CPU (steadier
+    on a noisy VM than one cold run; step by step is then left out: it is the slow mode)."""
     rows = []
-    modes = ["leap", "step"] + (["tree"] if against else [])
+    modes = (["leap"] if warm > 1 else ["leap", "step"]) + (["tree"] if against else [])
     for workload in workloads:
         for n in sizes:
             for setting in workload_settings(workload, settings):
                 for _ in range(repeats):
                     for mode in modes:
                         tree = ["--tree", str(against)] if mode == "tree" else []
-                        case = json.dumps([workload, n, setting, mode])
+                        case = json.dumps([workload, n, setting, mode, warm])
                         text = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--leap-case", case, *tree],
                                               capture_output=True, text=True, check=True).stdout
                         rows.append(json.loads(text.splitlines()[-1]))
@@ -374,8 +384,10 @@ def leap_report(workloads: list[str], sizes: list[int], settings: list[str], rep
                     per_req = [1e6 * r["cpu_s"] / n for r in by[m]]
                     line.append(f"{m}: {spread(per_req, '.1f')} us/req, {spread([r['sim_s'] / r['cpu_s'] for r in by[m]], '.0f')} sim-s/CPU-s")
                 base = "tree" if against else "step"
-                ratios = [a["cpu_s"] / b["cpu_s"] for a, b in zip(by["leap"], by[base])]
-                line.append(f"leap/{base} CPU {spread(ratios)}; leapt {by['leap'][0]['leapt_steps'] / by['leap'][0]['steps']:.0%} "
+                if base in by:
+                    ratios = [a["cpu_s"] / b["cpu_s"] for a, b in zip(by["leap"], by[base])]
+                    line.append(f"leap/{base} CPU {spread(ratios)};")
+                line.append(f"leapt {by['leap'][0]['leapt_steps'] / by['leap'][0]['steps']:.0%} "
                             f"of {by['leap'][0]['steps']} steps; peak RSS {max(r['peak_rss_mb'] for r in by['leap']):.0f} MB")
                 print("  ".join(line), flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -437,6 +449,8 @@ def main() -> None:
                          "checkout, workloads 'open' and/or 'closed-C' (quickstart at C clients), and on vLLM "
                          "'vllm-open' and/or 'vllm-closed-C' (vllm-h200 at C clients), at --sizes, --settings "
                          "(default overlap normal; async sync for vLLM), --repeats")
+    ap.add_argument("--warm", type=int, default=1, metavar="N",
+                    help="with --leap: each case process runs N times and reports its least CPU (no step-by-step mode)")
     ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # internal: one case, JSON in and out
     ap.add_argument("--leap-case", default=None, help=argparse.SUPPRESS)  # internal: one leap case
     ap.add_argument("--sweep-cpu", action="store_true",
@@ -458,7 +472,7 @@ def main() -> None:
         settings = args.settings if args.settings != SETTINGS else ["overlap", "normal"]
         leap_report(args.leap or ["open", "closed-8", "closed-64"], args.sizes, settings, args.repeats,
                     args.against.resolve() if args.against else None,
-                    args.out or ROOT / "benchmarks" / "results" / "sim_speed_leap.csv")
+                    args.out or ROOT / "benchmarks" / "results" / "sim_speed_leap.csv", args.warm)
         return
     if args.parts:
         print(json.dumps(default_mode_parts(args.parts)))

@@ -377,8 +377,13 @@ def leap_report(workloads: list[str], sizes: list[int], settings: list[str], rep
                         rows.append(json.loads(text.splitlines()[-1]))
                 got = [r for r in rows if (r["workload"], r["requests"], r["setting"]) == (workload, n, setting)]
                 by = {m: [r for r in got if r["mode"] == m] for m in modes}
-                if len({r["throughput"] for m in modes for r in by[m]}) != 1:
-                    print(f"  ! {workload} {n} {setting}: the modes' throughputs differ")
+                own = {r["throughput"] for m in modes if m != "tree" for r in by[m]}
+                if len(own) != 1:  # the leap must not move an answer
+                    print(f"  ! {workload} {n} {setting}: this tree's modes give different throughputs: {sorted(own)}")
+                elif against and {r["throughput"] for r in by["tree"]} != own:
+                    other = by["tree"][0]["throughput"]
+                    print(f"  ({workload} {n} {setting}: the other tree's throughput differs by "
+                          f"{abs(other / next(iter(own)) - 1):.1e} relative)")
                 line = [f"{workload:<9} {n:>8} {setting:<8}"]
                 for m in modes:
                     per_req = [1e6 * r["cpu_s"] / n for r in by[m]]

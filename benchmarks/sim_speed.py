@@ -464,6 +464,8 @@ def main() -> None:
     ap.add_argument("--parts", type=int, default=None, help=argparse.SUPPRESS)  # internal: default_mode_parts
     ap.add_argument("--tree", default=None, help=argparse.SUPPRESS)  # internal: read before the imports
     args = ap.parse_args()
+    if args.warm < 1:
+        ap.error("--warm: at least 1 run a case")
     if args.case:
         print(json.dumps(run_case(tuple(json.loads(args.case)))))
         return

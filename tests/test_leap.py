@@ -191,10 +191,12 @@ def test_long_runs_go_to_numpy_and_change_nothing(monkeypatch):
     assert calls["overlap"] > 0 and calls["normal"] > 0
 
 
-def test_an_open_loop_s_short_runs_go_through_the_leap_s_own_loop():
+def test_short_open_loop_runs_go_through_the_leap_loop():
     """An open loop whose arrivals and finishes come every few steps: its runs are too short for
-    numpy (below MIN_RUN), so the leap's own loop takes them, warm-up members and an after-wait
-    scale included, with the same outputs as step by step."""
+    numpy (40 output tokens: no run without a finish reaches MIN_RUN), so the leap's own loop
+    takes them, warm-up members and an after-wait scale included, with the same outputs as step
+    by step."""
+    assert leap_module.MIN_RUN > 40
     raw = {"name": "short-runs", "seed": 3,
            "workload": {"arrival": "poisson", "rate_per_s": 40.0, "num_requests": 60, "warmup_requests": 5,
                         "input_len": 64, "output_len": 40, "finish": "length"},

@@ -98,11 +98,6 @@ class TraceRecorder:
             r.first_token_s, r.finish_s, "completed" if ok else "failed", r.warmup, r.retractions, r.failure,
         ))
 
-    def requests(self, reqs: list[Req]) -> None:
-        """:meth:`request` of each of ``reqs``, in order (a group that left together)."""
-        for r in reqs:
-            self.request(r)
-
     def itl(self, value_s: float, weight: int) -> None:
         self._itl_values.append(value_s)
         self._itl_weights.append(weight)

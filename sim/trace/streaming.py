@@ -269,12 +269,6 @@ class StreamingRecorder:
         if r.output_done > 1:
             self.tpot.add((e2e - ttft) / (r.output_done - 1))
 
-    def requests(self, reqs) -> None:
-        """:meth:`request` of each of ``reqs``, in order (a group that left together)."""
-        request = self.request
-        for r in reqs:
-            request(r)
-
     def itl(self, value_s: float, weight: int) -> None:
         self.itl_stat.add(value_s, weight)
 

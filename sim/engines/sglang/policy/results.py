@@ -124,13 +124,14 @@ class ResultsMixin:
         self.on_finish(req.rid, t)
 
     def _settle_all(self, reqs: list[Req], t: float) -> None:
-        """:meth:`_settle` of each of ``reqs`` (finished, in order) at ``t``: recorded together,
-        then each client told in turn."""
+        """:meth:`_settle` of each of ``reqs`` (finished, in order) at ``t``: all recorded, then
+        each client told in turn."""
+        request = self.recorder.request
         for req in reqs:
             req.status = FINISHED
             req.finish_s = t
+            request(req)
         self.num_done += len(reqs)
-        self.recorder.requests(reqs)
         on_finish = self.on_finish
         for req in reqs:
             on_finish(req.rid, t)

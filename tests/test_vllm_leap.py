@@ -16,6 +16,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import sim
+from sim.engines.vllm import leap as leap_module, leap_runs
 from tests.test_leap import assert_same, draw_workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,4 +105,70 @@ def scenarios(draw) -> dict:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(raw=scenarios(), setting=st.sampled_from(["sync", "async"]), tables=st.sampled_from(["steps", "none"]))
 def test_generated_vllm_runs_are_unchanged(raw, setting, tables):
+    assert_same(sim.load_scenario(raw), setting, tables)
+
+
+# --- the numpy runs (sim.engines.vllm.leap_runs) -------------------------------------------------
+def count_numpy_steps(monkeypatch) -> dict:
+    """Counts the iterations the numpy runs take (``taken``) while the tests run."""
+    counts = {"taken": 0}
+
+    def counted(*args):
+        got = leap_runs.numpy_steps(*args)
+        counts["taken"] += 0 if got is None else got[0]
+        return got
+
+    monkeypatch.setattr(leap_module, "numpy_steps", counted)
+    return counts
+
+
+def test_a_long_decode_runs_at_the_closed_form_pace(monkeypatch):
+    """One request of 400 tokens; inline costs: schedule 0.4 ms, dispatch 0.1 ms, update 0.5 ms,
+    a flat 10 ms forward, the worker's own phases 0. Synchronously an iteration schedules,
+    dispatches, waits for the forward and updates: 11 ms each. With async scheduling the next step
+    is launched before the wait, so the forwards run back to back: one every 10 ms, the host's
+    1 ms hidden under them. The numpy runs take most of the iterations, with the outputs of
+    step by step."""
+    counts = count_numpy_steps(monkeypatch)
+    term = {"per_req": 0.0, "per_token": 0.0, "per_ctx_token": 0.0}
+    raw = vllm(concurrency=1, num_requests=1, warmup_requests=0, output_len=400)
+    raw["costs"] = {"gpu": {"decode": {"base": 0.010, **term}},
+                    "cpu": {"schedule": {"base": 4e-4, **term}, "launch": {"base": 1e-4, **term},
+                            "process": {"base": 5e-4, **term}}}
+    scenario = sim.load_scenario(raw)
+    for setting, pace_s, column in (("sync", 0.011, "process_end"), ("async", 0.010, "forward_end")):
+        taken = counts["taken"]
+        steps = sim.simulate(scenario, setting).steps
+        decodes = steps[steps["kind"] == "decode"]
+        paces = decodes[column].diff().dropna().to_numpy()[5:-5]  # away from the prefill and the finish
+        assert len(paces) > 350 and abs(paces - pace_s).max() < 1e-12
+        assert counts["taken"] - taken > 300
+        assert_same(scenario, setting)
+
+
+def test_long_runs_beyond_the_profile_are_counted_as_step_by_step(monkeypatch):
+    """Long runs at contexts far beyond the profile's data (the reach counters move on every
+    step) and within it, through the numpy runs: the same outputs, the extrapolated steps
+    included, as step by step."""
+    counts = count_numpy_steps(monkeypatch)
+    far = sim.load_scenario(ROOT / "scenarios" / "vllm-h200.yaml",
+                            ["workload.concurrency=4", "workload.num_requests=8", "workload.warmup_requests=2", "workload.output_len=1500",
+                             "workload.input_len=30000", "workload.cached_len=0", "server.max_model_len=40000"])
+    near = sim.load_scenario(ROOT / "scenarios" / "vllm-h200.yaml", ["workload.num_requests=24"])
+    assert sim.simulate(far, "sync", tables="none").summary()["extrapolated_steps"] > 1000
+    for scenario in (far, near):
+        for setting in ("sync", "async"):
+            assert_same(scenario, setting)
+            assert_same(scenario, setting, tables="none")
+    assert counts["taken"] > 5000
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(raw=scenarios(), setting=st.sampled_from(["sync", "async"]), tables=st.sampled_from(["steps", "none"]))
+def test_generated_runs_through_numpy_are_unchanged(monkeypatch, raw, setting, tables):
+    """The generated family with every stretch of the leap, however short, offered to the numpy
+    runs (their threshold set to 1): their candidate timelines, the checks that cut them and
+    the leap's loop that goes on after them give the outputs of step by step."""
+    monkeypatch.setattr(leap_module, "NUMPY_MIN_RUN", 1)
     assert_same(sim.load_scenario(raw), setting, tables)

@@ -23,7 +23,7 @@ from operator import itemgetter
 import numpy as np
 
 from sim.model.batch import FINISHED, Batch, Req
-from sim.model.costs import KIND_NAMES
+from sim.model.costs import DECODE, KIND_NAMES
 from sim.trace.columns import Columns
 
 FAILURE_KINDS = ("cut_off", "could_not_connect", "aborted", "too_long")  # summary counts these
@@ -44,6 +44,35 @@ REQUEST_COLUMNS = [
 STEP_TYPES = dict.fromkeys(STEP_COLUMNS, "int64") | dict.fromkeys(
     ["recv_start", "schedule_start", "schedule_end", "launch_start", "launch_end", "forward_start", "forward_end",
      "sync_start", "process_start", "process_end"], "float64") | {"kind": "kind", "after_idle": "bool"}
+
+
+def fill_decode_rows(rows: np.ndarray, full: bool, first_seq: int, n: int, warm: int, ctx, used_after, page: int,
+                     starts, recv: float, sched, ls, le, fs, fe) -> None:
+    """Columns ``seq`` to ``forward_end`` (:data:`STEP_COLUMNS`) of the rows (a (k, 22) float64
+    array) of k consecutive decode batches of ``n`` requests (``warm`` warm-up), the first numbered
+    ``first_seq``: contexts, KV pages used after each allocation (``page`` tokens each), iteration
+    starts, recv and schedule costs, launch starts and ends, forward starts and ends (arrays, one
+    value per batch, or a scalar for all; seconds). The leaps' numpy runs write their steps with
+    it (:mod:`sim.engines.sglang.leap_runs`, :mod:`sim.engines.vllm.leap_runs`). ``full`` False (a
+    recorder that keeps no rows, :attr:`sim.trace.streaming.StreamingRecorder.keeps_rows`): only
+    the columns it reads (kind, size, overshoot, after_idle, the forward's start and end); the
+    others are left as they are."""
+    rows[:, 1] = DECODE
+    rows[:, 2] = n  # num_reqs (no member leaves)
+    rows[:, 6] = rows[:, 8] = 0  # overshoot, after_idle
+    rows[:, 17], rows[:, 18] = fs, fe
+    if not full:
+        return
+    rows[:, 0] = np.arange(first_seq, first_seq + len(rows))
+    rows[:, 3] = rows[:, 10] = n  # num_tokens, num_running
+    rows[:, 4] = ctx
+    rows[:, 5] = warm
+    rows[:, 7] = rows[:, 11] = 0  # finished, num_queued
+    rows[:, 9] = used_after * page
+    rows[:, 12] = starts
+    rows[:, 13] = starts + recv
+    rows[:, 14] = rows[:, 13] + sched
+    rows[:, 15], rows[:, 16] = ls, le
 
 
 class TraceRecorder:

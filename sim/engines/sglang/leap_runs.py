@@ -30,6 +30,7 @@ import numpy as np
 
 from sim.engines.sglang.policy.decode import DECODE_LOG_INTERVAL
 from sim.model.costs import DECODE
+from sim.trace.recorder import fill_decode_rows
 
 MIN_RUN = 64  # shorter runs go through the leap's own loop (a run's fixed numpy cost is that of dozens of its
 # iterations; see docs/speed.md for the threshold's measurement)
@@ -101,7 +102,7 @@ def overlap_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, 
     rows = np.empty((k, 22))
     rows[0, :19] = prev_row
     j = k - 1
-    _scheduled(rows[1:], p.recorder.keeps_rows, s.next_step_seq - k, n, warm, ctx[:j], used_after[:j], page,
+    fill_decode_rows(rows[1:], p.recorder.keeps_rows, s.next_step_seq - k, n, warm, ctx[:j], used_after[:j], page,
                starts[:j], recv, sched[:j], ls[:j], le[:j], fs[:j], fe[:j])
     rows[:, 19] = le
     rows[:, 20] = ps
@@ -147,38 +148,11 @@ def normal_run(leap, now: float, k_max: int) -> tuple[int, float] | None:
             return None
     _commit(leap, g0, k, n, need, used_after, ctx, float(starts[k - 1]), float(fe[k - 1]))
     rows = np.empty((k, 22))
-    _scheduled(rows, p.recorder.keeps_rows, s.next_step_seq - k, n, warm, ctx[:k], used_after[:k], kv.page_size,
+    fill_decode_rows(rows, p.recorder.keeps_rows, s.next_step_seq - k, n, warm, ctx[:k], used_after[:k], kv.page_size,
                starts[:k], recv, sched[:k], ls[:k], le[:k], le[:k], fe[:k])  # each forward starts at its launch's end
     rows[:, 19], rows[:, 20], rows[:, 21] = le[:k], ready[:k], done[:k]
     _deliver(s, rows, done[:k], np.full(k, n - warm, dtype=np.int64), s.next_decode_seq - 1)
     return k, float(done[k - 1])
-
-
-def _scheduled(rows: np.ndarray, full: bool, first_seq: int, n: int, warm: int, ctx, used_after, page: int, starts,
-               recv: float, sched, ls, le, fs, fe) -> None:
-    """Columns ``seq`` to ``forward_end`` of the rows of consecutive decode batches of ``n``
-    requests (``warm`` warm-up), the first numbered ``first_seq``: contexts, KV pages used after
-    each allocation (``page`` tokens each), iteration starts, recv and schedule costs, launch
-    starts and ends, forward starts and ends (arrays, one value per batch). ``full`` False (a
-    recorder that keeps no rows, :attr:`sim.trace.streaming.StreamingRecorder.keeps_rows`): only
-    the columns it reads (kind, size, overshoot, after_idle, the forward's start and end); the
-    others are left as they are."""
-    rows[:, 1] = DECODE
-    rows[:, 2] = n  # num_reqs (no member leaves)
-    rows[:, 6] = rows[:, 8] = 0  # overshoot, after_idle
-    rows[:, 17], rows[:, 18] = fs, fe
-    if not full:
-        return
-    rows[:, 0] = np.arange(first_seq, first_seq + len(rows))
-    rows[:, 3] = rows[:, 10] = n  # num_tokens, num_running
-    rows[:, 4] = ctx
-    rows[:, 5] = warm
-    rows[:, 7] = rows[:, 11] = 0  # finished, num_queued
-    rows[:, 9] = used_after * page
-    rows[:, 12] = starts
-    rows[:, 13] = starts + recv
-    rows[:, 14] = rows[:, 13] + sched
-    rows[:, 15], rows[:, 16] = ls, le
 
 
 def _kv_fits(s, g0: int, k_max: int):

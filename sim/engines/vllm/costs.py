@@ -187,6 +187,33 @@ class VllmProfileCosts:
             self.reach.step(max(distance(hull, num_tokens, ctx), self._phases_distance(num_reqs)))
         return curve(num_tokens, ctx) * self.gpu_scale
 
+    def decode_forward_array(self, num_reqs: int, sum_ctx, shared_kv: int):
+        """:meth:`forward_s` of decode steps of ``num_reqs`` single-token requests over an array of
+        summed contexts ``sum_ctx`` (int64, tokens), without counting them (:meth:`count_decode_steps`
+        does, for the steps that run): a float64 array, each value the float the scalar path gives
+        (the same operations elementwise; :meth:`sim.model.curve.Curve.along`)."""
+        ctx = (sum_ctx - self.shared_prefix_saving * shared_kv) / num_reqs
+        return self._forward.along(num_reqs, ctx) * self.gpu_scale
+
+    def count_decode_steps(self, num_reqs: int, sum_ctx0: int, steps: int, shared_kv: int) -> None:
+        """Count ``steps`` decode steps of ``num_reqs`` requests, the first at the summed context
+        ``sum_ctx0``, each the one before plus ``num_reqs`` tokens, in :attr:`reach`, as
+        :meth:`forward_s` counts each (its distance: the forward's at the step's coordinates and
+        the phases' at ``num_reqs``). The contexts grow step by step, so when the first and the
+        last lie inside the data and the batch size does too there is nothing to count."""
+        saving = self.shared_prefix_saving * shared_kv
+        first, last = (sum_ctx0 - saving) / num_reqs, (sum_ctx0 + (steps - 1) * num_reqs - saving) / num_reqs
+        (lo_n, lo_c), (hi_n, hi_c) = self._hull_forward
+        size = max(distance(((lo_n,), (hi_n,)), num_reqs), self._phases_distance(num_reqs))
+        if size == 1.0 and lo_c <= first and last <= hi_c:
+            return
+        import numpy as np
+
+        ctx = (sum_ctx0 + np.arange(steps, dtype=np.int64) * num_reqs - saving) / num_reqs
+        along = np.where(ctx > hi_c, (ctx + 1.0) / (hi_c + 1.0),
+                         np.where(ctx < lo_c, (lo_c + 1.0) / (np.maximum(ctx, 0.0) + 1.0), 1.0))
+        self.reach.steps(np.maximum(along, size))
+
     def _phases_distance(self, num_reqs: int) -> float:
         # add_request is priced per drained request, not at the step's num_reqs; kept per batch size
         d = self._phases_memo.get(num_reqs)
@@ -247,6 +274,14 @@ class VllmInlineCosts:
         """The inline prefill or decode term over the whole step (a mixed step is a prefill; a
         speculative verify step of one token plus drafts per request is a decode)."""
         return self._linear.forward_s(kind, num_reqs, num_tokens, sum_ctx)
+
+    def decode_forward_array(self, num_reqs: int, sum_ctx, shared_kv: int):
+        """:meth:`forward_s` of decode steps over an array of summed contexts (int64): the same
+        expression elementwise, a float64 array of the same floats."""
+        return self._linear.forward_s(DECODE, num_reqs, num_reqs, sum_ctx)
+
+    def count_decode_steps(self, num_reqs: int, sum_ctx0: int, steps: int, shared_kv: int) -> None:
+        """The inline terms have no data to lie beyond: nothing to count."""
 
     def describe(self) -> dict:
         return {**self._linear.describe(), "engine": "vllm"}

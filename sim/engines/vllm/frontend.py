@@ -138,9 +138,18 @@ class ApiServer:
     def egress_time(self, update_end_s: float, num_reqs: int, free_s: float) -> tuple[float, float]:
         """:meth:`egress` with the output side free at ``free_s``, changing nothing: (when the
         step's tokens reach the clients, when the output side is free after it), seconds."""
+        terms = self.egress_terms(num_reqs)
+        if terms is None:
+            return update_end_s, free_s
+        wait, work = terms
+        free_s = max(update_end_s + wait, free_s) + work
+        return free_s, free_s
+
+    def egress_terms(self, num_reqs: int) -> tuple[float, float] | None:
+        """A step's output for ``num_reqs`` requests: (the latency before the event loop's own
+        work on it, that work), seconds; None when the output costs nothing (it passes at once)."""
         cost = self.costs.frontend_s("out", num_reqs)
         if cost <= 0.0:
-            return update_end_s, free_s
+            return None
         work = min(self.costs.frontend_s("work", num_reqs), cost)
-        free_s = max(update_end_s + (cost - work), free_s) + work
-        return free_s, free_s
+        return cost - work, work

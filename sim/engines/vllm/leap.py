@@ -29,11 +29,18 @@ KV blocks (preemption), find the worker still busy when the next step is sent (p
 or after the next other event. Not leapt: vLLM's CPU platform (the forward blocks the worker),
 speculative decoding, structured output. ``leap=False`` (``--no-leap``) runs every iteration
 through the processes; ``tests/test_vllm_leap.py`` holds both to byte-identical outputs.
+
+Without jitter, a stretch of :data:`sim.engines.vllm.leap_runs.MIN_RUN` or more iterations whose
+next event is not nearer than that many iterations at the run's pace so far goes to numpy
+(:func:`sim.engines.vllm.leap_runs.numpy_steps`: the same floats, cut where its closed form
+stops holding); the loop below goes on from where it stops. The reach counters (steps priced
+beyond the profile's data) count the run's steps once at its end.
 """
 
 from __future__ import annotations
 
 from sim.engines.vllm.core import TIME_EPS_S
+from sim.engines.vllm.leap_runs import MIN_RUN as NUMPY_MIN_RUN, numpy_steps
 from sim.model.batch import Batch
 from sim.model.costs import DECODE
 
@@ -54,6 +61,8 @@ class Leap:
     def __init__(self, env, core, worker, rpcs, async_scheduling: bool):
         self.env, self.core, self.worker, self.rpcs = env, core, worker, rpcs
         self.async_scheduling = async_scheduling
+        # no jitter on any phase: long stretches may go to numpy (each draw is the loop's to make)
+        self.vector = core.cpu_jitter.cv == 0 and worker.cpu_jitter.cv == 0 and worker.gpu_jitter.cv == 0
         self.leapt = 0  # iterations taken so far (the run's stats: leapt_steps)
         self._retry_at = 0  # the step sequence number before which no run is tried again
 
@@ -148,7 +157,10 @@ class Leap:
         phase, forward_s = costs.phase_s, costs.forward_s
         cj, wj, gj = core.cpu_jitter, worker.cpu_jitter, worker.gpu_jitter
         async_scheduling = self.async_scheduling
-        pickup_s = costs.pickup_s
+        # each phase's cost at this batch size, the same at every iteration (times its jitter)
+        ph_s, ph_d, ph_p, ph_sm, ph_cc, ph_u = (phase(name, n) for name in
+                                                ("schedule", "dispatch", "prepare", "sample", "collect", "update"))
+        ph_rt = costs.pickup_s(n) if async_scheduling else phase("roundtrip", n)
         horizon = env.peek()
         inbox_next = core.inbox[core._head][0] if core._head < len(core.inbox) else float("inf")
         seq0 = sched.next_step_seq
@@ -156,14 +168,28 @@ class Leap:
         free_s, busy = frontend.free_s, stream.busy_until
         c, w3_prev, k = now, -float("inf"), 0
         head = None  # async: the row of the step in flight, up to its forward's end
+        vector, short = self.vector, 0
         while k < k_max and c + TIME_EPS_S < inbox_next:
+            if (vector and k and k_max - k >= NUMPY_MIN_RUN  # a long stretch: numpy (sim.engines.vllm.leap_runs)
+                    and min(horizon, inbox_next) - c >= NUMPY_MIN_RUN * (c - now) / k):  # (the next event not
+                # nearer than that many iterations of the pace so far)
+                got = numpy_steps(self, prev, (n, bs, hist, ctx0, shared, warm, measured, seq0, usable, horizon,
+                                               inbox_next, now, async_scheduling),
+                                  k, k_max, (c, w3_prev, back_prev, busy, free, peak, free_s, last, head))
+                vector = False
+                if got is not None:
+                    taken, (c, w3_prev, back_prev, busy, free, peak, free_s, last, head) = got
+                    k += taken
+                    short += taken < NUMPY_MIN_RUN  # cut early (the first iterations in another regime, as
+                    vector = short < 3  # a run's start can be): tried again from there, a few times at most
+                    continue
             need = hist[k % bs]
             if need > free:
                 break  # allocate_slots fails: preemption, step by step
             ctx = ctx0 + k * n
             # the engine core: add_requests (nothing arrived), schedule, dispatch
             js, jd = cj(), cj()
-            s, d = phase("schedule", n) * js, phase("dispatch", n) * jd
+            s, d = ph_s * js, ph_d * jd
             start = c + 0.0
             launch = start + s
             a1 = c + (0.0 + (s + d))
@@ -176,19 +202,19 @@ class Leap:
             jr = wj()
             jm = wj()
             jc = wj()
-            p = phase("prepare", n) * jp
+            p = ph_p * jp
             fwd = forward_s(DECODE, n, n, ctx, shared, 0, 0, 0, count=False) * jg
             w1 = a1 + (0.0 + p)
             fs = w1 if w1 > busy else busy
             fe = fs + fwd
-            rt = (pickup_s(n) if async_scheduling else phase("roundtrip", n)) * jr
-            w3 = (w1 + 0.0 + rt) + phase("sample", n) * jm
-            back = (w3 if w3 >= fe else fe) + phase("collect", n) * jc
+            rt = ph_rt * jr
+            w3 = (w1 + 0.0 + rt) + ph_sm * jm
+            back = (w3 if w3 >= fe else fe) + ph_cc * jc
             # the engine core: wait for the step in flight (async: the one before), update it
             r, back_w = (a1, back_prev) if async_scheduling else (w3, back)
             a2 = r + max(0.0, back_w - r)
             ju = cj()
-            end = a2 + phase("update", n) * ju
+            end = a2 + ph_u * ju
             deliver, new_free_s = frontend.egress_time(end, n, free_s)
             if not (end < horizon and now + (end - now) == end and (not async_scheduling or w3 < end)):
                 cj.give_back([js, jd, ju])
@@ -196,7 +222,6 @@ class Leap:
                 gj.give_back([jg])
                 break
             # taken: its effects, in the order the processes make them
-            forward_s(DECODE, n, n, ctx, shared, 0, 0, 0)  # the reach counters (count=True)
             free -= need
             used = usable - free
             if used > peak:
@@ -223,6 +248,7 @@ class Leap:
         if k == 0:
             self._retry_at = sched.next_step_seq + 2
             return now, prev, 0
+        costs.count_decode_steps(n, ctx0, k, shared)  # the reach counters, as forward_s counts each step
         self._commit(running, k, last, free, peak, free_s, busy)
         self.leapt += k
         if async_scheduling:

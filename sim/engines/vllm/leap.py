@@ -135,7 +135,10 @@ class Leap:
                 stop = min(stop, r.output_len - out - 1)
             if self.async_scheduling:  # the in-flight step must not reach max_tokens (l.668)
                 stop = min(stop, r.num_prompt_tokens + r.max_tokens - c - 1)
-            k_max = min(k_max, stop)
+            if stop < k_max:
+                if stop < MIN_RUN:
+                    return None  # a request finishes too soon for a run
+                k_max = stop
             hist[(-c) % bs] += 1
             ctx += c + 1
             warm += r.warmup

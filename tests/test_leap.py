@@ -344,7 +344,8 @@ def test_linear_decode_s_equals_its_array_form(terms, sizes, ctx):
 def test_curve_along_equals_the_curve_at_each_point(axis0, axis1, data):
     """``Curve.along`` (the numpy runs' forward costs) gives, elementwise, the float the scalar
     curve gives at each point, inside the grid and beyond it on either side, on every call (its
-    arrays are made once, at the first)."""
+    arrays are made once, at the first); so does ``Curve.at`` (vLLM's leap: the curve at one
+    batch size, as a function of the context)."""
     from sim.model.curve import Curve
 
     g0, g1 = sorted(axis0), sorted(axis1)
@@ -355,6 +356,8 @@ def test_curve_along_equals_the_curve_at_each_point(axis0, axis1, data):
         x1 = np.array(data.draw(st.lists(st.floats(0.0, 2e6), min_size=1, max_size=20)))
         got = curve.along(x0, x1)
         assert got.tolist() == [curve(x0, float(x)) for x in x1]
+        at = curve.at(x0)
+        assert [at(float(x)) for x in x1] == [curve(x0, float(x)) for x in x1]
 
 
 @settings(max_examples=100, deadline=None)

@@ -16,7 +16,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import sim
-from sim.engines.vllm import leap as leap_module, leap_runs
+from sim.engines.vllm.leap import loop as leap_module, runs as leap_runs
 from tests.test_leap import assert_same, draw_workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,7 +108,7 @@ def test_generated_vllm_runs_are_unchanged(raw, setting, tables):
     assert_same(sim.load_scenario(raw), setting, tables)
 
 
-# --- the numpy runs (sim.engines.vllm.leap_runs) -------------------------------------------------
+# --- the numpy runs (sim.engines.vllm.leap.runs) -------------------------------------------------
 def count_numpy_steps(monkeypatch) -> dict:
     """Counts the iterations the numpy runs take (``taken``) while the tests run."""
     counts = {"taken": 0}
@@ -172,3 +172,29 @@ def test_generated_runs_through_numpy_are_unchanged(monkeypatch, raw, setting, t
     the leap's loop that goes on after them give the outputs of step by step."""
     monkeypatch.setattr(leap_module, "NUMPY_MIN_RUN", 1)
     assert_same(sim.load_scenario(raw), setting, tables)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 2048), st.integers(0, 10**7), st.integers(1, 200), st.integers(0, 5000),
+       st.sampled_from(["sync", "async"]))
+def test_vllm_profile_prices_and_counts_a_run_as_its_steps(num_reqs, ctx0, k, shared, setting):
+    """The leap's forms of ``forward_s`` over a run's contexts (``decode_forward_at``, one step at
+    a time; ``decode_forward_array``, the numpy runs') give its floats, and
+    ``count_decode_steps`` counts what ``forward_s`` counts step by step (extrapolated and far
+    steps, the largest distance), inside the profile's data (its shortcut) and beyond it in
+    batch size or context, with a shared prefix."""
+    import numpy as np
+
+    from sim.engines.vllm.costs import VllmProfileCosts
+    from sim.engines.vllm.profile import load_vllm_profile
+    from sim.model.costs import DECODE
+
+    profile = load_vllm_profile(PROFILE, read_only=True)
+    stepwise, run = VllmProfileCosts(profile, setting), VllmProfileCosts(profile, setting)
+    ctx = [ctx0 + i * num_reqs for i in range(k)]
+    prices = [stepwise.forward_s(DECODE, num_reqs, num_reqs, c, shared) for c in ctx]
+    at = run.decode_forward_at(num_reqs, shared)
+    assert [at(c) for c in ctx] == prices
+    assert run.decode_forward_array(num_reqs, np.array(ctx, dtype=np.int64), shared).tolist() == prices
+    run.count_decode_steps(num_reqs, ctx0, k, shared)
+    assert run.reach.outcome() == stepwise.reach.outcome()

@@ -77,6 +77,24 @@ class Curve:
         y = a + t * (b - a)
         return y if y > 0.0 else 0.0
 
+    def at(self, x0: float):
+        """A two-axis curve at ``x0``, as a function of ``x1``: each value the float
+        ``self(x0, x1)`` gives (the same operations, the first axis's segment found once)."""
+        i, t = _segment(self.grid[0], x0)
+        v = self.values
+        r, r1 = v[i], v[i + 1 if len(v) > 1 else i]
+        g1, step = self.grid[1], 1 if len(v[0]) > 1 else 0
+
+        def curve_at(x1: float) -> float:
+            j, u = _segment(g1, x1)
+            j1 = j + step
+            a = r[j] + u * (r[j1] - r[j])
+            b = r1[j] + u * (r1[j1] - r1[j])
+            y = a + t * (b - a)
+            return y if y > 0.0 else 0.0
+
+        return curve_at
+
     def along(self, x0: float, x1):
         """The curve at (``x0``, each of ``x1``): a float64 array, each value the float
         ``self(x0, x1[i])`` gives (the same operations elementwise); a one-axis curve at ``x0``,

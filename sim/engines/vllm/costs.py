@@ -187,6 +187,14 @@ class VllmProfileCosts:
             self.reach.step(max(distance(hull, num_tokens, ctx), self._phases_distance(num_reqs)))
         return curve(num_tokens, ctx) * self.gpu_scale
 
+    def decode_forward_at(self, num_reqs: int, shared_kv: int):
+        """:meth:`forward_s` of decode steps of ``num_reqs`` single-token requests (``shared_kv``
+        tokens of shared prefix) as a function of the summed context (tokens): each value the
+        float :meth:`forward_s` gives, without counting the step (the leap prices a run's steps
+        with it)."""
+        at, saving, scale = self._forward.at(num_reqs), self.shared_prefix_saving * shared_kv, self.gpu_scale
+        return lambda sum_ctx: at((sum_ctx - saving) / num_reqs) * scale
+
     def decode_forward_array(self, num_reqs: int, sum_ctx, shared_kv: int):
         """:meth:`forward_s` of decode steps of ``num_reqs`` single-token requests over an array of
         summed contexts ``sum_ctx`` (int64, tokens), without counting them (:meth:`count_decode_steps`
@@ -274,6 +282,11 @@ class VllmInlineCosts:
         """The inline prefill or decode term over the whole step (a mixed step is a prefill; a
         speculative verify step of one token plus drafts per request is a decode)."""
         return self._linear.forward_s(kind, num_reqs, num_tokens, sum_ctx)
+
+    def decode_forward_at(self, num_reqs: int, shared_kv: int):
+        """:meth:`forward_s` of decode steps of ``num_reqs`` requests as a function of the summed
+        context: the same expression, the same floats."""
+        return lambda sum_ctx: self._linear.forward_s(DECODE, num_reqs, num_reqs, sum_ctx)
 
     def decode_forward_array(self, num_reqs: int, sum_ctx, shared_kv: int):
         """:meth:`forward_s` of decode steps over an array of summed contexts (int64): the same

@@ -1,5 +1,5 @@
 """Long steady runs of vLLM's loops at once, with numpy: the iterations that
-:class:`sim.engines.vllm.leap.Leap` performs one at a time, as array operations that perform each
+:class:`sim.engines.vllm.leap.loop.Leap` performs one at a time, as array operations that perform each
 iteration's float operations exactly as its loop does.
 
 Taken where the leap's loop would take the iterations anyway (the same run: a batch that keeps its
@@ -46,7 +46,7 @@ def numpy_steps(leap, prev, run: tuple, k0: int, k_max: int, state: tuple):
     """Iterations ``k0`` .. at most ``k_max - 1`` of the leap's run at once.
 
     Args:
-        leap: the :class:`sim.engines.vllm.leap.Leap` (engine core, worker, recorder).
+        leap: the :class:`sim.engines.vllm.leap.loop.Leap` (engine core, worker, recorder).
         prev: async scheduling's step in flight at the run's start (a Batch; stamped here when
             ``k0`` is 0), else None.
         run: the run's constants: (running requests n, block size, blocks each iteration

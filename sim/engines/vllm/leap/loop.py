@@ -30,9 +30,9 @@ or after the next other event. Not leapt: vLLM's CPU platform (the forward block
 speculative decoding, structured output. ``leap=False`` (``--no-leap``) runs every iteration
 through the processes; ``tests/test_vllm_leap.py`` holds both to byte-identical outputs.
 
-Without jitter, a stretch of :data:`sim.engines.vllm.leap_runs.MIN_RUN` or more iterations whose
+Without jitter, a stretch of :data:`sim.engines.vllm.leap.runs.MIN_RUN` or more iterations whose
 next event is not nearer than that many iterations at the run's pace so far goes to numpy
-(:func:`sim.engines.vllm.leap_runs.numpy_steps`: the same floats, cut where its closed form
+(:func:`sim.engines.vllm.leap.runs.numpy_steps`: the same floats, cut where its closed form
 stops holding); the loop below goes on from where it stops. The reach counters (steps priced
 beyond the profile's data) count the run's steps once at its end.
 """
@@ -40,7 +40,7 @@ beyond the profile's data) count the run's steps once at its end.
 from __future__ import annotations
 
 from sim.engines.vllm.core import TIME_EPS_S
-from sim.engines.vllm.leap_runs import MIN_RUN as NUMPY_MIN_RUN, numpy_steps
+from sim.engines.vllm.leap.runs import MIN_RUN as NUMPY_MIN_RUN, numpy_steps
 from sim.model.batch import Batch
 from sim.model.costs import DECODE
 
@@ -157,7 +157,7 @@ class Leap:
         sched, costs, frontend, rec = core.scheduler, core.costs, core.frontend, core.recorder
         kv, stream = sched.kv, worker.stream
         n, bs = len(running), kv.block_size
-        phase, forward_s = costs.phase_s, costs.forward_s
+        phase, forward_at = costs.phase_s, costs.decode_forward_at(n, shared)
         cj, wj, gj = core.cpu_jitter, worker.cpu_jitter, worker.gpu_jitter
         async_scheduling = self.async_scheduling
         # each phase's cost at this batch size, the same at every iteration (times its jitter)
@@ -173,7 +173,7 @@ class Leap:
         head = None  # async: the row of the step in flight, up to its forward's end
         vector, short = self.vector, 0
         while k < k_max and c + TIME_EPS_S < inbox_next:
-            if (vector and k and k_max - k >= NUMPY_MIN_RUN  # a long stretch: numpy (sim.engines.vllm.leap_runs)
+            if (vector and k and k_max - k >= NUMPY_MIN_RUN  # a long stretch: numpy (sim.engines.vllm.leap.runs)
                     and min(horizon, inbox_next) - c >= NUMPY_MIN_RUN * (c - now) / k):  # (the next event not
                 # nearer than that many iterations of the pace so far)
                 got = numpy_steps(self, prev, (n, bs, hist, ctx0, shared, warm, measured, seq0, usable, horizon,
@@ -206,7 +206,7 @@ class Leap:
             jm = wj()
             jc = wj()
             p = ph_p * jp
-            fwd = forward_s(DECODE, n, n, ctx, shared, 0, 0, 0, count=False) * jg
+            fwd = forward_at(ctx) * jg
             w1 = a1 + (0.0 + p)
             fs = w1 if w1 > busy else busy
             fe = fs + fwd

@@ -18,10 +18,17 @@ as the loop's):
   and then waits for the one before it. **Device-bound** (the result is not back when the engine
   core asks for it, the device busy at every launch): the forwards run back to back (a running
   sum of the forwards) and each iteration ends at the step before's output back plus update.
-  **Host-bound** (the output already back): the clock is the running sum of schedule + dispatch
-  and update; each forward starts when its preparation ends.
+  **Pipelined** (each wait blocks, each launch finds the device idle, or the two alternate, as
+  at 8 clients of the ``vllm-h200`` scenario): iteration i + 2 starts when step i's output is
+  back and updated, so the even and the odd iterations are two interleaved running sums (a
+  parity whose launches queue follows the other's forward ends). **Host-bound** (the output
+  already back): the clock is the running sum of schedule + dispatch and update; each forward
+  starts when its preparation ends.
 
-A candidate timeline is built in the form the run's first iteration is in; then every iteration is
+Sources: vLLM 0.32.0 ``vllm/v1/engine/core.py`` (``EngineCore.step``, ``step_with_batch_queue``),
+as :mod:`sim.engines.vllm.loops` models them; this module adds no behaviour of its own.
+
+A candidate timeline is built in the form the run's first iterations are in; then every iteration is
 computed again from the candidate's state before it (clock, device, output back, the API server's
 output side) with the loop's own expressions (its comparisons and maxima included), and the run is
 cut where the candidate and the computed state part (a float that rounds otherwise, a change of

@@ -376,3 +376,12 @@ def test_profile_counts_a_numpy_run_as_its_steps(num_reqs, ctx0, k, growth):
         stepwise.forward_s(DECODE, num_reqs, num_reqs, c)
     vector.count_decode_steps(num_reqs, np.array(ctx, dtype=np.float64))
     assert vector.reach.outcome() == stepwise.reach.outcome()
+    # both as the definition (sim.model.reach): the largest distance over the curves that price a step
+    from sim.model.reach import ReachMeter, distance
+
+    hf, hl, hs, hp = stepwise._hull[DECODE]
+    meter = ReachMeter()
+    for c in ctx:
+        meter.step(max(distance(hf, num_reqs, c / num_reqs), distance(hl, num_reqs), distance(hs, num_reqs),
+                       distance(hp, num_reqs)))
+    assert meter.outcome() == stepwise.reach.outcome()

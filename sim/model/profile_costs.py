@@ -32,6 +32,7 @@ counted with their distance from the data (:attr:`ProfileCostModel.reach`, :mod:
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from sim.model.costs import DECODE, EXTEND
@@ -85,6 +86,8 @@ class ProfileCostModel:
         h = hulls(profile, c)
         self._hull = tuple((h[f"forward.{k}"], h[f"launch.{k}"], h[f"schedule.{k}"], h[f"process.{k}"])
                            for k in ("extend", "decode"))
+        hf = self._hull[DECODE][0]  # the decode forward's context axis (none on a one-axis curve: never beyond)
+        self._decode_ctx_hull = (hf[0][1], hf[1][1]) if len(hf[0]) > 1 else (-math.inf, math.inf)
 
     @property
     def extrapolated_steps(self) -> int:
@@ -101,9 +104,20 @@ class ProfileCostModel:
         (its forward and CPU phases: :attr:`reach`; the loops ask for the forward once per step).
         ``attn_pairs``: a prefill's sum over its requests of new x (prefix + new) tokens (read by a
         profile keyed by the attended tokens; 0: not known, the requests taken as equal shares)."""
-        if kind == DECODE:
-            x, launch_x = (num_reqs, sum_ctx / num_reqs), num_reqs
-        elif self.extend_attended:  # the KV tokens a new token attends: given, else equal shares
+        if kind == DECODE:  # the batch size's distance kept (_decode_size), the context's computed here
+            ctx = sum_ctx / num_reqs
+            d = self._decode_reach.get(num_reqs)
+            if d is None:
+                d = self._decode_size(num_reqs)
+            lo, hi = self._decode_ctx_hull
+            if ctx > hi:
+                d = max(d, (ctx + 1.0) / (hi + 1.0))
+            elif ctx < lo:
+                d = max(d, (lo + 1.0) / (max(ctx, 0.0) + 1.0))
+            if d > 1.0:
+                self.reach.step(d)
+            return self._forward[DECODE](num_reqs, ctx) * self.gpu_scale
+        if self.extend_attended:  # the KV tokens a new token attends: given, else equal shares
             attended = attn_pairs / num_tokens if attn_pairs else sum_ctx / num_reqs
             x, launch_x = (num_tokens, attended), num_tokens
         else:
@@ -112,7 +126,7 @@ class ProfileCostModel:
         hf, hl, hs, hp = self._hull[kind]
         self.reach.step(max(distance(hf, *x), distance(hl, launch_x), distance(hs, num_reqs),
                             distance(hp, num_reqs)))
-        if kind == DECODE or self.extend_attended or num_reqs == 1 or x[1] <= forward.lo[1]:
+        if self.extend_attended or num_reqs == 1 or x[1] <= forward.lo[1]:
             return forward(*x) * self.gpu_scale
         p0, share = forward.lo[1], num_tokens / num_reqs
         t = forward(num_tokens, p0) + num_reqs * (forward(share, x[1]) - forward(share, p0))
@@ -162,11 +176,10 @@ class ProfileCostModel:
         :attr:`reach`, as :meth:`forward_s` counts each."""
         import numpy as np
 
-        hf, hl, hs, hp = self._hull[DECODE]
+        hf = self._hull[DECODE][0]
         size = self._decode_reach.get(num_reqs)  # the batch size's distance, the same at every context
         if size is None:
-            size = self._decode_reach[num_reqs] = max(distance(hf, num_reqs), distance(hl, num_reqs),
-                                                      distance(hs, num_reqs), distance(hp, num_reqs))
+            size = self._decode_size(num_reqs)
         if len(hf[0]) > 1:
             x, lo, hi = sum_ctx / num_reqs, hf[0][1], hf[1][1]
             if size == 1.0 and lo <= x.min() and x.max() <= hi:
@@ -179,6 +192,15 @@ class ProfileCostModel:
         else:
             d = np.full(len(sum_ctx), size)
         self.reach.steps(d)
+
+    def _decode_size(self, num_reqs: int) -> float:
+        """A decode step's distance from the data at ``num_reqs`` requests over its curves' batch
+        axes (the forward's first axis, launch, schedule, process; :func:`sim.model.reach.distance`),
+        kept per batch size: with the context's own distance, what :meth:`forward_s` counts."""
+        hf, hl, hs, hp = self._hull[DECODE]
+        size = self._decode_reach[num_reqs] = max(distance(hf, num_reqs), distance(hl, num_reqs),
+                                                  distance(hs, num_reqs), distance(hp, num_reqs))
+        return size
 
     def submit_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
         """``submit.<kind>`` at the forward's coordinates (0 without that curve), times ``gpu_scale``."""

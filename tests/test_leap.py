@@ -191,6 +191,26 @@ def test_long_runs_go_to_numpy_and_change_nothing(monkeypatch):
     assert calls["overlap"] > 0 and calls["normal"] > 0
 
 
+def test_a_saturated_server_leaps_with_requests_waiting():
+    """More clients than ``max_running_requests`` (and an open loop beyond the server's pace):
+    requests wait while the running batch is full, admission latched shut, and every iteration
+    is a decode until a request leaves. The leap takes those iterations (numpy runs included),
+    stops before the admission pass a leaving request opens, and writes each step's
+    ``num_queued`` as the loop does: the outputs of step by step."""
+    for arrival in ("closed_loop", "poisson"):
+        raw = closed_loop(concurrency=12, num_requests=60, output_len=120, input_len=64)
+        raw["workload"].update(arrival=arrival, rate_per_s=400.0)
+        raw["server"]["max_running_requests"] = 4
+        scenario = sim.load_scenario(raw)
+        for setting in ("overlap", "normal"):
+            res = sim.simulate(scenario, setting)
+            queued = res.steps["num_queued"] > 0
+            assert queued.mean() > 0.5  # requests wait at most steps
+            assert res.stats["leapt_steps"] > 0.8 * res.stats["steps"]
+            assert_same(scenario, setting)
+            assert_same(scenario, setting, tables="none")
+
+
 def test_short_open_loop_runs_go_through_the_leap_loop():
     """An open loop whose arrivals and finishes come every few steps: its runs are too short for
     numpy (40 output tokens: no run without a finish reaches MIN_RUN), so the leap's own loop

@@ -83,6 +83,7 @@ class ProfileCostModel:
         self.decode_submits = self._submit[1] is not None  # a decode's launch can block (the leap steps aside)
         self._decode_cpu_seen: dict[int, tuple[float, float, float]] = {}  # batch size -> a decode's CPU phases
         self._decode_reach: dict[int, float] = {}  # batch size -> its distance from the data (count_decode_steps)
+        self._decode_at: dict = {}  # batch size -> the decode forward's curve at it, a function of the context
         h = hulls(profile, c)
         self._hull = tuple((h[f"forward.{k}"], h[f"launch.{k}"], h[f"schedule.{k}"], h[f"process.{k}"])
                            for k in ("extend", "decode"))
@@ -116,7 +117,12 @@ class ProfileCostModel:
                 d = max(d, (lo + 1.0) / (max(ctx, 0.0) + 1.0))
             if d > 1.0:
                 self.reach.step(d)
-            return self._forward[DECODE](num_reqs, ctx) * self.gpu_scale
+            at = self._decode_at.get(num_reqs)  # the curve at this batch size (Curve.at: the same floats)
+            if at is None:
+                forward = self._forward[DECODE]
+                at = self._decode_at[num_reqs] = forward.at(num_reqs) if len(forward.axes) == 2 else (
+                    lambda c, n=num_reqs, f=forward: f(n, c))
+            return at(ctx) * self.gpu_scale
         if self.extend_attended:  # the KV tokens a new token attends: given, else equal shares
             attended = attn_pairs / num_tokens if attn_pairs else sum_ctx / num_reqs
             x, launch_x = (num_tokens, attended), num_tokens

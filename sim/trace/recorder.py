@@ -47,12 +47,12 @@ STEP_TYPES = dict.fromkeys(STEP_COLUMNS, "int64") | dict.fromkeys(
 
 
 def fill_decode_rows(rows: np.ndarray, full: bool, first_seq: int, n: int, warm: int, ctx, used_after, page: int,
-                     starts, recv: float, sched, ls, le, fs, fe) -> None:
+                     starts, recv: float, sched, ls, le, fs, fe, queued: int = 0) -> None:
     """Columns ``seq`` to ``forward_end`` (:data:`STEP_COLUMNS`) of the rows (a (k, 22) float64
     array) of k consecutive decode batches of ``n`` requests (``warm`` warm-up), the first numbered
     ``first_seq``: contexts, KV pages used after each allocation (``page`` tokens each), iteration
     starts, recv and schedule costs, launch starts and ends, forward starts and ends (arrays, one
-    value per batch, or a scalar for all; seconds). The leaps' numpy runs write their steps with
+    value per batch, or a scalar for all; seconds), ``queued`` requests waiting at each. The leaps' numpy runs write their steps with
     it (:mod:`sim.engines.sglang.leap_runs`, :mod:`sim.engines.vllm.leap_runs`). ``full`` False (a
     recorder that keeps no rows, :attr:`sim.trace.streaming.StreamingRecorder.keeps_rows`): only
     the columns it reads (kind, size, overshoot, after_idle, the forward's start and end); the
@@ -67,7 +67,8 @@ def fill_decode_rows(rows: np.ndarray, full: bool, first_seq: int, n: int, warm:
     rows[:, 3] = rows[:, 10] = n  # num_tokens, num_running
     rows[:, 4] = ctx
     rows[:, 5] = warm
-    rows[:, 7] = rows[:, 11] = 0  # finished, num_queued
+    rows[:, 7] = 0  # finished
+    rows[:, 11] = queued  # num_queued
     rows[:, 9] = used_after * page
     rows[:, 12] = starts
     rows[:, 13] = starts + recv

@@ -20,8 +20,11 @@ A run stops (and the loop goes on step by step) before an iteration that would:
 
 - start at or after the next open-loop arrival (``Phases.horizon``) or find a request in the inbox
   (a closed-loop client sent one when its request finished);
-- schedule a prefill (requests waiting, a chunk, a retraction's re-prefill, a request that
-  finished at its prefill);
+- schedule a prefill or try to (a chunk, a retraction's re-prefill, a request that finished at
+  its prefill, requests waiting while admission is open: a run goes on with requests waiting
+  only while ``batch_is_full`` latches admission shut or the running batch is at
+  ``max_running_requests``, a saturated server, and stops before the iteration after a request
+  leaves, whose admission pass may take one);
 - fail ``check_decode_mem`` (retraction, v0.5.22's skipped step) or leave the batch empty.
 
 Not leapt at all (step by step throughout): the MLX chain and ``thread_overlap`` loops, SGLang's
@@ -88,7 +91,7 @@ class Leap:
         """The leap of both loops; ``last`` (overlap) is the batch in flight, None for the normal
         loop, which processes each batch in its own iteration."""
         s, p = self.s, self.p
-        if (s.waiting or s.chunked_req is not None or s._chunk_in_last_prefill or s.unmerged_finishers or s.inbox
+        if (s.chunked_req is not None or s._chunk_in_last_prefill or s.unmerged_finishers or s.inbox
                 or now >= p.horizon or not (s.n_running or s.pending_merge)):
             return now, last, 0  # a prefill or nothing to run: step by step
         deferred = last is not None
@@ -111,7 +114,13 @@ class Leap:
         # the same floats: no jitter, no after-wait scale, costs priced over arrays
         vector = cpu_j is None and gpu_j is None and wait_scale == 1.0 and hasattr(costs, "decode_arrays")
         vector_after, step_s = 0, 0.0
+        queued = len(s.waiting)  # the steps' num_queued (no arrival, retraction or admission in a run)
         while not s.inbox and now < p.horizon and (s.n_running or s.pending_merge):
+            if queued:  # requests wait: a decode only while admission is shut (get_next_batch_to_run)
+                if s.pending_merge:
+                    s._merge_prefilled()
+                if not self._admission_shut():
+                    break  # an admission pass (a prefill, or a request that does not fit): step by step
             g = s.next_decode_seq
             if vector and g >= vector_after and not s.pending_merge and not s.fresh and (
                     not deferred or (prev is not None and not prev[3] and not prev[5])):
@@ -191,8 +200,8 @@ class Leap:
             stream.busy_until = forward_end = forward_start + forward
             overshoot_pages = sum(s.needs_page(r, g) for r in overshoot) if overshoot else 0
             head = (seq, DECODE, n, n, ctx, warm, len(overshoot))
-            mid = (after_idle, used * page, num_running, 0, now, schedule_start, schedule_start + sched_s, launch_start,
-                   launch_end, forward_start, forward_end)
+            mid = (after_idle, used * page, num_running, queued, now, schedule_start, schedule_start + sched_s,
+                   launch_start, launch_end, forward_start, forward_end)
             # --- wait for the batch whose results come now (overlap: g-1; normal: g), process it
             ready = (prev_fe if deferred else forward_end) + lat
             if ready > launch_end:
@@ -231,6 +240,21 @@ class Leap:
         if deferred:
             last = self._in_flight(prev[0] + (0,) + prev[4], prev[3], prev[5])
         return now, last, leapt
+
+    def _admission_shut(self) -> bool:
+        """With requests waiting, whether ``_new_prefill_batch`` schedules nothing at this
+        iteration's top: admission latched shut (``batch_is_full``), or the running batch at
+        ``max_running_requests``, which latches it (as that function does, here too). False: it
+        would run an admission pass (:mod:`sim.engines.sglang.policy.admission`)."""
+        s = self.s
+        if s.n_running == 0:
+            return False  # an empty running batch opens the latch
+        if s.batch_is_full:
+            return True
+        if s.n_running + len(s.unmerged_finishers) >= s.server.max_running_requests:
+            s.batch_is_full = True
+            return True
+        return False
 
     def _vector(self, now: float, g: int, prev, prev_proc: float, step_s: float):
         """A numpy run (:mod:`sim.engines.sglang.leap_runs`) from decode ``g`` up to the next

@@ -103,7 +103,7 @@ def overlap_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, 
     rows[0, :19] = prev_row
     j = k - 1
     fill_decode_rows(rows[1:], p.recorder.keeps_rows, s.next_step_seq - k, n, warm, ctx[:j], used_after[:j], page,
-               starts[:j], recv, sched[:j], ls[:j], le[:j], fs[:j], fe[:j])
+                     starts[:j], recv, sched[:j], ls[:j], le[:j], fs[:j], fe[:j], len(s.waiting))
     rows[:, 19] = le
     rows[:, 20] = ps
     rows[:, 21] = done
@@ -111,7 +111,7 @@ def overlap_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, 
     weights[0] = prev_row[2] - prev_row[5]
     _deliver(s, rows, done, weights, s.next_decode_seq - 2)
     i = k - 1
-    row = (s.next_step_seq - 1, DECODE, n, n, int(ctx[i]), warm, 0, 0, False, int(used_after[i]) * page, n, 0,
+    row = (s.next_step_seq - 1, DECODE, n, n, int(ctx[i]), warm, 0, 0, False, int(used_after[i]) * page, n, len(s.waiting),
            float(starts[i]), float(starts[i] + recv), float(starts[i] + recv + sched[i]), float(ls[i]), float(le[i]),
            float(fs[i]), float(fe[i]))
     return k, float(done[i]), float(fe[i]), float(process[i]), row
@@ -149,7 +149,8 @@ def normal_run(leap, now: float, k_max: int) -> tuple[int, float] | None:
     _commit(leap, g0, k, n, need, used_after, ctx, float(starts[k - 1]), float(fe[k - 1]))
     rows = np.empty((k, 22))
     fill_decode_rows(rows, p.recorder.keeps_rows, s.next_step_seq - k, n, warm, ctx[:k], used_after[:k], kv.page_size,
-               starts[:k], recv, sched[:k], ls[:k], le[:k], le[:k], fe[:k])  # each forward starts at its launch's end
+                     starts[:k], recv, sched[:k], ls[:k], le[:k], le[:k], fe[:k],  # each forward starts at its launch's end
+                     len(s.waiting))
     rows[:, 19], rows[:, 20], rows[:, 21] = le[:k], ready[:k], done[:k]
     _deliver(s, rows, done[:k], np.full(k, n - warm, dtype=np.int64), s.next_decode_seq - 1)
     return k, float(done[k - 1])

@@ -65,6 +65,24 @@ def test_the_leap_takes_most_steps_of_a_steady_closed_loop():
         assert_same(scenario, setting)
 
 
+def test_a_saturated_server_leaps_with_requests_waiting():
+    """More clients than ``max_num_seqs``: requests wait while the running batch is full, and the
+    WAITING pass takes none of them, so the leap takes the decode runs (stopping before a finish,
+    after which one is admitted) and writes each step's ``num_queued`` as the processes do."""
+    raw = vllm(concurrency=16, num_requests=80, output_len=150)
+    raw["server"]["max_num_seqs"] = 8
+    for costs in (None, {"profile": PROFILE}):
+        if costs is not None:
+            raw["costs"] = costs
+        scenario = sim.load_scenario(raw)
+        for setting in ("sync", "async"):
+            res = sim.simulate(scenario, setting)
+            assert (res.steps["num_queued"] > 0).mean() > 0.8
+            assert res.stats["leapt_steps"] > 0.8 * res.stats["steps"]
+            assert_same(scenario, setting)
+            assert_same(scenario, setting, tables="none")
+
+
 def test_preemption_and_noise_are_unchanged():
     """A KV cache that forces preemption (the leap stops before a step that cannot get its
     blocks) and jitter on every phase (the draws of a step the leap does not take are given

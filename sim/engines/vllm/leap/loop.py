@@ -17,8 +17,8 @@ A run is taken only from the top of an engine-core iteration where:
 
 - the worker waits for an RPC (its last step's sampling is done) and, under async scheduling, the
   step in flight is a decode of every running request whose output is back in the engine core;
-- no request waits, none finished since the last step, nothing is in the input queue by the
-  iteration's start, and no other SimPy event (an arrival, the API server) falls before the
+- no request waits (or the running batch is at ``max_num_seqs``, so the WAITING pass admits
+  none), none finished since the last step, nothing is in the input queue by the iteration's start, and no other SimPy event (an arrival, the API server) falls before the
   run's end;
 - every running request decodes one token a step: no prefill chunk, no speculative decoding or
   grammar, no preempted request's stale output, its blocks exactly covering its computed tokens;
@@ -96,9 +96,9 @@ class Leap:
         core, sched, worker = self.core, self.core.scheduler, self.worker
         running = sched.running
         n = len(running)
-        if (not n or sched.waiting or sched.finished_req_ids or core._was_idle or not worker.waiting
-                or self.rpcs.items or n > sched.max_num_scheduled_tokens):
-            return None
+        if (not n or (sched.waiting and n < sched.max_num_seqs) or sched.finished_req_ids or core._was_idle
+                or not worker.waiting or self.rpcs.items or n > sched.max_num_scheduled_tokens):
+            return None  # (requests may wait while the running batch is full: the WAITING pass takes none)
         if core._head < len(core.inbox) and core.inbox[core._head][0] <= now + TIME_EPS_S:
             return None
         back_prev = None
@@ -167,6 +167,7 @@ class Leap:
         horizon = env.peek()
         inbox_next = core.inbox[core._head][0] if core._head < len(core.inbox) else float("inf")
         seq0 = sched.next_step_seq
+        queued = len(sched.waiting)  # the steps' num_queued (nothing arrives, leaves or is admitted in a run)
         free, peak, usable = kv.num_free_blocks, kv.peak_used_blocks, kv.num_usable_blocks
         free_s, busy = frontend.free_s, stream.busy_until
         c, w3_prev, k = now, -float("inf"), 0
@@ -177,7 +178,7 @@ class Leap:
                     and min(horizon, inbox_next) - c >= NUMPY_MIN_RUN * (c - now) / k):  # (the next event not
                 # nearer than that many iterations of the pace so far)
                 got = numpy_steps(self, prev, (n, bs, hist, ctx0, shared, warm, measured, seq0, usable, horizon,
-                                               inbox_next, now, async_scheduling),
+                                               inbox_next, now, async_scheduling, queued),
                                   k, k_max, (c, w3_prev, back_prev, busy, free, peak, free_s, last, head))
                 vector = False
                 if got is not None:
@@ -231,7 +232,7 @@ class Leap:
                 peak = used
             busy = fe
             free_s = new_free_s
-            row = (seq0 + k, DECODE, n, n, ctx, warm, 0, 0, False, used * bs, n, 0, c, start, start + s, launch,
+            row = (seq0 + k, DECODE, n, n, ctx, warm, 0, 0, False, used * bs, n, queued, c, start, start + s, launch,
                    launch + d, fs, fe)
             if async_scheduling:
                 if head is None:  # the step in flight at the run's start: its own object

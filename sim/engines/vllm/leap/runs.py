@@ -60,7 +60,7 @@ def numpy_steps(leap, prev, run: tuple, k0: int, k_max: int, state: tuple):
             allocates by its index modulo the block size, the first iteration's summed context,
             shared prefix tokens, warm-up members, measured members, the first step's number,
             usable blocks, the next SimPy event's time, the next input's time, the run's start,
-            async scheduling).
+            async scheduling, the requests waiting).
         k0, k_max: the first iteration's index in the run, and the run's bound.
         state: the loop's state before iteration ``k0``: (clock, the last step's sampling end
             (async; else -inf), the step in flight's output back (async), the device's busy-until,
@@ -70,7 +70,7 @@ def numpy_steps(leap, prev, run: tuple, k0: int, k_max: int, state: tuple):
     Returns:
         None (no iteration taken), or (iterations taken, the state after them, as ``state``).
     """
-    n, bs, hist, ctx0, shared, warm, measured, seq0, usable, horizon, inbox_next, now, async_ = run
+    n, bs, hist, ctx0, shared, warm, measured, seq0, usable, horizon, inbox_next, now, async_, queued = run
     c0, w3_prev0, back_prev0, busy0, free0, peak0, free_s0, last0, head = state
     core = leap.core
     costs, frontend, rec = core.costs, core.frontend, core.recorder
@@ -166,19 +166,19 @@ def numpy_steps(leap, prev, run: tuple, k0: int, k_max: int, state: tuple):
             rows[0, :19] = head
         j = k - 1
         fill_decode_rows(rows[len(rows) - j:], rec.keeps_rows, seq0 + k0, n, warm, ctx[:j], used[:j], bs, c_in[:j],
-                         0.0, S, launch[:j], launch[:j] + D, fs[:j], fe[:j])
+                         0.0, S, launch[:j], launch[:j] + D, fs[:j], fe[:j], queued)
         stamped = slice(k - len(rows), k)
         rows[:, 19], rows[:, 20], rows[:, 21] = a1[stamped], a2[stamped], end[stamped]
         if len(rows):
             rec.step_rows(rows)
         i = k - 1
-        head = (seq0 + k0 + i, DECODE, n, n, int(ctx[i]), warm, 0, 0, False, int(used[i]) * bs, n, 0,
+        head = (seq0 + k0 + i, DECODE, n, n, int(ctx[i]), warm, 0, 0, False, int(used[i]) * bs, n, queued,
                 float(c_in[i]), float(c_in[i] + 0.0), float(c_in[i] + 0.0 + S), float(launch[i]),
                 float(launch[i] + D), float(fs[i]), float(fe[i]))
     else:
         rows = np.empty((k, 22))
         fill_decode_rows(rows, rec.keeps_rows, seq0 + k0, n, warm, ctx[:k], used, bs, c_in[:k], 0.0, S, launch[:k],
-                         launch[:k] + D, fs[:k], fe[:k])
+                         launch[:k] + D, fs[:k], fe[:k], queued)
         rows[:, 19], rows[:, 20], rows[:, 21] = a1[:k], a2[:k], end[:k]
         rec.step_rows(rows)
     if measured:

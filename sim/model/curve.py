@@ -10,7 +10,8 @@ the simulator reports as extrapolated steps. Fitting curves to samples is calibr
 Evaluation is pure Python (bisect on short lists): the simulator calls a curve several times
 per simulated step, where numpy's per-call overhead would dominate. A one-axis curve keeps the
 values it has computed (up to :data:`MEMO_SIZE` points): the loops ask for the same batch sizes
-step after step, and a value looked up is the float the computation gives.
+step after step, and a value looked up is the float the computation gives. A two-axis curve keeps
+itself at each first-axis value asked for (:meth:`Curve.at`), its second axis evaluated anew.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Curve:
         self.lo = tuple(g[0] for g in self.grid)
         self.hi = tuple(g[-1] for g in self.grid)
         self._memo: dict[float, float] | None = {} if len(self.axes) == 1 else None  # x -> value
+        self._at: dict = {}  # two axes: x0 -> the curve at x0 (:meth:`at`)
         self._arrays = None  # :meth:`along`'s numpy copies of the second axis and the rows, made once
 
     def __call__(self, *x: float) -> float:
@@ -67,19 +69,14 @@ class Curve:
             if len(memo) < MEMO_SIZE:
                 memo[x[0]] = y
             return y
-        i, t = _segment(self.grid[0], x[0])
-        j, u = _segment(self.grid[1], x[1])
-        v = self.values
-        i1 = i + 1 if len(v) > 1 else i
-        j1 = j + 1 if len(v[0]) > 1 else j
-        a = v[i][j] + u * (v[i][j1] - v[i][j])
-        b = v[i1][j] + u * (v[i1][j1] - v[i1][j])
-        y = a + t * (b - a)
-        return y if y > 0.0 else 0.0
+        at = self._at.get(x[0])
+        return (at if at is not None else self.at(x[0]))(x[1])
 
     def at(self, x0: float):
-        """A two-axis curve at ``x0``, as a function of ``x1``: each value the float
-        ``self(x0, x1)`` gives (the same operations, the first axis's segment found once)."""
+        """A two-axis curve at ``x0``, as a function of ``x1`` (seconds, >= 0): the bilinear
+        interpolation with the first axis's segment found once. :meth:`__call__` goes through it,
+        and the curve keeps it per ``x0`` (up to :data:`MEMO_SIZE`, then starts afresh): the loops
+        ask for the same batch sizes step after step, at new contexts."""
         i, t = _segment(self.grid[0], x0)
         v = self.values
         r, r1 = v[i], v[i + 1 if len(v) > 1 else i]
@@ -93,6 +90,9 @@ class Curve:
             y = a + t * (b - a)
             return y if y > 0.0 else 0.0
 
+        if len(self._at) >= MEMO_SIZE:
+            self._at.clear()
+        self._at[x0] = curve_at
         return curve_at
 
     def along(self, x0: float, x1):

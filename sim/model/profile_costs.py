@@ -37,7 +37,7 @@ from pathlib import Path
 
 from sim.model.costs import DECODE, EXTEND
 from sim.model.profile import load_profile_read_only, profile_curves
-from sim.model.reach import ReachMeter, distance, hulls
+from sim.model.reach import ReachMeter, distance, distances, hulls
 
 
 class ProfileCostModel:
@@ -83,12 +83,11 @@ class ProfileCostModel:
         self.decode_submits = self._submit[1] is not None  # a decode's launch can block (the leap steps aside)
         self._decode_cpu_seen: dict[int, tuple[float, float, float]] = {}  # batch size -> a decode's CPU phases
         self._decode_reach: dict[int, float] = {}  # batch size -> its distance from the data (count_decode_steps)
-        self._decode_at: dict = {}  # batch size -> the decode forward's curve at it, a function of the context
         h = hulls(profile, c)
         self._hull = tuple((h[f"forward.{k}"], h[f"launch.{k}"], h[f"schedule.{k}"], h[f"process.{k}"])
                            for k in ("extend", "decode"))
-        hf = self._hull[DECODE][0]  # the decode forward's context axis (none on a one-axis curve: never beyond)
-        self._decode_ctx_hull = (hf[0][1], hf[1][1]) if len(hf[0]) > 1 else (-math.inf, math.inf)
+        hf = self._hull[DECODE][0]  # the decode forward's data on its context axis (none on one axis: all inside)
+        self._decode_ctx_range = (hf[0][1], hf[1][1]) if len(hf[0]) > 1 else (-math.inf, math.inf)
 
     @property
     def extrapolated_steps(self) -> int:
@@ -110,19 +109,12 @@ class ProfileCostModel:
             d = self._decode_reach.get(num_reqs)
             if d is None:
                 d = self._decode_size(num_reqs)
-            lo, hi = self._decode_ctx_hull
-            if ctx > hi:
-                d = max(d, (ctx + 1.0) / (hi + 1.0))
-            elif ctx < lo:
-                d = max(d, (lo + 1.0) / (max(ctx, 0.0) + 1.0))
+            lo, hi = self._decode_ctx_range
+            if not lo <= ctx <= hi:  # beyond the data's contexts (rare): the context's own distance
+                d = max(d, distance(((lo,), (hi,)), ctx))
             if d > 1.0:
                 self.reach.step(d)
-            at = self._decode_at.get(num_reqs)  # the curve at this batch size (Curve.at: the same floats)
-            if at is None:
-                forward = self._forward[DECODE]
-                at = self._decode_at[num_reqs] = forward.at(num_reqs) if len(forward.axes) == 2 else (
-                    lambda c, n=num_reqs, f=forward: f(n, c))
-            return at(ctx) * self.gpu_scale
+            return self._forward[DECODE](num_reqs, ctx) * self.gpu_scale
         if self.extend_attended:  # the KV tokens a new token attends: given, else equal shares
             attended = attn_pairs / num_tokens if attn_pairs else sum_ctx / num_reqs
             x, launch_x = (num_tokens, attended), num_tokens
@@ -190,9 +182,7 @@ class ProfileCostModel:
             x, lo, hi = sum_ctx / num_reqs, hf[0][1], hf[1][1]
             if size == 1.0 and lo <= x.min() and x.max() <= hi:
                 return  # every step inside the data: nothing to count
-            d = np.maximum(np.full(len(sum_ctx), size),
-                           np.where(x > hi, (x + 1.0) / (hi + 1.0),
-                                    np.where(x < lo, (lo + 1.0) / (np.maximum(x, 0.0) + 1.0), 1.0)))
+            d = np.maximum(distances(lo, hi, x), size)
         elif size == 1.0:
             return
         else:

@@ -44,6 +44,14 @@ def distance(hull: tuple[tuple[float, ...], tuple[float, ...]], *x: float) -> fl
     return d
 
 
+def distances(lo: float, hi: float, x):
+    """:func:`distance` on one axis whose data span ``lo``-``hi``, at each value of the array
+    ``x``: a float64 array (the same doubles as the scalar path, elementwise)."""
+    import numpy as np  # the scalar path imports no numpy
+
+    return np.where(x > hi, (x + 1.0) / (hi + 1.0), np.where(x < lo, (lo + 1.0) / (np.maximum(x, 0.0) + 1.0), 1.0))
+
+
 class ReachMeter:
     """Counts a run's steps by their distance from the data (:func:`distance`)."""
 

@@ -52,8 +52,9 @@ def fill_decode_rows(rows: np.ndarray, full: bool, first_seq: int, n: int, warm:
     array) of k consecutive decode batches of ``n`` requests (``warm`` warm-up), the first numbered
     ``first_seq``: contexts, KV pages used after each allocation (``page`` tokens each), iteration
     starts, recv and schedule costs, launch starts and ends, forward starts and ends (arrays, one
-    value per batch, or a scalar for all; seconds), ``queued`` requests waiting at each. The leaps' numpy runs write their steps with
-    it (:mod:`sim.engines.sglang.leap_runs`, :mod:`sim.engines.vllm.leap_runs`). ``full`` False (a
+    value per batch, or a scalar for all; seconds), ``queued`` requests waiting at each. The
+    leaps' numpy runs write their steps with it (:mod:`sim.engines.sglang.leap_runs`,
+    :mod:`sim.engines.vllm.leap.runs`). ``full`` False (a
     recorder that keeps no rows, :attr:`sim.trace.streaming.StreamingRecorder.keeps_rows`): only
     the columns it reads (kind, size, overshoot, after_idle, the forward's start and end); the
     others are left as they are."""

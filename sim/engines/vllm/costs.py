@@ -51,7 +51,7 @@ from sim.engines.vllm.structured import GrammarCosts
 from sim.errors import ScenarioError
 from sim.model.costs import DECODE, LinearCostModel
 from sim.model.profile import profile_curves
-from sim.model.reach import ReachMeter, distance, hulls
+from sim.model.reach import ReachMeter, distance, distances, hulls
 
 PHASES = ("add_request", "schedule", "dispatch", "prepare", "roundtrip", "sample", "collect", "update")
 SPEC_PHASES = ("schedule", "prepare", "sample", "update")  # with a ``vllm.spec_<phase>`` curve
@@ -218,9 +218,7 @@ class VllmProfileCosts:
         import numpy as np
 
         ctx = (sum_ctx0 + np.arange(steps, dtype=np.int64) * num_reqs - saving) / num_reqs
-        along = np.where(ctx > hi_c, (ctx + 1.0) / (hi_c + 1.0),
-                         np.where(ctx < lo_c, (lo_c + 1.0) / (np.maximum(ctx, 0.0) + 1.0), 1.0))
-        self.reach.steps(np.maximum(along, size))
+        self.reach.steps(np.maximum(distances(lo_c, hi_c, ctx), size))
 
     def _phases_distance(self, num_reqs: int) -> float:
         # add_request is priced per drained request, not at the step's num_reqs; kept per batch size

@@ -18,8 +18,8 @@ A run is taken only from the top of an engine-core iteration where:
 - the worker waits for an RPC (its last step's sampling is done) and, under async scheduling, the
   step in flight is a decode of every running request whose output is back in the engine core;
 - no request waits (or the running batch is at ``max_num_seqs``, so the WAITING pass admits
-  none), none finished since the last step, nothing is in the input queue by the iteration's start, and no other SimPy event (an arrival, the API server) falls before the
-  run's end;
+  none), none finished since the last step, nothing is in the input queue by the iteration's
+  start, and no other SimPy event (an arrival, the API server) falls before the run's end;
 - every running request decodes one token a step: no prefill chunk, no speculative decoding or
   grammar, no preempted request's stale output, its blocks exactly covering its computed tokens;
 
@@ -144,8 +144,6 @@ class Leap:
             warm += r.warmup
             if r.num_hit_blocks:
                 hits.append(r.num_hit_blocks)
-        if k_max < MIN_RUN:
-            return None
         shared = 0
         if worker.shared_block_size and len(hits) > 1:  # Worker.shared_kv of every step of the run
             shared = (len(hits) - 1) * min(hits) * worker.shared_block_size

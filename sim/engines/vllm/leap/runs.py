@@ -87,22 +87,16 @@ def numpy_steps(leap, prev, run: tuple, k0: int, k_max: int, state: tuple):
     free_after = free0 - np.cumsum(need)
 
     # a candidate timeline, in the form of the first iteration
-    a1_0 = c0 + sd
-    w1_0 = a1_0 + p0
     if async_:
         c_in, fe_c, back_c = _async_candidate(m, c0, busy0, back_prev0, fwd, sd, p0, rt, sm, cc, u)
         back_in = np.concatenate(([back_prev0], back_c[:-1]))
     else:
-        fs_0 = w1_0 if w1_0 > busy0 else busy0
-        if fs_0 + fwd[0] > (w1_0 + rt) + sm:  # the forward outlasts the round trip and sampling
-            seq = np.empty(5 * m + 1)
-            seq[0], seq[1::5], seq[2::5], seq[3::5], seq[4::5], seq[5::5] = c0, sd, p0, fwd, cc, u
-            clock = np.add.accumulate(seq)
+        w1_0 = (c0 + sd) + p0
+        if (w1_0 if w1_0 > busy0 else busy0) + fwd[0] > (w1_0 + rt) + sm:  # the forward outlasts the round
+            clock = _running_sum(c0, (sd, p0, fwd, cc, u), m)  # trip and sampling
             c_in, fe_c = clock[0:5 * m:5], clock[3::5]
         else:
-            seq = np.empty(6 * m + 1)
-            seq[0], seq[1::6], seq[2::6], seq[3::6], seq[4::6], seq[5::6], seq[6::6] = c0, sd, p0, rt, sm, cc, u
-            clock = np.add.accumulate(seq)
+            clock = _running_sum(c0, (sd, p0, rt, sm, cc, u), m)
             c_in, fe_c = clock[0:6 * m:6], clock[2::6] + fwd
 
     # every iteration again, from the candidate's state before it, with the loop's expressions
@@ -194,6 +188,19 @@ def numpy_steps(leap, prev, run: tuple, k0: int, k_max: int, state: tuple):
 
 
 
+def _running_sum(start: float, parts: tuple, m: int) -> np.ndarray:
+    """The clock that starts at ``start`` and adds, at each of ``m`` iterations, ``parts`` in order
+    (scalars, or arrays of ``m`` values), with ``np.add.accumulate``: the loop's additions in its
+    order. Returns the ``len(parts) * m + 1`` sums: with w parts, ``[w * j]`` is iteration j's start
+    and ``[w * j + i + 1]`` the clock after its part i."""
+    w = len(parts)
+    seq = np.empty(w * m + 1)
+    seq[0] = start
+    for i, part in enumerate(parts):
+        seq[1 + i::w] = part
+    return np.add.accumulate(seq)
+
+
 def _async_candidate(m: int, c0: float, busy0: float, back_prev0: float, fwd, sd: float, p0: float, rt: float,
                      sm: float, cc: float, u: float):
     """Async scheduling's candidate timeline: (iteration starts, forward ends, outputs back), arrays
@@ -220,9 +227,7 @@ def _async_candidate(m: int, c0: float, busy0: float, back_prev0: float, fwd, sd
         waits.append(back_prev - a1 > 0.0)
         c, busy, back_prev = (a1 + max(0.0, back_prev - a1)) + u, fe, (w3 if w3 >= fe else fe) + cc
     if not any(waits):  # host-bound: schedule + dispatch, update
-        seq = np.empty(2 * m + 1)
-        seq[0], seq[1::2], seq[2::2] = c0, sd, u
-        clock = np.add.accumulate(seq)
+        clock = _running_sum(c0, (sd, u), m)
         w1 = clock[1::2] + p0
         fe_c = w1 + fwd
         w3 = (w1 + rt) + sm
@@ -237,14 +242,10 @@ def _async_candidate(m: int, c0: float, busy0: float, back_prev0: float, fwd, sd
         f = fwd[first::2]
         j = len(f)
         if idle and forward_bound:  # start, prepare, forward, collect, update: the next start of this parity
-            seq = np.empty(5 * j + 1)
-            seq[0], seq[1::5], seq[2::5], seq[3::5], seq[4::5], seq[5::5] = starts[first], sd, p0, f, cc, u
-            clock = np.add.accumulate(seq)
+            clock = _running_sum(starts[first], (sd, p0, f, cc, u), j)
             c_in[first::2], fe_c[first::2], back_c[first::2] = clock[0:5 * j:5], clock[3::5], clock[4::5]
         elif not forward_bound:  # the round trip and sampling decide: a running sum whatever the device does
-            seq = np.empty(6 * j + 1)
-            seq[0], seq[1::6], seq[2::6], seq[3::6], seq[4::6], seq[5::6], seq[6::6] = starts[first], sd, p0, rt, sm, cc, u
-            clock = np.add.accumulate(seq)
+            clock = _running_sum(starts[first], (sd, p0, rt, sm, cc, u), j)
             c_in[first::2], back_c[first::2] = clock[0:6 * j:6], clock[5::6]
             if idle:
                 fe_c[first::2] = clock[2::6] + f

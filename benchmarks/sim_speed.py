@@ -316,21 +316,29 @@ def leap_workload(name: str, num_requests: int):
     """``open`` (:func:`open_loop_scenario`) or ``closed-C``: the quickstart (its profile, 256
     output tokens by length) in a closed loop of C clients; ``vllm-open``: the open-loop workload
     on vLLM 0.32 (its inline costs, ``max_num_seqs`` 64); ``vllm-closed-C``: the shipped
-    ``vllm-h200`` scenario (its profile, the quickstart's load) at C clients."""
+    ``vllm-h200`` scenario (its profile, the quickstart's load) at C clients; ``mlx-closed-C``: the
+    shipped ``mlx-disable-overlap`` scenario (SGLang on MLX, its inline costs, 256 output tokens by
+    length) at C clients, under the MLX chain (``overlap_mlx``)."""
     if name in ("open", "vllm-open"):
         spec = open_loop_scenario(num_requests)
         if name == "vllm-open":
             spec["server"] = {"engine": "vllm", "device": "cuda", "settings": ["async", "sync"], "max_num_seqs": 64}
         return sim.load_scenario(spec)
     concurrency = int(name.rsplit("-", 1)[1])
-    path = "vllm-h200.yaml" if name.startswith("vllm-") else "quickstart.yaml"
-    return sim.load_scenario(ROOT / "scenarios" / path,
-                             [f"workload.num_requests={num_requests}", f"workload.concurrency={concurrency}"])
+    path = {"vllm": "vllm-h200.yaml", "mlx": "mlx-disable-overlap.yaml"}.get(name.split("-", 1)[0], "quickstart.yaml")
+    overrides = [f"workload.num_requests={num_requests}", f"workload.concurrency={concurrency}"]
+    if name.startswith("mlx-"):
+        overrides.append("server.settings=[overlap_mlx]")
+    return sim.load_scenario(ROOT / "scenarios" / path, overrides)
 
 
 def workload_settings(workload: str, settings: list[str]) -> list[str]:
     """The settings to run ``workload`` under: vLLM's (``async``, ``sync``) for a ``vllm-``
-    workload, whatever ``settings`` name of them (none: both), else ``settings``."""
+    workload, whatever ``settings`` name of them (none: both); ``overlap_mlx`` for an ``mlx-``
+    workload (its scenario's ``normal`` loop dies at v0.5.22, as the seed document's run did);
+    else ``settings``."""
+    if workload.startswith("mlx-"):
+        return ["overlap_mlx"]
     if not workload.startswith("vllm-"):
         return settings
     return [s for s in settings if s in ("async", "sync")] or ["async", "sync"]
@@ -452,7 +460,7 @@ def main() -> None:
     ap.add_argument("--leap", nargs="*", default=None, metavar="WORKLOAD",
                     help="instead: CPU per request with the leap, step by step and (with --against) another "
                          "checkout, workloads 'open' and/or 'closed-C' (quickstart at C clients), and on vLLM "
-                         "'vllm-open' and/or 'vllm-closed-C' (vllm-h200 at C clients), at --sizes, --settings "
+                         "'vllm-open' and/or 'vllm-closed-C' (vllm-h200 at C clients), and on MLX 'mlx-closed-C' (mlx-disable-overlap at C clients, overlap_mlx), at --sizes, --settings "
                          "(default overlap normal; async sync for vLLM), --repeats")
     ap.add_argument("--warm", type=int, default=1, metavar="N",
                     help="with --leap: each case process runs N times and reports its least CPU (no step-by-step mode)")

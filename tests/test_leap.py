@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ import sim
 from sim.engines.sglang import leap as leap_module
 
 ROOT = Path(__file__).resolve().parents[1]
+_TMP = tempfile.TemporaryDirectory(prefix="leap-test-")  # the generated family's submission-block profile
 SGLANG_SETTINGS = ["normal", "overlap", "overlap_mlx", "thread_overlap"]
 
 
@@ -65,10 +67,55 @@ def test_a_lone_request_is_leapt_over_all_its_decodes():
         assert_same(scenario, setting)
 
 
+def test_the_mlx_chain_leaps_while_it_holds():
+    """The same request under ``overlap_mlx``: the prefill's iteration, the one that processes it
+    (the chain breaks on a prefill) and the one that schedules decode 0 are the loop's; the leap
+    takes the chained iterations that schedule decodes 1-38 (each processing the decode before).
+    The loop's last two: one schedules decode 39 on the lazy tokens (the request finished in
+    decode 38, not yet processed: its token there is discarded) and processes decode 38; the chain
+    then breaks and the last processes decode 39. 41 steps, 40 decodes, 38 leapt."""
+    scenario = sim.load_scenario(closed_loop(concurrency=1, num_requests=1, warmup_requests=0))
+    res = sim.simulate(scenario, "overlap_mlx", leap=True)
+    assert (res.stats["steps"], res.stats["decode_steps"], res.stats["leapt_steps"]) == (41, 40, 38)
+    assert_same(scenario, "overlap_mlx")
+
+
+def submit_profile(tmp_dir: Path) -> Path:
+    """The H200 profile with MLX's submission block added (``submit.*``: 85% of the forward, so a
+    decode's launch returns near its forward's end), written to ``tmp_dir`` (once)."""
+    path = tmp_dir / "submit-profile.json"
+    if path.exists():
+        return path
+    prof = json.loads((ROOT / "scenarios" / "profiles" / "h200-llama-3.2-1b.json").read_text())
+    for kind in ("decode", "extend"):
+        curve = dict(prof["curves"][f"forward.{kind}"])
+        curve["values_s"] = [[v * 0.85 for v in row] for row in curve["values_s"]]
+        prof["curves"][f"submit.{kind}"] = curve
+    path.write_text(json.dumps(prof))
+    return path
+
+
+def test_a_submission_block_is_leapt_as_the_loops_take_it(tmp_path):
+    """A profile with ``submit.decode`` (an MLX calibration): each decode's launch blocks until
+    85% of its forward, which moves the timeline (the throughput differs from the same profile
+    without the block); the three loops leap over it with the loops' answers, noise on and off."""
+    raw = closed_loop(concurrency=8, num_requests=48, output_len=150)
+    raw["costs"] = {"profile": str(submit_profile(tmp_path))}
+    plain = closed_loop(concurrency=8, num_requests=48, output_len=150)
+    plain["costs"] = {"profile": str(ROOT / "scenarios" / "profiles" / "h200-llama-3.2-1b.json")}
+    for setting in ("overlap_mlx", "normal", "overlap"):
+        blocked = sim.simulate(sim.load_scenario(raw), setting, tables="none")
+        assert blocked.stats["leapt_steps"] > 0.9 * blocked.stats["steps"]
+        assert blocked.summary() != sim.simulate(sim.load_scenario(plain), setting, tables="none").summary()
+        assert_same(sim.load_scenario(raw), setting)
+    raw["costs"]["noise"] = {"gpu_cv": 0.1, "cpu_cv": 0.2}
+    for setting in ("overlap_mlx", "normal", "overlap"):
+        assert_same(sim.load_scenario(raw), setting)
+
+
 def test_no_leap_where_the_loop_has_none():
-    """The MLX chain, thread_overlap and SGLang's CPU engine run step by step throughout."""
-    for setting in ("overlap_mlx", "thread_overlap"):
-        assert sim.simulate(sim.load_scenario(closed_loop()), setting).stats["leapt_steps"] == 0
+    """thread_overlap and SGLang's CPU engine run step by step throughout."""
+    assert sim.simulate(sim.load_scenario(closed_loop()), "thread_overlap").stats["leapt_steps"] == 0
     cpu = closed_loop()
     cpu["server"]["device"] = "cpu"
     for setting in ("normal", "overlap"):
@@ -109,7 +156,7 @@ def test_jitter_draws_are_the_step_by_step_ones():
     raw["costs"] = {"noise": {"gpu_cv": 0.2, "cpu_cv": 0.3}, "cpu": {"after_wait_scale": 1.7},
                     "gpu": {"sync_latency": 2.0e-5}}
     scenario = sim.load_scenario(raw)
-    for setting in ("normal", "overlap"):
+    for setting in ("normal", "overlap", "overlap_mlx"):
         assert_same(scenario, setting)
         assert_same(scenario, setting, tables="summary")
 
@@ -147,9 +194,10 @@ def scenarios(draw) -> dict:
                      "sync_latency": draw(st.sampled_from([0.0, 3e-5]))},
              "cpu": {"process": {"base": draw(st.floats(1e-5, 5e-3)), "per_req": draw(st.floats(0, 5e-5))},
                      "after_wait_scale": draw(st.sampled_from([1.0, 1.0, 1.5]))}}
-    if draw(st.integers(0, 3)) == 0:  # a calibration profile (curves, reach counters) instead of inline terms
-        costs = {"profile": str(ROOT / "scenarios" / "profiles" / "h200-llama-3.2-1b.json"), "noise": costs["noise"],
-                 "gpu": {"sync_latency": costs["gpu"]["sync_latency"]}}
+    if draw(st.integers(0, 3)) == 0:  # a calibration profile (curves, reach counters) instead of inline terms,
+        profile = draw(st.sampled_from([ROOT / "scenarios" / "profiles" / "h200-llama-3.2-1b.json",
+                                        submit_profile(Path(_TMP.name))]))  # with MLX's submission block or not
+        costs = {"profile": str(profile), "noise": costs["noise"], "gpu": {"sync_latency": costs["gpu"]["sync_latency"]}}
     return {"name": "leap-family", "seed": draw(st.integers(0, 3)), "workload": workload, "server": server,
             "costs": costs}
 
@@ -169,7 +217,7 @@ def test_long_runs_go_to_numpy_and_change_nothing(monkeypatch):
     data so that the reach counters move) are computed by the numpy runs, with the same outputs."""
     from sim.engines.sglang import leap_runs
 
-    calls = {"overlap": 0, "normal": 0}
+    calls = {"overlap": 0, "normal": 0, "mlx": 0}
     for name in calls:
         original = getattr(leap_runs, f"{name}_run")
 
@@ -185,10 +233,37 @@ def test_long_runs_go_to_numpy_and_change_nothing(monkeypatch):
                                   "workload.input_len=30000", "workload.cached_len=0"])
     assert sim.simulate(profiled, "overlap", tables="none").summary()["extrapolated_steps"] > 1000
     for scenario in (inline, profiled):
-        for setting in ("overlap", "normal"):
+        for setting in ("overlap", "normal", "overlap_mlx"):
             assert_same(scenario, setting)
             assert_same(scenario, setting, tables="none")
-    assert calls["overlap"] > 0 and calls["normal"] > 0
+    assert calls["overlap"] > 0 and calls["normal"] > 0 and calls["mlx"] > 0
+
+
+def test_the_mlx_chain_in_numpy_settles_its_clocks(monkeypatch):
+    """The MLX chain's numpy runs (:func:`sim.engines.sglang.leap_runs.mlx_run`) solve each
+    iteration's start as a fixed point of the loop's expressions. On the shipped MLX scenario at 8
+    clients (device-bound: each forward 4 ms, the CPU's phases under 1 ms) numpy takes nearly every
+    step, each run whole, and the outputs are step by step's, with a sync latency too."""
+    from sim.engines.sglang import leap_runs
+
+    taken = []
+
+    def counted(*args):
+        out = leap_runs.mlx_run(*args)
+        taken.append((0 if out is None else out[0], args[2]))
+        return out
+
+    monkeypatch.setattr(leap_module, "mlx_run", counted)
+    for latency in (None, 3e-5):
+        sets = ["workload.num_requests=40", "workload.warmup_requests=0", "server.settings=[overlap_mlx]"]
+        if latency is not None:
+            sets.append(f"costs.gpu.sync_latency={latency}")
+        scenario = sim.load_scenario(ROOT / "scenarios" / "mlx-disable-overlap.yaml", sets)
+        res = sim.simulate(scenario, "overlap_mlx", tables="none")
+        assert sum(k for k, _ in taken) > 0.9 * res.stats["steps"]
+        assert all(k == asked for k, asked in taken)  # no run cut short by its clocks
+        assert_same(scenario, "overlap_mlx")
+        taken.clear()
 
 
 def test_a_saturated_server_leaps_with_requests_waiting():

@@ -1,5 +1,6 @@
-"""Leaping over steady decode runs: several iterations of ``event_loop_normal`` or
-``event_loop_overlap`` at once, with the same answer as step by step.
+"""Leaping over steady decode runs: several iterations of ``event_loop_normal``,
+``event_loop_overlap`` or ``event_loop_overlap_mlx`` (the MLX chain) at once, with the same answer
+as step by step.
 
 Between two events that can change what the scheduler does, consecutive decode iterations differ
 only in their batch's contexts and, when requests finish, in its size: no request is waiting or
@@ -16,6 +17,15 @@ path; finishes by length (left out of the next batch by v0.5.22's ``_reqs_finish
 and overshoot members (an EOS finish, or a policy before v0.5.22) are carried. Long runs over an
 unchanging batch are computed with numpy (:mod:`sim.engines.sglang.leap_runs`).
 
+The MLX chain (:meth:`Leap.mlx`) is the overlap loop's run with the chain's own clock: each
+phase's time is added to the iteration's ``t`` (the result wait as a duration) and the clock
+advanced by ``t``, as :func:`sim.engines.sglang.loops.overlap_mlx_loop` does; it runs only while
+the chain holds (the batch in flight a decode, nothing finished in the last processed batch, no
+request waiting) and stops before an iteration whose processed batch finishes requests (the
+chain breaks after it). A cost model with a submission block (``submit.*`` of an MLX profile:
+the launch returns once the device is near the forward's end, :meth:`Phases.launch`) is priced
+in each iteration as the launch does; those runs go through this module's loop, not numpy.
+
 A run stops (and the loop goes on step by step) before an iteration that would:
 
 - start at or after the next open-loop arrival (``Phases.horizon``) or find a request in the inbox
@@ -25,12 +35,13 @@ A run stops (and the loop goes on step by step) before an iteration that would:
   only while ``batch_is_full`` latches admission shut or the running batch is at
   ``max_running_requests``, a saturated server, and stops before the iteration after a request
   leaves, whose admission pass may take one);
-- fail ``check_decode_mem`` (retraction, v0.5.22's skipped step) or leave the batch empty.
+- fail ``check_decode_mem`` (retraction, v0.5.22's skipped step) or leave the batch empty;
+- (the MLX chain) process a batch in which requests finish.
 
-Not leapt at all (step by step throughout): the MLX chain and ``thread_overlap`` loops, SGLang's
-CPU engine (``blocking_forward``: the forward runs in the launch), a cost model with a submission
-block (MLX profiles), a release fault that kills the server, structured output (a grammar's mask
-and accept each step, :mod:`sim.engines.sglang.structured`); vLLM's loops have their own
+Not leapt at all (step by step throughout): the ``thread_overlap`` loop, SGLang's CPU engine
+(``blocking_forward``: the forward runs in the launch), a release fault that kills the server,
+structured output (a grammar's mask and accept each step, :mod:`sim.engines.sglang.structured`);
+vLLM's loops have their own
 (:mod:`sim.engines.vllm.leap`). ``--no-leap``
 (:func:`sim.simulate.simulate`'s ``leap=False``) runs every iteration step by step; the tests
 hold both paths to byte-identical outputs (``tests/test_leap.py``).
@@ -40,7 +51,7 @@ from __future__ import annotations
 
 import math
 
-from sim.engines.sglang.leap_runs import MIN_RUN, normal_run, overlap_run
+from sim.engines.sglang.leap_runs import MIN_RUN, mlx_run, normal_run, overlap_run
 from sim.engines.sglang.phases import AFTER_WAIT_MIN_S, Phases
 from sim.engines.sglang.policy.decode import DECODE_LOG_INTERVAL
 from sim.model.batch import Batch
@@ -57,15 +68,16 @@ class Leap:
         self.p = p
         self.s = p.scheduler
         self.leapt = 0  # iterations taken by the leap so far (the run's stats: leapt_steps)
+        self.finished_last = False  # the MLX chain: the last run's last processed batch finished requests
 
     @classmethod
     def for_run(cls, p: Phases, setting: str) -> "Leap | None":
         """The leap for ``setting``'s loop, or None where that loop is run step by step only."""
-        if setting not in ("normal", "overlap") or p.blocking_forward or p._die_fault is not None:
+        if setting not in ("normal", "overlap", "overlap_mlx") or p.blocking_forward or p._die_fault is not None:
             return None
         if p.grammar is not None:  # structured output: the masks and accepts go step by step
             return None
-        if getattr(p.costs, "decode_submits", True) or not hasattr(p.costs, "decode_s"):
+        if not hasattr(p.costs, "decode_s") or not hasattr(p.costs, "decode_submits"):
             return None
         return cls(p)
 
@@ -87,9 +99,25 @@ class Leap:
         now, _, leapt = self._run(now, None)
         return now, leapt
 
-    def _run(self, now: float, last: Batch | None) -> tuple[float, Batch | None, int]:
-        """The leap of both loops; ``last`` (overlap) is the batch in flight, None for the normal
-        loop, which processes each batch in its own iteration."""
+    def mlx(self, now: float, inflight: Batch | None, finished_last: bool) -> tuple[float, Batch | None, int]:
+        """Iterations of :func:`sim.engines.sglang.loops.overlap_mlx_loop` from ``now`` while the
+        chain holds (``inflight`` a decode, nothing finished in the last processed batch, no
+        request waiting): schedule and launch decode g on g-1's lazy tokens, block on g-1, process
+        it, each phase's time added to the iteration's ``t`` and the clock advanced by ``t``, as
+        the loop does. A run stops before an iteration whose processed batch finishes requests
+        (the chain breaks after it). Returns (the clock after them, the batch then in flight,
+        iterations leapt; 0: none, nothing changed); :attr:`finished_last` then says whether the
+        last processed batch finished requests (the loop's ``finished_last``)."""
+        s = self.s
+        if (inflight is None or finished_last or inflight.kind != DECODE or s.waiting
+                or inflight.decode_seq != s.next_decode_seq - 1):
+            return now, inflight, 0
+        self.finished_last = False
+        return self._run(now, inflight, chain=True)
+
+    def _run(self, now: float, last: Batch | None, chain: bool = False) -> tuple[float, Batch | None, int]:
+        """The leap of the three loops; ``last`` (overlap, the MLX chain: ``chain``) is the batch in
+        flight, None for the normal loop, which processes each batch in its own iteration."""
         s, p = self.s, self.p
         if (s.chunked_req is not None or s._chunk_in_last_prefill or s.unmerged_finishers or s.inbox
                 or now >= p.horizon or not (s.n_running or s.pending_merge)):
@@ -112,7 +140,10 @@ class Leap:
         leapt = 0
         # long runs of an unchanging batch go to numpy (sim.engines.sglang.leap_runs), which gives
         # the same floats: no jitter, no after-wait scale, costs priced over arrays
-        vector = cpu_j is None and gpu_j is None and wait_scale == 1.0 and hasattr(costs, "decode_arrays")
+        submits = costs.decode_submits  # MLX: a decode's launch blocks until near its forward's end
+        submit_s = costs.submit_s
+        vector = (cpu_j is None and gpu_j is None and wait_scale == 1.0 and hasattr(costs, "decode_arrays")
+                  and not submits)
         vector_after, step_s = 0, 0.0
         queued = len(s.waiting)  # the steps' num_queued (no arrival, retraction or admission in a run)
         while not s.inbox and now < p.horizon and (s.n_running or s.pending_merge):
@@ -124,7 +155,7 @@ class Leap:
             g = s.next_decode_seq
             if vector and g >= vector_after and not s.pending_merge and not s.fresh and (
                     not deferred or (prev is not None and not prev[3] and not prev[5])):
-                run = self._vector(now, g, prev, prev_proc if deferred else 0.0, step_s)
+                run = self._vector(now, g, prev, prev_proc if deferred else 0.0, step_s, chain)
                 if run is not None:
                     k, k_max, now, prev, prev_proc, prev_fe = run
                     leapt += k
@@ -149,8 +180,8 @@ class Leap:
                 for r in excluded:
                     warm -= r.warmup
                     ctx -= r.ctx_at_join() + g - r.join_seq
-                if n == 0:
-                    break
+                if n == 0 or chain:  # (the MLX chain: processing g-1 finishes requests, the chain breaks
+                    break  # after it: step by step)
                 if excluded:
                     need -= sum(s.needs_page(r, g) for r in excluded)
             used = kv.used_pages
@@ -198,18 +229,35 @@ class Leap:
             busy = stream.busy_until
             forward_start = launch_end if launch_end > busy else busy
             stream.busy_until = forward_end = forward_start + forward
+            launch_ret = launch_s  # what Phases.launch returns: the CPU part, or the submission's block
+            if submits:
+                sub = submit_s(DECODE, n, n, ctx)
+                if sub > 0.0:
+                    ret = forward_start + (sub if sub < forward else forward) - launch_start
+                    if ret > launch_s:
+                        launch_ret = ret
+            if chain:  # the MLX chain adds each phase to the iteration's t: its own float order
+                t = (recv_s + sched_s) + launch_ret
+                after = now + t
+            elif launch_ret is launch_s:
+                after = launch_end
+            else:
+                after = launch_start + launch_ret
             overshoot_pages = sum(s.needs_page(r, g) for r in overshoot) if overshoot else 0
             head = (seq, DECODE, n, n, ctx, warm, len(overshoot))
             mid = (after_idle, used * page, num_running, queued, now, schedule_start, schedule_start + sched_s,
                    launch_start, launch_end, forward_start, forward_end)
             # --- wait for the batch whose results come now (overlap: g-1; normal: g), process it
             ready = (prev_fe if deferred else forward_end) + lat
-            if ready > launch_end:
-                if ready - launch_end >= AFTER_WAIT_MIN_S:
+            if ready > after:
+                if ready - after >= AFTER_WAIT_MIN_S:
                     cold = wait_scale
                 process_start = ready
             else:
-                process_start = launch_end
+                process_start = after
+            if chain:  # Phases.sync's wait as a duration, added to t
+                t += process_start - after
+                process_start = now + t
             process_s = prev_proc if deferred else proc_s
             if cpu_j is not None:
                 process_s *= cpu_j()
@@ -217,18 +265,27 @@ class Leap:
             done = process_start + process_s
             if not deferred:
                 finished = s.deliver_decode(g, n, warm, fresh, (), (), done)
-                rec.decode_row(head, finished, mid, launch_end, process_start, done)
+                rec.decode_row(head, finished, mid, after, process_start, done)
             elif prev is None:  # the batch the loop had in flight (a prefill, fresh members): the policy's own path
-                last.sync_start, last.process_start, last.process_end = launch_end, process_start, done
+                last.sync_start, last.process_start, last.process_end = after, process_start, done
                 s.process_batch_result(last, done)
                 rec.step(last)
+                finished = last.finished
             else:
                 finished = s.deliver_decode(g - 1, prev[1], prev[2], prev[3], prev[5], (), done)
-                rec.decode_row(prev[0], finished, prev[4], launch_end, process_start, done)
+                rec.decode_row(prev[0], finished, prev[4], after, process_start, done)
             if overshoot_pages:  # _process_decode of g-1 releases the slots its finishers took in g
                 kv.used_pages -= overshoot_pages
-            step_s = done - now
-            now = done
+            if chain:
+                step_s = t + process_s
+                now = now + step_s
+                if finished:  # (not foreseen by finishing_at: the chain breaks, step by step from here)
+                    self.finished_last = True
+                    leapt += 1
+                    break
+            else:
+                step_s = done - now
+                now = done
             if deferred:
                 prev = (head, n, warm, fresh, mid, overshoot)
                 prev_proc, prev_fe = proc_s, forward_end
@@ -256,7 +313,7 @@ class Leap:
             return True
         return False
 
-    def _vector(self, now: float, g: int, prev, prev_proc: float, step_s: float):
+    def _vector(self, now: float, g: int, prev, prev_proc: float, step_s: float, chain: bool):
         """A numpy run (:mod:`sim.engines.sglang.leap_runs`) from decode ``g`` up to the next
         finish, the next arrival (by the last step's length ``step_s``) and :data:`MAX_RUN`; None
         if too short or not taken. ``prev``: the overlap loop's batch in flight as :meth:`_run`
@@ -276,7 +333,7 @@ class Leap:
             run = normal_run(self, now, k_max)
             return None if run is None else (run[0], k_max, run[1], None, 0.0, 0.0)
         head, _n, _warm, _fresh, mid, _overshoot = prev
-        run = overlap_run(self, now, k_max, p.stream.busy_until, prev_proc, head + (0,) + mid)
+        run = (mlx_run if chain else overlap_run)(self, now, k_max, p.stream.busy_until, prev_proc, head + (0,) + mid)
         if run is None:
             return None
         k, now, fe, proc, row = run

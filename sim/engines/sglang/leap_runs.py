@@ -16,7 +16,9 @@ step, and the CPU thread's clock follows one of two closed forms:
 
 The normal loop has one form: each iteration's clock is the running sum of recv + schedule,
 launch, the forward, the sync latency and the process (the device idle at each launch, each
-result waited for).
+result waited for). The MLX chain (:func:`mlx_run`) is taken in the device-bound regime, its
+clocks solved as a fixed point (its loop advances the clock by the iteration's summed phases, not
+to the result's time). A cost model with a submission block (MLX profiles) is not taken here.
 
 The run is computed for the regime its first step is in and cut at the first step that leaves it
 (or reaches the next arrival, or fails the KV check); :class:`sim.engines.sglang.leap.Leap` goes
@@ -43,10 +45,9 @@ def overlap_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, 
     or the first step in neither regime) or (iterations k, now, forward end, process cost and row
     of the batch then in flight)."""
     s, p = leap.s, leap.p
-    costs, kv = p.costs, s.kv
+    costs = p.costs
     g0 = s.next_decode_seq
-    n, warm = s.n_running, s.n_running_warmup
-    page = kv.page_size
+    n = s.n_running
     g, need, used_after, k = _kv_fits(s, g0, k_max)  # check_decode_mem, allocation by allocation
     if k < MIN_RUN or p._was_idle or n == 0:
         return None
@@ -91,30 +92,112 @@ def overlap_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, 
     else:
         return None
     ok &= starts < p.horizon
-    if not ok.all():
-        k = int(np.argmin(ok))
-        if k < MIN_RUN:
-            return None
-        starts, ls, le, fs, fe, ps, done = starts[:k], ls[:k], le[:k], fs[:k], fe[:k], ps[:k], done[:k]
-        sched, process = sched[:k], process[:k]
+    k = _cut(ok, k)
+    if k is None:
+        return None
+    row = _deferred_rows(leap, g0, k, need, used_after, ctx, recv, sched, prev_row,
+                         (starts, ls, le, fs, fe, le, ps, done))
+    return k, float(done[k - 1]), float(fe[k - 1]), float(process[k - 1]), row
+
+
+def mlx_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, prev_row: tuple):
+    """Up to ``k_max`` iterations of the MLX chain (``overlap_mlx_loop``) from ``now`` over a
+    running batch that keeps its members, decode g-1 in flight (as :func:`overlap_run`), in the
+    device-bound regime only (every launch finds the device busy: the forwards back to back, a
+    running sum). The loop adds each phase to the iteration's ``t`` and the clock by ``t``
+    (``now' = now + (((rs + launch) + wait) + process)``, the wait ``ready - (now + rs +
+    launch)`` or 0.0), so an iteration's start depends on the one before through its roundings: the
+    clocks are solved as a fixed point (start from ``ready + process``, apply the loop's
+    expressions to every iteration at once, again while any start moved, a few passes at most)
+    and the run is cut at the first iteration whose start the expressions do not give back.
+    Returns None (too short, or not device-bound from the start) or (iterations k, the clock
+    after them, forward end, process cost and row of the batch then in flight)."""
+    s, p = leap.s, leap.p
+    costs = p.costs
+    g0 = s.next_decode_seq
+    n = s.n_running
+    g, need, used_after, k = _kv_fits(s, g0, k_max)
+    if k < MIN_RUN or p._was_idle or n == 0:
+        return None
+    ctx = s.ctx_offset + n * g
+    sched, launch, forward, process = costs.decode_arrays(n, ctx[:k].astype(np.float64))
+    recv = costs.recv_s(0)
+    rs = recv + sched
+    t_launch = rs + launch  # t after the launch
+    lat = costs.sync_latency_s
+    fe = np.add.accumulate(np.concatenate(([prev_fe], forward + p.forward_extra_s)))
+    fe_prev, fe = fe[:k], fe[1:]
+    ready = fe_prev + lat
+    proc_prev = np.empty(k)
+    proc_prev[0] = prev_proc
+    proc_prev[1:] = process[:k - 1]
+    starts = np.empty(k + 1)
+    starts[0] = now
+    starts[1:] = ready + proc_prev  # the candidate: each iteration ends when its processing does
+    for _ in range(MLX_PASSES):
+        a = starts[:k] + t_launch
+        t = t_launch + np.where(ready > a, ready - a, a - a)  # Phases.sync: ready - at, or at - at
+        after = starts[:k] + (t + proc_prev)
+        moved = after != starts[1:]
+        starts[1:] = after
+        if not moved.any():
+            break
+    a = starts[:k] + t_launch
+    t = t_launch + np.where(ready > a, ready - a, a - a)
+    ls = starts[:k] + rs
+    le = ls + launch
+    ok = (starts[:k] + (t + proc_prev) == starts[1:]) & (le <= fe_prev) & (starts[:k] < p.horizon)
+    if not ok[0]:
+        return None
+    k = _cut(ok, k)
+    if k is None:
+        return None
+    ps = starts[:k] + t[:k]
+    done = ps + proc_prev[:k]
+    row = _deferred_rows(leap, g0, k, need, used_after, ctx, recv, sched, prev_row,
+                         (starts, ls, le, fe_prev, fe, a, ps, done))
+    return k, float(starts[k]), float(fe[k - 1]), float(process[k - 1]), row
+
+
+MLX_PASSES = 4  # fixed-point passes over an MLX chain run's iteration starts (two settle them in practice)
+
+
+def _cut(ok: np.ndarray, k: int) -> int | None:
+    """How many iterations of a run to keep: all ``k`` if ``ok`` holds for all, else up to the
+    first that fails; None if that is under :data:`MIN_RUN`."""
+    if ok.all():
+        return k
+    k = int(np.argmin(ok))
+    return None if k < MIN_RUN else k
+
+
+def _deferred_rows(leap, g0: int, k: int, need, used_after, ctx, recv: float, sched, prev_row: tuple,
+                   timeline: tuple) -> tuple:
+    """The end of a run of a loop that processes each decode in the next iteration (overlap, the
+    MLX chain): the state after its ``k`` iterations, the rows of decode g0-1 (``prev_row``, in
+    flight at the start) and g0 .. g0+k-2 (each stamped by the iteration after it), their ITL
+    samples. ``timeline``: per-iteration arrays (starts, launch starts and ends, forward starts
+    and ends, sync starts, process starts and ends). Returns the row of the decode then in flight
+    (up to its forward's end)."""
+    s, p = leap.s, leap.p
+    n, warm, page = s.n_running, s.n_running_warmup, s.kv.page_size
+    starts, ls, le, fs, fe, sync, ps, done = (x[:k] for x in timeline)
     _commit(leap, g0, k, n, need, used_after, ctx, float(starts[k - 1]), float(fe[k - 1]))
-    # rows: prev (decode g0-1) and decodes g0 .. g0+k-2, each stamped by the iteration after it
     rows = np.empty((k, 22))
     rows[0, :19] = prev_row
     j = k - 1
     fill_decode_rows(rows[1:], p.recorder.keeps_rows, s.next_step_seq - k, n, warm, ctx[:j], used_after[:j], page,
                      starts[:j], recv, sched[:j], ls[:j], le[:j], fs[:j], fe[:j], len(s.waiting))
-    rows[:, 19] = le
+    rows[:, 19] = sync
     rows[:, 20] = ps
     rows[:, 21] = done
     weights = np.full(k, n - warm, dtype=np.int64)
     weights[0] = prev_row[2] - prev_row[5]
     _deliver(s, rows, done, weights, s.next_decode_seq - 2)
     i = k - 1
-    row = (s.next_step_seq - 1, DECODE, n, n, int(ctx[i]), warm, 0, 0, False, int(used_after[i]) * page, n, len(s.waiting),
-           float(starts[i]), float(starts[i] + recv), float(starts[i] + recv + sched[i]), float(ls[i]), float(le[i]),
-           float(fs[i]), float(fe[i]))
-    return k, float(done[i]), float(fe[i]), float(process[i]), row
+    return (s.next_step_seq - 1, DECODE, n, n, int(ctx[i]), warm, 0, 0, False, int(used_after[i]) * page, n,
+            len(s.waiting), float(starts[i]), float(starts[i] + recv), float(starts[i] + recv + sched[i]), float(ls[i]),
+            float(le[i]), float(fs[i]), float(fe[i]))
 
 
 def normal_run(leap, now: float, k_max: int) -> tuple[int, float] | None:
@@ -142,10 +225,9 @@ def normal_run(leap, now: float, k_max: int) -> tuple[int, float] | None:
     fe_prev[0] = p.stream.busy_until
     fe_prev[1:] = fe[:k - 1]
     ok = (le >= fe_prev) & (ready > le) & (starts < p.horizon)
-    if not ok.all():
-        k = int(np.argmin(ok))
-        if k < MIN_RUN:
-            return None
+    k = _cut(ok, k)
+    if k is None:
+        return None
     _commit(leap, g0, k, n, need, used_after, ctx, float(starts[k - 1]), float(fe[k - 1]))
     rows = np.empty((k, 22))
     fill_decode_rows(rows, p.recorder.keeps_rows, s.next_step_seq - k, n, warm, ctx[:k], used_after[:k], kv.page_size,

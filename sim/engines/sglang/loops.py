@@ -107,7 +107,15 @@ def overlap_mlx_loop(env, p: Phases, server):
     inflight = None
     finished_last = False
     now = env.now
+    leap = p.leap
     while not sched.all_done or inflight is not None:
+        if leap is not None and inflight is not None:  # a run of chained decodes at once (sim.engines.sglang.leap)
+            now, inflight, leapt = leap.mlx(now, inflight, finished_last)
+            if leapt:
+                finished_last = leap.finished_last
+                if now >= p.horizon:
+                    yield env.timeout(now - env.now)
+                continue
         t = p.recv(now)
         chain = (inflight is not None and inflight.kind == DECODE and not finished_last
                  and not sched.has_queued_work)

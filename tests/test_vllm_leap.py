@@ -33,12 +33,13 @@ def vllm(**workload) -> dict:
 # --- hand-checked cases --------------------------------------------------------------------------
 def test_a_lone_request_is_leapt_over_its_decodes():
     """One request of 40 tokens, closed loop: its prefill step, then 39 decode steps, of which the
-    leap takes all but those next to the prefill and to the finish (37 in each setting's loop;
-    async scheduling also counts the empty steps it schedules once the request is done)."""
+    leap takes all but the last, which finishes it (38 in each setting's loop, from the first
+    iteration after the prefill's update; async scheduling also counts the empty steps it
+    schedules once the request is done)."""
     scenario = sim.load_scenario(vllm(concurrency=1, num_requests=1, warmup_requests=0))
     for setting in ("sync", "async"):
         res = sim.simulate(scenario, setting)
-        assert res.stats["leapt_steps"] == 37 and len(res.steps) == 40
+        assert res.stats["leapt_steps"] == 38 and len(res.steps) == 40
         assert sim.simulate(scenario, setting, leap=False).stats["leapt_steps"] == 0
         assert_same(scenario, setting)
 

@@ -18,8 +18,10 @@ A run is taken only from the top of an engine-core iteration where:
 - the worker waits for an RPC (its last step's sampling is done) and, under async scheduling, the
   step in flight is a decode of every running request whose output is back in the engine core;
 - no request waits (or the running batch is at ``max_num_seqs``, so the WAITING pass admits
-  none), none finished since the last step, nothing is in the input queue by the iteration's
-  start, and no other SimPy event (an arrival, the API server) falls before the run's end;
+  none), nothing is in the input queue by the iteration's start, and no other SimPy event (an
+  arrival, the API server) falls before the run's end (requests that finished in the last
+  update do not stop it: the run's first ``schedule`` hands their ids to the worker, which
+  prices nothing by them);
 - every running request decodes one token a step: no prefill chunk, no speculative decoding or
   grammar, no preempted request's stale output, its blocks exactly covering its computed tokens;
 
@@ -45,6 +47,8 @@ from sim.model.batch import Batch
 from sim.model.costs import DECODE
 
 MIN_RUN = 3  # a shorter run is not worth the walks over the running requests at its start and end
+RETRY_AFTER = 1  # step numbers after a refused run before the next try (each try walks the running requests;
+# 2 measured 7-13% slower on the open loop and at 64 synchronous clients: docs/speed.md)
 
 
 class Leap:
@@ -83,7 +87,7 @@ class Leap:
             return now, prev, 0
         ready = self._ready(now, prev)
         if ready is None:
-            self._retry_at = sched.next_step_seq + 2
+            self._retry_at = sched.next_step_seq + RETRY_AFTER
             return now, prev, 0
         return self._run(now, prev, *ready)
 
@@ -96,7 +100,7 @@ class Leap:
         core, sched, worker = self.core, self.core.scheduler, self.worker
         running = sched.running
         n = len(running)
-        if (not n or (sched.waiting and n < sched.max_num_seqs) or sched.finished_req_ids or core._was_idle
+        if (not n or (sched.waiting and n < sched.max_num_seqs) or core._was_idle
                 or not worker.waiting or self.rpcs.items or n > sched.max_num_scheduled_tokens):
             return None  # (requests may wait while the running batch is full: the WAITING pass takes none)
         if core._head < len(core.inbox) and core.inbox[core._head][0] <= now + TIME_EPS_S:
@@ -248,7 +252,7 @@ class Leap:
             back_prev, w3_prev, c = back, (w3 if async_scheduling else -float("inf")), end
             k += 1
         if k == 0:
-            self._retry_at = sched.next_step_seq + 2
+            self._retry_at = sched.next_step_seq + RETRY_AFTER
             return now, prev, 0
         costs.count_decode_steps(n, ctx0, k, shared)  # the reach counters, as forward_s counts each step
         self._commit(running, k, last, free, peak, free_s, busy)
@@ -270,6 +274,7 @@ class Leap:
             r.last_token_s = last
         sched.kv.num_free_blocks, sched.kv.peak_used_blocks = free, peak
         sched.next_step_seq += k
+        sched.finished_req_ids = set()  # schedule() sends them to the worker with its first step
         self.core.frontend.free_s = free_s
         self.worker.stream.busy_until = busy
 

@@ -279,10 +279,6 @@ class Leap:
             if chain:
                 step_s = t + process_s
                 now = now + step_s
-                if finished:  # (not foreseen by finishing_at: the chain breaks, step by step from here)
-                    self.finished_last = True
-                    leapt += 1
-                    break
             else:
                 step_s = done - now
                 now = done
@@ -290,6 +286,9 @@ class Leap:
                 prev = (head, n, warm, fresh, mid, overshoot)
                 prev_proc, prev_fe = proc_s, forward_end
             leapt += 1
+            if chain and finished:  # (not foreseen by finishing_at: the chain breaks, step by step from here)
+                self.finished_last = True
+                break
         p._cold = cold
         if leapt == 0:
             return now, last, 0

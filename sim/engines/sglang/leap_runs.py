@@ -147,8 +147,6 @@ def mlx_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, prev
     ls = starts[:k] + rs
     le = ls + launch
     ok = (starts[:k] + (t + proc_prev) == starts[1:]) & (le <= fe_prev) & (starts[:k] < p.horizon)
-    if not ok[0]:
-        return None
     k = _cut(ok, k)
     if k is None:
         return None

@@ -77,6 +77,46 @@ def test_release_hands_the_gil_to_the_waiter_at_once():
     assert out["b"][1] == pytest.approx(0.002) and gil.forced_switches == 0
 
 
+@pytest.mark.parametrize("dropped", [False, True])
+def test_the_gil_wait_resumes_where_an_any_of_condition_would(dropped):
+    """``GIL.run`` waits for its work's end or a drop request through a relay to one event
+    (:func:`sim.engines.sglang.gil._relay`) instead of SimPy's ``ran | drop``: the thread must
+    resume at the same place in SimPy's event order, one hop after the first of the two is
+    processed, so that a tie with another process's event (here one scheduled for the same
+    instant, right after the work's timeout) goes the same way; also when the drop comes first."""
+    from sim.engines.sglang.gil import _relay
+
+    def order(use_relay: bool) -> list[str]:
+        env, seen = simpy.Environment(), []
+        drop = env.event()
+
+        def waiter():
+            ran = env.timeout(1.0)
+            if use_relay:
+                wake, relay = env.event(), None
+                relay = _relay(wake)
+                drop.callbacks.append(relay)
+                ran.callbacks.append(relay)
+                yield wake
+            else:
+                yield ran | drop
+            seen.append("waiter")
+
+        def other():
+            yield env.timeout(0.5 if dropped else 1.0)
+            if dropped:
+                drop.succeed()
+                yield env.timeout(0.0)
+            seen.append("other")
+
+        env.process(waiter())
+        env.process(other())
+        env.run()
+        return seen
+
+    assert order(True) == order(False)
+
+
 def _decode_periods(res):
     d = res.steps[res.steps["kind"] == "decode"]
     period = np.diff(d["process_end"].to_numpy())

@@ -22,6 +22,17 @@ import simpy
 _EPS = 1e-12
 
 
+def _relay(target: simpy.Event):
+    """A callback that triggers ``target`` when the first of the events it is attached to is
+    processed (an any-of condition: later ones find it triggered and do nothing)."""
+
+    def fire(_event) -> None:
+        if not target.triggered:
+            target.succeed()
+
+    return fire
+
+
 class GIL:
     """The GIL shared by simulated threads (any hashable thread names).
 
@@ -53,10 +64,17 @@ class GIL:
             if self.drop_requested:
                 self._force_drop(me)
                 continue
-            self._drop = self.env.event()
+            # wait for the work's end or a drop request, whichever comes first: ``ran | drop`` as two
+            # relays to one event (the same events scheduled in the same order as SimPy's Condition,
+            # without its bookkeeping)
+            wake = self.env.event()
+            relay = _relay(wake)
+            self._drop = drop = self.env.event()
+            drop.callbacks.append(relay)
             start = self.env.now
             ran = self.env.timeout(work_s)
-            yield ran | self._drop
+            ran.callbacks.append(relay)
+            yield wake
             if ran.processed and self.env.now == start:
                 self._drop = None
                 break  # what is left is below the clock's resolution at this time: done (else no progress)

@@ -115,6 +115,23 @@ def test_summary_of_columns_is_the_summary_of_the_frames(t):
     assert list(got) == SUMMARY_KEYS and _same(got, want)
 
 
+def test_a_mean_over_infinities_is_numpys():
+    """Means are exact sums (``math.fsum``), which raises where numpy gives an answer: a sum past
+    the largest double is +-inf, infinities of both signs NaN (a corrupt trace's values)."""
+    from sim.trace.metrics import _stats_ms
+
+    cases = {(math.inf, -math.inf): math.nan, (1e308, 1e308): math.inf, (math.inf, 1.0): math.inf,
+             (0.001, 0.003): 2.0}  # the last: the plain mean, in ms
+    import warnings
+
+    for values, mean_ms in cases.items():
+        out = {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the quantiles of inf and -inf: NaN, as before
+            _stats_ms(np.array(values), "x", out)
+        assert _same(out["mean_x_ms"], mean_ms), (values, out)
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(floats, floats), max_size=10))
 def test_forward_gaps_are_pandas_shift_and_clip(pairs):

@@ -64,12 +64,14 @@ def _stats_ms(values: np.ndarray, prefix: str, out: dict, weights: np.ndarray | 
         out[f"mean_{prefix}_ms"] = out[f"median_{prefix}_ms"] = out[f"p99_{prefix}_ms"] = math.nan
         return
     # fsum: correctly rounded, so the mean does not depend on BLAS threads (sweeps on Dask = local);
-    # a sum beyond the largest double (values near 1e308 s: only a corrupt trace) is +-inf, as numpy's
+    # a sum beyond the largest double (values near 1e308 s: only a corrupt trace) is +-inf, and
+    # infinities of both signs NaN, as numpy's (fsum raises on both)
     terms = (values * weights).tolist()
     try:
         out[f"mean_{prefix}_ms"] = math.fsum(terms) / total * 1e3
-    except OverflowError:
-        out[f"mean_{prefix}_ms"] = float(np.sum(terms)) / total * 1e3
+    except (OverflowError, ValueError):
+        with np.errstate(over="ignore", invalid="ignore"):
+            out[f"mean_{prefix}_ms"] = float(np.sum(terms)) / total * 1e3
     out[f"median_{prefix}_ms"] = weighted_quantile(values, weights, 0.5) * 1e3
     out[f"p99_{prefix}_ms"] = weighted_quantile(values, weights, 0.99) * 1e3
 

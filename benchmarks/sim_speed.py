@@ -460,7 +460,8 @@ def main() -> None:
     ap.add_argument("--leap", nargs="*", default=None, metavar="WORKLOAD",
                     help="instead: CPU per request with the leap, step by step and (with --against) another "
                          "checkout, workloads 'open' and/or 'closed-C' (quickstart at C clients), and on vLLM "
-                         "'vllm-open' and/or 'vllm-closed-C' (vllm-h200 at C clients), and on MLX 'mlx-closed-C' (mlx-disable-overlap at C clients, overlap_mlx), at --sizes, --settings "
+                         "'vllm-open' and/or 'vllm-closed-C' (vllm-h200 at C clients), and on MLX 'mlx-closed-C' "
+                         "(mlx-disable-overlap at C clients, overlap_mlx), at --sizes, --settings "
                          "(default overlap normal; async sync for vLLM), --repeats")
     ap.add_argument("--warm", type=int, default=1, metavar="N",
                     help="with --leap: each case process runs N times and reports its least CPU (no step-by-step mode)")

@@ -316,8 +316,9 @@ class Leap:
         """A numpy run (:mod:`sim.engines.sglang.leap_runs`) from decode ``g`` up to the next
         finish, the next arrival (by the last step's length ``step_s``) and :data:`MAX_RUN`; None
         if too short or not taken. ``prev``: the overlap loop's batch in flight as :meth:`_run`
-        keeps it, its process cost ``prev_proc`` (None: the normal loop). Returns (iterations, the
-        most asked for, the clock, the batch then in flight, its process cost, its forward end)."""
+        keeps it (or the MLX chain's, ``chain``), its process cost ``prev_proc`` (None: the normal
+        loop). Returns (iterations, the most asked for, the clock, the batch then in flight, its
+        process cost, its forward end)."""
         s, p = self.s, self.p
         deferred = prev is not None
         k_max = MAX_RUN

@@ -80,6 +80,40 @@ def test_the_mlx_chain_leaps_while_it_holds():
     assert_same(scenario, "overlap_mlx")
 
 
+def test_a_finish_the_mlx_leap_did_not_foresee_breaks_the_chain_as_the_loop_does(monkeypatch):
+    """The MLX leap stops before processing a batch in which ``finishing_at`` says requests
+    finish; should a finish come unannounced, it ends the run after that iteration with the
+    loop's ``finished_last`` set, the batch it scheduled in flight. Forced here by hiding the
+    finishes from every lookup (``finishing_at.get``, the leap's and the policy's alike, so the
+    step-by-step run sees the same policy): the outputs stay step by step's."""
+    from sim.engines.sglang.policy import scheduler as scheduler_module
+
+    class Unannounced(dict):
+        def get(self, key, default=None):
+            return default
+
+    init = scheduler_module.Scheduler.__init__
+
+    def hiding(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.finishing_at = Unannounced()
+
+    monkeypatch.setattr(scheduler_module.Scheduler, "__init__", hiding)
+    guarded = []
+    run = leap_module.Leap._run
+
+    def counted(self, *args, **kwargs):
+        out = run(self, *args, **kwargs)
+        guarded.append(self.finished_last)
+        return out
+
+    monkeypatch.setattr(leap_module.Leap, "_run", counted)
+    for raw in (closed_loop(concurrency=3, num_requests=12, output_len=30),
+                closed_loop(concurrency=1, num_requests=1, warmup_requests=0)):
+        assert_same(sim.load_scenario(raw), "overlap_mlx")
+    assert any(guarded)
+
+
 def submit_profile(tmp_dir: Path) -> Path:
     """The H200 profile with MLX's submission block added (``submit.*``: 85% of the forward, so a
     decode's launch returns near its forward's end), written to ``tmp_dir`` (once)."""

@@ -129,10 +129,24 @@ def submit_profile(tmp_dir: Path) -> Path:
     return path
 
 
-def test_a_submission_block_is_leapt_as_the_loops_take_it(tmp_path):
+def test_a_submission_block_is_leapt_as_the_loops_take_it(tmp_path, monkeypatch):
     """A profile with ``submit.decode`` (an MLX calibration): each decode's launch blocks until
     85% of its forward, which moves the timeline (the throughput differs from the same profile
-    without the block); the three loops leap over it with the loops' answers, noise on and off."""
+    without the block); the three loops leap over it with the loops' answers, noise on and off,
+    the normal loop's and the MLX chain's long runs through numpy (the chain's with the device
+    idle at each launch's end: the block and the CPU's phases outlast a forward)."""
+    from sim.engines.sglang import leap_runs
+
+    taken = {"normal": 0, "mlx": 0}
+    for name in taken:
+        original = getattr(leap_runs, f"{name}_run")
+
+        def counted(*args, _original=original, _name=name):
+            out = _original(*args)
+            taken[_name] += 0 if out is None else out[0]
+            return out
+
+        monkeypatch.setattr(leap_module, f"{name}_run", counted)
     raw = closed_loop(concurrency=8, num_requests=48, output_len=150)
     raw["costs"] = {"profile": str(submit_profile(tmp_path))}
     plain = closed_loop(concurrency=8, num_requests=48, output_len=150)
@@ -142,9 +156,35 @@ def test_a_submission_block_is_leapt_as_the_loops_take_it(tmp_path):
         assert blocked.stats["leapt_steps"] > 0.9 * blocked.stats["steps"]
         assert blocked.summary() != sim.simulate(sim.load_scenario(plain), setting, tables="none").summary()
         assert_same(sim.load_scenario(raw), setting)
+    assert taken["normal"] > 0 and taken["mlx"] > 0
     raw["costs"]["noise"] = {"gpu_cv": 0.1, "cpu_cv": 0.2}
     for setting in ("overlap_mlx", "normal", "overlap"):
         assert_same(sim.load_scenario(raw), setting)
+
+
+def test_a_host_bound_mlx_chain_goes_to_numpy(monkeypatch):
+    """The MLX chain with the host slower than the device (process 6 ms a step, forward 4 ms):
+    the device idles at each launch's end and each forward starts there; the numpy runs take
+    that regime too (each iteration's length summed from the run's start), with the loop's
+    answers."""
+    from sim.engines.sglang import leap_runs
+
+    taken = []
+
+    def counted(*args):
+        out = leap_runs.mlx_run(*args)
+        taken.append(0 if out is None else out[0])
+        return out
+
+    monkeypatch.setattr(leap_module, "mlx_run", counted)
+    scenario = sim.load_scenario(ROOT / "scenarios" / "mlx-disable-overlap.yaml",
+                                 ["workload.num_requests=24", "server.settings=[overlap_mlx]",
+                                  "costs.cpu.process.base=0.006", "costs.gpu.sync_latency=2.0e-5"])
+    res = sim.simulate(scenario, "overlap_mlx", tables="steps")
+    steps = res.steps[res.steps["kind"] == "decode"]
+    assert (steps["forward_start"].to_numpy()[1:] > steps["forward_end"].to_numpy()[:-1]).mean() > 0.9  # idle
+    assert sum(taken) > 0.8 * res.stats["steps"]
+    assert_same(scenario, "overlap_mlx")
 
 
 def test_no_leap_where_the_loop_has_none():

@@ -24,7 +24,8 @@ the chain holds (the batch in flight a decode, nothing finished in the last proc
 request waiting) and stops before an iteration whose processed batch finishes requests (the
 chain breaks after it). A cost model with a submission block (``submit.*`` of an MLX profile:
 the launch returns once the device is near the forward's end, :meth:`Phases.launch`) is priced
-in each iteration as the launch does; those runs go through this module's loop, not numpy.
+in each iteration as the launch does; the normal loop's and the chain's numpy runs carry it, the
+overlap loop's runs take it here.
 
 A run stops (and the loop goes on step by step) before an iteration that would:
 
@@ -143,7 +144,7 @@ class Leap:
         submits = costs.decode_submits  # MLX: a decode's launch blocks until near its forward's end
         submit_s = costs.submit_s
         vector = (cpu_j is None and gpu_j is None and wait_scale == 1.0 and hasattr(costs, "decode_arrays")
-                  and not submits)
+                  and not (submits and deferred and not chain))  # (overlap's runs have no submission block)
         vector_after, step_s = 0, 0.0
         queued = len(s.waiting)  # the steps' num_queued (no arrival, retraction or admission in a run)
         while not s.inbox and now < p.horizon and (s.n_running or s.pending_merge):

@@ -16,9 +16,11 @@ step, and the CPU thread's clock follows one of two closed forms:
 
 The normal loop has one form: each iteration's clock is the running sum of recv + schedule,
 launch, the forward, the sync latency and the process (the device idle at each launch, each
-result waited for). The MLX chain (:func:`mlx_run`) is taken in the device-bound regime, its
-clocks solved as a fixed point (its loop advances the clock by the iteration's summed phases, not
-to the result's time). A cost model with a submission block (MLX profiles) is not taken here.
+result waited for). The MLX chain (:func:`mlx_run`) is taken with the device busy or idle at each
+launch's end, its clocks solved as a fixed point (its loop advances the clock by the iteration's
+summed phases, not to the result's time). A cost model with a submission block (MLX profiles:
+each launch returns near its forward's end, :func:`_launch_returns`) is taken in the normal loop
+and the MLX chain, not in the overlap loop.
 
 The run is computed for the regime its first step is in and cut at the first step that leaves it
 (or reaches the next arrival, or fails the KV check); :class:`sim.engines.sglang.leap.Leap` goes
@@ -102,16 +104,25 @@ def overlap_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, 
 
 def mlx_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, prev_row: tuple):
     """Up to ``k_max`` iterations of the MLX chain (``overlap_mlx_loop``) from ``now`` over a
-    running batch that keeps its members, decode g-1 in flight (as :func:`overlap_run`), in the
-    device-bound regime only (every launch finds the device busy: the forwards back to back, a
-    running sum). The loop adds each phase to the iteration's ``t`` and the clock by ``t``
-    (``now' = now + (((rs + launch) + wait) + process)``, the wait ``ready - (now + rs +
-    launch)`` or 0.0), so an iteration's start depends on the one before through its roundings: the
-    clocks are solved as a fixed point (start from ``ready + process``, apply the loop's
-    expressions to every iteration at once, again while any start moved, a few passes at most)
-    and the run is cut at the first iteration whose start the expressions do not give back.
-    Returns None (too short, or not device-bound from the start) or (iterations k, the clock
-    after them, forward end, process cost and row of the batch then in flight)."""
+    running batch that keeps its members, decode g-1 in flight (as :func:`overlap_run`). The
+    loop adds each phase to the iteration's ``t`` and the clock by ``t`` (``now' = now + (((rs +
+    launch) + wait) + process)``, the wait ``ready - (now + rs + launch)`` or 0.0), so an
+    iteration's start depends on the one before through its roundings; the starts are solved as
+    a fixed point of the loop's expressions, applied to every iteration at once, a few passes at
+    most, and the run is cut at the first iteration whose start they do not give back. Two
+    regimes, as the first iteration finds the device:
+
+    - **busy** at each launch's end: the forwards back to back (a running sum), each iteration
+      ending about when the result it waits for is ready (``ready + process``): a pass sets
+      each start from the one before's expressions;
+    - **idle** at each launch's end: each forward starts at its launch's end, each iteration's
+      length depends on its start only through roundings: a pass sums the iterations' lengths
+      from the run's start (``np.add.accumulate``, the loop's additions in its order).
+
+    With a submission block (MLX profiles) each launch returns near its forward's end
+    (:func:`_launch_returns`), which the same expressions carry. Returns None (too short, or the
+    first iterations in neither regime) or (iterations k, the clock after them, forward end,
+    process cost and row of the batch then in flight)."""
     s, p = leap.s, leap.p
     costs = p.costs
     g0 = s.next_decode_seq
@@ -123,37 +134,60 @@ def mlx_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, prev
     sched, launch, forward, process = costs.decode_arrays(n, ctx[:k].astype(np.float64))
     recv = costs.recv_s(0)
     rs = recv + sched
-    t_launch = rs + launch  # t after the launch
     lat = costs.sync_latency_s
-    fe = np.add.accumulate(np.concatenate(([prev_fe], forward + p.forward_extra_s)))
-    fe_prev, fe = fe[:k], fe[1:]
-    ready = fe_prev + lat
+    forward = forward + p.forward_extra_s
     proc_prev = np.empty(k)
     proc_prev[0] = prev_proc
     proc_prev[1:] = process[:k - 1]
+    submit = costs.decode_submit_arrays(n, ctx[:k].astype(np.float64)) if costs.decode_submits else None
+    busy = (now + rs[0]) + launch[0] <= prev_fe  # the first launch ends with the device busy
+    if busy:
+        fe = np.add.accumulate(np.concatenate(([prev_fe], forward)))
+        fe_prev, fe = fe[:k], fe[1:]
     starts = np.empty(k + 1)
     starts[0] = now
-    starts[1:] = ready + proc_prev  # the candidate: each iteration ends when its processing does
-    for _ in range(MLX_PASSES):
-        a = starts[:k] + t_launch
+
+    def iterate(begin):
+        """The loop's expressions from each iteration's start: (launch start and end, forward
+        start and end, the forward before's end, t, sync start, the iteration's length)."""
+        nonlocal fe_prev, fe
+        ls = begin + rs
+        le = ls + launch
+        if busy:
+            fs = fe_prev
+        else:
+            fs, fe = le, le + forward
+            fe_prev = np.concatenate(([prev_fe], fe[:-1]))
+        ready = fe_prev + lat
+        t_launch = rs + (launch if submit is None else _launch_returns(submit, launch, ls, fs, forward))
+        a = begin + t_launch
         t = t_launch + np.where(ready > a, ready - a, a - a)  # Phases.sync: ready - at, or at - at
-        after = starts[:k] + (t + proc_prev)
-        moved = after != starts[1:]
-        starts[1:] = after
-        if not moved.any():
+        return ls, le, fs, fe, fe_prev, t, a, t + proc_prev
+
+    if busy:  # the candidate: each iteration ends when its processing does, after the result (or after
+        # the submission's block, near the forward's end)
+        ready = fe_prev + lat
+        starts[1:] = (ready if submit is None else np.maximum(ready, fe_prev + np.minimum(submit, forward))) + proc_prev
+    else:  # the candidate: the lengths at the run's start, summed
+        starts[1:] = now
+        starts[1:] = np.add.accumulate(np.concatenate(([now], iterate(starts[:k])[-1])))[1:]
+    for _ in range(MLX_PASSES):
+        ls, le, fs, fe, fe_prev, t, a, length = iterate(starts[:k])
+        end = starts[:k] + length if busy else np.add.accumulate(np.concatenate(([now], length)))[1:]
+        if (end == starts[1:]).all():
             break
-    a = starts[:k] + t_launch
-    t = t_launch + np.where(ready > a, ready - a, a - a)
-    ls = starts[:k] + rs
-    le = ls + launch
-    ok = (starts[:k] + (t + proc_prev) == starts[1:]) & (le <= fe_prev) & (starts[:k] < p.horizon)
+        starts[1:] = end
+    else:
+        ls, le, fs, fe, fe_prev, t, a, length = iterate(starts[:k])
+    ok = (starts[:k] + length == starts[1:]) & (starts[:k] < p.horizon)
+    ok &= (le <= fe_prev) if busy else (le >= fe_prev)
     k = _cut(ok, k)
     if k is None:
         return None
     ps = starts[:k] + t[:k]
     done = ps + proc_prev[:k]
     row = _deferred_rows(leap, g0, k, need, used_after, ctx, recv, sched, prev_row,
-                         (starts, ls, le, fe_prev, fe, a, ps, done))
+                         (starts, ls, le, fs, fe, a, ps, done))
     return k, float(starts[k]), float(fe[k - 1]), float(process[k - 1]), row
 
 
@@ -222,7 +256,11 @@ def normal_run(leap, now: float, k_max: int) -> tuple[int, float] | None:
     fe_prev = np.empty(k)
     fe_prev[0] = p.stream.busy_until
     fe_prev[1:] = fe[:k - 1]
-    ok = (le >= fe_prev) & (ready > le) & (starts < p.horizon)
+    after = le  # the launch's return: its end, or where a submission blocks, later
+    if costs.decode_submits:
+        sub = costs.decode_submit_arrays(n, ctx.astype(np.float64))
+        after = ls + _launch_returns(sub, launch, ls, le, forward + p.forward_extra_s)
+    ok = (le >= fe_prev) & (ready > after) & (starts < p.horizon)
     k = _cut(ok, k)
     if k is None:
         return None
@@ -231,9 +269,18 @@ def normal_run(leap, now: float, k_max: int) -> tuple[int, float] | None:
     fill_decode_rows(rows, p.recorder.keeps_rows, s.next_step_seq - k, n, warm, ctx[:k], used_after[:k], kv.page_size,
                      starts[:k], recv, sched[:k], ls[:k], le[:k], le[:k], fe[:k],  # each forward starts at its launch's end
                      len(s.waiting))
-    rows[:, 19], rows[:, 20], rows[:, 21] = le[:k], ready[:k], done[:k]
+    rows[:, 19], rows[:, 20], rows[:, 21] = after[:k], ready[:k], done[:k]
     _deliver(s, rows, done[:k], np.full(k, n - warm, dtype=np.int64), s.next_decode_seq - 1)
     return k, float(done[k - 1])
+
+
+def _launch_returns(submit, launch, ls, fs, forward):
+    """What :meth:`sim.engines.sglang.phases.Phases.launch` returns for each step (arrays:
+    submission block ``submit``, launch time ``launch``, launch start ``ls``, forward start
+    ``fs``, forward ``forward`` with its extra): the launch, or where the submission blocks
+    (``submit`` > 0) until ``fs + min(submit, forward)``, that if later; the same floats."""
+    blocked = (fs + np.where(submit <= forward, submit, forward)) - ls
+    return np.where((submit > 0.0) & (blocked > launch), blocked, launch)
 
 
 def _kv_fits(s, g0: int, k_max: int):

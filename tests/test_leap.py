@@ -313,6 +313,21 @@ def test_long_runs_go_to_numpy_and_change_nothing(monkeypatch):
     assert calls["overlap"] > 0 and calls["normal"] > 0 and calls["mlx"] > 0
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(raw=scenarios(), setting=st.sampled_from(["normal", "overlap", "overlap_mlx"]),
+       tables=st.sampled_from(["steps", "none"]))
+def test_generated_runs_through_numpy_are_unchanged(monkeypatch, raw, setting, tables):
+    """The generated family with every stretch of two or more steps offered to the numpy runs
+    (their closed forms and fixed points meet short runs, arrivals, finishes and the submission
+    block far more often than at the real threshold)."""
+    from sim.engines.sglang import leap_runs
+
+    monkeypatch.setattr(leap_runs, "MIN_RUN", 2)
+    monkeypatch.setattr(leap_module, "MIN_RUN", 2)
+    assert_same(sim.load_scenario(raw), setting, tables)
+
+
 def test_the_mlx_chain_in_numpy_settles_its_clocks(monkeypatch):
     """The MLX chain's numpy runs (:func:`sim.engines.sglang.leap_runs.mlx_run`) solve each
     iteration's start as a fixed point of the loop's expressions. On the shipped MLX scenario at 8

@@ -170,14 +170,10 @@ class ProfileCostModel:
         return np.full(k, sched), np.full(k, launch), forward, np.full(k, process)
 
     def decode_submit_arrays(self, num_reqs: int, sum_ctx):
-        """:meth:`submit_s` of decode batches over an array of contexts (float64): the same floats
-        elementwise (the curve along the contexts per request); zeros without ``submit.decode``."""
-        import numpy as np
-
-        curve = self._submit[DECODE]
-        if curve is None:
-            return np.zeros(len(sum_ctx))
-        return curve.along(num_reqs, sum_ctx / num_reqs) * self.gpu_scale
+        """:meth:`submit_s` of decode batches over an array of contexts (float64), for a profile
+        with ``submit.decode`` (:attr:`decode_submits`): the same floats elementwise (the curve
+        along the contexts per request)."""
+        return self._submit[DECODE].along(num_reqs, sum_ctx / num_reqs) * self.gpu_scale
 
     def count_decode_steps(self, num_reqs: int, sum_ctx) -> None:
         """Count decode steps of ``num_reqs`` requests at the contexts ``sum_ctx`` (an array) in

@@ -53,7 +53,7 @@ from __future__ import annotations
 import math
 
 from sim.engines.sglang.leap_runs import MIN_RUN, mlx_run, normal_run, overlap_run
-from sim.engines.sglang.phases import AFTER_WAIT_MIN_S, Phases
+from sim.engines.sglang.phases import AFTER_WAIT_MIN_S, Phases, launch_return
 from sim.engines.sglang.policy.decode import DECODE_LOG_INTERVAL
 from sim.model.batch import Batch
 from sim.model.costs import DECODE
@@ -230,19 +230,13 @@ class Leap:
             busy = stream.busy_until
             forward_start = launch_end if launch_end > busy else busy
             stream.busy_until = forward_end = forward_start + forward
-            launch_ret = launch_s  # what Phases.launch returns: the CPU part, or the submission's block
-            if submits:
-                sub = submit_s(DECODE, n, n, ctx)
-                if sub > 0.0:
-                    ret = forward_start + (sub if sub < forward else forward) - launch_start
-                    if ret > launch_s:
-                        launch_ret = ret
+            # what Phases.launch returns: the CPU part, or the submission's block
+            launch_ret = launch_return(launch_s, submit_s(DECODE, n, n, ctx), forward_start, forward,
+                                       launch_start) if submits else launch_s
             if chain:  # the MLX chain adds each phase to the iteration's t: its own float order
                 t = (recv_s + sched_s) + launch_ret
                 after = now + t
-            elif launch_ret is launch_s:
-                after = launch_end
-            else:
+            else:  # (launch_end when nothing blocks: the same sum)
                 after = launch_start + launch_ret
             overshoot_pages = sum(s.needs_page(r, g) for r in overshoot) if overshoot else 0
             head = (seq, DECODE, n, n, ctx, warm, len(overshoot))

@@ -141,19 +141,18 @@ def mlx_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, prev
     proc_prev[1:] = process[:k - 1]
     submit = costs.decode_submit_arrays(n, ctx[:k].astype(np.float64)) if costs.decode_submits else None
     busy = (now + rs[0]) + launch[0] <= prev_fe  # the first launch ends with the device busy
-    if busy:
-        fe = np.add.accumulate(np.concatenate(([prev_fe], forward)))
-        fe_prev, fe = fe[:k], fe[1:]
+    if busy:  # the forwards back to back, whatever the starts
+        queued = np.add.accumulate(np.concatenate(([prev_fe], forward)))
     starts = np.empty(k + 1)
     starts[0] = now
 
     def iterate(begin):
         """The loop's expressions from each iteration's start: (launch start and end, forward
         start and end, the forward before's end, t, sync start, the iteration's length)."""
-        nonlocal fe_prev, fe
         ls = begin + rs
         le = ls + launch
         if busy:
+            fe_prev, fe = queued[:k], queued[1:]
             fs = fe_prev
         else:
             fs, fe = le, le + forward
@@ -166,14 +165,13 @@ def mlx_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, prev
 
     if busy:  # the candidate: each iteration ends when its processing does, after the result (or after
         # the submission's block, near the forward's end)
-        ready = fe_prev + lat
-        starts[1:] = (ready if submit is None else np.maximum(ready, fe_prev + np.minimum(submit, forward))) + proc_prev
-    else:  # the candidate: the lengths at the run's start, summed
-        starts[1:] = now
-        starts[1:] = np.add.accumulate(np.concatenate(([now], iterate(starts[:k])[-1])))[1:]
+        ready = queued[:k] + lat
+        starts[1:] = (ready if submit is None else np.maximum(ready, queued[:k] + np.minimum(submit, forward))) + proc_prev
+    else:  # the candidate: the lengths of iterations all started at the run's start, summed
+        starts[1:] = _summed(now, iterate(np.full(k, now))[-1])
     for _ in range(MLX_PASSES):
         ls, le, fs, fe, fe_prev, t, a, length = iterate(starts[:k])
-        end = starts[:k] + length if busy else np.add.accumulate(np.concatenate(([now], length)))[1:]
+        end = starts[:k] + length if busy else _summed(now, length)
         if (end == starts[1:]).all():
             break
         starts[1:] = end
@@ -192,6 +190,12 @@ def mlx_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, prev
 
 
 MLX_PASSES = 4  # fixed-point passes over an MLX chain run's iteration starts (two settle them in practice)
+
+
+def _summed(start: float, lengths: np.ndarray) -> np.ndarray:
+    """The clock after each of ``lengths`` added to ``start`` in turn (the loop's additions in its
+    order): the next iterations' starts."""
+    return np.add.accumulate(np.concatenate(([start], lengths)))[1:]
 
 
 def _cut(ok: np.ndarray, k: int) -> int | None:
@@ -275,10 +279,9 @@ def normal_run(leap, now: float, k_max: int) -> tuple[int, float] | None:
 
 
 def _launch_returns(submit, launch, ls, fs, forward):
-    """What :meth:`sim.engines.sglang.phases.Phases.launch` returns for each step (arrays:
-    submission block ``submit``, launch time ``launch``, launch start ``ls``, forward start
-    ``fs``, forward ``forward`` with its extra): the launch, or where the submission blocks
-    (``submit`` > 0) until ``fs + min(submit, forward)``, that if later; the same floats."""
+    """:func:`sim.engines.sglang.phases.launch_return` for each step (arrays: submission block
+    ``submit``, launch time ``launch``, launch start ``ls``, forward start ``fs``, forward
+    ``forward`` with its extra), the same floats elementwise."""
     blocked = (fs + np.where(submit <= forward, submit, forward)) - ls
     return np.where((submit > 0.0) & (blocked > launch), blocked, launch)
 

@@ -21,6 +21,17 @@ from sim.trace.recorder import TraceRecorder
 AFTER_WAIT_MIN_S = 1.0e-6  # a shorter wait (float ties included) leaves the CPU's state as it was
 
 
+def launch_return(launch_s: float, submit_s: float, forward_start: float, forward_s: float,
+                  launch_start: float) -> float:
+    """How long a launch of ``launch_s`` seconds of CPU started at ``launch_start`` holds the
+    thread: that, or where the cost model has a submission block ``submit_s`` > 0 (MLX's
+    ``mx.async_eval`` back-pressure), until ``min(submit_s, forward_s)`` after the forward starts
+    at ``forward_start``, if later (seconds; :meth:`Phases.launch`, and the leap's iterations)."""
+    if submit_s > 0.0:
+        return max(launch_s, forward_start + min(submit_s, forward_s) - launch_start)
+    return launch_s
+
+
 class Phases:
     """The scheduler thread's phases (recv, schedule, launch, sync, process) over shared state.
 
@@ -169,10 +180,8 @@ class Phases:
             return end - at
         if self.blocking_forward:  # CPU engine: run_batch returns when the forward is done
             return batch.forward_end - at
-        submit = c.submit_s(k, n, tok, ctx)
-        if submit > 0.0:  # MLX: the submission returns only once the device is near the end of this forward
-            return max(dur, batch.forward_start + min(submit, forward) - at)
-        return dur
+        # MLX: the submission returns only once the device is near the end of this forward
+        return launch_return(dur, c.submit_s(k, n, tok, ctx), batch.forward_start, forward, at)
 
     def sample(self, batch: Batch, at: float) -> float:
         """``launch_batch_sample_if_needed`` from ``at`` (``event_loop_overlap`` with a grammar

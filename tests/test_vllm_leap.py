@@ -32,14 +32,14 @@ def vllm(**workload) -> dict:
 
 # --- hand-checked cases --------------------------------------------------------------------------
 def test_a_lone_request_is_leapt_over_its_decodes():
-    """One request of 40 tokens, closed loop: its prefill step, then 39 decode steps, of which the
-    leap takes all but the last, which finishes it (38 in each setting's loop, from the first
-    iteration after the prefill's update; async scheduling also counts the empty steps it
-    schedules once the request is done)."""
+    """One request of 40 tokens, closed loop: its prefill step, then 39 decode steps. The
+    synchronous loop's leap takes all 39, the last one's update (which finishes the request)
+    included; async scheduling's takes all but the last, from the first iteration after the
+    prefill's update: 38 (it also counts the empty steps it schedules once the request is done)."""
     scenario = sim.load_scenario(vllm(concurrency=1, num_requests=1, warmup_requests=0))
-    for setting in ("sync", "async"):
+    for setting, leapt in (("sync", 39), ("async", 38)):
         res = sim.simulate(scenario, setting)
-        assert res.stats["leapt_steps"] == 38 and len(res.steps) == 40
+        assert res.stats["leapt_steps"] == leapt and len(res.steps) == 40
         assert sim.simulate(scenario, setting, leap=False).stats["leapt_steps"] == 0
         assert_same(scenario, setting)
 
@@ -82,6 +82,35 @@ def test_a_saturated_server_leaps_with_requests_waiting():
             assert res.stats["leapt_steps"] > 0.8 * res.stats["steps"]
             assert_same(scenario, setting)
             assert_same(scenario, setting, tables="none")
+
+
+def test_the_leap_carries_a_finish(monkeypatch):
+    """Requests that finish at different steps (uniform lengths, a closed and an open loop, by
+    length and by EOS): a run goes on to the iteration whose update stops requests, which the
+    loop performs at its own time through ``Leap.finish`` (synchronous loop: every finish;
+    async scheduling: finishes at ``max_tokens``, which its next step already leaves out); the
+    outputs are step by step's, with the profile's API server (whose input side a finished
+    client's next request goes through) and with inline costs."""
+    carried = {"sync": 0, "async": 0}
+    finish = leap_module.Leap.finish
+
+    def counted(self):
+        carried["async" if self.async_scheduling else "sync"] += 1
+        return finish(self)
+
+    monkeypatch.setattr(leap_module.Leap, "finish", counted)
+    lengths = {"dist": "uniform", "low": 20, "high": 240}
+    for workload in ({"concurrency": 6}, {"arrival": "poisson", "rate_per_s": 40.0}):
+        for end in ("length", "eos"):
+            raw = vllm(num_requests=48, output_len=lengths, finish=end, **workload)
+            for costs in (None, {"profile": PROFILE}):
+                if costs is not None:
+                    raw["costs"] = costs
+                scenario = sim.load_scenario(raw)
+                for setting in ("sync", "async"):
+                    assert_same(scenario, setting)
+                    assert_same(scenario, setting, tables="none")
+    assert carried["sync"] > 50 and carried["async"] > 20
 
 
 def test_preemption_and_noise_are_unchanged():

@@ -25,10 +25,22 @@ A run is taken only from the top of an engine-core iteration where:
 - every running request decodes one token a step: no prefill chunk, no speculative decoding or
   grammar, no preempted request's stale output, its blocks exactly covering its computed tokens;
 
-and it stops before an iteration that would finish a request (its stop token, ``max_tokens`` or
-``max_model_len``; async scheduling: before the in-flight step reaches ``max_tokens``), run out of
-KV blocks (preemption), find the worker still busy when the next step is sent (pickup) or end at
-or after the next other event. Not leapt: vLLM's CPU platform (the forward blocks the worker),
+and it ends with the first iteration whose update finishes requests, or stops before one it does
+not carry; it stops before an iteration that would run out of KV blocks (preemption), find the
+worker still busy when the next step is sent (pickup) or end at or after the next other event.
+
+**A finish is carried** (since 5 December 2026): the synchronous loop's every finish (a stop token,
+``max_tokens``, ``max_model_len``: the request is in the step, its update stops it); under async
+scheduling a finish at ``max_tokens`` or ``max_model_len``, whose next step already leaves the
+request out (``_schedule_running``, l.668: that iteration's step is priced at the smaller batch,
+the update at the step in flight's), while others stay running. A stop token's finish under async
+scheduling (the next step still holds the request: its token is the overshoot) stops the run
+before it, as does a finish that empties the batch. The run's last iteration is computed up to
+its update's start; the loop yields to that time (so that the finished clients' next requests
+are sent at the processes' ``env.now``) and calls :meth:`Leap.finish`, which records the ITL
+samples, finishes the stopped requests through the policy's own ``finish_stopped`` (freed,
+recorded, their clients told), records the step, and returns the update's duration for the loop
+to wait, in the order ``update_from_output`` and ``EngineCore.update`` make them. Not leapt: vLLM's CPU platform (the forward blocks the worker),
 speculative decoding, structured output. ``leap=False`` (``--no-leap``) runs every iteration
 through the processes; ``tests/test_vllm_leap.py`` holds both to byte-identical outputs.
 
@@ -69,6 +81,7 @@ class Leap:
         self.vector = core.cpu_jitter.cv == 0 and worker.cpu_jitter.cv == 0 and worker.gpu_jitter.cv == 0
         self.leapt = 0  # iterations taken so far (the run's stats: leapt_steps)
         self._retry_at = 0  # the step sequence number before which no run is tried again
+        self.finishing = None  # a run that ends in a finish: what its update does at a2 (finish())
 
     @classmethod
     def for_run(cls, env, core, worker, rpcs, setting: str, leap: bool) -> "Leap | None":
@@ -122,7 +135,10 @@ class Leap:
         last = running[0].last_token_s
         if last != last:  # NaN: no token delivered yet
             return None
+        async_scheduling = self.async_scheduling
         k_max = 1 << 30
+        finishing: list | None = []  # the requests that stop at iteration k_max, in order (None: k_max is
+        # not a finish for every one of them)
         hist = [0] * bs
         ctx = warm = 0
         hits = []
@@ -134,27 +150,39 @@ class Leap:
                     or r.last_token_s != last or r.first_token_s != r.first_token_s or r.num_blocks != -(-c // bs)):
                 return None
             out = r.num_output_tokens
-            stop = min(r.max_tokens - out - 1, max_len - r.num_prompt_tokens - out - 1, max_len - c - 1)
-            if r.output_len < r.max_tokens:  # a stop token ends it (check_stop)
-                stop = min(stop, r.output_len - out - 1)
-            if self.async_scheduling:  # the in-flight step must not reach max_tokens (l.668)
-                stop = min(stop, r.num_prompt_tokens + r.max_tokens - c - 1)
-            if stop < k_max:
-                if stop < MIN_RUN:
-                    return None  # a request finishes too soon for a run
-                k_max = stop
+            # the iteration whose update stops it (check_stop: max_tokens, max_model_len, a stop token)
+            fin = min(r.max_tokens - out - 1, max_len - r.num_prompt_tokens - out - 1)
+            if r.output_len < r.max_tokens:
+                fin = min(fin, r.output_len - out - 1)
+            left_out = max_len - c - 1  # (after this many iterations the RUNNING pass gives it no token)
+            if async_scheduling:  # or the in-flight step reaches max_tokens (l.668)
+                left_out = min(left_out, r.num_prompt_tokens + r.max_tokens - c - 1)
+            stop = min(fin, left_out)
+            if stop <= k_max:
+                if stop < k_max:
+                    k_max, finishing = stop, []
+                if finishing is not None:  # carried: a finish; under async scheduling one that its next
+                    # step leaves out (max_tokens, max_model_len), not a stop token's (its step has it)
+                    if fin == stop and (not async_scheduling or left_out == stop):
+                        finishing.append(r)
+                    else:
+                        finishing = None
             hist[(-c) % bs] += 1
             ctx += c + 1
             warm += r.warmup
             if r.num_hit_blocks:
                 hits.append(r.num_hit_blocks)
+        if finishing is None or (async_scheduling and len(finishing) == n):  # (an empty step: step by step)
+            finishing = ()
+            if k_max < MIN_RUN:
+                return None  # a run too short for its walks, and no finish to carry
         shared = 0
         if worker.shared_block_size and len(hits) > 1:  # Worker.shared_kv of every step of the run
             shared = (len(hits) - 1) * min(hits) * worker.shared_block_size
-        return running, ctx, warm, n - warm, last, k_max, hist, shared, back_prev
+        return running, ctx, warm, n - warm, last, k_max, hist, shared, back_prev, finishing
 
     # --- the run --------------------------------------------------------------------------------
-    def _run(self, now: float, prev, running, ctx0, warm, measured, last, k_max, hist, shared, back_prev):
+    def _run(self, now: float, prev, running, ctx0, warm, measured, last, k_max, hist, shared, back_prev, finishing):
         env, core, worker = self.env, self.core, self.worker
         sched, costs, frontend, rec = core.scheduler, core.costs, core.frontend, core.recorder
         kv, stream = sched.kv, worker.stream
@@ -175,7 +203,8 @@ class Leap:
         c, w3_prev, k = now, -float("inf"), 0
         head = None  # async: the row of the step in flight, up to its forward's end
         vector, short = self.vector, 0
-        while k < k_max and c + TIME_EPS_S < inbox_next:
+        k_end = k_max + 1 if finishing else k_max  # (the synchronous loop: iteration k_max finishes requests)
+        while k < k_end and c + TIME_EPS_S < inbox_next:
             if (vector and k and k_max - k >= NUMPY_MIN_RUN  # a long stretch: numpy (sim.engines.vllm.leap.runs)
                     and min(horizon, inbox_next) - c >= NUMPY_MIN_RUN * (c - now) / k):  # (the next event not
                 # nearer than that many iterations of the pace so far)
@@ -189,10 +218,21 @@ class Leap:
                     short += taken < NUMPY_MIN_RUN  # cut early (the first iterations in another regime, as
                     vector = short < 3  # a run's start can be): tried again from there, a few times at most
                     continue
-            need = hist[k % bs]
+            stops = k == k_max  # (its update finishes requests: it happens at a2, through the loop)
+            need, ctx, nk, warmk = hist[k % bs], ctx0 + k * n, n, warm
+            if stops and async_scheduling:  # its step leaves out the requests whose last token is in flight
+                nk, warmk = n - len(finishing), warm - sum(r.warmup for r in finishing)
+                need -= sum((-r.num_computed_tokens) % bs == k % bs for r in finishing)
+                ctx -= sum(r.num_computed_tokens + 1 + k for r in finishing)
+                ph_s, ph_d, ph_p, ph_sm, ph_cc = (phase(name, nk) for name in
+                                                  ("schedule", "dispatch", "prepare", "sample", "collect"))
+                ph_rt = costs.pickup_s(nk)
+                gone = {r.rid for r in finishing}
+                staying = [r for r in running if r.rid not in gone]
+                shared_k = self._shared(staying)
+                forward_at = costs.decode_forward_at(nk, shared_k)
             if need > free:
                 break  # allocate_slots fails: preemption, step by step
-            ctx = ctx0 + k * n
             # the engine core: add_requests (nothing arrived), schedule, dispatch
             js, jd = cj(), cj()
             s, d = ph_s * js, ph_d * jd
@@ -222,7 +262,8 @@ class Leap:
             ju = cj()
             end = a2 + ph_u * ju
             deliver, new_free_s = frontend.egress_time(end, n, free_s)
-            if not (end < horizon and now + (end - now) == end and (not async_scheduling or w3 < end)):
+            if not (end < horizon and now + (end - now) == end and (not async_scheduling or w3 < end)
+                    and (not stops or now + (a2 - now) == a2)):
                 cj.give_back([js, jd, ju])
                 wj.give_back([jp, jr, jm, jc])
                 gj.give_back([jg])
@@ -234,9 +275,20 @@ class Leap:
                 peak = used
             busy = fe
             free_s = new_free_s
-            row = (seq0 + k, DECODE, n, n, ctx, warm, 0, 0, False, used * bs, n, queued, c, start, start + s, launch,
-                   launch + d, fs, fe)
+            row = (seq0 + k, DECODE, nk, nk, ctx, warmk, 0, 0, False, used * bs, n, queued, c, start, start + s,
+                   launch, launch + d, fs, fe)
             if async_scheduling:
+                if stops:  # the update at a2 finishes the step in flight's last tokens (finish())
+                    if head is None:  # (the loop's own step)
+                        prev.sync_start, prev.process_start, prev.process_end = a1, a2, end
+                        core._results.pop(prev.seq)
+                        done_step = prev
+                    else:
+                        done_step = head[:7] + (len(finishing),) + head[8:] + (a1, a2, end)
+                    self.finishing = (finishing, done_step, deliver, deliver - last, measured, ph_u * ju)
+                    head, last, back_prev, c = row, deliver, back, a2
+                    k += 1
+                    break
                 if head is None:  # the step in flight at the run's start: its own object
                     prev.sync_start, prev.process_start, prev.process_end, prev.finished = a1, a2, end, 0
                     core._results.pop(prev.seq)
@@ -244,6 +296,12 @@ class Leap:
                 else:
                     rec.step_row(head + (a1, a2, end))
                 head = row
+            elif stops:  # the update at a2 (finish): the ITL samples, the finishes, then the step
+                self.finishing = (finishing, row[:7] + (len(finishing),) + row[8:] + (a1, a2, end), deliver,
+                                  deliver - last, measured, ph_u * ju)
+                last, c = deliver, a2
+                k += 1
+                break
             else:
                 rec.step_row(row + (a1, a2, end))
             if measured:
@@ -254,12 +312,41 @@ class Leap:
         if k == 0:
             self._retry_at = sched.next_step_seq + RETRY_AFTER
             return now, prev, 0
-        costs.count_decode_steps(n, ctx0, k, shared)  # the reach counters, as forward_s counts each step
+        carried = async_scheduling and self.finishing is not None  # (its last step left requests out)
+        costs.count_decode_steps(n, ctx0, k - carried, shared)  # the reach counters, as forward_s counts each step
+        if carried:
+            costs.count_decode_steps(nk, ctx, 1, shared_k)
         self._commit(running, k, last, free, peak, free_s, busy)
         self.leapt += k
         if async_scheduling:
+            if carried:
+                for r in finishing:  # not in the last step: their last token came with the update (finish())
+                    r.num_computed_tokens -= 1
+                    r.num_output_placeholders = r.num_in_flight_tokens = 0
+                    r.num_blocks = -(-r.num_computed_tokens // bs)
+                running = staying
             prev = self._in_flight(head, running, back_prev)
         return c, prev, k
+
+    def finish(self) -> float:
+        """The update of a synchronous run's last iteration, in which requests stop, at its own
+        time (the loop has yielded to it, so the clients' next requests are sent at the process
+        path's ``env.now``): its ITL samples, the stopped requests finished through the policy
+        (``finish_stopped``: freed, recorded, their clients told), then its step row, in
+        ``update_from_output``'s and ``EngineCore.update``'s order. Returns the update's duration
+        (s), which the loop waits as the processes do."""
+        finishing, step, deliver, gap, measured, update_s = self.finishing
+        self.finishing = None
+        core = self.core
+        if measured:
+            core.recorder.itl(gap, measured)
+        core.scheduler.finish_stopped(finishing, deliver)
+        if type(step) is tuple:
+            core.recorder.step_row(step)
+        else:  # (async scheduling: the loop's own step in flight, the run's first)
+            step.finished = len(finishing)
+            core.recorder.step(step)
+        return update_s
 
     def _commit(self, running, k: int, last: float, free: int, peak: int, free_s: float, busy: float) -> None:
         """The state after ``k`` iterations: each request's counters, blocks and last delivery
@@ -293,3 +380,10 @@ class Leap:
         done.succeed(back)
         self.core._results[seq] = done
         return step
+
+    def _shared(self, running) -> int:
+        """``Worker.shared_kv`` of a decode step of ``running`` (tokens): (m - 1) p for the m
+        requests with a prefix-cache hit, p the smallest hit; 0 unless requests share a prefix."""
+        size = self.worker.shared_block_size
+        hits = [r.num_hit_blocks for r in running if r.num_hit_blocks] if size else ()
+        return (len(hits) - 1) * min(hits) * size if len(hits) > 1 else 0

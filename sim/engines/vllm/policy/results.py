@@ -76,8 +76,7 @@ class ResultsMixin:
                 stopped.append(req)
         for value, weight in itl.items():
             self.recorder.itl(value, weight)
-        for req in stopped:
-            self._finish(req, deliver_s)
+        self.finish_stopped(stopped, deliver_s)
         step.finished = len(stopped)
         return len(stopped)
 
@@ -95,6 +94,12 @@ class ResultsMixin:
         if req.num_output_tokens >= req.output_len and not req.stops_by_length:
             return True  # FINISHED_STOPPED (EOS / a stop token)
         return req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len
+
+    def finish_stopped(self, stopped: list[Request], deliver_s: float) -> None:
+        """The requests ``update_from_output`` found stopped (in the step's order), their last
+        token delivered at ``deliver_s`` (s): each freed, recorded and its client told."""
+        for req in stopped:
+            self._finish(req, deliver_s)
 
     def _finish(self, req: Request, t: float) -> None:
         """``_free_request``: free its blocks now, drop it from its queue, notify the worker."""

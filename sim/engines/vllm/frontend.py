@@ -138,7 +138,13 @@ class ApiServer:
     def egress_time(self, update_end_s: float, num_reqs: int, free_s: float) -> tuple[float, float]:
         """:meth:`egress` with the output side free at ``free_s``, changing nothing: (when the
         step's tokens reach the clients, when the output side is free after it), seconds."""
-        terms = self.egress_terms(num_reqs)
+        return self.egress_after(self.egress_terms(num_reqs), update_end_s, free_s)
+
+    @staticmethod
+    def egress_after(terms: tuple[float, float] | None, update_end_s: float, free_s: float) -> tuple[float, float]:
+        """:meth:`egress_time` of a step whose :meth:`egress_terms` are ``terms`` (the leap keeps
+        them for a run's batch size): (when its tokens reach the clients, when the output side is
+        free after it), seconds."""
         if terms is None:
             return update_end_s, free_s
         wait, work = terms

@@ -200,6 +200,8 @@ class Leap:
         ph_s, ph_d, ph_p, ph_sm, ph_cc, ph_u = (phase(name, n) for name in
                                                 ("schedule", "dispatch", "prepare", "sample", "collect", "update"))
         ph_rt = costs.pickup_s(n) if async_scheduling else phase("roundtrip", n)
+        egress, egress_after = frontend.egress_terms(n), frontend.egress_after  # (the update's: the step in flight's
+        # batch size, n at every iteration)
         horizon = env.peek()
         inbox_next = core.inbox[core._head][0] if core._head < len(core.inbox) else float("inf")
         seq0 = sched.next_step_seq
@@ -267,7 +269,7 @@ class Leap:
             a2 = r + max(0.0, back_w - r)
             ju = cj()
             end = a2 + ph_u * ju
-            deliver, new_free_s = frontend.egress_time(end, n, free_s)
+            deliver, new_free_s = egress_after(egress, end, free_s)
             if not (end < horizon and now + (end - now) == end and (not async_scheduling or w3 < end)
                     and (not stops or now + (a2 - now) == a2)):
                 cj.give_back([js, jd, ju])

@@ -87,18 +87,18 @@ def test_a_saturated_server_leaps_with_requests_waiting():
 def test_the_leap_carries_a_finish(monkeypatch):
     """Requests that finish at different steps (uniform lengths, a closed and an open loop, by
     length and by EOS): a run goes on to the iteration whose update stops requests, which the
-    loop performs at its own time through ``Leap.finish`` (synchronous loop: every finish;
+    loop performs at its own time through ``Leap.update`` (synchronous loop: every finish;
     async scheduling: finishes at ``max_tokens``, which its next step already leaves out); the
     outputs are step by step's, with the profile's API server (whose input side a finished
     client's next request goes through) and with inline costs."""
     carried = {"sync": 0, "async": 0}
-    finish = leap_module.Leap.finish
+    finish = leap_module.Leap._finish
 
-    def counted(self):
+    def counted(self, *args):
         carried["async" if self.async_scheduling else "sync"] += 1
-        return finish(self)
+        return finish(self, *args)
 
-    monkeypatch.setattr(leap_module.Leap, "finish", counted)
+    monkeypatch.setattr(leap_module.Leap, "_finish", counted)
     lengths = {"dist": "uniform", "low": 20, "high": 240}
     for workload in ({"concurrency": 6}, {"arrival": "poisson", "rate_per_s": 40.0}):
         for end in ("length", "eos"):
@@ -111,6 +111,29 @@ def test_the_leap_carries_a_finish(monkeypatch):
                     assert_same(scenario, setting)
                     assert_same(scenario, setting, tables="none")
     assert carried["sync"] > 50 and carried["async"] > 20
+
+
+def test_a_run_goes_on_past_the_api_servers_events(monkeypatch):
+    """While a run is computed, the API server's events (a request on its way in, its share of
+    the event loop) and the open loop's next send may fall inside it: they change nothing an
+    iteration reads until a request can reach the input queue, so a run goes on to that bound
+    (``ApiServer.earliest_enqueue_s``, ``EngineCore.next_send_s``) and the loop waits for its
+    last update's start, then the update, as the processes do. The shipped ``vllm-h200`` scenario
+    at 24 clients and in an open loop (its profile's API server), and the open loop on inline
+    costs (no API server work: the arrival process's events): the outputs of step by step."""
+    crossed = []
+    duration = leap_module._duration
+    monkeypatch.setattr(leap_module, "_duration", lambda update_s: crossed.append(update_s) or duration(update_s))
+    h200 = ROOT / "scenarios" / "vllm-h200.yaml"
+    cases = [sim.load_scenario(h200, ["workload.concurrency=24", "workload.num_requests=120"]),
+             sim.load_scenario(h200, ["workload.arrival=poisson", "workload.rate_per_s=60", "workload.num_requests=120"]),
+             sim.load_scenario(vllm(arrival="poisson", rate_per_s=150.0, num_requests=80, output_len=120))]
+    for scenario in cases:
+        for setting in ("sync", "async"):
+            before = len(crossed)
+            assert_same(scenario, setting)
+            assert_same(scenario, setting, tables="none")
+            assert len(crossed) > before
 
 
 def test_preemption_and_noise_are_unchanged():

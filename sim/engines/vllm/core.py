@@ -75,13 +75,22 @@ class EngineCore:
         self.num_requests = len(specs)
         self.grammar = grammar
         self.leap = None  # the run's sim.engines.vllm.leap.Leap (run_vllm sets it), or None: step by step
+        self.open_loop_arrival_s = None  # the open loop's send times, in request order (run_vllm sets them)
+        self._sent = 0  # requests sent so far
 
     # --- input ---------------------------------------------------------------------------
     def submit(self, rid: int, arrival_s: float) -> None:
         """A client sends a request at ``arrival_s`` (now or later); it reaches the engine core's
         input queue when the API server has handled it (:meth:`ApiServer.ingress`)."""
+        self._sent += 1
         self.recorder.arrival(rid, arrival_s)
         self.frontend.ingress(rid, arrival_s)
+
+    def next_send_s(self) -> float:
+        """When the next request not yet sent is sent (s): the open loop's next arrival; inf in a
+        closed loop (a client sends when its request finishes, in the engine core's update)."""
+        arrivals = self.open_loop_arrival_s
+        return float(arrivals[self._sent]) if arrivals is not None and self._sent < len(arrivals) else float("inf")
 
     def _enqueue(self, rid: int, at_engine_s: float, sent_s: float) -> None:
         """Request ``rid`` (sent at ``sent_s``) reaches the input queue at ``at_engine_s``

@@ -78,6 +78,7 @@ class ApiServer:
         self.free_s = 0.0  # when the output side has finished every step charged so far (s)
         self._left_s = -float("inf")  # when the last request left the API server (s)
         self._jobs: dict[int, list[float]] = {}  # rid -> [work left s, sent s]
+        self._entering: dict[int, float] = {}  # rid -> when it enters the pool (s), for the requests on their way
         self._last_s = 0.0
         self._changed: simpy.Event | None = None
         if self.work_s > 0:
@@ -93,12 +94,26 @@ class ApiServer:
         self.env.process(self._arrive(rid, send_s))
 
     def _arrive(self, rid: int, send_s: float):
-        enter = send_s + self.latency_s
+        enter = self._entering[rid] = send_s + self.latency_s
         if enter > self.env.now:
             yield self.env.timeout(enter - self.env.now)
+        del self._entering[rid]
         self._advance()
         self._jobs[rid] = [self.work_s, send_s]
         self._poke()
+
+    def earliest_enqueue_s(self) -> float:
+        """A time (s) before which the API server hands no request it holds to the engine core's
+        input queue: each request on its way enters at its time and needs its work at least
+        (processor sharing finishes none sooner), each in the pool its work left from the last
+        change; inf when it holds none (or has no work: a request is in the input queue from its
+        send). The leap of :mod:`sim.engines.vllm.leap` runs the engine core's iterations up to it."""
+        if self.work_s <= 0:
+            return float("inf")
+        bound = min(self._entering.values()) + self.work_s if self._entering else float("inf")
+        if self._jobs:
+            bound = min(bound, self._last_s + min(job[0] for job in self._jobs.values()))
+        return bound
 
     def _advance(self) -> None:
         """Every job in the pool got an equal share of the time since the last change."""

@@ -50,8 +50,8 @@ def sync_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store):
             end, _, leapt = core.leap.run(env.now, None)
             if leapt:
                 yield env.timeout(end - env.now)
-                if core.leap.finishing is not None:  # its last iteration's update stops requests: at its time
-                    yield env.timeout(core.leap.finish())
+                if core.leap.pending is not None:  # its last update, from its start (requests stop, or
+                    yield env.timeout(core.leap.update())  # the API server's events fell inside the run)
                 continue
         t = core.add_requests(env.now)
         if not sched.has_requests():
@@ -82,8 +82,8 @@ def async_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store)
             end, queue[0], leapt = core.leap.run(env.now, queue[0])
             if leapt:
                 yield env.timeout(end - env.now)
-                if core.leap.finishing is not None:  # its last iteration's update stops requests: at its time
-                    yield env.timeout(core.leap.finish())
+                if core.leap.pending is not None:  # its last update, from its start (requests stop, or
+                    yield env.timeout(core.leap.update())  # the API server's events fell inside the run)
                 continue
         t = core.add_requests(env.now)
         executed = False

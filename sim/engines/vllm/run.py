@@ -78,6 +78,7 @@ def run_vllm(scenario, setting: str, specs: RequestSpecs, warmup: int, recorder,
     if clients is not None:
         clients.start()
     else:
+        core.open_loop_arrival_s = specs.arrival_s
         env.process(open_loop_arrivals(env, specs.arrival_s, core.submit))
     env.process(LOOPS[setting](env, core, rpcs))
     env.process(worker_loop(env, worker, rpcs))

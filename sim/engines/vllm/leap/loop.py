@@ -18,16 +18,27 @@ A run is taken only from the top of an engine-core iteration where:
 - the worker waits for an RPC (its last step's sampling is done) and, under async scheduling, the
   step in flight is a decode of every running request whose output is back in the engine core;
 - no request waits (or the running batch is at ``max_num_seqs``, so the WAITING pass admits
-  none), nothing is in the input queue by the iteration's start, and no other SimPy event (an
-  arrival, the API server) falls before the run's end (requests that finished in the last
-  update do not stop it: the run's first ``schedule`` hands their ids to the worker, which
-  prices nothing by them);
+  none) and nothing is in the input queue by the iteration's start (requests that finished in
+  the last update do not stop it: the run's first ``schedule`` hands their ids to the worker,
+  which prices nothing by them);
 - every running request decodes one token a step: no prefill chunk, no speculative decoding or
   grammar, no preempted request's stale output, its blocks exactly covering its computed tokens;
 
 and it ends with the first iteration whose update finishes requests, or stops before one it does
 not carry; it stops before an iteration that would run out of KV blocks (preemption), find the
-worker still busy when the next step is sent (pickup) or end at or after the next other event.
+worker still busy when the next step is sent (pickup), or start at or after the earliest time a
+request can reach the input queue (:meth:`Leap._bound`: the input queue's next entry, the API
+server's :meth:`~sim.engines.vllm.frontend.ApiServer.earliest_enqueue_s`, the open loop's next
+send). The other SimPy processes' events may fall inside a run (since 5 December 2026; a run
+used to end before the next one): while the engine core and the worker are the leap's, those
+are the arrival process's and the API server's input side, which touch only their own state and
+the input queue, whose entries come no sooner than that bound. The loop then waits for the run's
+last update's start and for the update in two steps, as the processes do (its event made at the
+same time as theirs). **Exactness**: the same order of same-instant SimPy events as the processes
+everywhere except one case, two coincidences of independently computed float times: an API
+server event at exactly the last update's start that makes another at exactly the run's end
+(SimPy orders same-instant events by when they were made); none has been seen, and the tests
+hold every output byte for byte.
 
 **A finish is carried** (since 5 December 2026): the synchronous loop's every finish (a stop token,
 ``max_tokens``, ``max_model_len``: the request is in the step, its update stops it); under async
@@ -37,7 +48,7 @@ the update at the step in flight's), while others stay running. A stop token's f
 scheduling (the next step still holds the request: its token is the overshoot) stops the run
 before it, as does a finish that empties the batch. The run's last iteration is computed up to
 its update's start; the loop yields to that time (so that the finished clients' next requests
-are sent at the processes' ``env.now``) and calls :meth:`Leap.finish`, which records the ITL
+are sent at the processes' ``env.now``) and calls :meth:`Leap.update`, which records the ITL
 samples, finishes the stopped requests through the policy's own ``finish_stopped`` (freed,
 recorded, their clients told), records the step, and returns the update's duration for the loop
 to wait, in the order ``update_from_output`` and ``EngineCore.update`` make them. Not leapt: vLLM's CPU platform (the forward blocks the worker),
@@ -52,6 +63,8 @@ beyond the profile's data) count the run's steps once at its end.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 from sim.engines.vllm.core import TIME_EPS_S
 from sim.engines.vllm.leap.runs import MIN_RUN as NUMPY_MIN_RUN, numpy_steps
@@ -81,7 +94,7 @@ class Leap:
         self.vector = core.cpu_jitter.cv == 0 and worker.cpu_jitter.cv == 0 and worker.gpu_jitter.cv == 0
         self.leapt = 0  # iterations taken so far (the run's stats: leapt_steps)
         self._retry_at = 0  # the step sequence number before which no run is tried again
-        self.finishing = None  # a run that ends in a finish: what its update does at a2 (finish())
+        self.pending = None  # the last iteration's update, done at its start (a callable: update())
         # half the last run's seconds per iteration: a run is not tried where the next event is nearer (it
         # would take none; a guess that only saves the walk over the running requests, the answer is the same)
         self._pace = 0.0
@@ -122,7 +135,7 @@ class Leap:
         inbox_next = core.inbox[core._head][0] if core._head < len(core.inbox) else float("inf")
         if inbox_next <= now + TIME_EPS_S:
             return None
-        if min(inbox_next, self.env.peek()) - now < self._pace:  # the next event comes before an iteration at
+        if min(inbox_next, self._bound()) - now < self._pace:  # the next event comes before an iteration at
             return None  # the last run's pace could end: no run here, without walking the running requests
         back_prev = None
         if self.async_scheduling:
@@ -202,8 +215,9 @@ class Leap:
         ph_rt = costs.pickup_s(n) if async_scheduling else phase("roundtrip", n)
         egress, egress_after = frontend.egress_terms(n), frontend.egress_after  # (the update's: the step in flight's
         # batch size, n at every iteration)
-        horizon = env.peek()
+        horizon = env.peek()  # (the next SimPy event: a numpy run ends before it; see _bound)
         inbox_next = core.inbox[core._head][0] if core._head < len(core.inbox) else float("inf")
+        inbox_next = min(inbox_next, self._bound())  # no iteration starts at or after a request can arrive
         seq0 = sched.next_step_seq
         queued = len(sched.waiting)  # the steps' num_queued (nothing arrives, leaves or is admitted in a run)
         free, peak, usable = kv.num_free_blocks, kv.peak_used_blocks, kv.num_usable_blocks
@@ -270,8 +284,8 @@ class Leap:
             ju = cj()
             end = a2 + ph_u * ju
             deliver, new_free_s = egress_after(egress, end, free_s)
-            if not (end < horizon and now + (end - now) == end and (not async_scheduling or w3 < end)
-                    and (not stops or now + (a2 - now) == a2)):
+            if not (now + (end - now) == end and (not async_scheduling or w3 < end)
+                    and (end < horizon and not stops or now + (a2 - now) == a2)):  # (yields land on the clock)
                 cj.give_back([js, jd, ju])
                 wj.give_back([jp, jr, jm, jc])
                 gj.give_back([jg])
@@ -293,7 +307,8 @@ class Leap:
                         done_step = prev
                     else:
                         done_step = head[:7] + (len(finishing),) + head[8:] + (a1, a2, end)
-                    self.finishing = (finishing, done_step, deliver, deliver - last, measured, ph_u * ju)
+                    self.pending = partial(self._finish, finishing, done_step, deliver, deliver - last, measured,
+                                           ph_u * ju)
                     head, last, back_prev, c = row, deliver, back, a2
                     k += 1
                     break
@@ -305,8 +320,8 @@ class Leap:
                     rec.step_row(head + (a1, a2, end))
                 head = row
             elif stops:  # the update at a2 (finish): the ITL samples, the finishes, then the step
-                self.finishing = (finishing, row[:7] + (len(finishing),) + row[8:] + (a1, a2, end), deliver,
-                                  deliver - last, measured, ph_u * ju)
+                self.pending = partial(self._finish, finishing, row[:7] + (len(finishing),) + row[8:] + (a1, a2, end),
+                                       deliver, deliver - last, measured, ph_u * ju)
                 last, c = deliver, a2
                 k += 1
                 break
@@ -316,12 +331,16 @@ class Leap:
                 rec.itl(deliver - last, measured)
             last = deliver
             back_prev, w3_prev, c = back, (w3 if async_scheduling else -float("inf")), end
+            a2_last, update_s = a2, ph_u * ju
             k += 1
         if k == 0:
             self._retry_at = sched.next_step_seq + RETRY_AFTER
             return now, prev, 0
         self._pace = 0.5 * (c - now) / k
-        carried = async_scheduling and self.finishing is not None  # (its last step left requests out)
+        carried = async_scheduling and self.pending is not None  # (its last step left requests out)
+        if self.pending is None and c >= horizon:  # SimPy events fall inside the run (the API server's): the
+            # loop waits for the last update's start, then for the update, as the processes do
+            self.pending, c = partial(_duration, update_s), a2_last
         costs.count_decode_steps(n, ctx0, k - carried, shared)  # the reach counters, as forward_s counts each step
         if carried:
             costs.count_decode_steps(nk, ctx, 1, shared_k)
@@ -337,15 +356,20 @@ class Leap:
             prev = self._in_flight(head, running, back_prev)
         return c, prev, k
 
-    def finish(self) -> float:
-        """The update of a synchronous run's last iteration, in which requests stop, at its own
-        time (the loop has yielded to it, so the clients' next requests are sent at the process
-        path's ``env.now``): its ITL samples, the stopped requests finished through the policy
-        (``finish_stopped``: freed, recorded, their clients told), then its step row, in
-        ``update_from_output``'s and ``EngineCore.update``'s order. Returns the update's duration
-        (s), which the loop waits as the processes do."""
-        finishing, step, deliver, gap, measured, update_s = self.finishing
-        self.finishing = None
+    def update(self) -> float:
+        """The last iteration's update, at its start (the loop has yielded to it): what it does
+        (:meth:`_finish`, or nothing left to do), and its duration (s), which the loop waits as
+        the processes do."""
+        pending, self.pending = self.pending, None
+        return pending()
+
+    def _finish(self, finishing, step, deliver: float, gap: float, measured: int, update_s: float) -> float:
+        """The update of a run's last iteration, in which requests stop, at its own time (so the
+        clients' next requests are sent at the processes' ``env.now``): its ITL samples, the
+        stopped requests finished through the policy (``finish_stopped``: freed, recorded, their
+        clients told), then the step it processed (a row, or async scheduling's own step in
+        flight at the run's start), in ``update_from_output``'s and ``EngineCore.update``'s
+        order. Returns the update's duration (s)."""
         core = self.core
         if measured:
             core.recorder.itl(gap, measured)
@@ -390,9 +414,20 @@ class Leap:
         self.core._results[seq] = done
         return step
 
+    def _bound(self) -> float:
+        """When a request can next reach the engine core's input queue, at the earliest (s): the
+        API server's bound and the open loop's next send (the SimPy events before it, the API
+        server's own, change nothing an iteration reads: a run's iterations start before it)."""
+        return min(self.core.frontend.earliest_enqueue_s(), self.core.next_send_s())
+
     def _shared(self, running) -> int:
         """``Worker.shared_kv`` of a decode step of ``running`` (tokens): (m - 1) p for the m
         requests with a prefix-cache hit, p the smallest hit; 0 unless requests share a prefix."""
         size = self.worker.shared_block_size
         hits = [r.num_hit_blocks for r in running if r.num_hit_blocks] if size else ()
         return (len(hits) - 1) * min(hits) * size if len(hits) > 1 else 0
+
+
+def _duration(update_s: float) -> float:
+    """A run's last update with nothing left to do at its start: its duration (s)."""
+    return update_s

@@ -11,6 +11,7 @@ chunked prefill and the long-prefill threshold, noise, inline costs and a calibr
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -134,6 +135,44 @@ def test_a_run_goes_on_past_the_api_servers_events(monkeypatch):
             assert_same(scenario, setting)
             assert_same(scenario, setting, tables="none")
             assert len(crossed) > before
+
+
+def test_the_synchronous_loop_carries_an_arrival(monkeypatch, tmp_path):
+    """An iteration where requests arrive while the running ones decode steadily is carried
+    (``Leap._arrival``: the policy's own ``add_requests`` and WAITING pass, the phases priced by
+    the engine core's and the worker's own methods, the update at its start): prompts cut by the
+    long-prefill threshold, requests that stop at their first token, a KV cache too small for
+    every admission, the shipped ``vllm-h200`` at 24 clients, and its profile with mixed steps
+    priced by their parts (the forward reads every entry of the step) and a shared prefix; the
+    outputs of step by step."""
+    carried = []
+    arrival = leap_module.Leap._arrival
+
+    def counted(self, now):
+        got = arrival(self, now)
+        carried.append(got is not None)
+        return got
+
+    monkeypatch.setattr(leap_module.Leap, "_arrival", counted)
+    raws = [vllm(concurrency=6, num_requests=48, output_len={"dist": "uniform", "low": 1, "high": 120}),
+            vllm(arrival="poisson", rate_per_s=120.0, num_requests=60, input_len=600, output_len=80)]
+    raws[1]["server"].update(long_prefill_token_threshold=128, num_gpu_blocks=130, block_size=16, max_model_len=2048)
+    scenarios = [sim.load_scenario(raw) for raw in raws]
+    scenarios.append(sim.load_scenario(ROOT / "scenarios" / "vllm-h200.yaml",
+                                       ["workload.concurrency=24", "workload.num_requests=120"]))
+    profile = json.loads(Path(PROFILE).read_text())
+    profile["metadata"]["mixed_steps"] = "sum_of_parts"
+    (tmp_path / "parts.json").write_text(json.dumps(profile))
+    raw = vllm(concurrency=12, num_requests=60, input_len=64, cached_len=40, prefix_sharing="shared",
+               output_len={"dist": "uniform", "low": 20, "high": 160})
+    raw["costs"] = {"profile": str(tmp_path / "parts.json")}
+    raw["server"]["block_size"] = 1
+    scenarios.append(sim.load_scenario(raw))
+    for scenario in scenarios:
+        before = sum(carried)
+        assert_same(scenario, "sync")
+        assert_same(scenario, "sync", tables="none")
+        assert sum(carried) > before
 
 
 def test_preemption_and_noise_are_unchanged():

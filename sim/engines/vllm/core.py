@@ -137,13 +137,17 @@ class EngineCore:
     def schedule(self, at: float) -> tuple[Batch, float]:
         """``Scheduler.schedule`` from ``at`` (after :meth:`add_requests`). Returns (step, CPU time)."""
         step = self.scheduler.schedule()
+        return step, self.stamp_schedule(step, at)
+
+    def stamp_schedule(self, step: Batch, at: float) -> float:
+        """``schedule``'s CPU time for ``step`` (drawn), its times from ``at`` stamped on it."""
         dur = self.costs.phase_s("schedule", step.num_reqs) * self.cpu_jitter()
         step.recv_start = self._drain_start
         step.schedule_start = at
         step.schedule_end = at + dur
         step.after_idle = self._was_idle
         self._was_idle = False
-        return step, dur
+        return dur
 
     def dispatch(self, step: Batch, at: float) -> float:
         """The ``execute_model`` RPC from ``at``; the worker may start the step when it ends."""
@@ -168,16 +172,29 @@ class EngineCore:
     def update(self, step: Batch, at: float) -> float:
         """``Scheduler.update_from_output`` from ``at``: tokens reach the clients when the API
         server has handled the step's outputs (:meth:`ApiServer.egress`). Returns the CPU time."""
+        dur = self.update_s(step)
+        self.apply_update(step, at, dur)
+        return dur
+
+    def update_s(self, step: Batch) -> float:
+        """``update_from_output``'s CPU time for ``step`` (drawn)."""
         dur = self.costs.phase_s("update", step.num_reqs)
         if step.num_grammar:  # accept_tokens advancing each constrained request's grammar
             dur += self.costs.grammar.accept_s(step.num_grammar)
-        dur *= self.cpu_jitter()
+        return dur * self.cpu_jitter()
+
+    def apply_update(self, step: Batch, at: float, dur: float, before=None) -> None:
+        """The update of ``step`` from ``at``, lasting ``dur`` (s): the API server's output side,
+        ``update_from_output`` (``before(deliver_s)`` first, for what the leap brings up to date
+        by itself), the step recorded."""
         step.process_start = at
         step.process_end = at + dur
-        self.scheduler.update_from_output(step, self.frontend.egress(at + dur, step.num_reqs))
+        deliver = self.frontend.egress(at + dur, step.num_reqs)
+        if before is not None:
+            before(deliver)
+        self.scheduler.update_from_output(step, deliver)
         if step.num_reqs:
             self.recorder.step(step)
-        return dur
 
     def grammar_bitmask(self, step: Batch):
         """``Scheduler.get_grammar_bitmask`` for ``step`` from now (``scheduler.py:1995``), for a

@@ -49,7 +49,7 @@ def sync_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store):
         if core.leap is not None:  # a run of steady decode iterations at once (sim.engines.vllm.leap)
             end, _, leapt = core.leap.run(env.now, None)
             if leapt:
-                yield env.timeout(end - env.now)
+                yield env.timeout(core.leap.delay(end, env.now))
                 if core.leap.pending is not None:  # its last update, from its start (requests stop, or
                     yield env.timeout(core.leap.update())  # the API server's events fell inside the run)
                 continue
@@ -81,7 +81,7 @@ def async_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store)
         if core.leap is not None and len(queue) == 1:  # sim.engines.vllm.leap: the step in flight goes on
             end, queue[0], leapt = core.leap.run(env.now, queue[0])
             if leapt:
-                yield env.timeout(end - env.now)
+                yield env.timeout(core.leap.delay(end, env.now))
                 if core.leap.pending is not None:  # its last update, from its start (requests stop, or
                     yield env.timeout(core.leap.update())  # the API server's events fell inside the run)
                 continue

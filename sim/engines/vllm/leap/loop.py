@@ -64,6 +64,7 @@ beyond the profile's data) count the run's steps once at its end.
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 from sim.engines.vllm.core import TIME_EPS_S
@@ -116,9 +117,24 @@ class Leap:
             return now, prev, 0
         ready = self._ready(now, prev)
         if ready is None:
+            core = self.core
+            if (not self.async_scheduling and core._head < len(core.inbox)
+                    and core.inbox[core._head][0] <= now + TIME_EPS_S):  # requests arrived: carried alone
+                carried = self._arrival(now)
+                if carried is not None:
+                    return carried
             self._retry_at = sched.next_step_seq + RETRY_AFTER
             return now, prev, 0
         return self._run(now, prev, *ready)
+
+    def delay(self, end: float, now: float) -> float:
+        """The timeout from ``now`` that lands on ``end`` (s) exactly, as the processes' own
+        timeouts do: ``end - now``, or the nearest float to it for which ``now + delay == end``
+        (one exists when ``end >= now``: the delay's steps are no coarser than ``end``'s)."""
+        d = end - now
+        while now + d != end:
+            d = math.nextafter(d, math.inf if now + d < end else -math.inf)
+        return d
 
     # --- where a run may start ---------------------------------------------------------------
     def _ready(self, now: float, prev: Batch | None):
@@ -149,6 +165,26 @@ class Leap:
                 return None
         elif prev is not None:
             return None
+        walked = self._walk(running)
+        if walked is None:
+            return None
+        last, k_max, finishing, hist, ctx, warm, hits = walked
+        if finishing is None or (self.async_scheduling and len(finishing) == n):  # (an empty step: step by step)
+            finishing = ()
+            if k_max < MIN_RUN:
+                return None  # a run too short for its walks, and no finish to carry
+        shared = 0
+        if worker.shared_block_size and len(hits) > 1:  # Worker.shared_kv of every step of the run
+            shared = (len(hits) - 1) * min(hits) * worker.shared_block_size
+        return running, ctx, warm, n - warm, last, k_max, hist, shared, back_prev, finishing
+
+    def _walk(self, running):
+        """The running requests, each checked to decode one token a step (module docstring) and
+        summed: (their common last delivery, the iterations before the first that stops one
+        (k_max), those it stops, in order, or None where that is not a finish the leap carries,
+        block allocations by the context's residue, the summed context of the next step, warm-up
+        members, prefix-cache hit blocks); None where one does not decode steadily."""
+        sched = self.core.scheduler
         bs, max_len = sched.kv.block_size, sched.max_model_len
         placeholders = 1 if self.async_scheduling else 0
         last = running[0].last_token_s
@@ -168,15 +204,23 @@ class Leap:
                     or r.num_prompt_tokens + r.num_output_tokens + placeholders - c != 1
                     or r.last_token_s != last or r.first_token_s != r.first_token_s or r.num_blocks != -(-c // bs)):
                 return None
-            out = r.num_output_tokens
-            # the iteration whose update stops it (check_stop: max_tokens, max_model_len, a stop token)
-            fin = min(r.max_tokens - out - 1, max_len - r.num_prompt_tokens - out - 1)
-            if r.output_len < r.max_tokens:
-                fin = min(fin, r.output_len - out - 1)
+            out, max_tokens = r.num_output_tokens, r.max_tokens
+            # the iteration whose update stops it (check_stop: max_tokens, max_model_len, a stop token;
+            # the least of them, written out: this loop runs once per run and request)
+            fin = max_tokens - out - 1
+            x = max_len - r.num_prompt_tokens - out - 1
+            if x < fin:
+                fin = x
+            if r.output_len < max_tokens:
+                x = r.output_len - out - 1
+                if x < fin:
+                    fin = x
             left_out = max_len - c - 1  # (after this many iterations the RUNNING pass gives it no token)
             if async_scheduling:  # or the in-flight step reaches max_tokens (l.668)
-                left_out = min(left_out, r.num_prompt_tokens + r.max_tokens - c - 1)
-            stop = min(fin, left_out)
+                x = r.num_prompt_tokens + max_tokens - c - 1
+                if x < left_out:
+                    left_out = x
+            stop = fin if fin < left_out else left_out
             if stop <= k_max:
                 if stop < k_max:
                     k_max, finishing = stop, []
@@ -191,14 +235,7 @@ class Leap:
             warm += r.warmup
             if r.num_hit_blocks:
                 hits.append(r.num_hit_blocks)
-        if finishing is None or (async_scheduling and len(finishing) == n):  # (an empty step: step by step)
-            finishing = ()
-            if k_max < MIN_RUN:
-                return None  # a run too short for its walks, and no finish to carry
-        shared = 0
-        if worker.shared_block_size and len(hits) > 1:  # Worker.shared_kv of every step of the run
-            shared = (len(hits) - 1) * min(hits) * worker.shared_block_size
-        return running, ctx, warm, n - warm, last, k_max, hist, shared, back_prev, finishing
+        return last, k_max, finishing, hist, ctx, warm, hits
 
     # --- the run --------------------------------------------------------------------------------
     def _run(self, now: float, prev, running, ctx0, warm, measured, last, k_max, hist, shared, back_prev, finishing):
@@ -413,6 +450,78 @@ class Leap:
         done.succeed(back)
         self.core._results[seq] = done
         return step
+
+    # --- an arrival ----------------------------------------------------------------------------
+    def _arrival(self, now: float):
+        """The synchronous loop's iteration at ``now`` where requests arrived, while the running
+        ones decode steadily and none stops in it: the processes' ``add_requests`` and the WAITING
+        pass (``_schedule_waiting``, ``_update_after_schedule`` over the admitted, the policy's
+        own), the RUNNING pass's one token each (its blocks, as the leap's iterations take them),
+        the engine core's and the worker's phases priced and the forward enqueued by their own
+        methods, computed up to the update's start. The loop waits for that time and then for
+        :meth:`update` (the running requests' tokens, then ``update_from_output`` over the
+        admitted: first tokens, a request that stops at its first); the next loop top goes on
+        with all of them. Returns as :meth:`run` (that start, None, 1), or None (not carried:
+        nothing changed)."""
+        core, sched, worker = self.core, self.core.scheduler, self.worker
+        running, kv = sched.running, sched.kv
+        n = len(running)
+        if (not n or sched.waiting or core._was_idle or not worker.waiting or self.rpcs.items
+                or n > sched.max_num_scheduled_tokens):
+            return None
+        walked = self._walk(running)
+        if walked is None:
+            return None
+        last, k_max, _finishing, hist, ctx, warm, _hits = walked
+        need = hist[0]
+        if k_max < 1 or need > kv.num_free_blocks:  # one stops in this update, or the RUNNING pass preempts
+            return None
+        steady = list(running)
+        # --- the iteration, as the processes make it (sim.engines.vllm.loops.sync_core_loop, worker_loop)
+        t = core.add_requests(now)
+        kv.num_free_blocks -= need  # the RUNNING pass: a block for each request whose token needs one
+        if kv.num_used_blocks > kv.peak_used_blocks:
+            kv.peak_used_blocks = kv.num_used_blocks
+        step = Batch(sched.next_step_seq, DECODE, n, n, ctx, num_warmup=warm)
+        sched.next_step_seq += 1
+        threshold = sched.long_prefill_token_threshold if n + len(sched.waiting) > 1 else 0
+        sched._schedule_waiting(step, sched.max_num_scheduled_tokens - n, threshold)
+        admitted = step.chunks
+        sched._update_after_schedule(step)
+        sched.finished_req_ids = set()
+        s = core.stamp_schedule(step, now + t)
+        t += s + core.dispatch(step, now + t + s)
+        a1 = now + t
+        step.chunks = [[r, 1, r.num_computed_tokens, True, 0] for r in steady] + admitted  # (the forward's)
+        w1 = a1 + (worker.pickup(step, False) + worker.prepare(step))
+        w1 += worker.forward(step, w1)
+        w3 = (w1 + worker.roundtrip(step)) + worker.sample(step)
+        back = worker.output_back_s(step, w3)
+        step.chunks = admitted
+        step.sync_start = a1
+        self.pending = partial(self._arrival_update, step, steady, last, n - warm)
+        self.leapt += 1
+        return w3 + max(0.0, back - w3), None, 1
+
+    def _arrival_update(self, step: Batch, steady: list, last: float, measured: int) -> float:
+        """:meth:`_arrival`'s update, at its start: ``EngineCore.update`` with the running
+        requests' tokens brought up to date first (their ITL samples, counters, blocks and
+        delivery), ``update_from_output`` over the admitted. Returns its duration (s)."""
+        core = self.core
+        bs = core.scheduler.kv.block_size
+
+        def running_tokens(deliver: float) -> None:
+            if measured:
+                core.recorder.itl(deliver - last, measured)
+            for r in steady:
+                r.num_computed_tokens += 1
+                r.num_output_tokens += 1
+                r.num_blocks = -(-r.num_computed_tokens // bs)
+                r.last_token_s = deliver
+
+        update_s = core.update_s(step)
+        core.apply_update(step, self.env.now, update_s, running_tokens)
+        return update_s
 
     def _bound(self) -> float:
         """When a request can next reach the engine core's input queue, at the earliest (s): the

@@ -137,20 +137,22 @@ def test_a_run_goes_on_past_the_api_servers_events(monkeypatch):
             assert len(crossed) > before
 
 
-def test_the_synchronous_loop_carries_an_arrival(monkeypatch, tmp_path):
-    """An iteration where requests arrive while the running ones decode steadily is carried
-    (``Leap._arrival``: the policy's own ``add_requests`` and WAITING pass, the phases priced by
-    the engine core's and the worker's own methods, the update at its start): prompts cut by the
+def test_the_leap_carries_an_arrival(monkeypatch, tmp_path):
+    """An iteration where requests arrive while the running ones decode steadily is carried, in
+    both loops (``Leap._arrival``: the policy's own ``add_requests`` and WAITING pass, the phases
+    priced by the engine core's and the worker's own methods, the update at its start; under
+    async scheduling the update of the decode in flight, the new step going on in flight for the
+    processes to update): prompts cut by the
     long-prefill threshold, requests that stop at their first token, a KV cache too small for
     every admission, the shipped ``vllm-h200`` at 24 clients, and its profile with mixed steps
     priced by their parts (the forward reads every entry of the step) and a shared prefix; the
     outputs of step by step."""
-    carried = []
+    carried = {"sync": 0, "async": 0}
     arrival = leap_module.Leap._arrival
 
-    def counted(self, now):
-        got = arrival(self, now)
-        carried.append(got is not None)
+    def counted(self, now, prev):
+        got = arrival(self, now, prev)
+        carried["async" if self.async_scheduling else "sync"] += got is not None
         return got
 
     monkeypatch.setattr(leap_module.Leap, "_arrival", counted)
@@ -169,10 +171,11 @@ def test_the_synchronous_loop_carries_an_arrival(monkeypatch, tmp_path):
     raw["server"]["block_size"] = 1
     scenarios.append(sim.load_scenario(raw))
     for scenario in scenarios:
-        before = sum(carried)
-        assert_same(scenario, "sync")
-        assert_same(scenario, "sync", tables="none")
-        assert sum(carried) > before
+        for setting in ("sync", "async"):
+            before = carried[setting]
+            assert_same(scenario, setting)
+            assert_same(scenario, setting, tables="none")
+            assert carried[setting] > before
 
 
 def test_preemption_and_noise_are_unchanged():

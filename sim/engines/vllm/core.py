@@ -183,16 +183,18 @@ class EngineCore:
             dur += self.costs.grammar.accept_s(step.num_grammar)
         return dur * self.cpu_jitter()
 
-    def apply_update(self, step: Batch, at: float, dur: float, before=None) -> None:
+    def apply_update(self, step: Batch, at: float, dur: float, before=None, outputs: bool = True) -> None:
         """The update of ``step`` from ``at``, lasting ``dur`` (s): the API server's output side,
         ``update_from_output`` (``before(deliver_s)`` first, for what the leap brings up to date
-        by itself), the step recorded."""
+        by itself; ``outputs`` False: nothing else to update, the leap's ``before`` did it all),
+        the step recorded."""
         step.process_start = at
         step.process_end = at + dur
         deliver = self.frontend.egress(at + dur, step.num_reqs)
         if before is not None:
             before(deliver)
-        self.scheduler.update_from_output(step, deliver)
+        if outputs:
+            self.scheduler.update_from_output(step, deliver)
         if step.num_reqs:
             self.recorder.step(step)
 

@@ -118,9 +118,8 @@ class Leap:
         ready = self._ready(now, prev)
         if ready is None:
             core = self.core
-            if (not self.async_scheduling and core._head < len(core.inbox)
-                    and core.inbox[core._head][0] <= now + TIME_EPS_S):  # requests arrived: carried alone
-                carried = self._arrival(now)
+            if core._head < len(core.inbox) and core.inbox[core._head][0] <= now + TIME_EPS_S:
+                carried = self._arrival(now, prev)  # requests arrived: the iteration carried alone
                 if carried is not None:
                     return carried
             self._retry_at = sched.next_step_seq + RETRY_AFTER
@@ -153,17 +152,8 @@ class Leap:
             return None
         if min(inbox_next, self._bound()) - now < self._pace:  # the next event comes before an iteration at
             return None  # the last run's pace could end: no run here, without walking the running requests
-        back_prev = None
-        if self.async_scheduling:
-            if prev is None or prev.kind != DECODE or prev.num_reqs != n or len(prev.chunks) != n:
-                return None
-            done = core._results.get(prev.seq)
-            if done is None or done.callbacks is not None:  # its output is not back yet
-                return None
-            back_prev = done.value
-            if [entry[0] for entry in prev.chunks] != running:  # (a request's == is identity)
-                return None
-        elif prev is not None:
+        back_prev = self._back(prev, running)
+        if back_prev is None:
             return None
         walked = self._walk(running)
         if walked is None:
@@ -177,6 +167,22 @@ class Leap:
         if worker.shared_block_size and len(hits) > 1:  # Worker.shared_kv of every step of the run
             shared = (len(hits) - 1) * min(hits) * worker.shared_block_size
         return running, ctx, warm, n - warm, last, k_max, hist, shared, back_prev, finishing
+
+    def _back(self, prev: Batch | None, running) -> float | None:
+        """Async scheduling: when the step in flight's output is back (s), if it is a decode of
+        every running request, in order, and back by now; None otherwise. The synchronous loop
+        (nothing in flight): -inf, or None if ``prev`` is a step."""
+        if not self.async_scheduling:
+            return -float("inf") if prev is None else None
+        n = len(running)
+        if prev is None or prev.kind != DECODE or prev.num_reqs != n or len(prev.chunks) != n:
+            return None
+        done = self.core._results.get(prev.seq)
+        if done is None or done.callbacks is not None:  # its output is not back yet
+            return None
+        if [entry[0] for entry in prev.chunks] != running:  # (a request's == is identity)
+            return None
+        return done.value
 
     def _walk(self, running):
         """The running requests, each checked to decode one token a step (module docstring) and
@@ -452,22 +458,28 @@ class Leap:
         return step
 
     # --- an arrival ----------------------------------------------------------------------------
-    def _arrival(self, now: float):
-        """The synchronous loop's iteration at ``now`` where requests arrived, while the running
-        ones decode steadily and none stops in it: the processes' ``add_requests`` and the WAITING
-        pass (``_schedule_waiting``, ``_update_after_schedule`` over the admitted, the policy's
-        own), the RUNNING pass's one token each (its blocks, as the leap's iterations take them),
-        the engine core's and the worker's phases priced and the forward enqueued by their own
+    def _arrival(self, now: float, prev: Batch | None):
+        """The iteration at ``now`` where requests arrived, while the running ones decode steadily
+        (under async scheduling: the step in flight a decode of them all, its output back) and
+        none stops in it: the processes' ``add_requests`` and the WAITING pass
+        (``_schedule_waiting``, ``_update_after_schedule`` over the admitted, the policy's own),
+        the RUNNING pass's one token each (its blocks, as the leap's iterations take them), the
+        engine core's and the worker's phases priced and the forward enqueued by their own
         methods, computed up to the update's start. The loop waits for that time and then for
-        :meth:`update` (the running requests' tokens, then ``update_from_output`` over the
-        admitted: first tokens, a request that stops at its first); the next loop top goes on
-        with all of them. Returns as :meth:`run` (that start, None, 1), or None (not carried:
+        :meth:`update`: synchronously this step's update (the running requests' tokens, then
+        ``update_from_output`` over the admitted: first tokens, a request that stops at its
+        first); under async scheduling the update of the decode in flight (the running requests'
+        tokens), this step going on in flight with every entry, for the processes to update.
+        Returns as :meth:`run` (that start, the step then in flight, 1), or None (not carried:
         nothing changed)."""
         core, sched, worker = self.core, self.core.scheduler, self.worker
         running, kv = sched.running, sched.kv
         n = len(running)
         if (not n or sched.waiting or core._was_idle or not worker.waiting or self.rpcs.items
                 or n > sched.max_num_scheduled_tokens):
+            return None
+        back_prev = self._back(prev, running)
+        if back_prev is None:
             return None
         walked = self._walk(running)
         if walked is None:
@@ -497,16 +509,25 @@ class Leap:
         w1 += worker.forward(step, w1)
         w3 = (w1 + worker.roundtrip(step)) + worker.sample(step)
         back = worker.output_back_s(step, w3)
-        step.chunks = admitted
-        step.sync_start = a1
-        self.pending = partial(self._arrival_update, step, steady, last, n - warm)
         self.leapt += 1
-        return w3 + max(0.0, back - w3), None, 1
+        if prev is None:  # synchronous: this step's update, from its output back
+            step.chunks = admitted
+            step.sync_start = a1
+            self.pending = partial(self._arrival_update, step, steady, last, n - warm, True)
+            return w3 + max(0.0, back - w3), None, 1
+        done = self.env.event()  # async scheduling: this step in flight, its output back at `back`
+        done.succeed(back)
+        core._results[step.seq] = done
+        core._results.pop(prev.seq)
+        prev.sync_start = a1  # the update of the decode in flight, from its output back
+        self.pending = partial(self._arrival_update, prev, steady, last, n - warm, False)
+        return a1 + max(0.0, back_prev - a1), step, 1
 
-    def _arrival_update(self, step: Batch, steady: list, last: float, measured: int) -> float:
-        """:meth:`_arrival`'s update, at its start: ``EngineCore.update`` with the running
-        requests' tokens brought up to date first (their ITL samples, counters, blocks and
-        delivery), ``update_from_output`` over the admitted. Returns its duration (s)."""
+    def _arrival_update(self, step: Batch, steady: list, last: float, measured: int, outputs: bool) -> float:
+        """:meth:`_arrival`'s update of ``step``, at its start: ``EngineCore.update`` with the
+        running requests' tokens brought up to date first (their ITL samples, counters, blocks
+        and delivery), then (``outputs``) ``update_from_output`` over the admitted. Returns its
+        duration (s)."""
         core = self.core
         bs = core.scheduler.kv.block_size
 
@@ -520,7 +541,7 @@ class Leap:
                 r.last_token_s = deliver
 
         update_s = core.update_s(step)
-        core.apply_update(step, self.env.now, update_s, running_tokens)
+        core.apply_update(step, self.env.now, update_s, running_tokens, outputs)
         return update_s
 
     def _bound(self) -> float:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import simpy
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import sim
@@ -176,6 +177,27 @@ def test_the_leap_carries_an_arrival(monkeypatch, tmp_path):
             assert_same(scenario, setting)
             assert_same(scenario, setting, tables="none")
             assert carried[setting] > before
+
+
+def test_the_worker_is_held_while_it_samples_a_step_the_leap_ran(monkeypatch):
+    """Async scheduling: when the leap carries an arrival, the worker may still be sampling the
+    new step when the loop goes on; the worker process is then held until that step's sampling
+    ends (an RPC of no step: ``worker_loop``), so the next step's RPC finds it busy and queued,
+    as the processes have it. A generated run (three clients, one-token prompts, a profile with
+    its API server, CPU noise) that the family found to differ before the hold; the outputs of
+    step by step."""
+    held = []
+    put = simpy.Store.put
+    monkeypatch.setattr(simpy.Store, "put", lambda store, item: (held.append(item[0] is None), put(store, item))[1])
+    raw = {"name": "vllm-leap-hold", "seed": 0,
+           "workload": {"arrival": "closed_loop", "num_requests": 11, "warmup_requests": 0, "concurrency": 3,
+                        "input_len": 1, "cached_len": 0, "output_len": 3, "finish": "length"},
+           "server": {"engine": "vllm", "settings": ["async", "sync"], "block_size": 1, "max_model_len": 2048,
+                      "max_num_seqs": 3, "long_prefill_token_threshold": 0, "max_num_batched_tokens": 2048},
+           "costs": {"profile": PROFILE, "noise": {"gpu_cv": 0.0, "cpu_cv": 0.2}}}
+    scenario = sim.load_scenario(raw)
+    assert_same(scenario, "async")
+    assert any(held)
 
 
 def test_preemption_and_noise_are_unchanged():

@@ -124,6 +124,9 @@ def worker_loop(env: simpy.Environment, worker: Worker, rpcs: simpy.Store):
         worker.waiting = True
         step, done = yield rpcs.get()
         worker.waiting = False
+        if step is None:  # the leap ran a step here (sim.engines.vllm.leap): held until its sampling ends
+            yield env.timeout(done)
+            continue
         yield env.timeout(worker.pickup(step, queued) + worker.prepare(step))
         if step.num_reqs:
             yield env.timeout(worker.forward(step, env.now))

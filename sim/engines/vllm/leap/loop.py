@@ -55,6 +55,25 @@ to wait, in the order ``update_from_output`` and ``EngineCore.update`` make them
 speculative decoding, structured output. ``leap=False`` (``--no-leap``) runs every iteration
 through the processes; ``tests/test_vllm_leap.py`` holds both to byte-identical outputs.
 
+**An arrival is carried** (since 5 December 2026), one iteration at a time (:meth:`Leap._arrival`):
+an iteration at whose top requests arrived, while the running requests decode steadily and none
+stops in it, runs the processes' own ``add_requests`` and WAITING pass (``_schedule_waiting``,
+``_update_after_schedule`` over the admitted), the RUNNING pass's one token each as the leap's
+iterations take them, and the engine core's and the worker's phases through their own methods
+(the forward enqueued on the device by ``Worker.forward``, every entry of the step given to it),
+computed up to the update's start; the loop waits for that time and for :meth:`Leap.update`.
+Synchronously that is the new step's update (``update_from_output`` over the admitted: first
+tokens, a request that stops at its first). Under async scheduling it is the update of the step
+in flight, and the new step goes on in flight; the next iteration, whose step in flight holds the
+requests just admitted (complete prompts whose first token does not stop them), is carried the
+same way (their first decode token in the RUNNING pass, their first token through
+``update_from_output``), whether requests arrive then or not. Where the worker would still be
+sampling the new step when the loop goes on, the worker process is held until then (an RPC of
+no step, :func:`sim.engines.vllm.loops.worker_loop`), so the next RPC finds it busy, as the
+processes have it. Such an iteration still walks the running requests (to check them and bring
+their counters up to date), so it saves the processes' SimPy events and two of their three walks,
+not the walk itself.
+
 Without jitter, a stretch of :data:`sim.engines.vllm.leap.runs.MIN_RUN` or more iterations whose
 next event is not nearer than that many iterations at the run's pace so far goes to numpy
 (:func:`sim.engines.vllm.leap.runs.numpy_steps`: the same floats, cut where its closed form
@@ -96,6 +115,7 @@ class Leap:
         self.leapt = 0  # iterations taken so far (the run's stats: leapt_steps)
         self._retry_at = 0  # the step sequence number before which no run is tried again
         self.pending = None  # the last iteration's update, done at its start (a callable: update())
+        self._walked = False  # _walk's result for the running requests at this loop top (False: not walked)
         # half the last run's seconds per iteration: a run is not tried where the next event is nearer (it
         # would take none; a guess that only saves the walk over the running requests, the answer is the same)
         self._pace = 0.0
@@ -115,11 +135,13 @@ class Leap:
         sched = self.core.scheduler
         if sched.next_step_seq < self._retry_at:
             return now, prev, 0
+        self._walked = False  # (not walked yet at this loop top)
         ready = self._ready(now, prev)
         if ready is None:
             core = self.core
-            if core._head < len(core.inbox) and core.inbox[core._head][0] <= now + TIME_EPS_S:
-                carried = self._arrival(now, prev)  # requests arrived: the iteration carried alone
+            arrived = core._head < len(core.inbox) and core.inbox[core._head][0] <= now + TIME_EPS_S
+            if arrived or (prev is not None and prev.chunks and _fresh(prev.chunks[-1][0])):  # requests arrived,
+                carried = self._arrival(now, prev)  # or the step in flight admitted some: carried alone
                 if carried is not None:
                     return carried
             self._retry_at = sched.next_step_seq + RETRY_AFTER
@@ -155,7 +177,7 @@ class Leap:
         back_prev = self._back(prev, running)
         if back_prev is None:
             return None
-        walked = self._walk(running)
+        walked = self._walked = self._walk(running)  # (kept for _arrival, in the same loop top)
         if walked is None:
             return None
         last, k_max, finishing, hist, ctx, warm, hits = walked
@@ -478,27 +500,54 @@ class Leap:
         if (not n or sched.waiting or core._was_idle or not worker.waiting or self.rpcs.items
                 or n > sched.max_num_scheduled_tokens):
             return None
-        back_prev = self._back(prev, running)
-        if back_prev is None:
-            return None
-        walked = self._walk(running)
+        fresh = ()  # async: the requests the step in flight admitted (its last entries), their first token
+        # in flight: each gets its first decode token in this step (complete prompts only)
+        if prev is not None and prev.chunks and _fresh(prev.chunks[-1][0]):
+            done = core._results.get(prev.seq)
+            if (done is None or done.callbacks is not None or len(prev.chunks) != n
+                    or [entry[0] for entry in prev.chunks] != running):
+                return None
+            n_steady = n - 1
+            while n_steady and _fresh(running[n_steady - 1]):
+                n_steady -= 1
+            if not n_steady:
+                return None
+            back_prev, fresh = done.value, running[n_steady:]
+            for entry, r in zip(prev.chunks[n_steady:], fresh):
+                if (r.is_prefill_chunk or r.num_output_placeholders != 1 or r.num_in_flight_tokens != entry[1]
+                        or r.num_output_tokens or r.num_stale_output_tokens or r.num_spec_tokens or r.grammar
+                        or r.num_computed_tokens != r.num_prompt_tokens or r.max_tokens < 2 or r.output_len < 2
+                        or r.num_prompt_tokens + 1 >= sched.max_model_len):
+                    return None  # (its first token must not stop it, nor its next step leave it out)
+            walked = self._walk(running[:n_steady])
+        else:
+            back_prev = self._back(prev, running)
+            if back_prev is None:
+                return None
+            walked = self._walked if self._walked is not False else self._walk(running)  # (_ready's, if it
+            # walked them at this loop top)
         if walked is None:
             return None
         last, k_max, _finishing, hist, ctx, warm, _hits = walked
+        bs = kv.block_size
         need = hist[0]
-        if k_max < 1 or need > kv.num_free_blocks:  # one stops in this update, or the RUNNING pass preempts
-            return None
-        steady = list(running)
-        # --- the iteration, as the processes make it (sim.engines.vllm.loops.sync_core_loop, worker_loop)
+        fresh_need = [r for r in fresh if r.num_computed_tokens + 1 > r.num_blocks * bs]
+        if k_max < 1 or need + len(fresh_need) > kv.num_free_blocks:  # one stops in this update, or the
+            return None  # RUNNING pass preempts
+        steady = running[:n - len(fresh)]
+        # --- the iteration, as the processes make it (sim.engines.vllm.loops, the engine core's and worker's)
         t = core.add_requests(now)
         kv.num_free_blocks -= need  # the RUNNING pass: a block for each request whose token needs one
         if kv.num_used_blocks > kv.peak_used_blocks:
             kv.peak_used_blocks = kv.num_used_blocks
-        step = Batch(sched.next_step_seq, DECODE, n, n, ctx, num_warmup=warm)
+        for r in fresh_need:  # (then the fresh ones, after the steady in the running order)
+            kv.allocate_slots(r, 1, num_lookahead_tokens=sched.num_lookahead_tokens)
+        step = Batch(sched.next_step_seq, DECODE, n, n, ctx + sum(r.num_computed_tokens + 1 for r in fresh),
+                     num_warmup=warm, chunks=[[r, 1, r.num_computed_tokens, False, 0] for r in fresh])
         sched.next_step_seq += 1
         threshold = sched.long_prefill_token_threshold if n + len(sched.waiting) > 1 else 0
         sched._schedule_waiting(step, sched.max_num_scheduled_tokens - n, threshold)
-        admitted = step.chunks
+        admitted = step.chunks  # (the fresh ones' entries and the WAITING pass's)
         sched._update_after_schedule(step)
         sched.finished_req_ids = set()
         s = core.stamp_schedule(step, now + t)
@@ -513,21 +562,28 @@ class Leap:
         if prev is None:  # synchronous: this step's update, from its output back
             step.chunks = admitted
             step.sync_start = a1
-            self.pending = partial(self._arrival_update, step, steady, last, n - warm, True)
+            self.pending = partial(self._arrival_update, step, steady, last, n - warm, True, core.update_s(step))
             return w3 + max(0.0, back - w3), None, 1
         done = self.env.event()  # async scheduling: this step in flight, its output back at `back`
         done.succeed(back)
         core._results[step.seq] = done
         core._results.pop(prev.seq)
-        prev.sync_start = a1  # the update of the decode in flight, from its output back
-        self.pending = partial(self._arrival_update, prev, steady, last, n - warm, False)
-        return a1 + max(0.0, back_prev - a1), step, 1
+        prev.sync_start = a1  # the update of the step in flight, from its output back
+        if fresh:
+            prev.chunks = prev.chunks[len(steady):]  # (update_from_output over the fresh ones: first tokens)
+        update_s = core.update_s(prev)
+        a2 = a1 + max(0.0, back_prev - a1)
+        if w3 >= a2 + update_s:  # the worker still samples this step when the loop goes on: it is held
+            self.rpcs.put((None, self.delay(w3, now)))  # until then (sim.engines.vllm.loops.worker_loop)
+        self.pending = partial(self._arrival_update, prev, steady, last, len(steady) - warm, bool(fresh), update_s)
+        return a2, step, 1
 
-    def _arrival_update(self, step: Batch, steady: list, last: float, measured: int, outputs: bool) -> float:
-        """:meth:`_arrival`'s update of ``step``, at its start: ``EngineCore.update`` with the
-        running requests' tokens brought up to date first (their ITL samples, counters, blocks
-        and delivery), then (``outputs``) ``update_from_output`` over the admitted. Returns its
-        duration (s)."""
+    def _arrival_update(self, step: Batch, steady: list, last: float, measured: int, outputs: bool,
+                        update_s: float) -> float:
+        """:meth:`_arrival`'s update of ``step`` (lasting ``update_s``, drawn), at its start:
+        ``EngineCore.update`` with the running requests' tokens brought up to date first (their
+        ITL samples, counters, blocks and delivery), then (``outputs``) ``update_from_output``
+        over the admitted. Returns its duration (s)."""
         core = self.core
         bs = core.scheduler.kv.block_size
 
@@ -540,7 +596,6 @@ class Leap:
                 r.num_blocks = -(-r.num_computed_tokens // bs)
                 r.last_token_s = deliver
 
-        update_s = core.update_s(step)
         core.apply_update(step, self.env.now, update_s, running_tokens, outputs)
         return update_s
 
@@ -556,6 +611,11 @@ class Leap:
         size = self.worker.shared_block_size
         hits = [r.num_hit_blocks for r in running if r.num_hit_blocks] if size else ()
         return (len(hits) - 1) * min(hits) * size if len(hits) > 1 else 0
+
+
+def _fresh(req) -> bool:
+    """Whether ``req`` has no token yet (its first is in flight, or its prompt is)."""
+    return req.first_token_s != req.first_token_s  # NaN
 
 
 def _duration(update_s: float) -> float:

@@ -130,8 +130,11 @@ class Leap:
 
     def run(self, now: float, prev: Batch | None) -> tuple[float, Batch | None, int]:
         """Iterations of the engine core from its loop's top at ``now`` (``prev``: async
-        scheduling's step in flight; None for the synchronous loop). Returns (when the last one
-        ends, the step then in flight, iterations leapt; 0: none, nothing changed)."""
+        scheduling's step in flight; None for the synchronous loop): a run (:meth:`_run`), or an
+        iteration where requests arrive (:meth:`_arrival`). Returns (when the last one ends, or
+        where :attr:`pending` is set its update's start, for the loop to wait until with
+        :meth:`delay` and then call :meth:`update`; the step then in flight; iterations leapt,
+        0: none, nothing changed)."""
         sched = self.core.scheduler
         if sched.next_step_seq < self._retry_at:
             return now, prev, 0
@@ -365,7 +368,7 @@ class Leap:
             row = (seq0 + k, DECODE, nk, nk, ctx, warmk, 0, 0, False, used * bs, n, queued, c, start, start + s,
                    launch, launch + d, fs, fe)
             if async_scheduling:
-                if stops:  # the update at a2 finishes the step in flight's last tokens (finish())
+                if stops:  # the update at a2 finishes the step in flight's last tokens (_finish, by update())
                     if head is None:  # (the loop's own step)
                         prev.sync_start, prev.process_start, prev.process_end = a1, a2, end
                         core._results.pop(prev.seq)
@@ -413,7 +416,7 @@ class Leap:
         self.leapt += k
         if async_scheduling:
             if carried:
-                for r in finishing:  # not in the last step: their last token came with the update (finish())
+                for r in finishing:  # not in the last step: their last token comes with the update (_finish)
                     r.num_computed_tokens -= 1
                     r.num_output_placeholders = r.num_in_flight_tokens = 0
                     r.num_blocks = -(-r.num_computed_tokens // bs)

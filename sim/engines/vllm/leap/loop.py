@@ -35,10 +35,12 @@ are the arrival process's and the API server's input side, which touch only thei
 the input queue, whose entries come no sooner than that bound. The loop then waits for the run's
 last update's start and for the update in two steps, as the processes do (its event made at the
 same time as theirs). **Exactness**: the same order of same-instant SimPy events as the processes
-everywhere except one case, two coincidences of independently computed float times: an API
-server event at exactly the last update's start that makes another at exactly the run's end
-(SimPy orders same-instant events by when they were made); none has been seen, and the tests
-hold every output byte for byte.
+everywhere except where independently computed float times coincide to the last bit: an API
+server event at exactly the last update's start that makes another at exactly the run's end, or
+(async scheduling, a carried arrival) the engine core's next RPC sent at exactly the instant the
+worker ends sampling the step the leap ran (SimPy orders same-instant events by when they were
+made, and the leap makes some of its waits earlier than the processes do); none has been seen,
+and the tests hold every output byte for byte.
 
 **A finish is carried** (since 5 December 2026): the synchronous loop's every finish (a stop token,
 ``max_tokens``, ``max_model_len``: the request is in the step, its update stops it); under async

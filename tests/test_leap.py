@@ -544,6 +544,42 @@ def test_curve_along_equals_the_curve_at_each_point(axis0, axis1, data):
         assert [at(float(x)) for x in x1] == [curve(x0, float(x)) for x in x1]
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(1.0, 1e4), min_size=1, max_size=4, unique=True),
+       st.lists(st.floats(0.0, 1e4), min_size=1, max_size=6, unique=True),
+       st.data())
+def test_curve_at_keeps_the_last_segment_bit_for_bit(axis0, axis1, data):
+    """``Curve.at``'s function reuses the second axis's last interior segment (the contexts a
+    leap asks for grow step by step): every value is the bilinear interpolation through
+    ``_segment`` written out here, for contexts that grow within a cell, cross nodes, jump back,
+    leave the grid on either side, and are NaN or infinite."""
+    from sim.model.curve import Curve, _segment
+
+    g0, g1 = sorted(axis0), sorted(axis1)
+    values = [[data.draw(st.floats(-1e-3, 1.0)) for _ in g1] for _ in g0]
+    curve = Curve(("num_reqs", "ctx"), (g0, g1), values)
+    x0 = data.draw(st.floats(0.0, 2e4))
+    i, t = _segment(curve.grid[0], x0)
+    r, r1 = curve.values[i], curve.values[i + 1 if len(g0) > 1 else i]
+    step = 1 if len(g1) > 1 else 0
+
+    def reference(x1: float) -> float:
+        j, u = _segment(curve.grid[1], x1)
+        a = r[j] + u * (r[j + step] - r[j])
+        b = r1[j] + u * (r1[j + step] - r1[j])
+        y = a + t * (b - a)
+        return y if y > 0.0 else 0.0
+
+    xs = data.draw(st.lists(st.one_of(st.floats(-1e3, 2e4), st.sampled_from([math.nan, math.inf, -math.inf])),
+                            min_size=1, max_size=30))
+    start, growth = data.draw(st.floats(-1e3, 2e4)), data.draw(st.floats(0.0, 500.0))
+    xs += [start + k * growth for k in range(30)] + [float(v) for v in g1]
+    at = curve.at(x0)
+    for x in xs:
+        got, want = at(x), reference(x)
+        assert got == want or (got != got and want != want), x
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.integers(1, 2048), st.integers(0, 10**7), st.integers(1, 200), st.integers(0, 5000))
 def test_profile_counts_a_numpy_run_as_its_steps(num_reqs, ctx0, k, growth):

@@ -81,9 +81,16 @@ class Curve:
         v = self.values
         r, r1 = v[i], v[i + 1 if len(v) > 1 else i]
         g1, step = self.grid[1], 1 if len(v[0]) > 1 else 0
+        cell = [1.0, 0.0, 0]  # the last interior segment used: its nodes and index (none yet: empty)
 
         def curve_at(x1: float) -> float:
-            j, u = _segment(g1, x1)
+            lo, hi, j = cell
+            if lo <= x1 < hi:  # the segment of the last call (contexts grow step by step): _segment's
+                u = (x1 - lo) / (hi - lo)  # index and fraction, without the search
+            else:
+                j, u = _segment(g1, x1)
+                if step and g1[j] <= x1 < g1[j + 1]:
+                    cell[:] = g1[j], g1[j + 1], j
             j1 = j + step
             a = r[j] + u * (r[j1] - r[j])
             b = r1[j] + u * (r1[j1] - r1[j])

@@ -49,7 +49,8 @@ def sync_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store):
         if core.leap is not None:  # a run of steady decode iterations at once (sim.engines.vllm.leap)
             end, _, leapt = core.leap.run(env.now, None)
             if leapt:
-                yield env.timeout(core.leap.delay(end, env.now))
+                for wait in core.leap.waits(end, env.now):
+                    yield env.timeout(wait)
                 if core.leap.pending is not None:  # its last update, from its start (requests stop, or
                     yield env.timeout(core.leap.update())  # the API server's events fell inside the run)
                 continue
@@ -81,7 +82,8 @@ def async_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store)
         if core.leap is not None and len(queue) == 1:  # sim.engines.vllm.leap: the step in flight goes on
             end, queue[0], leapt = core.leap.run(env.now, queue[0])
             if leapt:
-                yield env.timeout(core.leap.delay(end, env.now))
+                for wait in core.leap.waits(end, env.now):
+                    yield env.timeout(wait)
                 if core.leap.pending is not None:  # its last update, from its start (requests stop, or
                     yield env.timeout(core.leap.update())  # the API server's events fell inside the run)
                 continue
@@ -124,8 +126,9 @@ def worker_loop(env: simpy.Environment, worker: Worker, rpcs: simpy.Store):
         worker.waiting = True
         step, done = yield rpcs.get()
         worker.waiting = False
-        if step is None:  # the leap ran a step here (sim.engines.vllm.leap): held until its sampling ends
-            yield env.timeout(done)
+        if step is None:  # the leap ran a step here (sim.engines.vllm.leap): held until its sampling ends,
+            for wait in done:  # by that step's timeouts
+                yield env.timeout(wait)
             continue
         yield env.timeout(worker.pickup(step, queued) + worker.prepare(step))
         if step.num_reqs:

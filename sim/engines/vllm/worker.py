@@ -112,8 +112,12 @@ class Worker:
         holds: (m - 1) p for the m requests with a prefix-cache hit, p the smallest hit (tokens).
         Used for decode steps only: the saving was measured on decode steps, and a prefill's
         queries reuse what they read of the prefix anyway."""
-        hits = [entry[0].num_hit_blocks for entry in step.chunks if entry[0].num_hit_blocks]
-        return (len(hits) - 1) * min(hits) * self.shared_block_size if len(hits) > 1 else 0
+        return self.shared_of([entry[0].num_hit_blocks for entry in step.chunks if entry[0].num_hit_blocks])
+
+    def shared_of(self, hits: list[int]) -> int:
+        """:meth:`shared_kv` of a decode step whose requests with a prefix-cache hit hold ``hits``
+        blocks each (tokens; 0 unless prefixes are shared and two requests hit)."""
+        return (len(hits) - 1) * min(hits) * self.shared_block_size if len(hits) > 1 and self.shared_block_size else 0
 
     def roundtrip(self, step: Batch) -> float:
         """Between ``execute_model`` and ``sample_tokens``: synchronously the None reply's round

@@ -57,24 +57,8 @@ to wait, in the order ``update_from_output`` and ``EngineCore.update`` make them
 speculative decoding, structured output. ``leap=False`` (``--no-leap``) runs every iteration
 through the processes; ``tests/test_vllm_leap.py`` holds both to byte-identical outputs.
 
-**An arrival is carried** (since 5 December 2026), one iteration at a time (:meth:`Leap._arrival`):
-an iteration at whose top requests arrived, while the running requests decode steadily and none
-stops in it, runs the processes' own ``add_requests`` and WAITING pass (``_schedule_waiting``,
-``_update_after_schedule`` over the admitted), the RUNNING pass's one token each as the leap's
-iterations take them, and the engine core's and the worker's phases through their own methods
-(the forward enqueued on the device by ``Worker.forward``, every entry of the step given to it),
-computed up to the update's start; the loop waits for that time and for :meth:`Leap.update`.
-Synchronously that is the new step's update (``update_from_output`` over the admitted: first
-tokens, a request that stops at its first). Under async scheduling it is the update of the step
-in flight, and the new step goes on in flight; the next iteration, whose step in flight holds the
-requests just admitted (complete prompts whose first token does not stop them), is carried the
-same way (their first decode token in the RUNNING pass, their first token through
-``update_from_output``), whether requests arrive then or not. Where the worker would still be
-sampling the new step when the loop goes on, the worker process is held until then (an RPC of
-no step, :func:`sim.engines.vllm.loops.worker_loop`), so the next RPC finds it busy, as the
-processes have it. Such an iteration still walks the running requests (to check them and bring
-their counters up to date), so it saves the processes' SimPy events and two of their three walks,
-not the walk itself.
+**An arrival is carried** (since 5 December 2026), one iteration at a time, by
+:mod:`sim.engines.vllm.leap.arrival` (:meth:`Leap._arrival`).
 
 Without jitter, a stretch of :data:`sim.engines.vllm.leap.runs.MIN_RUN` or more iterations whose
 next event is not nearer than that many iterations at the run's pace so far goes to numpy
@@ -85,10 +69,10 @@ beyond the profile's data) count the run's steps once at its end.
 
 from __future__ import annotations
 
-import math
 from functools import partial
 
 from sim.engines.vllm.core import TIME_EPS_S
+from sim.engines.vllm.leap.arrival import advance, carry, fresh_req
 from sim.engines.vllm.leap.runs import MIN_RUN as NUMPY_MIN_RUN, numpy_steps
 from sim.model.batch import Batch
 from sim.model.costs import DECODE
@@ -117,6 +101,7 @@ class Leap:
         self.leapt = 0  # iterations taken so far (the run's stats: leapt_steps)
         self._retry_at = 0  # the step sequence number before which no run is tried again
         self.pending = None  # the last iteration's update, done at its start (a callable: update())
+        self.steps = None  # a carried arrival's waits up to its update's start (waits())
         self._walked = False  # _walk's result for the running requests at this loop top (False: not walked)
         # half the last run's seconds per iteration: a run is not tried where the next event is nearer (it
         # would take none; a guess that only saves the walk over the running requests, the answer is the same)
@@ -135,7 +120,7 @@ class Leap:
         scheduling's step in flight; None for the synchronous loop): a run (:meth:`_run`), or an
         iteration where requests arrive (:meth:`_arrival`). Returns (when the last one ends, or
         where :attr:`pending` is set its update's start, for the loop to wait until with
-        :meth:`delay` and then call :meth:`update`; the step then in flight; iterations leapt,
+        :meth:`waits` and then call :meth:`update`; the step then in flight; iterations leapt,
         0: none, nothing changed)."""
         sched = self.core.scheduler
         if sched.next_step_seq < self._retry_at:
@@ -145,7 +130,7 @@ class Leap:
         if ready is None:
             core = self.core
             arrived = core._head < len(core.inbox) and core.inbox[core._head][0] <= now + TIME_EPS_S
-            if arrived or (prev is not None and prev.chunks and _fresh(prev.chunks[-1][0])):  # requests arrived,
+            if arrived or (prev is not None and prev.chunks and fresh_req(prev.chunks[-1][0])):  # requests arrived,
                 carried = self._arrival(now, prev)  # or the step in flight admitted some: carried alone
                 if carried is not None:
                     return carried
@@ -153,14 +138,13 @@ class Leap:
             return now, prev, 0
         return self._run(now, prev, *ready)
 
-    def delay(self, end: float, now: float) -> float:
-        """The timeout from ``now`` that lands on ``end`` (s) exactly, as the processes' own
-        timeouts do: ``end - now``, or the nearest float to it for which ``now + delay == end``
-        (one exists when ``end >= now``: the delay's steps are no coarser than ``end``'s)."""
-        d = end - now
-        while now + d != end:
-            d = math.nextafter(d, math.inf if now + d < end else -math.inf)
-        return d
+    def waits(self, end: float, now: float) -> tuple[float, ...]:
+        """The timeouts from ``now`` that take the loop to ``end`` (s), which :meth:`run` returned:
+        ``end - now`` (a run checks that it lands there), or after a carried arrival the engine
+        core's own waits of that iteration (:func:`sim.engines.vllm.leap.arrival.carry`), each
+        landing where the processes' do."""
+        steps, self.steps = self.steps, None
+        return steps if steps is not None else (end - now,)
 
     # --- where a run may start ---------------------------------------------------------------
     def _ready(self, now: float, prev: Batch | None):
@@ -190,19 +174,17 @@ class Leap:
             finishing = ()
             if k_max < MIN_RUN:
                 return None  # a run too short for its walks, and no finish to carry
-        shared = 0
-        if worker.shared_block_size and len(hits) > 1:  # Worker.shared_kv of every step of the run
-            shared = (len(hits) - 1) * min(hits) * worker.shared_block_size
-        return running, ctx, warm, n - warm, last, k_max, hist, shared, back_prev, finishing
+        return running, ctx, warm, n - warm, last, k_max, hist, worker.shared_of(hits), back_prev, finishing
 
-    def _back(self, prev: Batch | None, running) -> float | None:
-        """Async scheduling: when the step in flight's output is back (s), if it is a decode of
-        every running request, in order, and back by now; None otherwise. The synchronous loop
-        (nothing in flight): -inf, or None if ``prev`` is a step."""
+    def _back(self, prev: Batch | None, running, decode: bool = True) -> float | None:
+        """Async scheduling: when the step in flight's output is back (s), if its entries are the
+        running requests, in order, it is a decode of them all (``decode``; else it may hold
+        prefill entries), and back by now; None otherwise. The synchronous loop (nothing in
+        flight): -inf, or None if ``prev`` is a step."""
         if not self.async_scheduling:
             return -float("inf") if prev is None else None
         n = len(running)
-        if prev is None or prev.kind != DECODE or prev.num_reqs != n or len(prev.chunks) != n:
+        if prev is None or len(prev.chunks) != n or (decode and (prev.kind != DECODE or prev.num_reqs != n)):
             return None
         done = self.core._results.get(prev.seq)
         if done is None or done.callbacks is not None:  # its output is not back yet
@@ -321,7 +303,7 @@ class Leap:
                 ph_rt = costs.pickup_s(nk)
                 gone = {r.rid for r in finishing}
                 staying = [r for r in running if r.rid not in gone]
-                shared_k = self._shared(staying)
+                shared_k = worker.shared_of([r.num_hit_blocks for r in staying if r.num_hit_blocks])
                 forward_at = costs.decode_forward_at(nk, shared_k)
             if need > free:
                 break  # allocate_slots fails: preemption, step by step
@@ -352,7 +334,8 @@ class Leap:
             r, back_w = (a1, back_prev) if async_scheduling else (w3, back)
             a2 = r + max(0.0, back_w - r)
             ju = cj()
-            end = a2 + ph_u * ju
+            update_s = ph_u * ju
+            end = a2 + update_s
             deliver, new_free_s = egress_after(egress, end, free_s)
             if not (now + (end - now) == end and (not async_scheduling or w3 < end)
                     and (end < horizon and not stops or now + (a2 - now) == a2)):  # (yields land on the clock)
@@ -378,7 +361,7 @@ class Leap:
                     else:
                         done_step = head[:7] + (len(finishing),) + head[8:] + (a1, a2, end)
                     self.pending = partial(self._finish, finishing, done_step, deliver, deliver - last, measured,
-                                           ph_u * ju)
+                                           update_s)
                     head, last, back_prev, c = row, deliver, back, a2
                     k += 1
                     break
@@ -391,7 +374,7 @@ class Leap:
                 head = row
             elif stops:  # the update at a2 (finish): the ITL samples, the finishes, then the step
                 self.pending = partial(self._finish, finishing, row[:7] + (len(finishing),) + row[8:] + (a1, a2, end),
-                                       deliver, deliver - last, measured, ph_u * ju)
+                                       deliver, deliver - last, measured, update_s)
                 last, c = deliver, a2
                 k += 1
                 break
@@ -401,7 +384,7 @@ class Leap:
                 rec.itl(deliver - last, measured)
             last = deliver
             back_prev, w3_prev, c = back, (w3 if async_scheduling else -float("inf")), end
-            a2_last, update_s = a2, ph_u * ju
+            a2_last, update_last = a2, update_s  # (the last iteration taken)
             k += 1
         if k == 0:
             self._retry_at = sched.next_step_seq + RETRY_AFTER
@@ -410,7 +393,7 @@ class Leap:
         carried = async_scheduling and self.pending is not None  # (its last step left requests out)
         if self.pending is None and c >= horizon:  # SimPy events fall inside the run (the API server's): the
             # loop waits for the last update's start, then for the update, as the processes do
-            self.pending, c = partial(_duration, update_s), a2_last
+            self.pending, c = partial(_duration, update_last), a2_last
         costs.count_decode_steps(n, ctx0, k - carried, shared)  # the reach counters, as forward_s counts each step
         if carried:
             costs.count_decode_steps(nk, ctx, 1, shared_k)
@@ -456,12 +439,7 @@ class Leap:
         (as ``_update_after_schedule`` and ``update_from_output`` leave them), the KV pool, the
         step numbers, the API server's and the device stream's clocks."""
         sched = self.core.scheduler
-        bs = sched.kv.block_size
-        for r in running:
-            r.num_computed_tokens += k
-            r.num_output_tokens += k
-            r.num_blocks = -(-r.num_computed_tokens // bs)
-            r.last_token_s = last
+        advance(running, k, last, sched.kv.block_size)
         sched.kv.num_free_blocks, sched.kv.peak_used_blocks = free, peak
         sched.next_step_seq += k
         sched.finished_req_ids = set()  # schedule() sends them to the worker with its first step
@@ -479,130 +457,21 @@ class Leap:
         step.recv_start, step.schedule_start, step.schedule_end = recv_start, schedule_start, schedule_end
         step.launch_start, step.launch_end = launch_start, launch_end
         step.forward_start, step.forward_end = forward_start, forward_end
+        self.output_back(seq, back)
+        return step
+
+    def output_back(self, seq: int, back: float) -> None:
+        """Step ``seq``'s output, which the leap computed, is back in the engine core at ``back``
+        (s): its result event, already processed, for the loop's ``result`` to find."""
         done = self.env.event()
         done.succeed(back)
         self.core._results[seq] = done
-        return step
 
     # --- an arrival ----------------------------------------------------------------------------
     def _arrival(self, now: float, prev: Batch | None):
-        """The iteration at ``now`` where requests arrived, while the running ones decode steadily
-        (under async scheduling: the step in flight a decode of them all, its output back) and
-        none stops in it: the processes' ``add_requests`` and the WAITING pass
-        (``_schedule_waiting``, ``_update_after_schedule`` over the admitted, the policy's own),
-        the RUNNING pass's one token each (its blocks, as the leap's iterations take them), the
-        engine core's and the worker's phases priced and the forward enqueued by their own
-        methods, computed up to the update's start. The loop waits for that time and then for
-        :meth:`update`: synchronously this step's update (the running requests' tokens, then
-        ``update_from_output`` over the admitted: first tokens, a request that stops at its
-        first); under async scheduling the update of the decode in flight (the running requests'
-        tokens), this step going on in flight with every entry, for the processes to update.
-        Returns as :meth:`run` (that start, the step then in flight, 1), or None (not carried:
-        nothing changed)."""
-        core, sched, worker = self.core, self.core.scheduler, self.worker
-        running, kv = sched.running, sched.kv
-        n = len(running)
-        if (not n or sched.waiting or core._was_idle or not worker.waiting or self.rpcs.items
-                or n > sched.max_num_scheduled_tokens):
-            return None
-        fresh = ()  # async: the requests the step in flight admitted (its last entries), their first token
-        # in flight: each gets its first decode token in this step (complete prompts only)
-        if prev is not None and prev.chunks and _fresh(prev.chunks[-1][0]):
-            done = core._results.get(prev.seq)
-            if (done is None or done.callbacks is not None or len(prev.chunks) != n
-                    or [entry[0] for entry in prev.chunks] != running):
-                return None
-            n_steady = n - 1
-            while n_steady and _fresh(running[n_steady - 1]):
-                n_steady -= 1
-            if not n_steady:
-                return None
-            back_prev, fresh = done.value, running[n_steady:]
-            for entry, r in zip(prev.chunks[n_steady:], fresh):
-                if (r.is_prefill_chunk or r.num_output_placeholders != 1 or r.num_in_flight_tokens != entry[1]
-                        or r.num_output_tokens or r.num_stale_output_tokens or r.num_spec_tokens or r.grammar
-                        or r.num_computed_tokens != r.num_prompt_tokens or r.max_tokens < 2 or r.output_len < 2
-                        or r.num_prompt_tokens + 1 >= sched.max_model_len):
-                    return None  # (its first token must not stop it, nor its next step leave it out)
-            walked = self._walk(running[:n_steady])
-        else:
-            back_prev = self._back(prev, running)
-            if back_prev is None:
-                return None
-            walked = self._walked if self._walked is not False else self._walk(running)  # (_ready's, if it
-            # walked them at this loop top)
-        if walked is None:
-            return None
-        last, k_max, _finishing, hist, ctx, warm, _hits = walked
-        bs = kv.block_size
-        need = hist[0]
-        fresh_need = [r for r in fresh if r.num_computed_tokens + 1 > r.num_blocks * bs]
-        if k_max < 1 or need + len(fresh_need) > kv.num_free_blocks:  # one stops in this update, or the
-            return None  # RUNNING pass preempts
-        steady = running[:n - len(fresh)]
-        # --- the iteration, as the processes make it (sim.engines.vllm.loops, the engine core's and worker's)
-        t = core.add_requests(now)
-        kv.num_free_blocks -= need  # the RUNNING pass: a block for each request whose token needs one
-        if kv.num_used_blocks > kv.peak_used_blocks:
-            kv.peak_used_blocks = kv.num_used_blocks
-        for r in fresh_need:  # (then the fresh ones, after the steady in the running order)
-            kv.allocate_slots(r, 1, num_lookahead_tokens=sched.num_lookahead_tokens)
-        step = Batch(sched.next_step_seq, DECODE, n, n, ctx + sum(r.num_computed_tokens + 1 for r in fresh),
-                     num_warmup=warm, chunks=[[r, 1, r.num_computed_tokens, False, 0] for r in fresh])
-        sched.next_step_seq += 1
-        threshold = sched.long_prefill_token_threshold if n + len(sched.waiting) > 1 else 0
-        sched._schedule_waiting(step, sched.max_num_scheduled_tokens - n, threshold)
-        admitted = step.chunks  # (the fresh ones' entries and the WAITING pass's)
-        sched._update_after_schedule(step)
-        sched.finished_req_ids = set()
-        s = core.stamp_schedule(step, now + t)
-        t += s + core.dispatch(step, now + t + s)
-        a1 = now + t
-        step.chunks = [[r, 1, r.num_computed_tokens, True, 0] for r in steady] + admitted  # (the forward's)
-        w1 = a1 + (worker.pickup(step, False) + worker.prepare(step))
-        w1 += worker.forward(step, w1)
-        w3 = (w1 + worker.roundtrip(step)) + worker.sample(step)
-        back = worker.output_back_s(step, w3)
-        self.leapt += 1
-        if prev is None:  # synchronous: this step's update, from its output back
-            step.chunks = admitted
-            step.sync_start = a1
-            self.pending = partial(self._arrival_update, step, steady, last, n - warm, True, core.update_s(step))
-            return w3 + max(0.0, back - w3), None, 1
-        done = self.env.event()  # async scheduling: this step in flight, its output back at `back`
-        done.succeed(back)
-        core._results[step.seq] = done
-        core._results.pop(prev.seq)
-        prev.sync_start = a1  # the update of the step in flight, from its output back
-        if fresh:
-            prev.chunks = prev.chunks[len(steady):]  # (update_from_output over the fresh ones: first tokens)
-        update_s = core.update_s(prev)
-        a2 = a1 + max(0.0, back_prev - a1)
-        if w3 >= a2 + update_s:  # the worker still samples this step when the loop goes on: it is held
-            self.rpcs.put((None, self.delay(w3, now)))  # until then (sim.engines.vllm.loops.worker_loop)
-        self.pending = partial(self._arrival_update, prev, steady, last, len(steady) - warm, bool(fresh), update_s)
-        return a2, step, 1
-
-    def _arrival_update(self, step: Batch, steady: list, last: float, measured: int, outputs: bool,
-                        update_s: float) -> float:
-        """:meth:`_arrival`'s update of ``step`` (lasting ``update_s``, drawn), at its start:
-        ``EngineCore.update`` with the running requests' tokens brought up to date first (their
-        ITL samples, counters, blocks and delivery), then (``outputs``) ``update_from_output``
-        over the admitted. Returns its duration (s)."""
-        core = self.core
-        bs = core.scheduler.kv.block_size
-
-        def running_tokens(deliver: float) -> None:
-            if measured:
-                core.recorder.itl(deliver - last, measured)
-            for r in steady:
-                r.num_computed_tokens += 1
-                r.num_output_tokens += 1
-                r.num_blocks = -(-r.num_computed_tokens // bs)
-                r.last_token_s = deliver
-
-        core.apply_update(step, self.env.now, update_s, running_tokens, outputs)
-        return update_s
+        """The iteration at ``now`` where requests arrived, or whose step in flight admitted some,
+        carried alone (:func:`sim.engines.vllm.leap.arrival.carry`); None: not carried."""
+        return carry(self, now, prev)
 
     def _bound(self) -> float:
         """When a request can next reach the engine core's input queue, at the earliest (s): the
@@ -610,19 +479,9 @@ class Leap:
         server's own, change nothing an iteration reads: a run's iterations start before it)."""
         return min(self.core.frontend.earliest_enqueue_s(), self.core.next_send_s())
 
-    def _shared(self, running) -> int:
-        """``Worker.shared_kv`` of a decode step of ``running`` (tokens): (m - 1) p for the m
-        requests with a prefix-cache hit, p the smallest hit; 0 unless requests share a prefix."""
-        size = self.worker.shared_block_size
-        hits = [r.num_hit_blocks for r in running if r.num_hit_blocks] if size else ()
-        return (len(hits) - 1) * min(hits) * size if len(hits) > 1 else 0
-
-
-def _fresh(req) -> bool:
-    """Whether ``req`` has no token yet (its first is in flight, or its prompt is)."""
-    return req.first_token_s != req.first_token_s  # NaN
 
 
 def _duration(update_s: float) -> float:
     """A run's last update with nothing left to do at its start: its duration (s)."""
     return update_s
+

@@ -18,7 +18,9 @@ import simpy
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import sim
-from sim.engines.vllm.leap import loop as leap_module, runs as leap_runs
+import pytest
+
+from sim.engines.vllm.leap import arrival as leap_arrival, loop as leap_module, runs as leap_runs, steady
 from tests.test_leap import assert_same, draw_workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +32,13 @@ def vllm(**workload) -> dict:
             "input_len": 64, "output_len": 40, "finish": "length"}
     return {"name": "vllm-leap", "seed": 1, "workload": {**base, **workload},
             "server": {"engine": "vllm", "settings": ["async", "sync"]}}
+
+
+@pytest.fixture(autouse=True)
+def _steady_sums_checked(monkeypatch):
+    """Every summary of the running requests the leap keeps across its iterations
+    (:class:`sim.engines.vllm.leap.steady.SteadyRunning`) is compared with a walk over them all."""
+    monkeypatch.setattr(steady, "CHECK", True)
 
 
 # --- hand-checked cases --------------------------------------------------------------------------
@@ -177,6 +186,37 @@ def test_the_leap_carries_an_arrival(monkeypatch, tmp_path):
             assert_same(scenario, setting)
             assert_same(scenario, setting, tables="none")
             assert carried[setting] > before
+
+
+def test_an_arrival_is_carried_with_a_finish(monkeypatch):
+    """An iteration where requests arrive while running ones stop is carried in both loops: the
+    synchronous step holds the stopping requests' last tokens, its update finishes them; under
+    async scheduling (a finish by ``max_tokens``) the step leaves them out, and the update of the
+    step in flight finishes them, with or without requests that step admitted (their first token
+    in flight). Staggered finishes at 64 clients of the shipped ``vllm-h200``, and inline costs
+    with lengths by EOS and by length; the outputs of step by step."""
+    finished = {"sync": 0, "async": 0}
+    update = leap_arrival._update
+
+    def counted(leap, step, steady_reqs, finishing, *args):
+        finished["async" if leap.async_scheduling else "sync"] += len(finishing)
+        return update(leap, step, steady_reqs, finishing, *args)
+
+    monkeypatch.setattr(leap_arrival, "_update", counted)
+    scenarios = [sim.load_scenario(ROOT / "scenarios" / "vllm-h200.yaml",
+                                   ["workload.concurrency=64", "workload.num_requests=200"]),
+                 sim.load_scenario(vllm(concurrency=16, num_requests=120,
+                                        output_len={"dist": "uniform", "low": 20, "high": 90})),
+                 sim.load_scenario(vllm(concurrency=16, num_requests=120, finish="eos",
+                                        output_len={"dist": "uniform", "low": 20, "high": 90}))]
+    tight = vllm(concurrency=16, num_requests=160, output_len={"dist": "uniform", "low": 20, "high": 90})
+    tight["server"].update(block_size=1, num_gpu_blocks=1900, max_model_len=1024)  # a block a token: the blocks a finish
+    scenarios.append(sim.load_scenario(tight))  # frees decide later admissions
+    for scenario in scenarios:
+        for setting in ("sync", "async"):
+            assert_same(scenario, setting)
+            assert_same(scenario, setting, tables="none")
+    assert finished["sync"] > 0 and finished["async"] > 0
 
 
 def test_the_worker_is_held_while_it_samples_a_step_the_leap_ran(monkeypatch):

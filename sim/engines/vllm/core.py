@@ -186,14 +186,17 @@ class EngineCore:
     def apply_update(self, step: Batch, at: float, dur: float, before=None, outputs: bool = True) -> None:
         """The update of ``step`` from ``at``, lasting ``dur`` (s): the API server's output side,
         ``update_from_output`` (``before(deliver_s)`` first, for what the leap brings up to date
-        by itself; ``outputs`` False: nothing else to update, the leap's ``before`` did it all),
-        the step recorded."""
+        by itself, returning how many requests it finished; ``outputs`` False: nothing else to
+        update, the leap's ``before`` did it all), the step recorded with every request finished."""
         step.process_start = at
         step.process_end = at + dur
         deliver = self.frontend.egress(at + dur, step.num_reqs)
         if before is not None:
-            before(deliver)
-        if outputs:
+            finished = before(deliver)
+            if outputs:
+                finished += self.scheduler.update_from_output(step, deliver)
+            step.finished = finished
+        elif outputs:
             self.scheduler.update_from_output(step, deliver)
         if step.num_reqs:
             self.recorder.step(step)

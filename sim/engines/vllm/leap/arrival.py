@@ -67,22 +67,30 @@ def carry(leap, now: float, prev: Batch | None):
                     or r.num_computed_tokens != r.num_prompt_tokens or r.max_tokens < 2 or r.output_len < 2
                     or r.num_prompt_tokens + 1 >= sched.max_model_len):
                 return None  # (its first token must not stop it, nor its next step leave it out)
-        walked = leap._walk(running[:n_steady])
+        walked = leap._walk(running, n_steady)
     else:
         back_prev = leap._back(prev, running)
         if back_prev is None:
             return None
-        walked = leap._walked if leap._walked is not False else leap._walk(running)  # (_ready's, if it
+        walked = leap._walked if leap._walked is not False else leap._walk(running, n)  # (_ready's, if it
         # walked them at this loop top)
     if walked is None:
         return None
-    last, k_max, _finishing, hist, ctx, warm, _hits = walked
+    last, k_max, finishing, hist, ctx, warm, _hits = walked
     bs = kv.block_size
-    need = hist[0]
+    async_scheduling = prev is not None
+    if k_max > 0:
+        finishing = ()
+    elif k_max < 0 or finishing is None or (async_scheduling and len(finishing) == n):
+        return None  # a finish the leap does not carry, or (async) a step left with no request
+    left = finishing if async_scheduling else ()  # (async: the RUNNING pass gives them no token, l.668)
+    need = hist[0] - sum((-r.num_computed_tokens) % bs == 0 for r in left)
     fresh_need = [r for r in fresh if r.num_computed_tokens + 1 > r.num_blocks * bs]
-    if k_max < 1 or need + len(fresh_need) > kv.num_free_blocks:  # one stops in this update, or the
-        return None  # RUNNING pass preempts
+    if need + len(fresh_need) > kv.num_free_blocks:  # the RUNNING pass preempts
+        return None
     steady = running[:n - len(fresh)]
+    if finishing:  # they leave the steady sums with their update (finish_stopped)
+        leap._steady.finish(running, 0, sched.next_step_seq)
     # --- the iteration, as the processes make it (sim.engines.vllm.loops, the engine core's and worker's)
     t = core.add_requests(now)
     kv.num_free_blocks -= need  # the RUNNING pass: a block for each request whose token needs one
@@ -90,18 +98,22 @@ def carry(leap, now: float, prev: Batch | None):
         kv.peak_used_blocks = kv.num_used_blocks
     for r in fresh_need:  # (then the fresh ones, after the steady in the running order)
         kv.allocate_slots(r, 1, num_lookahead_tokens=sched.num_lookahead_tokens)
-    step = Batch(sched.next_step_seq, DECODE, n, n, ctx + sum(r.num_computed_tokens + 1 for r in fresh),
-                 num_warmup=warm, chunks=[[r, 1, r.num_computed_tokens, False, 0] for r in fresh])
+    m = n - len(left)  # the RUNNING pass's entries
+    step = Batch(sched.next_step_seq, DECODE, m, m, ctx + sum(r.num_computed_tokens + 1 for r in fresh)
+                 - sum(r.num_computed_tokens + 1 for r in left), num_warmup=warm - sum(r.warmup for r in left),
+                 chunks=[[r, 1, r.num_computed_tokens, False, 0] for r in fresh])
     sched.next_step_seq += 1
+    leap._steady.seq = sched.next_step_seq  # (the steady requests take this step's token: sums kept)
     threshold = sched.long_prefill_token_threshold if n + len(sched.waiting) > 1 else 0
-    sched._schedule_waiting(step, sched.max_num_scheduled_tokens - n, threshold)
+    sched._schedule_waiting(step, sched.max_num_scheduled_tokens - m, threshold)
     admitted = step.chunks  # (the fresh ones' entries and the WAITING pass's)
     sched._update_after_schedule(step)
     sched.finished_req_ids = set()
     s = core.stamp_schedule(step, now + t)
     t += s + core.dispatch(step, now + t + s)
     a1 = now + t
-    step.chunks = [[r, 1, r.num_computed_tokens, True, 0] for r in steady] + admitted  # (the forward's)
+    step.chunks = [[r, 1, r.num_computed_tokens, True, 0] for r in steady if not left or r not in left] + admitted
+    # (the forward's entries)
     pp = worker.pickup(step, False) + worker.prepare(step)  # the worker's timeouts, as worker_loop yields them
     w1 = a1 + pp
     held = worker.forward(step, w1)
@@ -113,7 +125,7 @@ def carry(leap, now: float, prev: Batch | None):
     if prev is None:  # synchronous: this step's update, from its output back
         step.chunks = admitted
         step.sync_start = a1
-        leap.pending = partial(_update, leap, step, steady, last, n - warm, True, core.update_s(step))
+        leap.pending = partial(_update, leap, step, steady, finishing, last, n - warm, True, core.update_s(step))
         leap.steps = (t, pp, held, rt, sm, max(0.0, back - w3))  # (the core waits for the worker's output)
         return w3 + max(0.0, back - w3), None, 1
     leap.output_back(step.seq, back)  # async scheduling: this step in flight, its output back at `back`
@@ -125,23 +137,31 @@ def carry(leap, now: float, prev: Batch | None):
     a2 = a1 + max(0.0, back_prev - a1)
     if w3 >= a2 + update_s:  # the worker still samples this step when the loop goes on: it is held until
         leap.rpcs.put((None, (t, pp, held, rt, sm)))  # then, by its own timeouts (sim.engines.vllm.loops.worker_loop)
-    leap.pending = partial(_update, leap, prev, steady, last, len(steady) - warm, bool(fresh), update_s)
+    leap.pending = partial(_update, leap, prev, steady, finishing, last, len(steady) - warm, bool(fresh), update_s)
     leap.steps = (t, max(0.0, back_prev - a1))  # (the core waits for the output of the step before)
     return a2, step, 1
 
 
-def _update(leap, step: Batch, steady: list, last: float, measured: int, outputs: bool,
-                    update_s: float) -> float:
+def _update(leap, step: Batch, steady: list, finishing, last: float, measured: int, outputs: bool,
+            update_s: float) -> float:
     """:func:`carry`'s update of ``step`` (lasting ``update_s``, drawn), at its start:
     ``EngineCore.update`` with the running requests' tokens brought up to date first (their
-    ITL samples, counters, blocks and delivery), then (``outputs``) ``update_from_output``
-    over the admitted. Returns its duration (s)."""
+    ITL samples, counters, blocks and delivery; ``finishing``, those of them whose token is
+    their last, then finished through the policy's ``finish_stopped``), then (``outputs``)
+    ``update_from_output`` over the admitted, in ``update_from_output``'s order. Returns its
+    duration (s)."""
     core = leap.core
 
-    def running_tokens(deliver: float) -> None:
+    def running_tokens(deliver: float) -> int:
         if measured:
             core.recorder.itl(deliver - last, measured)
-        advance(steady, 1, deliver, core.scheduler.kv.block_size)
+        bs = core.scheduler.kv.block_size
+        advance(steady, 1, deliver, bs)
+        if finishing:
+            if core.scheduler.async_scheduling:  # (this iteration's step left them out)
+                left_out(finishing, bs)
+            core.scheduler.finish_stopped(finishing, deliver)
+        return len(finishing)
 
     core.apply_update(step, leap.env.now, update_s, running_tokens, outputs)
     return update_s
@@ -155,6 +175,16 @@ def advance(running, k: int, last: float, block_size: int) -> None:
         r.num_output_tokens += k
         r.num_blocks = -(-r.num_computed_tokens // block_size)
         r.last_token_s = last
+
+
+def left_out(finishing, block_size: int) -> None:
+    """Async scheduling: ``finishing``, advanced by :func:`advance` through a step whose RUNNING
+    pass left them out (their in-flight step reaches ``max_tokens``), as ``update_from_output``
+    leaves them: no token computed in it, no placeholder or token in flight."""
+    for r in finishing:
+        r.num_computed_tokens -= 1
+        r.num_output_placeholders = r.num_in_flight_tokens = 0
+        r.num_blocks = -(-r.num_computed_tokens // block_size)
 
 
 def fresh_req(req) -> bool:

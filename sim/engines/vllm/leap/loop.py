@@ -72,8 +72,9 @@ from __future__ import annotations
 from functools import partial
 
 from sim.engines.vllm.core import TIME_EPS_S
-from sim.engines.vllm.leap.arrival import advance, carry, fresh_req
+from sim.engines.vllm.leap.arrival import advance, carry, fresh_req, left_out
 from sim.engines.vllm.leap.runs import MIN_RUN as NUMPY_MIN_RUN, numpy_steps
+from sim.engines.vllm.leap.steady import SteadyRunning
 from sim.model.batch import Batch
 from sim.model.costs import DECODE
 
@@ -103,6 +104,8 @@ class Leap:
         self.pending = None  # the last iteration's update, done at its start (a callable: update())
         self.steps = None  # a carried arrival's waits up to its update's start (waits())
         self._walked = False  # _walk's result for the running requests at this loop top (False: not walked)
+        sched = core.scheduler
+        self._steady = SteadyRunning(sched.kv.block_size, sched.max_model_len, async_scheduling)
         # half the last run's seconds per iteration: a run is not tried where the next event is nearer (it
         # would take none; a guess that only saves the walk over the running requests, the answer is the same)
         self._pace = 0.0
@@ -166,7 +169,7 @@ class Leap:
         back_prev = self._back(prev, running)
         if back_prev is None:
             return None
-        walked = self._walked = self._walk(running)  # (kept for _arrival, in the same loop top)
+        walked = self._walked = self._walk(running, n)  # (kept for _arrival, in the same loop top)
         if walked is None:
             return None
         last, k_max, finishing, hist, ctx, warm, hits = walked
@@ -193,64 +196,15 @@ class Leap:
             return None
         return done.value
 
-    def _walk(self, running):
-        """The running requests, each checked to decode one token a step (module docstring) and
-        summed: (their common last delivery, the iterations before the first that stops one
-        (k_max), those it stops, in order, or None where that is not a finish the leap carries,
-        block allocations by the context's residue, the summed context of the next step, warm-up
-        members, prefix-cache hit blocks); None where one does not decode steadily."""
-        sched = self.core.scheduler
-        bs, max_len = sched.kv.block_size, sched.max_model_len
-        placeholders = 1 if self.async_scheduling else 0
-        last = running[0].last_token_s
-        if last != last:  # NaN: no token delivered yet
-            return None
-        async_scheduling = self.async_scheduling
-        k_max = 1 << 30
-        finishing: list | None = []  # the requests that stop at iteration k_max, in order (None: k_max is
-        # not a finish for every one of them)
-        hist = [0] * bs
-        ctx = warm = 0
-        hits = []
-        for r in running:
-            c = r.num_computed_tokens
-            if (r.num_output_placeholders != placeholders or r.num_in_flight_tokens != placeholders
-                    or r.num_stale_output_tokens or r.num_spec_tokens or r.grammar or r.is_prefill_chunk
-                    or r.num_prompt_tokens + r.num_output_tokens + placeholders - c != 1
-                    or r.last_token_s != last or r.first_token_s != r.first_token_s or r.num_blocks != -(-c // bs)):
-                return None
-            out, max_tokens = r.num_output_tokens, r.max_tokens
-            # the iteration whose update stops it (check_stop: max_tokens, max_model_len, a stop token;
-            # the least of them, written out: this loop runs once per run and request)
-            fin = max_tokens - out - 1
-            x = max_len - r.num_prompt_tokens - out - 1
-            if x < fin:
-                fin = x
-            if r.output_len < max_tokens:
-                x = r.output_len - out - 1
-                if x < fin:
-                    fin = x
-            left_out = max_len - c - 1  # (after this many iterations the RUNNING pass gives it no token)
-            if async_scheduling:  # or the in-flight step reaches max_tokens (l.668)
-                x = r.num_prompt_tokens + max_tokens - c - 1
-                if x < left_out:
-                    left_out = x
-            stop = fin if fin < left_out else left_out
-            if stop <= k_max:
-                if stop < k_max:
-                    k_max, finishing = stop, []
-                if finishing is not None:  # carried: a finish; under async scheduling one that its next
-                    # step leaves out (max_tokens, max_model_len), not a stop token's (its step has it)
-                    if fin == stop and (not async_scheduling or left_out == stop):
-                        finishing.append(r)
-                    else:
-                        finishing = None
-            hist[(-c) % bs] += 1
-            ctx += c + 1
-            warm += r.warmup
-            if r.num_hit_blocks:
-                hits.append(r.num_hit_blocks)
-        return last, k_max, finishing, hist, ctx, warm, hits
+    def _walk(self, running, upto: int):
+        """``running[:upto]``, each checked to decode one token a step (module docstring) and
+        summed (:meth:`sim.engines.vllm.leap.steady.SteadyRunning.summary`, kept across the leap's
+        own iterations): (their common last delivery, the iterations before the first that stops
+        one (k_max), those it stops, in order, or None where that is not a finish the leap
+        carries, block allocations by iteration modulo the block size, the summed context of the
+        next step, warm-up members, prefix-cache hit blocks); None where one does not decode
+        steadily."""
+        return self._steady.summary(running, upto, self.core.scheduler.next_step_seq)
 
     # --- the run --------------------------------------------------------------------------------
     def _run(self, now: float, prev, running, ctx0, warm, measured, last, k_max, hist, shared, back_prev, finishing):
@@ -275,6 +229,7 @@ class Leap:
         free, peak, usable = kv.num_free_blocks, kv.peak_used_blocks, kv.num_usable_blocks
         free_s, busy = frontend.free_s, stream.busy_until
         c, w3_prev, k = now, -float("inf"), 0
+        finished = False  # the run ends with a carried finish
         head = None  # async: the row of the step in flight, up to its forward's end
         vector, short = self.vector, 0
         k_end = k_max + 1 if finishing else k_max  # (the synchronous loop: iteration k_max finishes requests)
@@ -364,6 +319,7 @@ class Leap:
                                            update_s)
                     head, last, back_prev, c = row, deliver, back, a2
                     k += 1
+                    finished = True
                     break
                 if head is None:  # the step in flight at the run's start: its own object
                     prev.sync_start, prev.process_start, prev.process_end, prev.finished = a1, a2, end, 0
@@ -377,6 +333,7 @@ class Leap:
                                        deliver, deliver - last, measured, update_s)
                 last, c = deliver, a2
                 k += 1
+                finished = True
                 break
             else:
                 rec.step_row(row + (a1, a2, end))
@@ -397,14 +354,14 @@ class Leap:
         costs.count_decode_steps(n, ctx0, k - carried, shared)  # the reach counters, as forward_s counts each step
         if carried:
             costs.count_decode_steps(nk, ctx, 1, shared_k)
+        if finished:  # the members that stop leave the steady sums (finish_stopped, at the update)
+            self._steady.finish(running, k_max, seq0)
         self._commit(running, k, last, free, peak, free_s, busy)
+        self._steady.seq = sched.next_step_seq  # (every member took the run's k tokens: sums kept)
         self.leapt += k
         if async_scheduling:
             if carried:
-                for r in finishing:  # not in the last step: their last token comes with the update (_finish)
-                    r.num_computed_tokens -= 1
-                    r.num_output_placeholders = r.num_in_flight_tokens = 0
-                    r.num_blocks = -(-r.num_computed_tokens // bs)
+                left_out(finishing, bs)  # not in the last step: their last token comes with the update (_finish)
                 running = staying
             prev = self._in_flight(head, running, back_prev)
         return c, prev, k

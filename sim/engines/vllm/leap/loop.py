@@ -232,6 +232,7 @@ class Leap:
         finished = False  # the run ends with a carried finish
         head = None  # async: the row of the step in flight, up to its forward's end
         vector, short = self.vector, 0
+        jittered = not self.vector  # (a phase's jitter: without it every draw is 1.0, and x * 1.0 is x)
         k_end = k_max + 1 if finishing else k_max  # (the synchronous loop: iteration k_max finishes requests)
         while k < k_end and c + TIME_EPS_S < inbox_next:
             if (vector and k and k_max - k >= NUMPY_MIN_RUN  # a long stretch: numpy (sim.engines.vllm.leap.runs)
@@ -263,40 +264,52 @@ class Leap:
             if need > free:
                 break  # allocate_slots fails: preemption, step by step
             # the engine core: add_requests (nothing arrived), schedule, dispatch
-            js, jd = cj(), cj()
-            s, d = ph_s * js, ph_d * jd
+            if jittered:
+                js, jd = cj(), cj()
+                s, d = ph_s * js, ph_d * jd
+            else:
+                s, d = ph_s, ph_d
             start = c + 0.0
             launch = start + s
             a1 = c + (0.0 + (s + d))
             if not a1 > w3_prev:  # the worker would find the RPC queued (pickup) or a tie: step by step
-                cj.give_back([js, jd])
+                if jittered:
+                    cj.give_back([js, jd])
                 break
             # the worker: execute_model's preparation and forward, sample_tokens, the output back
-            jp = wj()
-            jg = gj()
-            jr = wj()
-            jm = wj()
-            jc = wj()
-            p = ph_p * jp
-            fwd = forward_at(ctx) * jg
+            if jittered:
+                jp = wj()
+                jg = gj()
+                jr = wj()
+                jm = wj()
+                jc = wj()
+                p, fwd, rt, sm, cc = ph_p * jp, forward_at(ctx) * jg, ph_rt * jr, ph_sm * jm, ph_cc * jc
+            else:
+                p, fwd, rt, sm, cc = ph_p, forward_at(ctx), ph_rt, ph_sm, ph_cc
             w1 = a1 + (0.0 + p)
             fs = w1 if w1 > busy else busy
             fe = fs + fwd
-            rt = ph_rt * jr
-            w3 = (w1 + 0.0 + rt) + ph_sm * jm
-            back = (w3 if w3 >= fe else fe) + ph_cc * jc
+            w3 = (w1 + 0.0 + rt) + sm
+            back = (w3 if w3 >= fe else fe) + cc
             # the engine core: wait for the step in flight (async: the one before), update it
-            r, back_w = (a1, back_prev) if async_scheduling else (w3, back)
-            a2 = r + max(0.0, back_w - r)
-            ju = cj()
-            update_s = ph_u * ju
+            if async_scheduling:
+                r, wait = a1, back_prev - a1
+            else:
+                r, wait = w3, back - w3
+            a2 = r + (wait if wait > 0.0 else 0.0)  # (max(0.0, wait), as the loop's timeout)
+            if jittered:
+                ju = cj()
+                update_s = ph_u * ju
+            else:
+                update_s = ph_u
             end = a2 + update_s
             deliver, new_free_s = egress_after(egress, end, free_s)
             if not (now + (end - now) == end and (not async_scheduling or w3 < end)
                     and (end < horizon and not stops or now + (a2 - now) == a2)):  # (yields land on the clock)
-                cj.give_back([js, jd, ju])
-                wj.give_back([jp, jr, jm, jc])
-                gj.give_back([jg])
+                if jittered:
+                    cj.give_back([js, jd, ju])
+                    wj.give_back([jp, jr, jm, jc])
+                    gj.give_back([jg])
                 break
             # taken: its effects, in the order the processes make them
             free -= need
@@ -305,9 +318,20 @@ class Leap:
                 peak = used
             busy = fe
             free_s = new_free_s
-            row = (seq0 + k, DECODE, nk, nk, ctx, warmk, 0, 0, False, used * bs, n, queued, c, start, start + s,
-                   launch, launch + d, fs, fe)
-            if async_scheduling:
+            if not async_scheduling and not stops:  # (the common case: its row whole, at once)
+                rec.step_row((seq0 + k, DECODE, n, n, ctx, warm, 0, 0, False, used * bs, n, queued, c, start,
+                              start + s, launch, launch + d, fs, fe, a1, a2, end))
+            else:
+                row = (seq0 + k, DECODE, nk, nk, ctx, warmk, 0, 0, False, used * bs, n, queued, c, start, start + s,
+                       launch, launch + d, fs, fe)
+                if not async_scheduling:  # the update at a2 (finish): the ITL samples, the finishes, then the step
+                    self.pending = partial(self._finish, finishing,
+                                           row[:7] + (len(finishing),) + row[8:] + (a1, a2, end),
+                                           deliver, deliver - last, measured, update_s)
+                    last, c = deliver, a2
+                    k += 1
+                    finished = True
+                    break
                 if stops:  # the update at a2 finishes the step in flight's last tokens (_finish, by update())
                     if head is None:  # (the loop's own step)
                         prev.sync_start, prev.process_start, prev.process_end = a1, a2, end
@@ -328,19 +352,11 @@ class Leap:
                 else:
                     rec.step_row(head + (a1, a2, end))
                 head = row
-            elif stops:  # the update at a2 (finish): the ITL samples, the finishes, then the step
-                self.pending = partial(self._finish, finishing, row[:7] + (len(finishing),) + row[8:] + (a1, a2, end),
-                                       deliver, deliver - last, measured, update_s)
-                last, c = deliver, a2
-                k += 1
-                finished = True
-                break
-            else:
-                rec.step_row(row + (a1, a2, end))
+                w3_prev = w3  # (async: the next RPC is queued unless it comes after w3)
             if measured:
                 rec.itl(deliver - last, measured)
             last = deliver
-            back_prev, w3_prev, c = back, (w3 if async_scheduling else -float("inf")), end
+            back_prev, c = back, end
             a2_last, update_last = a2, update_s  # (the last iteration taken)
             k += 1
         if k == 0:

@@ -2,23 +2,34 @@
 ones decode steadily, computed by :class:`sim.engines.vllm.leap.loop.Leap` in one go.
 
 **An arrival is carried** (since 5 December 2026), one iteration at a time (:func:`carry`):
-an iteration at whose top requests arrived, while the running requests decode steadily and none
-stops in it, runs the processes' own ``add_requests`` and WAITING pass (``_schedule_waiting``,
-``_update_after_schedule`` over the admitted), the RUNNING pass's one token each as the leap's
-iterations take them, and the engine core's and the worker's phases through their own methods
-(the forward enqueued on the device by ``Worker.forward``, every entry of the step given to it),
-computed up to the update's start; the loop waits for that time and for :meth:`Leap.update`.
-Synchronously that is the new step's update (``update_from_output`` over the admitted: first
-tokens, a request that stops at its first). Under async scheduling it is the update of the step
-in flight, and the new step goes on in flight; the next iteration, whose step in flight holds the
-requests just admitted (complete prompts whose first token does not stop them), is carried the
-same way (their first decode token in the RUNNING pass, their first token through
-``update_from_output``), whether requests arrive then or not. Where the worker would still be
-sampling the new step when the loop goes on, the worker process is held until then (an RPC of
-no step, :func:`sim.engines.vllm.loops.worker_loop`), so the next RPC finds it busy, as the
-processes have it. Such an iteration still walks the running requests (to check them and bring
-their counters up to date), so it saves the processes' SimPy events and two of their three walks,
-not the walk itself.
+an iteration at whose top requests arrived, while the running requests decode steadily, runs the
+processes' own ``add_requests`` and WAITING pass (``_schedule_waiting``, ``_update_after_schedule``
+over the admitted), the RUNNING pass's one token each as the leap's iterations take them, and the
+engine core's and the worker's phases through their own methods (the forward enqueued on the
+device by ``Worker.forward``, every entry of the step given to it), computed up to the update's
+start; the loop waits for that time and for :meth:`Leap.update`. Synchronously that is the new
+step's update (``update_from_output`` over the admitted: first tokens, a request that stops at
+its first). Under async scheduling it is the update of the step in flight, and the new step goes
+on in flight; the next iteration, whose step in flight holds the requests just admitted
+(complete prompts whose first token does not stop them), is carried the same way (their first
+decode token in the RUNNING pass, their first token through ``update_from_output``), whether
+requests arrive then or not. Where the worker would still be sampling the new step when the loop
+goes on, the worker process is held until then (an RPC of no step,
+:func:`sim.engines.vllm.loops.worker_loop`), so the next RPC finds it busy, as the processes have
+it.
+
+**With a finish** (since 5 December 2026, second session): running requests may stop in the
+same iteration, where the leap carries that finish in a run (:mod:`sim.engines.vllm.leap.loop`):
+synchronously the step holds their last tokens and its update finishes them; under async
+scheduling (a finish at ``max_tokens`` or ``max_model_len``) the RUNNING pass leaves them out of
+the new step (``_schedule_running``, l.668: no token, no block, not in the WAITING pass's token
+budget; still counted by its ``max_num_seqs`` check, since they leave ``running`` in the
+update) and the update of the step in flight finishes them, not one that would leave the new
+step with no request. Either way the update gives the running requests' ITL samples, their
+tokens, the finishes through the policy's ``finish_stopped``, then ``update_from_output`` over
+the admitted: ``update_from_output``'s order. The running requests are checked and summed by
+:class:`sim.engines.vllm.leap.steady.SteadyRunning` (kept across the leap's iterations: only the
+requests admitted since are walked).
 """
 
 from __future__ import annotations

@@ -58,7 +58,13 @@ speculative decoding, structured output. ``leap=False`` (``--no-leap``) runs eve
 through the processes; ``tests/test_vllm_leap.py`` holds both to byte-identical outputs.
 
 **An arrival is carried** (since 5 December 2026), one iteration at a time, by
-:mod:`sim.engines.vllm.leap.arrival` (:meth:`Leap._arrival`).
+:mod:`sim.engines.vllm.leap.arrival` (:meth:`Leap._arrival`), with the finishes of that
+iteration a run would carry.
+
+The running requests' checks and sums (their common last delivery, the next stop, the blocks
+each iteration allocates, the summed context) are kept across the leap's own iterations by
+:class:`sim.engines.vllm.leap.steady.SteadyRunning`, by quantities lockstep decoding does not move;
+an iteration through the processes drops them, and they are summed again at the next loop top.
 
 Without jitter, a stretch of :data:`sim.engines.vllm.leap.runs.MIN_RUN` or more iterations whose
 next event is not nearer than that many iterations at the run's pace so far goes to numpy
@@ -78,7 +84,7 @@ from sim.engines.vllm.leap.steady import SteadyRunning
 from sim.model.batch import Batch
 from sim.model.costs import DECODE
 
-MIN_RUN = 3  # a shorter run is not worth the walks over the running requests at its start and end
+MIN_RUN = 3  # a shorter run (and no finish to carry) is left to the processes (1 measured no faster)
 RETRY_AFTER = 1  # step numbers after a refused run before the next try (each try walks the running requests;
 # 2 measured 7-13% slower on the open loop and at 64 synchronous clients: docs/speed.md)
 

@@ -61,9 +61,9 @@ class SteadyRunning:
         """The walk of ``running[:upto]`` at the loop top whose next step is numbered ``seq``:
         (common last delivery, iterations before the first that stops one (k_max), those it
         stops in order or None where the leap does not carry each, block allocations by
-        iteration modulo the block size, the next step's summed context, warm-up members,
-        prefix-cache hit blocks); None where one does not decode steadily (kept members as
-        they were)."""
+        iteration modulo the block size, the next step's summed context, warm-up members, the
+        members' prefix-cache hit blocks, sorted); None where one does not decode steadily (the
+        kept members as they were)."""
         if (seq != self.seq or self.count > upto or not self.count or running[self.count - 1] is not self.tail):
             self._clear()
             self.seq = seq
@@ -80,7 +80,7 @@ class SteadyRunning:
         s = seq % self.bs
         hist = self.hist_abs[s:] + self.hist_abs[:s]
         return (running[0].last_token_s, k_key - seq, list(members) if carried else None, hist,
-                self.sum_z + self.count * (seq + 1), self.warm, list(self.hits))
+                self.sum_z + self.count * (seq + 1), self.warm, sorted(self.hits))
 
     def _extend(self, running: list, upto: int, seq: int) -> bool:
         """Check and sum ``running[count:upto]`` (all or none of them); False where one does not

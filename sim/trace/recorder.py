@@ -129,6 +129,11 @@ class TraceRecorder:
             r.first_token_s, r.finish_s, "completed" if ok else "failed", r.warmup, r.retractions, r.failure,
         ))
 
+    def requests_finished(self, reqs: list[Req]) -> None:
+        """:meth:`request` of each of ``reqs`` (finished together, settled), in order."""
+        for r in reqs:
+            self.request(r)
+
     def itl(self, value_s: float, weight: int) -> None:
         self._itl_values.append(value_s)
         self._itl_weights.append(weight)

@@ -126,11 +126,10 @@ class ResultsMixin:
     def _settle_all(self, reqs: list[Req], t: float) -> None:
         """:meth:`_settle` of each of ``reqs`` (finished, in order) at ``t``: all recorded, then
         each client told in turn."""
-        request = self.recorder.request
         for req in reqs:
             req.status = FINISHED
             req.finish_s = t
-            request(req)
+        self.recorder.requests_finished(reqs)
         self.num_done += len(reqs)
         on_finish = self.on_finish
         for req in reqs:

@@ -133,3 +133,55 @@ def test_stat_extend_equals_adds(values, cut):
     many.fold()
     assert (one.count, one.zero, one.bins) == (many.count, many.zero, many.bins)
     assert one.total == many.total or (math.isnan(one.total) and math.isnan(many.total))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.floats(0.0, 50.0), st.floats(0.0, 50.0), st.integers(1, 300)),
+                min_size=1, max_size=40),
+       st.floats(0.0, 200.0), st.booleans(), st.booleans())
+def test_a_group_recorded_together_equals_one_by_one(group, finish_s, earlier_window, keep_requests):
+    """``StreamingRecorder.requests_finished`` (a group finished at one time, SGLang's
+    ``_settle_all``) gives what ``request`` of each member in order gives: the counts, the
+    window's end (and the pending steps it flushes), each metric's count, total and buckets, the
+    requests table; warm-up members left out, single-token outputs without a TPOT."""
+    from sim.model.batch import FINISHED, Req
+    from sim.trace.streaming import StreamingRecorder
+
+    def recorder() -> StreamingRecorder:
+        rec = StreamingRecorder(0, keep_requests)
+        rec.arrival(0, 0.0)
+        rec.window_end = finish_s - 1.0 if earlier_window else finish_s + 1.0
+        for i in range(3):  # steps waiting for the window's end
+            rec._record(0.5 * i, 0.5 * i + 0.4, False, 1, 4, 0, 0.01)
+        return rec
+
+    def members() -> list[Req]:
+        out = []
+        for rid, (warmup, arrival, first_after, tokens) in enumerate(group):
+            r = Req(rid, arrival, 10, 0, tokens, True, warmup)
+            r.status, r.output_done = FINISHED, tokens
+            r.first_token_s, r.finish_s = arrival + first_after, finish_s
+            out.append(r)
+        return out
+
+    one, together = recorder(), recorder()
+    for r in members():
+        one.request(r)
+    together.requests_finished(members())
+    assert one.summary() == together.summary() or json_equal(one.summary(), together.summary())
+    for name in ("ttft", "e2e", "tpot"):
+        a, b = getattr(one, name), getattr(together, name)
+        a.fold()
+        b.fold()
+        assert (a.count, a.zero, a.bins, a.total) == (b.count, b.zero, b.bins, b.total), name
+    if keep_requests:
+        a, b = one.request_columns(), together.request_columns()
+        assert a.names == b.names and all(np.array_equal(a[n], b[n], equal_nan=a[n].dtype.kind == "f")
+                                          for n in a.names)
+
+
+def json_equal(a: dict, b: dict) -> bool:
+    """Two summaries equal as JSON text (NaN equal to NaN)."""
+    import json
+
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)

@@ -259,15 +259,11 @@ class StreamingRecorder:
             if r.failure in self.failures:
                 self.failures[r.failure] += 1
             return
-        self.completed += 1
-        self.input_tokens += r.input_len
-        self.output_tokens += r.output_done
-        ttft = r.first_token_s - r.arrival_s
-        e2e = r.finish_s - r.arrival_s
+        ttft, e2e, tpot = self._completed(r)
         self.ttft.add(ttft)
         self.e2e.add(e2e)
-        if r.output_done > 1:
-            self.tpot.add((e2e - ttft) / (r.output_done - 1))
+        if tpot is not None:
+            self.tpot.add(tpot)
 
     def requests_finished(self, reqs: list[Req]) -> None:
         """:meth:`request` of each of ``reqs``, finished (``FINISHED``) at one time, in order: the
@@ -283,21 +279,27 @@ class StreamingRecorder:
             if r.finish_s > self.window_end:
                 self.window_end = r.finish_s
                 self._flush_pending()
-            self.completed += 1
-            self.input_tokens += r.input_len
-            out = r.output_done
-            self.output_tokens += out
-            ttft = r.first_token_s - r.arrival_s
-            e2e = r.finish_s - r.arrival_s
+            ttft, e2e, tpot = self._completed(r)
             ttfts.append(ttft)
             e2es.append(e2e)
-            if out > 1:
-                tpots.append((e2e - ttft) / (out - 1))
+            if tpot is not None:
+                tpots.append(tpot)
         if ttfts:
             self.ttft.add_once_each(ttfts)
             self.e2e.add_once_each(e2es)
             if tpots:
                 self.tpot.add_once_each(tpots)
+
+    def _completed(self, r: Req) -> tuple[float, float, float | None]:
+        """A measured request completed: counted, and its TTFT, end-to-end latency and TPOT
+        (seconds; None with a single output token)."""
+        self.completed += 1
+        self.input_tokens += r.input_len
+        out = r.output_done
+        self.output_tokens += out
+        ttft = r.first_token_s - r.arrival_s
+        e2e = r.finish_s - r.arrival_s
+        return ttft, e2e, (e2e - ttft) / (out - 1) if out > 1 else None
 
     def itl(self, value_s: float, weight: int) -> None:
         self.itl_stat.add(value_s, weight)

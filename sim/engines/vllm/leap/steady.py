@@ -39,8 +39,8 @@ class SteadyRunning:
         block_size: the KV cache's block size (tokens).
         max_model_len: vLLM's ``max_model_len`` (tokens).
         async_scheduling: the async loop (one output placeholder a request; a request whose
-            step in flight reaches ``max_tokens`` is left out of the next step, l.668 of
-            ``_schedule_running``, vLLM 0.11).
+            step in flight reaches ``max_tokens`` is left out of the next step: ``Scheduler.schedule``,
+            ``vllm/v1/core/sched/scheduler.py`` l.668, vLLM 0.32.0).
     """
 
     def __init__(self, block_size: int, max_model_len: int, async_scheduling: bool):

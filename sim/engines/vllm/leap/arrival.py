@@ -83,13 +83,12 @@ def carry(leap, now: float, prev: Batch | None):
         back_prev = leap._back(prev, running)
         if back_prev is None:
             return None
-        walked = leap._walked if leap._walked is not False else leap._walk(running, n)  # (_ready's, if it
-        # walked them at this loop top)
+        walked = leap._walk(running, n)
     if walked is None:
         return None
     last, k_max, finishing, hist, ctx, warm, _hits = walked
     bs = kv.block_size
-    async_scheduling = prev is not None
+    async_scheduling = leap.async_scheduling
     if k_max > 0:
         finishing = ()
     elif k_max < 0 or finishing is None or (async_scheduling and len(finishing) == n):

@@ -85,8 +85,8 @@ from sim.model.batch import Batch
 from sim.model.costs import DECODE
 
 MIN_RUN = 3  # a shorter run (and no finish to carry) is left to the processes (1 measured no faster)
-RETRY_AFTER = 1  # step numbers after a refused run before the next try (each try walks the running requests;
-# 2 measured 7-13% slower on the open loop and at 64 synchronous clients: docs/speed.md)
+RETRY_AFTER = 1  # step numbers after a refused run before the next try (2 measured 7-13% slower on the open
+# loop and at 64 synchronous clients, when each try walked the running requests: docs/speed.md)
 
 
 class Leap:
@@ -109,12 +109,8 @@ class Leap:
         self._retry_at = 0  # the step sequence number before which no run is tried again
         self.pending = None  # the last iteration's update, done at its start (a callable: update())
         self.steps = None  # a carried arrival's waits up to its update's start (waits())
-        self._walked = False  # _walk's result for the running requests at this loop top (False: not walked)
         sched = core.scheduler
         self._steady = SteadyRunning(sched.kv.block_size, sched.max_model_len, async_scheduling)
-        # half the last run's seconds per iteration: a run is not tried where the next event is nearer (it
-        # would take none; a guess that only saves the walk over the running requests, the answer is the same)
-        self._pace = 0.0
 
     @classmethod
     def for_run(cls, env, core, worker, rpcs, setting: str, leap: bool) -> "Leap | None":
@@ -134,7 +130,6 @@ class Leap:
         sched = self.core.scheduler
         if sched.next_step_seq < self._retry_at:
             return now, prev, 0
-        self._walked = False  # (not walked yet at this loop top)
         ready = self._ready(now, prev)
         if ready is None:
             core = self.core
@@ -170,12 +165,10 @@ class Leap:
         inbox_next = core.inbox[core._head][0] if core._head < len(core.inbox) else float("inf")
         if inbox_next <= now + TIME_EPS_S:
             return None
-        if min(inbox_next, self._bound()) - now < self._pace:  # the next event comes before an iteration at
-            return None  # the last run's pace could end: no run here, without walking the running requests
         back_prev = self._back(prev, running)
         if back_prev is None:
             return None
-        walked = self._walked = self._walk(running, n)  # (kept for _arrival, in the same loop top)
+        walked = self._walk(running, n)
         if walked is None:
             return None
         last, k_max, finishing, hist, ctx, warm, hits = walked
@@ -368,8 +361,7 @@ class Leap:
         if k == 0:
             self._retry_at = sched.next_step_seq + RETRY_AFTER
             return now, prev, 0
-        self._pace = 0.5 * (c - now) / k
-        carried = async_scheduling and self.pending is not None  # (its last step left requests out)
+        carried = async_scheduling and finished  # (its last step left the finishing requests out)
         if self.pending is None and c >= horizon:  # SimPy events fall inside the run (the API server's): the
             # loop waits for the last update's start, then for the update, as the processes do
             self.pending, c = partial(_duration, update_last), a2_last

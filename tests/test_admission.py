@@ -150,3 +150,111 @@ def test_the_running_offset_equals_the_sum_over_the_running_batch(lengths, ignor
         if s.all_done and last is None:
             break
     assert s.all_done
+
+
+def test_arrival_without_given_caps_takes_the_finish_modes_budget_and_eos_flag():
+    # specs without max_new_tokens / ignore_eos (what a scenario's workload gives): a length finish
+    # is ignore_eos with max_new_tokens = output_len; an EOS finish is not ignore_eos, and its
+    # max_new_tokens is SGLang's estimate max(output_len, 4096), clipped to the pool (10,000 - 1 -
+    # 1 - 40 = 9,958 at page 1)
+    for by_length, ignore_eos, max_new in ((True, True, 50), (False, False, 4096)):
+        specs = RequestSpecs(np.array([40]), np.array([0]), np.array([50]), None)
+        server = Server(kv_pool_tokens=10_000, page_size=1)
+        s = Scheduler(specs, server, 0, by_length, TraceRecorder(), lambda rid, t: None)
+        s.submit(0, 0.0)
+        s.recv(0.0)
+        req = s.waiting[0]
+        assert (req.ignore_eos, req.max_new_tokens, req.output_len) == (ignore_eos, max_new, 50)
+        # and the admission's running offset weighs it so: 1.0 (ignore_eos) or the ratio
+        s.process_batch_result(s.get_next_batch(), 0.1)
+        s.get_next_batch()
+        offset = s.reserve.total(0.5, s.last_processed_decode, s.next_decode_seq)
+        assert offset == pytest.approx(49.0 if ignore_eos else 0.5 * 4095)
+
+
+def _reference_pass(s: Scheduler, running: int, p) -> None:
+    """The FCFS loop over the waiting queue one request at a time through ``_Pass.add`` (the
+    loop ``admit_waiting`` performs with its budgets in locals), kept here as the reference."""
+    kv, srv = s.kv, s.server
+    while s.waiting and p.budget > 0 and p.rem_input > 0:
+        if running + len(p.chunks) >= srv.max_running_requests:
+            s.batch_is_full = True
+        if s.batch_is_full:
+            break
+        req = s.waiting[0]
+        s._match_prefix(req)
+        extend = req.prefill_target - req.prefix_len
+        future = min(max(req.max_new_tokens - req.output_done, 0), CLIP_MAX_NEW_TOKENS)
+        if extend + future + p.per_req >= p.kv_free - p.reserve:
+            s.batch_is_full = bool(p.chunks) or s.n_running > 0
+            break
+        take = extend
+        if kv.ceil(extend) > p.budget:
+            take = kv.floor(req.prefix_len + kv.floor(p.budget)) - req.prefix_len
+            if take <= 0:
+                break
+        s.waiting.popleft()
+        p.add(req, take)
+        if p.kv_free - p.reserve <= 0:
+            s.batch_is_full = True
+            break
+
+
+def _state(s: Scheduler, batch) -> tuple:
+    chunks = [] if batch is None else [(c[0].rid, c[1], c[2], c[3], c[4]) for c in batch.chunks]
+    reqs = sorted((r.rid, r.prefix_len, r.kv_held, r.prefill_target, r.shared_len)
+                  for r in list(s.waiting) + s.pending_merge + s.unmerged_finishers)
+    totals = None if batch is None else (batch.num_reqs, batch.num_tokens, batch.sum_ctx, batch.num_warmup,
+                                         batch.attn_pairs, batch.kv_used_after_alloc)
+    return (chunks, reqs, totals, s.batch_is_full, s.kv.used_pages, s.reprefill_tokens,
+            None if s.chunked_req is None else s.chunked_req.rid, [r.rid for r in s.pending_merge],
+            [r.rid for r in s.unmerged_finishers], [r.rid for r in s.waiting])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lengths=st.lists(st.tuples(st.integers(1, 300), st.integers(0, 299), st.integers(1, 5000)),
+                        min_size=1, max_size=12),
+       pool=st.integers(50, 6000), page=st.sampled_from([1, 4, 16]), chunk=st.sampled_from([-1, 8, 64, 256, 8192]),
+       max_running=st.integers(1, 16), admission=st.sampled_from(["v0.5.4", "v0.5.22"]),
+       retracted=st.sets(st.integers(0, 11), max_size=4), warm=st.integers(0, 12))
+def test_the_admission_pass_equals_admitting_one_request_at_a_time(lengths, pool, page, chunk, max_running,
+                                                                   admission, retracted, warm):
+    """``_Pass.admit_waiting`` (the budgets in locals, a whole prompt admitted inline) leaves the
+    scheduler, the requests and the batch as the one-at-a-time loop through ``_Pass.add`` does:
+    cached prefixes, chunking, page rounding, retracted requests' re-prefills and output so far,
+    both admission rules, every latch."""
+    from sim.engines.sglang.policy import admission as adm
+
+    def build():
+        n = len(lengths)
+        specs = RequestSpecs(np.array([a for a, _, _ in lengths]), np.array([min(c, a) for a, c, _ in lengths]),
+                             np.array([o for _, _, o in lengths]), None)
+        server = Server(kv_pool_tokens=pool // page * page, page_size=page, admission=admission,
+                        max_running_requests=max_running, chunked_prefill_size=chunk if chunk < 0 else max(chunk, page))
+        s = Scheduler(specs, server, warm, True, TraceRecorder(), lambda rid, t: None)
+        for rid in range(n):
+            s.submit(rid, 0.0)
+        s.recv(0.0)
+        for r in s.waiting:  # a retracted request comes back with output so far and its count
+            if r.rid in retracted and r.output_len > 2:
+                r.output_done, r.retractions = r.output_len // 2, 1
+        return s
+
+    original = adm._Pass.admit_waiting
+    budgets = []  # each pass's budgets when its loop ends
+
+    def run(admit):
+        def loop(p, running):
+            admit(p, running)
+            budgets.append((p.kv_free, p.reserve, p.budget, p.rem_input, p.pages, p.num_tokens, p.sum_ctx, p.warm))
+        s = build()
+        adm._Pass.admit_waiting = loop
+        try:
+            return _state(s, s._new_prefill_batch())
+        finally:
+            adm._Pass.admit_waiting = original
+
+    got = run(original)
+    want = run(lambda p, running: _reference_pass(p.s, running, p))
+    assert got == want
+    assert len(budgets) in (0, 2) and budgets[:1] == budgets[1:]

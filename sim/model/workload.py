@@ -242,10 +242,12 @@ class ClosedLoopClients:
     """
 
     def __init__(self, num_requests: int, concurrency: int, submit: Callable[[int, float], None],
-                 warmup_first: int = 0):
+                 warmup_first: int = 0, submit_range: Callable[[int, int, float], None] | None = None):
         self._next = 0
         self._num = num_requests
         self._submit = submit
+        # submit_range(first, count, time_s): submit of requests first .. first + count - 1 at time_s
+        self._submit_range = submit_range
         self._concurrency = concurrency
         self._initial = min(concurrency, num_requests)
         self._warmup_left = min(warmup_first, num_requests)
@@ -268,6 +270,19 @@ class ClosedLoopClients:
                     self._send(time_s)
             return
         self._send(time_s)
+
+    def on_finish_all(self, req_ids: list[int], time_s: float) -> None:
+        """:meth:`on_finish` of each of ``req_ids``, in order, all finished at ``time_s``: their
+        clients' next requests sent together (one ``submit_range`` where the clients have one)."""
+        if self._warmup_left or self._submit_range is None:
+            for rid in req_ids:
+                self.on_finish(rid, time_s)
+            return
+        count = min(len(req_ids), self._num - self._next)
+        if count > 0:
+            first = self._next
+            self._next = first + count
+            self._submit_range(first, count, time_s)
 
     def _send(self, time_s: float) -> None:
         if self._next < self._num:

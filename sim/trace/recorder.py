@@ -99,6 +99,9 @@ class TraceRecorder:
     def arrival(self, rid: int, arrival_s: float) -> None:
         """A request was sent (the full trace gets arrivals from the request rows instead)."""
 
+    def arrivals(self, first_rid: int, count: int, arrival_s: float) -> None:
+        """:meth:`arrival` of requests ``first_rid .. first_rid + count - 1``, all sent at ``arrival_s``."""
+
     def step(self, b: Batch) -> None:
         self.step_row((
             b.seq, b.kind, b.num_reqs, b.num_tokens, b.sum_ctx, b.num_warmup, len(b.overshoot), b.finished,
@@ -137,6 +140,11 @@ class TraceRecorder:
     def itl(self, value_s: float, weight: int) -> None:
         self._itl_values.append(value_s)
         self._itl_weights.append(weight)
+
+    def itl_once_each(self, values_s: list[float]) -> None:
+        """:meth:`itl` of each of ``values_s`` (seconds) with weight 1, in order."""
+        self._itl_values.extend(values_s)
+        self._itl_weights.extend([1] * len(values_s))
 
     def itl_many(self, values_s: np.ndarray, weights: np.ndarray) -> None:
         """Several ITL samples at once (:meth:`itl` of each, in order)."""

@@ -174,6 +174,10 @@ class StreamingRecorder:
         self.itl = self.itl_stat.add  # :meth:`itl`, without a call in between (several per decode step)
 
     # --- recorder interface -------------------------------------------------------------------
+    def arrivals(self, first_rid: int, count: int, arrival_s: float) -> None:
+        if first_rid <= self._first_measured < first_rid + count:
+            self.arrival(self._first_measured, arrival_s)
+
     def arrival(self, rid: int, arrival_s: float) -> None:
         if rid == self._first_measured:
             self.window_start = arrival_s
@@ -245,6 +249,10 @@ class StreamingRecorder:
     def itl_many(self, values_s: np.ndarray, weights: np.ndarray) -> None:
         """Several ITL samples at once (:meth:`itl` of each, in order)."""
         self.itl_stat.add_many(values_s, weights)
+
+    def itl_once_each(self, values_s: list[float]) -> None:
+        """:meth:`itl` of each of ``values_s`` (seconds) with weight 1, in order."""
+        self.itl_stat.add_once_each(values_s)
 
     def request(self, r: Req) -> None:
         if self._rows is not None:

@@ -110,6 +110,18 @@ class Phases:
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
 
+    def submit_range(self, first_rid: int, count: int, arrival_s: float) -> None:
+        """:meth:`submit` of requests ``first_rid .. first_rid + count - 1``, in order, all sent at
+        ``arrival_s`` (a closed loop's clients whose requests finished together)."""
+        self.scheduler.submit_range(first_rid, count, arrival_s)
+        self.recorder.arrivals(first_rid, count, arrival_s)
+        self._num_submitted += count
+        if self._external is not None:
+            ext = self._external
+            self.horizon = ext[self._num_submitted] if self._num_submitted < len(ext) else math.inf
+        if self._wakeup is not None and not self._wakeup.triggered:
+            self._wakeup.succeed()
+
     def recv(self, at: float | None = None) -> float:
         """``recv_requests`` at ``at`` (default: now): drain arrived requests. Returns the CPU time."""
         at = self.env.now if at is None else at

@@ -49,14 +49,16 @@ def run_sglang(scenario, setting: str, specs: RequestSpecs, warmup: int, recorde
     clients = None
     if w.arrival == "closed_loop":
         clients = ClosedLoopClients(len(specs), w.concurrency, lambda rid, t: phases.submit(rid, t),
-                                    warmup if w.warmup_before_benchmark else 0)
-        on_finish = clients.on_finish
+                                    warmup if w.warmup_before_benchmark else 0,
+                                    submit_range=lambda first, count, t: phases.submit_range(first, count, t))
+        on_finish, on_finish_all = clients.on_finish, clients.on_finish_all
     else:
-        on_finish = _ignore
+        on_finish, on_finish_all = _ignore, _ignore
     scheduler = Scheduler(specs, srv, warmup, w.finish == "length", recorder, on_finish,
                           lookahead_policy=setting != "overlap_mlx",
                           deferred_results=setting in ("overlap", "thread_overlap"),
-                          grammar=None if grammar is None else srv.grammar.draw(len(specs), scenario.seed))
+                          grammar=None if grammar is None else srv.grammar.draw(len(specs), scenario.seed),
+                          on_finish_all=on_finish_all)
     faults = setting_faults(srv.device, setting, srv.version)
     phases = Phases(
         env, scheduler, DeviceStream(), costs,

@@ -59,37 +59,17 @@ class AdmissionMixin:
             if take <= 0:
                 return None
             p.add(req, take)
-        while self.waiting and p.budget > 0 and p.rem_input > 0:
-            if running + len(p.chunks) >= srv.max_running_requests:
-                self.batch_is_full = True
-            if self.batch_is_full:
-                break
-            req = self.waiting[0]
-            self._match_prefix(req)
-            extend = req.prefill_target - req.prefix_len
-            future = min(max(req.max_new_tokens - req.output_done, 0), CLIP_MAX_NEW_TOKENS)
-            if extend + future + p.per_req >= p.kv_free - p.reserve:
-                self.batch_is_full = bool(p.chunks) or self.n_running > 0
-                break
-            take = extend
-            if kv.ceil(extend) > p.budget:  # chunked: the chunk ends on a page boundary
-                take = kv.floor(req.prefix_len + kv.floor(p.budget)) - req.prefix_len
-                if take <= 0:
-                    break
-            self.waiting.popleft()
-            p.add(req, take)
-            if p.kv_free - p.reserve <= 0:  # this admission used up the room: the next one cannot fit
-                self.batch_is_full = True
-                break
+        p.admit_waiting(running)
         return p.batch()
 
     def _match_prefix(self, req: Req) -> None:
         """``init_next_round_input``: the prompt to prefill (input, plus the output so far after a
         retraction) and the prefix the radix cache supplies, whole pages of at most prompt - 1."""
         if req.prefill_target == 0:
-            req.prefill_target = req.input_len + req.output_done
-            req.shared_len = self.kv.floor(min(req.cached_len, req.prefill_target - 1))
-            req.prefix_len = req.shared_len
+            req.prefill_target = target = req.input_len + req.output_done
+            page = self.kv.page_size
+            cached = req.cached_len if req.cached_len < target - 1 else target - 1
+            req.prefix_len = req.shared_len = cached // page * page  # KVPool.floor
             req.kv_held = 0
 
     def _running_offset(self) -> float:
@@ -144,6 +124,89 @@ class _Pass:
         else:
             s.chunked_req = req
             s._chunk_in_last_prefill = True
+
+    def admit_waiting(self, running: int) -> None:
+        """The FCFS pass over the waiting queue (``get_new_batch_prefill``'s loop over
+        ``waiting_queue`` with ``PrefillAdder.add_one_req``): each request admitted in order while
+        it fits, chunked where its prompt exceeds the chunk budget, until one does not fit or a
+        budget is spent. A whole prompt is admitted here with the pass's budgets in locals (what
+        :meth:`add` does for it); a chunk goes through :meth:`add`."""
+        s = self.s
+        kv, waiting, chunks = s.kv, s.waiting, self.chunks
+        page = kv.page_size
+        max_running = s.server.max_running_requests
+        kv_free, reserve, budget, rem_input, per_req = self.kv_free, self.reserve, self.budget, self.rem_input, self.per_req
+        pages = num_tokens = sum_ctx = attn_pairs = warm = 0
+        pending_merge, unmerged = s.pending_merge, s.unmerged_finishers
+        clip = CLIP_MAX_NEW_TOKENS
+        while waiting and budget > 0 and rem_input > 0:
+            if running + len(chunks) >= max_running:
+                s.batch_is_full = True
+            if s.batch_is_full:
+                break
+            req = waiting[0]
+            if req.prefill_target == 0:
+                s._match_prefix(req)
+            held, prefix = req.kv_held, req.prefix_len
+            extend = req.prefill_target - prefix
+            future = req.max_new_tokens - req.output_done
+            if future > clip:
+                future = clip
+            elif future < 0:
+                future = 0
+            if extend + future + per_req >= kv_free - reserve:
+                s.batch_is_full = bool(chunks) or s.n_running > 0
+                break
+            whole = -(-extend // page)
+            if whole * page > budget:  # chunked: the chunk ends on a page boundary
+                take = kv.floor(prefix + kv.floor(budget)) - prefix
+                if take <= 0:
+                    break
+                self.kv_free, self.reserve, self.budget, self.rem_input = kv_free, reserve, budget, rem_input
+                self.pages += pages; self.num_tokens += num_tokens; self.sum_ctx += sum_ctx
+                self.attn_pairs += attn_pairs; self.warm += warm
+                pages = num_tokens = sum_ctx = attn_pairs = warm = 0
+                waiting.popleft()
+                self.add(req, take)
+                kv_free, reserve, budget, rem_input = self.kv_free, self.reserve, self.budget, self.rem_input
+                if kv_free - reserve <= 0:
+                    s.batch_is_full = True
+                    break
+                continue
+            waiting.popleft()
+            grow = -(-(held + extend) // page) + (held // page if held % page == 0 else held // page + 1) - 0
+            grow = -(-(held + extend) // page) - -(-held // page)
+            prefix += extend
+            req.prefix_len = prefix
+            req.kv_held = held + extend
+            finishes = req.output_done + 1 >= req.output_len
+            retractions = req.retractions
+            chunks.append((req, extend, True, finishes, retractions))
+            budget -= whole * page
+            rem_input -= whole * page
+            kv_free -= grow * page
+            pages += grow
+            num_tokens += extend
+            sum_ctx += prefix
+            attn_pairs += extend * prefix
+            warm += req.warmup
+            reserve += per_req + (req.max_new_tokens if req.max_new_tokens < clip else clip)
+            if retractions:
+                s.reprefill_tokens += extend
+            s.chunked_req = None
+            if finishes:
+                unmerged.append(req)
+            else:
+                pending_merge.append(req)
+            if kv_free - reserve <= 0:  # this admission used up the room: the next one cannot fit
+                s.batch_is_full = True
+                break
+        self.kv_free, self.reserve, self.budget, self.rem_input = kv_free, reserve, budget, rem_input
+        self.pages += pages
+        self.num_tokens += num_tokens
+        self.sum_ctx += sum_ctx
+        self.attn_pairs += attn_pairs
+        self.warm += warm
 
     def batch(self) -> Batch | None:
         if not self.chunks:

@@ -103,15 +103,15 @@ class DecodePageDemand:
 
     def add_all(self, reqs) -> None:
         """:meth:`add` of each of ``reqs`` (requests with ``kv_base`` and ``join_seq``)."""
-        count, residue = self._count, self.residue
+        count, page = self._count, self.page_size
         for r in reqs:
-            count[residue(r.kv_base, r.join_seq)] += 1
+            count[(r.kv_base - r.join_seq) % page] += 1  # (residue)
 
     def remove_all(self, reqs) -> None:
         """:meth:`remove` of each of ``reqs`` (requests with ``kv_base`` and ``join_seq``)."""
-        count, residue = self._count, self.residue
+        count, page = self._count, self.page_size
         for r in reqs:
-            count[residue(r.kv_base, r.join_seq)] -= 1
+            count[(r.kv_base - r.join_seq) % page] -= 1  # (residue)
 
     def need(self, g: int) -> int:
         """Running requests that take a new page in decode batch ``g``."""

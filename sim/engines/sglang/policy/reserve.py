@@ -48,8 +48,9 @@ class RunningReserve:
     def add_all(self, reqs) -> None:
         """Each of ``reqs`` joined the running batch (a group merged together; :meth:`add`)."""
         n, base, joined = self.n, self.base, self.joined
+        full = self.full_ratio_for_ignore_eos
         for req in reqs:
-            c = self._cls(req)
+            c = 0 if req.ignore_eos and full else 1  # (_cls)
             n[c] += 1
             base[c] += req.max_new_tokens - req.delivered + req.join_seq - 1
             joined[c][req.join_seq] = joined[c].get(req.join_seq, 0) + 1
@@ -63,8 +64,9 @@ class RunningReserve:
     def remove_all(self, reqs) -> None:
         """Each of ``reqs`` left the running batch (a group finishing together; :meth:`remove`)."""
         n, base, joined = self.n, self.base, self.joined
+        full = self.full_ratio_for_ignore_eos
         for req in reqs:
-            c = self._cls(req)
+            c = 0 if req.ignore_eos and full else 1  # (_cls)
             n[c] -= 1
             base[c] -= req.max_new_tokens - req.delivered + req.join_seq - 1
             left = joined[c][req.join_seq] - 1

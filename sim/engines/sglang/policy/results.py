@@ -68,10 +68,15 @@ class ResultsMixin:
         if finished:
             self.leave_decoded(finished, g, t)
         warm_fresh = 0
-        for req in fresh:
-            warm_fresh += req.warmup
-            if not req.warmup and not (dropped and req in dropped):
-                rec.itl(t - req.last_token_s, 1)
+        if fresh:
+            samples = []  # one per measured fresh member, in batch order
+            for req in fresh:
+                if req.warmup:
+                    warm_fresh += 1
+                elif not (dropped and req in dropped):
+                    samples.append(t - req.last_token_s)
+            if samples:
+                rec.itl_once_each(samples)
         warm_over = sum(r.warmup for r in overshoot) if overshoot else 0
         continuing = num_reqs - len(overshoot) - len(fresh)
         measured = continuing - (num_warmup - warm_over - warm_fresh)
@@ -91,14 +96,14 @@ class ResultsMixin:
         self.batch_is_full = False  # requests left the running batch
         self.reserve.remove_all(finished)
         self.demand.remove_all(finished)
-        pages = self.kv.pages
+        page = self.kv.page_size
         warm = grammar = ctx = finish = freed = 0
         for req in finished:
             warm += req.warmup
             grammar += req.grammar
-            ctx += req.ctx_at_join() - req.join_seq
+            ctx += req.input_len + req.output_done - req.join_seq  # (Req.ctx_at_join)
             finish += req.finish_seq
-            freed += pages(req.kv_base + (g - req.join_seq + 1))
+            freed -= (req.kv_base + (g - req.join_seq + 1)) // -page  # KVPool.pages
             req.output_done = req.output_len
         self.n_running -= len(finished)
         self.n_running_warmup -= warm
@@ -131,9 +136,12 @@ class ResultsMixin:
             req.finish_s = t
         self.recorder.requests_finished(reqs)
         self.num_done += len(reqs)
-        on_finish = self.on_finish
-        for req in reqs:
-            on_finish(req.rid, t)
+        if self.on_finish_all is not None:
+            self.on_finish_all([req.rid for req in reqs], t)
+        else:
+            on_finish = self.on_finish
+            for req in reqs:
+                on_finish(req.rid, t)
 
     def fail_all(self, t: float) -> int:
         """The server died at ``t``: every request it holds (queued, prefilling, running) fails.

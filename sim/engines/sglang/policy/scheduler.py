@@ -77,6 +77,8 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
             requests whose ``specs.max_new_tokens`` is given follow their own.
         recorder: receives finished requests and ITL samples (see :class:`sim.trace.recorder.TraceRecorder`).
         on_finish: called as ``on_finish(rid, time_s)`` when a request completes or fails.
+        on_finish_all: called as ``on_finish_all(rids, time_s)`` for requests that finished
+            together, in order: what ``on_finish`` of each does (None: ``on_finish`` of each).
         lookahead_policy: apply v0.5.22's handling of requests finishing in the in-flight batch
             (exclusion, skip). SGLang has it in ``event_loop_overlap`` only, not in
             ``event_loop_overlap_mlx``.
@@ -90,13 +92,15 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
 
     def __init__(self, specs: RequestSpecs, server: Server, warmup_requests: int,
                  finish_by_length: bool, recorder, on_finish: Callable[[int, float], None],
-                 lookahead_policy: bool = True, deferred_results: bool = False, grammar=None):
+                 lookahead_policy: bool = True, deferred_results: bool = False, grammar=None,
+                 on_finish_all: Callable[[list[int], float], None] | None = None):
         self.specs = specs
         self.server = server
         self.warmup_requests = warmup_requests
         self.finish_by_length = finish_by_length
         self.recorder = recorder
         self.on_finish = on_finish
+        self.on_finish_all = on_finish_all
         self.exclude_length_finishes = lookahead_policy and server.retraction == "v0.5.22"
         self.skip_when_finishing = lookahead_policy and server.retraction == "v0.5.22"
         self.abort_last = server.retraction in ("v0.5.10", "v0.5.22")
@@ -161,6 +165,10 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
         """A request reaches the server's socket at ``arrival_s`` (seconds)."""
         self.inbox.append((arrival_s, rid))
 
+    def submit_range(self, first_rid: int, count: int, arrival_s: float) -> None:
+        """:meth:`submit` of requests ``first_rid .. first_rid + count - 1``, in order, all at ``arrival_s``."""
+        self.inbox.extend([(arrival_s, rid) for rid in range(first_rid, first_rid + count)])
+
     def next_arrival_s(self) -> float | None:
         """Arrival time of the earliest request not yet received, if one is known."""
         return self.inbox[0][0] if self.inbox else None
@@ -183,28 +191,41 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
         n = 0
         s = self.specs
         kv = self.kv
-        cap = kv.size_tokens
-        room = cap - kv.page_size - 1  # the pool less a page and one token (SGLang's clip, with the prompt's pages)
+        cap, page = kv.size_tokens, kv.page_size
+        room = cap - page - 1  # the pool less a page and one token (SGLang's clip, with the prompt's pages)
         context = self.server.context_length
         by_length, grammar, waiting = self.finish_by_length, self.grammar, self.waiting
+        input_len, cached_len, output_len = self._lengths
+        warm = self.warmup_requests
+        given_max, given_eos = s.max_new_tokens, s.ignore_eos
+        plain = given_max is None and given_eos is None and grammar is None and context is None
         while inbox and inbox[0][0] <= horizon:
             arrival, rid = inbox.popleft()
-            req = self.new_req(rid, arrival)
-            if s.max_new_tokens is not None:
-                max_new = int(s.max_new_tokens[rid])
-            else:  # a client without a cap on an EOS finish: SGLang's estimate
-                max_new = req.output_len if by_length else max(req.output_len, CLIP_MAX_NEW_TOKENS)
-            req.ignore_eos = by_length if s.ignore_eos is None else bool(s.ignore_eos[rid])
-            if grammar is not None:
-                req.grammar = bool(grammar[rid])
-            if context is not None:  # the max_new_tokens the client sends (none: the server's estimate)
-                sent = bool(s.max_new_sent[rid]) if s.max_new_sent is not None else (
-                    s.max_new_tokens is not None or by_length)
-                max_new = self._fit_context(req, context, max_new, max_new if sent else None, cap)
-            req.max_new_tokens = min(max_new, room - kv.ceil(req.input_len))
-            req.output_len = min(req.output_len, req.max_new_tokens)
-            req.finish_by_length = req.output_len >= req.max_new_tokens
-            if req.input_len >= cap - 6 or req.max_new_tokens < 1:
+            req = Req(rid, arrival, input_len[rid], cached_len[rid], output_len[rid], by_length, rid < warm)
+            if plain:
+                if by_length:
+                    max_new = req.output_len
+                else:  # a client without a cap on an EOS finish: SGLang's estimate
+                    max_new = max(req.output_len, CLIP_MAX_NEW_TOKENS)
+                    req.ignore_eos = False
+            else:
+                if given_max is not None:
+                    max_new = int(given_max[rid])
+                else:  # a client without a cap on an EOS finish: SGLang's estimate
+                    max_new = req.output_len if by_length else max(req.output_len, CLIP_MAX_NEW_TOKENS)
+                req.ignore_eos = by_length if given_eos is None else bool(given_eos[rid])
+                if grammar is not None:
+                    req.grammar = bool(grammar[rid])
+                if context is not None:  # the max_new_tokens the client sends (none: the server's estimate)
+                    sent = bool(s.max_new_sent[rid]) if s.max_new_sent is not None else (
+                        given_max is not None or by_length)
+                    max_new = self._fit_context(req, context, max_new, max_new if sent else None, cap)
+            fit = room + (req.input_len // -page) * page  # room - ceil_p(input)
+            req.max_new_tokens = max_new = max_new if max_new < fit else fit
+            if req.output_len > max_new:
+                req.output_len = max_new
+            req.finish_by_length = req.output_len >= max_new
+            if req.input_len >= cap - 6 or max_new < 1:
                 self._fail(req, now, "too_long")
             else:
                 waiting.append(req)
@@ -282,6 +303,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
         joining = self.pending_merge
         finishing_at = self.finishing_at
         warm = grammar = ctx = finish = 0
+        order = self._order
         for r in joining:
             r.output_done += 1  # the prefill sampled one token
             r.status = RUNNING
@@ -293,7 +315,9 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
             ctx += r.ctx_at_join() - g
             finish += r.finish_seq
             finishing_at.setdefault(r.finish_seq, []).append(r)
-            r.order = self._next_order()
+            order += 1  # (_next_order)
+            r.order = order
+        self._order = order
         self.n_running += len(joining)
         self.n_running_warmup += warm
         self.n_running_grammar += grammar

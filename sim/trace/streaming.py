@@ -267,11 +267,11 @@ class StreamingRecorder:
             if r.failure in self.failures:
                 self.failures[r.failure] += 1
             return
-        ttft, e2e, tpot = self._completed(r)
-        self.ttft.add(ttft)
-        self.e2e.add(e2e)
-        if tpot is not None:
-            self.tpot.add(tpot)
+        ttfts, e2es, tpots = self._completed((r,))
+        self.ttft.add(ttfts[0])
+        self.e2e.add(e2es[0])
+        if tpots:
+            self.tpot.add(tpots[0])
 
     def requests_finished(self, reqs: list[Req]) -> None:
         """:meth:`request` of each of ``reqs``, finished (``FINISHED``) at one time, in order: the
@@ -280,34 +280,37 @@ class StreamingRecorder:
         if self._rows is not None:
             for r in reqs:
                 self._rows.request(r)
+        measured = [r for r in reqs if not r.warmup]
+        if not measured:
+            return
+        if measured[0].finish_s > self.window_end:  # (one time for all)
+            self.window_end = measured[0].finish_s
+            self._flush_pending()
+        ttfts, e2es, tpots = self._completed(measured)
+        self.ttft.add_once_each(ttfts)
+        self.e2e.add_once_each(e2es)
+        if tpots:
+            self.tpot.add_once_each(tpots)
+
+    def _completed(self, reqs) -> tuple[list[float], list[float], list[float]]:
+        """Measured requests completed: counted, and their TTFTs, end-to-end latencies and TPOTs
+        (seconds, in order; no TPOT for a request of a single output token)."""
         ttfts, e2es, tpots = [], [], []
+        input_tokens = output_tokens = 0
         for r in reqs:
-            if r.warmup:
-                continue
-            if r.finish_s > self.window_end:
-                self.window_end = r.finish_s
-                self._flush_pending()
-            ttft, e2e, tpot = self._completed(r)
+            input_tokens += r.input_len
+            out = r.output_done
+            output_tokens += out
+            ttft = r.first_token_s - r.arrival_s
+            e2e = r.finish_s - r.arrival_s
             ttfts.append(ttft)
             e2es.append(e2e)
-            if tpot is not None:
-                tpots.append(tpot)
-        if ttfts:
-            self.ttft.add_once_each(ttfts)
-            self.e2e.add_once_each(e2es)
-            if tpots:
-                self.tpot.add_once_each(tpots)
-
-    def _completed(self, r: Req) -> tuple[float, float, float | None]:
-        """A measured request completed: counted, and its TTFT, end-to-end latency and TPOT
-        (seconds; None with a single output token)."""
-        self.completed += 1
-        self.input_tokens += r.input_len
-        out = r.output_done
-        self.output_tokens += out
-        ttft = r.first_token_s - r.arrival_s
-        e2e = r.finish_s - r.arrival_s
-        return ttft, e2e, (e2e - ttft) / (out - 1) if out > 1 else None
+            if out > 1:
+                tpots.append((e2e - ttft) / (out - 1))
+        self.completed += len(ttfts)
+        self.input_tokens += input_tokens
+        self.output_tokens += output_tokens
+        return ttfts, e2es, tpots
 
     def itl(self, value_s: float, weight: int) -> None:
         self.itl_stat.add(value_s, weight)

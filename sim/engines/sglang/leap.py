@@ -70,6 +70,7 @@ class Leap:
         self.s = p.scheduler
         self.leapt = 0  # iterations taken by the leap so far (the run's stats: leapt_steps)
         self.finished_last = False  # the MLX chain: the last run's last processed batch finished requests
+        self.decode_costs: dict = {}  # a numpy run's decode costs by (n, first context, length): leap_runs._decode_costs
 
     @classmethod
     def for_run(cls, p: Phases, setting: str) -> "Leap | None":

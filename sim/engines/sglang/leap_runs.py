@@ -54,7 +54,7 @@ def overlap_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, 
     if k < MIN_RUN or p._was_idle or n == 0:
         return None
     ctx = s.ctx_offset + n * g
-    sched, launch, forward, process = costs.decode_arrays(n, ctx[:k].astype(np.float64))
+    sched, launch, forward, process = _decode_costs(leap, n, ctx[:k])
     recv = costs.recv_s(0)
     rs = recv + sched  # recv_and_schedule's sum
     forward = forward + p.forward_extra_s
@@ -131,7 +131,7 @@ def mlx_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, prev
     if k < MIN_RUN or p._was_idle or n == 0:
         return None
     ctx = s.ctx_offset + n * g
-    sched, launch, forward, process = costs.decode_arrays(n, ctx[:k].astype(np.float64))
+    sched, launch, forward, process = _decode_costs(leap, n, ctx[:k])
     recv = costs.recv_s(0)
     rs = recv + sched
     lat = costs.sync_latency_s
@@ -192,6 +192,25 @@ def mlx_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, prev
 MLX_PASSES = 4  # fixed-point passes over an MLX chain run's iteration starts (two settle them in practice)
 
 
+def _decode_costs(leap, n: int, ctx: np.ndarray) -> tuple:
+    """The cost model's ``decode_arrays`` of decodes of ``n`` requests at the contexts ``ctx``
+    (an int array, ``ctx[0] + n * i`` at decode i: a run's), kept by the leap per (n, first
+    context, length): requests that join and leave together (a closed loop of equal requests)
+    repeat a run's contexts, and the same arguments give the same floats. The arrays are read,
+    never written."""
+    key = (n, int(ctx[0]), len(ctx))
+    memo = leap.decode_costs
+    got = memo.get(key)
+    if got is None:
+        if len(memo) >= DECODE_COSTS_KEPT:
+            memo.clear()
+        got = memo[key] = leap.p.costs.decode_arrays(n, ctx.astype(np.float64))
+    return got
+
+
+DECODE_COSTS_KEPT = 16  # runs' costs the leap keeps (memory: 4 arrays of up to MAX_RUN doubles each, 4 MiB at most)
+
+
 def _summed(start: float, lengths: np.ndarray) -> np.ndarray:
     """The clock after each of ``lengths`` added to ``start`` in turn (the loop's additions in its
     order): the next iterations' starts."""
@@ -222,7 +241,8 @@ def _deferred_rows(leap, g0: int, k: int, need, used_after, ctx, recv: float, sc
     rows = np.empty((k, 22))
     rows[0, :19] = prev_row
     j = k - 1
-    fill_decode_rows(rows[1:], p.recorder.keeps_rows, s.next_step_seq - k, n, warm, ctx[:j], used_after[:j], page,
+    full = p.recorder.keeps_rows
+    fill_decode_rows(rows[1:], full, s.next_step_seq - k, n, warm, ctx[:j], used_after[:j] if full else None, page,
                      starts[:j], recv, sched[:j], ls[:j], le[:j], fs[:j], fe[:j], len(s.waiting))
     rows[:, 19] = sync
     rows[:, 20] = ps
@@ -248,7 +268,7 @@ def normal_run(leap, now: float, k_max: int) -> tuple[int, float] | None:
     if k < MIN_RUN or p._was_idle or n == 0:
         return None
     ctx = s.ctx_offset + n * g[:k]
-    sched, launch, forward, process = costs.decode_arrays(n, ctx.astype(np.float64))
+    sched, launch, forward, process = _decode_costs(leap, n, ctx)
     recv = costs.recv_s(0)
     seq = np.empty(5 * k + 1)
     seq[0] = now
@@ -270,7 +290,8 @@ def normal_run(leap, now: float, k_max: int) -> tuple[int, float] | None:
         return None
     _commit(leap, g0, k, n, need, used_after, ctx, float(starts[k - 1]), float(fe[k - 1]))
     rows = np.empty((k, 22))
-    fill_decode_rows(rows, p.recorder.keeps_rows, s.next_step_seq - k, n, warm, ctx[:k], used_after[:k], kv.page_size,
+    full = p.recorder.keeps_rows
+    fill_decode_rows(rows, full, s.next_step_seq - k, n, warm, ctx[:k], used_after[:k] if full else None, kv.page_size,
                      starts[:k], recv, sched[:k], ls[:k], le[:k], le[:k], fe[:k],  # each forward starts at its launch's end
                      len(s.waiting))
     rows[:, 19], rows[:, 20], rows[:, 21] = after[:k], ready[:k], done[:k]
@@ -288,14 +309,38 @@ def _launch_returns(submit, launch, ls, fs, forward):
 
 def _kv_fits(s, g0: int, k_max: int):
     """Decodes g0 .. g0+k_max-1 of the running batch: (their seqs, pages each needs, pages used
-    after each allocation, how many in a row pass ``check_decode_mem``)."""
+    after each allocation, how many in a row pass ``check_decode_mem``). A decode passes when
+    its pages fit in what is free before it, that is when the pages used after it are at most the
+    pool's (the pages used only grow over a run). With one token a page every decode takes the
+    same pages, and the pages used after each are a line (:class:`_Line`), not an array."""
     kv = s.kv
     g = np.arange(g0, g0 + k_max, dtype=np.int64)
-    counts = np.asarray(s.demand._count, dtype=np.int64)
-    need = counts[(-g) % kv.page_size] if kv.page_size > 1 else np.full(k_max, counts[0], dtype=np.int64)
+    counts = s.demand._count
+    if kv.page_size == 1:
+        need = counts[0]
+        room = kv.total_pages - kv.used_pages
+        k = k_max if need * k_max <= room else room // need  # (need > 0 here: else every decode fits)
+        return g, need, _Line(kv.used_pages, need), k
+    need = np.asarray(counts, dtype=np.int64)[(-g) % kv.page_size]
     used_after = kv.used_pages + np.cumsum(need)
-    fits = need <= kv.total_pages - (used_after - need)
+    fits = used_after <= kv.total_pages
     return g, need, used_after, (k_max if fits.all() else int(np.argmin(fits)))
+
+
+class _Line:
+    """The pages used after each decode of a run whose decodes each take ``need`` pages, from
+    ``used``: ``used + (i + 1) * need`` at decode i (an int), and ``[:j]`` the first j as an array;
+    what ``used + np.cumsum(need)`` gives, without computing it where only a few are read."""
+
+    __slots__ = ("used", "need")
+
+    def __init__(self, used: int, need: int):
+        self.used, self.need = used, need
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):  # [:j]
+            return self.used + self.need * np.arange(1, i.stop + 1, dtype=np.int64)
+        return self.used + (i + 1) * self.need
 
 
 def _commit(leap, g0: int, k: int, n: int, need: np.ndarray, used_after: np.ndarray, ctx: np.ndarray,

@@ -174,7 +174,6 @@ class _Pass:
                     break
                 continue
             waiting.popleft()
-            grow = -(-(held + extend) // page) + (held // page if held % page == 0 else held // page + 1) - 0
             grow = -(-(held + extend) // page) - -(-held // page)
             prefix += extend
             req.prefix_len = prefix

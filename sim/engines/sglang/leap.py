@@ -179,11 +179,11 @@ class Leap:
                 excluded = [r for r in leaving if r.finish_by_length] if s.exclude_length_finishes else ()
                 overshoot = [r for r in leaving if not r.finish_by_length] if excluded else leaving
                 n -= len(excluded)  # v0.5.22: left out of this batch
+                if n == 0 or chain:  # (the MLX chain: processing g-1 finishes requests, the chain breaks
+                    break  # after it: step by step)
                 for r in excluded:
                     warm -= r.warmup
                     ctx -= r.ctx_at_join() + g - r.join_seq
-                if n == 0 or chain:  # (the MLX chain: processing g-1 finishes requests, the chain breaks
-                    break  # after it: step by step)
                 if excluded:
                     need -= sum(s.needs_page(r, g) for r in excluded)
             used = kv.used_pages

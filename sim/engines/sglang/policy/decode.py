@@ -32,7 +32,8 @@ class DecodeMixin:
     """``update_running_batch`` over the state of :class:`sim.engines.sglang.policy.scheduler.Scheduler`."""
 
     def _compose_decode(self, g: int):
-        """Members of decode batch ``g`` as aggregates: (n, warm-ups, sum_ctx, overshoot, excluded)."""
+        """Members of decode batch ``g`` as aggregates: (n, warm-ups, sum_ctx, overshoot, excluded);
+        with n 0 (every member excluded: no batch runs) the warm-ups and sum_ctx are not computed."""
         n, warm = self.n_running, self.n_running_warmup
         sum_ctx = self.ctx_offset + n * g
         overshoot: list[Req] = []
@@ -42,11 +43,13 @@ class DecodeMixin:
             for r in self.finishing_at.get(g - 1, ()):
                 if r.finish_by_length and self.exclude_length_finishes:
                     excluded.append(r)  # v0.5.22: a request that finishes by length leaves before this batch
-                    n -= 1
-                    warm -= r.warmup
-                    sum_ctx -= r.ctx_at_join() + g - r.join_seq
                 else:
                     overshoot.append(r)
+            n -= len(excluded)
+            if n:
+                for r in excluded:
+                    warm -= r.warmup
+                    sum_ctx -= r.ctx_at_join() + g - r.join_seq
         return n, warm, sum_ctx, overshoot, excluded
 
     def _decode_batch(self) -> Batch | None:

@@ -79,10 +79,13 @@ class RunningReserve:
                 if req in self.long:
                     self.long.remove(req)
 
-    def delivered(self, req: Req) -> None:
-        """A running request's prefill result was processed after it joined (overlap): its
-        ``delivered`` is about to grow by one."""
-        self.base[self._cls(req)] -= 1
+    def delivered_all(self, reqs) -> None:
+        """Running requests' prefill results were processed after they joined (overlap): each
+        one's ``delivered`` is about to grow by one."""
+        full = self.full_ratio_for_ignore_eos
+        base = self.base
+        for req in reqs:
+            base[0 if req.ignore_eos and full else 1] -= 1  # (_cls)
 
     def total(self, ratio: float, last_processed: int, next_decode: int) -> float:
         """The offset (tokens): sum of w_r * min(remaining_r, CLIP) over the running batch."""

@@ -21,6 +21,7 @@ class ResultsMixin:
     def _process_prefill(self, batch: Batch, t: float) -> int:
         done = 0
         rec = self.recorder
+        joined = []  # overlap: requests merged into the running batch before this result
         for req, _take, last, finishes, retractions in batch.chunks:
             if not last or req.retractions != retractions or req.status == FAILED:
                 continue  # a chunk, or a request retracted/aborted while the prefill was in flight
@@ -30,7 +31,7 @@ class ResultsMixin:
                 rec.itl(t - req.last_token_s, 1)
             req.last_token_s = t
             if req.status == RUNNING:  # overlap: merged into the running batch before this result
-                self.reserve.delivered(req)
+                joined.append(req)
             req.delivered += 1
             if finishes:
                 req.output_done += 1
@@ -39,6 +40,8 @@ class ResultsMixin:
                 self.batch_is_full = False  # it left the running batch SGLang merged it into
                 self._complete(req, t)
                 done += 1
+        if joined:
+            self.reserve.delivered_all(joined)
         return done
 
     def _process_decode(self, batch: Batch, t: float) -> int:

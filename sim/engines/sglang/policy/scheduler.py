@@ -201,18 +201,18 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
         plain = given_max is None and given_eos is None and grammar is None and context is None
         while inbox and inbox[0][0] <= horizon:
             arrival, rid = inbox.popleft()
-            req = Req(rid, arrival, input_len[rid], cached_len[rid], output_len[rid], by_length, rid < warm)
+            out = output_len[rid]
+            req = Req(rid, arrival, input_len[rid], cached_len[rid], out, by_length, rid < warm)
+            if given_max is not None:
+                max_new = int(given_max[rid])
+            elif by_length:
+                max_new = out
+            else:  # a client without a cap on an EOS finish: SGLang's estimate
+                max_new = out if out > CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS
             if plain:
-                if by_length:
-                    max_new = req.output_len
-                else:  # a client without a cap on an EOS finish: SGLang's estimate
-                    max_new = max(req.output_len, CLIP_MAX_NEW_TOKENS)
-                    req.ignore_eos = False
+                if not by_length:
+                    req.ignore_eos = False  # (Req's default: True)
             else:
-                if given_max is not None:
-                    max_new = int(given_max[rid])
-                else:  # a client without a cap on an EOS finish: SGLang's estimate
-                    max_new = req.output_len if by_length else max(req.output_len, CLIP_MAX_NEW_TOKENS)
                 req.ignore_eos = by_length if given_eos is None else bool(given_eos[rid])
                 if grammar is not None:
                     req.grammar = bool(grammar[rid])
@@ -220,12 +220,13 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
                     sent = bool(s.max_new_sent[rid]) if s.max_new_sent is not None else (
                         given_max is not None or by_length)
                     max_new = self._fit_context(req, context, max_new, max_new if sent else None, cap)
-            fit = room + (req.input_len // -page) * page  # room - ceil_p(input)
+            inp = req.input_len  # (as _fit_context left it)
+            fit = room + (inp // -page) * page  # room - ceil_p(input)
             req.max_new_tokens = max_new = max_new if max_new < fit else fit
-            if req.output_len > max_new:
-                req.output_len = max_new
-            req.finish_by_length = req.output_len >= max_new
-            if req.input_len >= cap - 6 or max_new < 1:
+            if out > max_new:
+                req.output_len = out = max_new
+            req.finish_by_length = out >= max_new
+            if inp >= cap - 6 or max_new < 1:
                 self._fail(req, now, "too_long")
             else:
                 waiting.append(req)
@@ -304,17 +305,20 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
         finishing_at = self.finishing_at
         warm = grammar = ctx = finish = 0
         order = self._order
+        at = bucket = None  # the last finish step's bucket (a group joining together mostly shares one)
         for r in joining:
-            r.output_done += 1  # the prefill sampled one token
+            r.output_done = done = r.output_done + 1  # the prefill sampled one token
             r.status = RUNNING
             r.join_seq = g
-            r.finish_seq = g + (r.output_len - r.output_done) - 1
+            r.finish_seq = f = g + (r.output_len - done) - 1
             r.kv_base = r.prefill_target - r.shared_len
             warm += r.warmup
             grammar += r.grammar
-            ctx += r.ctx_at_join() - g
-            finish += r.finish_seq
-            finishing_at.setdefault(r.finish_seq, []).append(r)
+            ctx += r.input_len + done - g  # (Req.ctx_at_join)
+            finish += f
+            if f != at:
+                at, bucket = f, finishing_at.setdefault(f, [])
+            bucket.append(r)
             order += 1  # (_next_order)
             r.order = order
         self._order = order

@@ -173,8 +173,9 @@ def test_arrival_without_given_caps_takes_the_finish_modes_budget_and_eos_flag()
 
 
 def _reference_pass(s: Scheduler, running: int, p) -> None:
-    """The FCFS loop over the waiting queue one request at a time through ``_Pass.add`` (the
-    loop ``admit_waiting`` performs with its budgets in locals), kept here as the reference."""
+    """The FCFS loop over the waiting queue one request at a time through ``_Pass.add``, the
+    radix-cache prefix matched as ``init_next_round_input`` does (the loop ``admit_waiting``
+    performs with its budgets in locals), kept here as the reference."""
     kv, srv = s.kv, s.server
     while s.waiting and p.budget > 0 and p.rem_input > 0:
         if running + len(p.chunks) >= srv.max_running_requests:
@@ -182,7 +183,11 @@ def _reference_pass(s: Scheduler, running: int, p) -> None:
         if s.batch_is_full:
             break
         req = s.waiting[0]
-        s._match_prefix(req)
+        if req.prefill_target == 0:  # init_next_round_input
+            req.prefill_target = req.input_len + req.output_done
+            req.shared_len = kv.floor(min(req.cached_len, req.prefill_target - 1))
+            req.prefix_len = req.shared_len
+            req.kv_held = 0
         extend = req.prefill_target - req.prefix_len
         future = min(max(req.max_new_tokens - req.output_done, 0), CLIP_MAX_NEW_TOKENS)
         if extend + future + p.per_req >= p.kv_free - p.reserve:

@@ -62,16 +62,6 @@ class AdmissionMixin:
         p.admit_waiting(running)
         return p.batch()
 
-    def _match_prefix(self, req: Req) -> None:
-        """``init_next_round_input``: the prompt to prefill (input, plus the output so far after a
-        retraction) and the prefix the radix cache supplies, whole pages of at most prompt - 1."""
-        if req.prefill_target == 0:
-            req.prefill_target = target = req.input_len + req.output_done
-            page = self.kv.page_size
-            cached = req.cached_len if req.cached_len < target - 1 else target - 1
-            req.prefix_len = req.shared_len = cached // page * page  # KVPool.floor
-            req.kv_held = 0
-
     def _running_offset(self) -> float:
         """The running batch's reserve, plus under overlap the requests whose prefill finishes
         them but whose result is not processed yet (SGLang merged them into the running batch)."""
@@ -139,17 +129,24 @@ class _Pass:
         pages = num_tokens = sum_ctx = attn_pairs = warm = 0
         pending_merge, unmerged = s.pending_merge, s.unmerged_finishers
         clip = CLIP_MAX_NEW_TOKENS
-        while waiting and budget > 0 and rem_input > 0:
-            if running + len(chunks) >= max_running:
+        slots = max_running - running  # requests this pass may admit before the running batch is full
+        chunk_open = s.chunked_req is not None
+        while waiting and budget > 0 and rem_input > 0 and not s.batch_is_full:
+            if len(chunks) >= slots:
                 s.batch_is_full = True
-            if s.batch_is_full:
                 break
             req = waiting[0]
-            if req.prefill_target == 0:
-                s._match_prefix(req)
-            held, prefix = req.kv_held, req.prefix_len
-            extend = req.prefill_target - prefix
-            future = req.max_new_tokens - req.output_done
+            target, done = req.prefill_target, req.output_done
+            if target == 0:  # init_next_round_input: the prompt, and the prefix the radix cache supplies
+                req.prefill_target = target = req.input_len + done  # (input, plus the output so far after a retraction)
+                cached = req.cached_len if req.cached_len < target - 1 else target - 1
+                req.prefix_len = req.shared_len = prefix = cached // page * page  # whole pages of at most prompt - 1
+                req.kv_held = held = 0
+            else:
+                held, prefix = req.kv_held, req.prefix_len
+            extend = target - prefix
+            max_new = req.max_new_tokens
+            future = max_new - done
             if future > clip:
                 future = clip
             elif future < 0:
@@ -157,8 +154,8 @@ class _Pass:
             if extend + future + per_req >= kv_free - reserve:
                 s.batch_is_full = bool(chunks) or s.n_running > 0
                 break
-            whole = -(-extend // page)
-            if whole * page > budget:  # chunked: the chunk ends on a page boundary
+            whole = -(-extend // page) * page
+            if whole > budget:  # chunked: the chunk ends on a page boundary
                 take = kv.floor(prefix + kv.floor(budget)) - prefix
                 if take <= 0:
                     break
@@ -168,31 +165,34 @@ class _Pass:
                 pages = num_tokens = sum_ctx = attn_pairs = warm = 0
                 waiting.popleft()
                 self.add(req, take)
+                chunk_open = s.chunked_req is not None
                 kv_free, reserve, budget, rem_input = self.kv_free, self.reserve, self.budget, self.rem_input
                 if kv_free - reserve <= 0:
                     s.batch_is_full = True
                     break
                 continue
             waiting.popleft()
-            grow = -(-(held + extend) // page) - -(-held // page)
+            grow = whole // page if held == 0 else -(-(held + extend) // page) - -(-held // page)
             prefix += extend
             req.prefix_len = prefix
             req.kv_held = held + extend
-            finishes = req.output_done + 1 >= req.output_len
+            finishes = done + 1 >= req.output_len
             retractions = req.retractions
             chunks.append((req, extend, True, finishes, retractions))
-            budget -= whole * page
-            rem_input -= whole * page
+            budget -= whole
+            rem_input -= whole
             kv_free -= grow * page
             pages += grow
             num_tokens += extend
             sum_ctx += prefix
             attn_pairs += extend * prefix
             warm += req.warmup
-            reserve += per_req + (req.max_new_tokens if req.max_new_tokens < clip else clip)
+            reserve += per_req + (max_new if max_new < clip else clip)
             if retractions:
                 s.reprefill_tokens += extend
-            s.chunked_req = None
+            if chunk_open:  # the request chunked before is done with (add's rule for a last chunk)
+                s.chunked_req = None
+                chunk_open = False
             if finishes:
                 unmerged.append(req)
             else:

@@ -177,10 +177,10 @@ class Leap:
             overshoot = excluded = ()
             if leaving:  # _compose_decode: requests finishing in the batch in flight
                 excluded = [r for r in leaving if r.finish_by_length] if s.exclude_length_finishes else ()
-                overshoot = [r for r in leaving if not r.finish_by_length] if excluded else leaving
                 n -= len(excluded)  # v0.5.22: left out of this batch
                 if n == 0 or chain:  # (the MLX chain: processing g-1 finishes requests, the chain breaks
                     break  # after it: step by step)
+                overshoot = [r for r in leaving if not r.finish_by_length] if excluded else leaving
                 for r in excluded:
                     warm -= r.warmup
                     ctx -= r.ctx_at_join() + g - r.join_seq

@@ -40,11 +40,12 @@ class DecodeMixin:
         excluded: list[Req] = []
         if self.last_processed_decode < g - 1:
             # overlap: batch g-1 is still in flight, its finishes are not yet known to the CPU
-            for r in self.finishing_at.get(g - 1, ()):
-                if r.finish_by_length and self.exclude_length_finishes:
-                    excluded.append(r)  # v0.5.22: a request that finishes by length leaves before this batch
-                else:
-                    overshoot.append(r)
+            leaving = self.finishing_at.get(g - 1, ())
+            if self.exclude_length_finishes:  # v0.5.22: a request that finishes by length leaves before this batch
+                excluded = [r for r in leaving if r.finish_by_length]
+                overshoot = [r for r in leaving if not r.finish_by_length] if len(excluded) < len(leaving) else []
+            else:
+                overshoot = list(leaving)
             n -= len(excluded)
             if n:
                 for r in excluded:

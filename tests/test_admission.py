@@ -130,9 +130,7 @@ def _brute_offset(s: Scheduler) -> float:
        pool=st.integers(200, 2000), admission=st.sampled_from(["v0.5.4", "v0.5.22"]))
 def test_the_running_offset_equals_the_sum_over_the_running_batch(lengths, ignore, overlap, pool, admission):
     n = len(lengths)
-    s = _scheduler(lengths, pool=pool, admission=admission, deferred=overlap)
-    s.specs = RequestSpecs(s.specs.input_len, s.specs.cached_len, s.specs.output_len, None, s.specs.max_new_tokens,
-                           np.array(ignore[:n]))
+    s = _scheduler(lengths, pool=pool, admission=admission, deferred=overlap, ignore_eos=np.array(ignore[:n]))
     for rid in range(n):
         s.submit(rid, float(rid))
     last = None

@@ -150,6 +150,8 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
         # the lengths as memoryviews: an element read gives a Python int without numpy's scalar
         self._lengths = tuple(memoryview(np.ascontiguousarray(a, dtype=np.int64))
                               for a in (specs.input_len, specs.cached_len, specs.output_len))
+        # the client's caps and ignore_eos flags the same way (None where the specs have none)
+        self._caps = (_view(specs.max_new_tokens, np.int64), _view(specs.ignore_eos, np.bool_))
 
     @property
     def kv_used(self) -> int:
@@ -197,14 +199,14 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
         by_length, grammar, waiting = self.finish_by_length, self.grammar, self.waiting
         input_len, cached_len, output_len = self._lengths
         warm = self.warmup_requests
-        given_max, given_eos = s.max_new_tokens, s.ignore_eos
+        given_max, given_eos = self._caps
         plain = given_max is None and given_eos is None and grammar is None and context is None
         while inbox and inbox[0][0] <= horizon:
             arrival, rid = inbox.popleft()
             out = output_len[rid]
             req = Req(rid, arrival, input_len[rid], cached_len[rid], out, by_length, rid < warm)
             if given_max is not None:
-                max_new = int(given_max[rid])
+                max_new = given_max[rid]
             elif by_length:
                 max_new = out
             else:  # a client without a cap on an EOS finish: SGLang's estimate
@@ -213,7 +215,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
                 if not by_length:
                     req.ignore_eos = False  # (Req's default: True)
             else:
-                req.ignore_eos = by_length if given_eos is None else bool(given_eos[rid])
+                req.ignore_eos = by_length if given_eos is None else given_eos[rid]
                 if grammar is not None:
                     req.grammar = bool(grammar[rid])
                 if context is not None:  # the max_new_tokens the client sends (none: the server's estimate)
@@ -340,3 +342,9 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
         seq = self.next_step_seq
         self.next_step_seq = seq + 1
         return seq
+
+
+def _view(values, dtype):
+    """``values`` (a per-request array, or None) as a memoryview of ``dtype``: an element read gives
+    a Python int or bool without numpy's scalar."""
+    return None if values is None else memoryview(np.ascontiguousarray(values, dtype=dtype))

@@ -143,8 +143,8 @@ class TraceRecorder:
 
     def itl_once_each(self, values_s: list[float]) -> None:
         """:meth:`itl` of each of ``values_s`` (seconds) with weight 1, in order."""
-        self._itl_values.extend(values_s)
-        self._itl_weights.extend([1] * len(values_s))
+        self._itl_values.fromlist(values_s)
+        self._itl_weights.fromlist([1] * len(values_s))
 
     def itl_many(self, values_s: np.ndarray, weights: np.ndarray) -> None:
         """Several ITL samples at once (:meth:`itl` of each, in order)."""

@@ -26,7 +26,7 @@ RELATIVE_ACCURACY = 0.005
 FOLD = 65536  # values a metric buffers before counting them (memory: 16 bytes each)
 _LN2 = math.log(2)
 BIN_SPAN = 1 << 20  # bucket keys a fold counts with one bincount (memory: 8 MiB at most); wider: sorted
-_ONES = np.ones(8192, dtype=np.int64).tobytes()  # unit weights of up to 8,192 values, as bytes
+_UNIT = array("q", [1])  # a unit weight (times k: k of them)
 
 
 class _Stat:
@@ -68,12 +68,10 @@ class _Stat:
     def add_once_each(self, values: list[float] | np.ndarray) -> None:
         """:meth:`add` of each value (seconds; a list of floats, or a float64 array) once, in order."""
         if isinstance(values, list):
-            self._values.extend(values)
+            self._values.fromlist(values)
         else:
             self._values.frombytes(np.ascontiguousarray(values, dtype=np.float64).tobytes())
-        k = len(values)
-        ones = _ONES if k <= len(_ONES) // 8 else np.ones(k, dtype=np.int64).tobytes()
-        self._weights.frombytes(ones[:8 * k])
+        self._weights.extend(_UNIT * len(values))
         if len(self._values) >= FOLD:
             self.fold()
 
@@ -433,4 +431,8 @@ class _Steps:
 
 def _running_sum(total: float, values: np.ndarray) -> float:
     """``total`` plus each of ``values`` in order, as a loop of ``+=`` computes it."""
-    return float(np.add.accumulate(np.concatenate(([total], values)))[-1])
+    run = np.empty(len(values) + 1)
+    run[0] = total
+    run[1:] = values
+    np.add.accumulate(run, out=run)
+    return float(run[-1])

@@ -166,3 +166,15 @@ def test_lora_and_multimodal_servers_are_refused_not_answered_as_plain(engine, a
     code, _, err = run_cli(["run", str(path), "--out", str(tmp_path / "r"), "--no-plots"])
     assert code == 2 and what.split(" (")[0] in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()
+
+
+def test_the_rules_tables_json_copy_is_the_yaml_as_parsed():
+    """A run reads ``sglang_rules.json``, the hand-written ``sglang_rules.yaml`` as parsed: after an
+    edit of the YAML, ``python -c "from sim.engines.sglang.rules.launch_args import write_rules_json;
+    write_rules_json()"`` writes the copy again."""
+    from sim.engines.sglang.rules.launch_args import rules_table
+
+    rules = ROOT / "sim/engines/sglang/rules"
+    parsed = yaml.safe_load((rules / "sglang_rules.yaml").read_text())
+    assert json.loads((rules / "sglang_rules.json").read_text()) == parsed, "sglang_rules.json is stale: run write_rules_json()"
+    assert rules_table() == parsed

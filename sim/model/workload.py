@@ -22,6 +22,7 @@ from pydantic import Field
 
 from sim.errors import UserInputError, shown
 from sim.jsonio import DuplicateKeyError, unique_keys
+from sim.model.costs import SeededGenerator
 from sim.model.schema import MAX_TOKENS, StrictModel, ChoiceLength, Length, LognormalLength, NormalLength, UniformLength
 
 MAX_ARRIVAL_S = 1.0e9  # about 32 years of arrivals: a later one is a corrupt value
@@ -89,7 +90,7 @@ def make_requests(scenario) -> RequestSpecs:
     if w.trace:
         specs = read_trace(scenario.resolve_path(w.trace), sort=w.arrival == "trace", by_length=w.finish == "length")
         return specs if w.arrival == "trace" else replace(specs, arrival_s=None)
-    rng = np.random.default_rng([scenario.seed, 1])
+    rng = SeededGenerator([scenario.seed, 1])
     n = w.num_requests
     input_len = np.maximum(sample_lengths(w.input_len, n, rng), 1)
     cached = np.minimum(sample_lengths(w.cached_len, n, rng), input_len - 1)
@@ -98,7 +99,7 @@ def make_requests(scenario) -> RequestSpecs:
     if w.arrival == "poisson":
         arrival = np.cumsum(rng.exponential(1.0 / w.rate_per_s, size=n))
     if w.max_new_tokens is not None:  # drawn after the others: scenarios without it keep their lengths
-        max_new = np.maximum(sample_lengths(w.max_new_tokens, n, np.random.default_rng([scenario.seed, 4])), output_len)
+        max_new = np.maximum(sample_lengths(w.max_new_tokens, n, SeededGenerator([scenario.seed, 4])), output_len)
     else:
         max_new = output_len if w.finish == "length" else np.maximum(output_len, EOS_MAX_NEW_TOKENS)
     ignore = np.full(n, w.finish == "length" if w.ignore_eos is None else w.ignore_eos)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import simpy
 
 from sim.engines.sglang.leap import Leap
@@ -19,7 +18,7 @@ from sim.engines.sglang.policy.scheduler import Scheduler, ServerDied
 from sim.engines.sglang.rules.loop_rules import setting_faults
 from sim.engines.sglang.structured import GrammarCosts
 from sim.errors import ScenarioError
-from sim.model.costs import Jitter, make_cost_model
+from sim.model.costs import Jitter, SeededGenerator, make_cost_model
 from sim.model.device import DeviceStream
 from sim.model.reach import reach_outcome
 from sim.model.workload import ClosedLoopClients, RequestSpecs, open_loop_arrivals
@@ -62,8 +61,8 @@ def run_sglang(scenario, setting: str, specs: RequestSpecs, warmup: int, recorde
     faults = setting_faults(srv.device, setting, srv.version)
     phases = Phases(
         env, scheduler, DeviceStream(), costs,
-        Jitter(scenario.costs.noise.gpu_cv, np.random.default_rng([scenario.seed, 2])),
-        Jitter(scenario.costs.noise.cpu_cv, np.random.default_rng([scenario.seed, 3])),
+        Jitter(scenario.costs.noise.gpu_cv, SeededGenerator([scenario.seed, 2])),
+        Jitter(scenario.costs.noise.cpu_cv, SeededGenerator([scenario.seed, 3])),
         recorder, forward_extra_s=costs.overlap_residue_s if setting == "overlap" and not srv.blocking_forward else 0.0,
         faults=faults, external_arrival_s=None if clients is not None else specs.arrival_s,
         blocking_forward=srv.blocking_forward, after_wait_scale=scenario.costs.cpu.after_wait_scale,

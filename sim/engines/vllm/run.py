@@ -5,7 +5,6 @@ worker wired together (:func:`run_vllm`); :func:`sim.simulate.simulate` calls it
 
 from __future__ import annotations
 
-import numpy as np
 import simpy
 
 from sim.engines.vllm.core import EngineCore
@@ -15,7 +14,7 @@ from sim.engines.vllm.loops import LOOPS, worker_loop
 from sim.engines.vllm.policy.scheduler import Scheduler
 from sim.engines.vllm.server import SETTINGS
 from sim.engines.vllm.worker import Worker
-from sim.model.costs import Jitter
+from sim.model.costs import Jitter, SeededGenerator
 from sim.model.device import DeviceStream
 from sim.model.reach import reach_outcome
 from sim.model.workload import ClosedLoopClients, RequestSpecs, open_loop_arrivals
@@ -64,13 +63,13 @@ def run_vllm(scenario, setting: str, specs: RequestSpecs, warmup: int, recorder,
         clients = ClosedLoopClients(len(specs), w.concurrency, lambda rid, t: core.submit(rid, t),
                                     warmup if w.warmup_before_benchmark else 0)
     on_finish = clients.on_finish if clients is not None else (lambda _rid, _t: None)
-    scheduler = Scheduler(srv, setting == "async", recorder, on_finish, np.random.default_rng([scenario.seed, 7]))
+    scheduler = Scheduler(srv, setting == "async", recorder, on_finish, SeededGenerator([scenario.seed, 7]))
     section = srv.structured_output
     grammar = section.draw(len(specs), scenario.seed) if section is not None and section.share > 0 else None
-    core = EngineCore(env, scheduler, specs, warmup, costs, Jitter(noise.cpu_cv, np.random.default_rng([scenario.seed, 3])),
+    core = EngineCore(env, scheduler, specs, warmup, costs, Jitter(noise.cpu_cv, SeededGenerator([scenario.seed, 3])),
                       recorder, grammar)
-    worker = Worker(costs, DeviceStream(), Jitter(noise.gpu_cv, np.random.default_rng([scenario.seed, 2])),
-                    Jitter(noise.cpu_cv, np.random.default_rng([scenario.seed, 5])), srv.blocking_forward,
+    worker = Worker(costs, DeviceStream(), Jitter(noise.gpu_cv, SeededGenerator([scenario.seed, 2])),
+                    Jitter(noise.cpu_cv, SeededGenerator([scenario.seed, 5])), srv.blocking_forward,
                     setting == "async", srv.resolved_block_size if w.prefix_sharing == "shared" else 0,
                     srv.speculative)
     rpcs = simpy.Store(env)

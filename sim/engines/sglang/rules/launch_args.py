@@ -13,11 +13,13 @@ on the loop"); a flag SGLang's parser does not know is an error, as it is for
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -32,13 +34,28 @@ _TRUE = {"1", "true", "yes", "on", "y"}
 _FALSE = {"0", "false", "no", "off", "n", ""}
 
 
+RULES_FILE = "sglang_rules.yaml"  # the rules, written and commented by hand
+RULES_JSON = "sglang_rules.json"  # the same table as JSON, what a run reads (write_rules_json)
+
+
 @lru_cache(maxsize=1)
 def rules_table() -> dict:
-    """The parsed rules file ``sglang_rules.yaml`` of this package (flags, env, defaults, rules)."""
-    text = resources.files("sim.engines.sglang.rules").joinpath("sglang_rules.yaml").read_text()
-    # libyaml's parser where PyYAML has it (the same safe constructor, about 8x faster on this
-    # file: it is read on every run), else PyYAML's pure-Python one
-    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    """The rules table of this package (flags, env, defaults, rules): ``sglang_rules.yaml`` as
+    parsed, read from its JSON copy ``sglang_rules.json`` (PyYAML's C parser took 7 ms of every
+    run's start on the development VM, JSON 0.2 ms; ``tests/test_launch_flags.py`` holds the copy
+    to the YAML, and :func:`write_rules_json` writes it after an edit)."""
+    return json.loads(resources.files("sim.engines.sglang.rules").joinpath(RULES_JSON).read_text())
+
+
+def write_rules_json() -> Path:
+    """Write ``sglang_rules.json`` from ``sglang_rules.yaml`` (after editing the YAML:
+    ``python -c "from sim.engines.sglang.rules.launch_args import write_rules_json; write_rules_json()"``).
+    Returns the path written."""
+    here = Path(__file__).resolve().parent
+    table = yaml.load((here / RULES_FILE).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    path = here / RULES_JSON
+    path.write_text(json.dumps(table, indent=1) + "\n")
+    return path
 
 
 @dataclass(frozen=True)

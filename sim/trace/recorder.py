@@ -121,8 +121,9 @@ class TraceRecorder:
         then the three stamps of its processing; :meth:`step_row` of the whole row."""
         self._step_values.extend(head + (finished,) + mid + (sync_start, process_start, process_end))
 
-    def step_rows(self, rows: np.ndarray) -> None:
-        """Steps given as rows of a (k, 22) float64 array (:meth:`step_row`'s values), in order."""
+    def step_rows(self, rows: np.ndarray, decodes: bool = False) -> None:
+        """Steps given as rows of a (k, 22) float64 array (:meth:`step_row`'s values), in order
+        (``decodes``: every row a decode step; not read here)."""
         self._step_values.frombytes(np.ascontiguousarray(rows, dtype=np.float64).tobytes())
 
     def request(self, r: Req) -> None:

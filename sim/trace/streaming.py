@@ -226,11 +226,12 @@ class StreamingRecorder:
         else:
             self._admit(rec)
 
-    def step_rows(self, rows: np.ndarray) -> None:
-        """Steps given as rows of a (k, 22) array (:meth:`step_row` of each, in order): decode
-        steps inside the measured window are kept as one record of arrays."""
+    def step_rows(self, rows: np.ndarray, decodes: bool = False) -> None:
+        """Steps given as rows of a (k, 22) array (:meth:`step_row` of each, in order; ``decodes``:
+        the caller knows every row is a decode step): decode steps inside the measured window are
+        kept as one record of arrays."""
         start = self.window_start
-        if (start != start or rows[0, 17] < start or rows[0, 8] or (rows[:, 1] != 1).any()
+        if (start != start or rows[0, 17] < start or rows[0, 8] or (not decodes and (rows[:, 1] != 1).any())
                 or self._prev_forward_end != self._prev_forward_end):
             for row in rows.tolist():  # the window's start, an idle step, a prefill: row by row
                 # (the counts as ints, as a batch gives them: the summary writes 0, not 0.0)
@@ -338,8 +339,8 @@ class StreamingRecorder:
                 self.gap.add_once_each(rec.gap)
                 steps += len(rec.fs)
                 decode_steps += len(rec.fs)
-                decode_reqs += int(rec.num_reqs.sum())
-                overshoot += int(rec.overshoot.sum())
+                decode_reqs += int(np.add.reduce(rec.num_reqs))  # (counts held as doubles: exact sums)
+                overshoot += int(np.add.reduce(rec.overshoot))
                 sync_wait_s = _running_sum(sync_wait_s, rec.sync_wait)
                 continue
             fs, fe, gap, after_idle, kind, num_reqs, over, sync_wait, counted = rec

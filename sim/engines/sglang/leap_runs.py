@@ -54,10 +54,7 @@ def overlap_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, 
     if k < MIN_RUN or p._was_idle or n == 0:
         return None
     ctx = s.ctx_offset + n * g
-    sched, launch, forward, process = _decode_costs(leap, n, ctx[:k])
-    recv = costs.recv_s(0)
-    rs = recv + sched  # recv_and_schedule's sum
-    forward = forward + p.forward_extra_s
+    recv, sched, rs, launch, forward, process = _decode_costs(leap, n, ctx[:k])
     lat = costs.sync_latency_s
     fe_prev = np.empty(k)
     fe_prev[0] = prev_fe
@@ -93,7 +90,8 @@ def overlap_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, 
         ps = le
     else:
         return None
-    ok &= starts < p.horizon
+    if p.horizon < np.inf:  # (a closed loop has no next arrival to stop at)
+        ok &= starts < p.horizon
     k = _cut(ok, k)
     if k is None:
         return None
@@ -131,11 +129,8 @@ def mlx_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, prev
     if k < MIN_RUN or p._was_idle or n == 0:
         return None
     ctx = s.ctx_offset + n * g
-    sched, launch, forward, process = _decode_costs(leap, n, ctx[:k])
-    recv = costs.recv_s(0)
-    rs = recv + sched
+    recv, sched, rs, launch, forward, process = _decode_costs(leap, n, ctx[:k])
     lat = costs.sync_latency_s
-    forward = forward + p.forward_extra_s
     proc_prev = np.empty(k)
     proc_prev[0] = prev_proc
     proc_prev[1:] = process[:k - 1]
@@ -193,10 +188,12 @@ MLX_PASSES = 4  # fixed-point passes over an MLX chain run's iteration starts (t
 
 
 def _decode_costs(leap, n: int, ctx: np.ndarray) -> tuple:
-    """The cost model's ``decode_arrays`` of decodes of ``n`` requests at the contexts ``ctx``
-    (an int array, ``ctx[0] + n * i`` at decode i: a run's), kept by the leap per (n, first
-    context, length): requests that join and leave together (a closed loop of equal requests)
-    repeat a run's contexts, and the same arguments give the same floats. The arrays are read,
+    """The phases of decodes of ``n`` requests at the contexts ``ctx`` (an int array, ``ctx[0] +
+    n * i`` at decode i: a run's): (recv, schedule, recv + schedule, launch, forward with the
+    loop's extra, process), the cost model's ``decode_arrays`` with the sums the loops make,
+    elementwise. Kept by the leap per (n, first context, length): requests that join and leave
+    together (a closed loop of equal requests) repeat a run's contexts, and the same arguments
+    give the same floats (recv and the extra are the run's constants). The arrays are read,
     never written."""
     key = (n, int(ctx[0]), len(ctx))
     memo = leap.decode_costs
@@ -204,7 +201,10 @@ def _decode_costs(leap, n: int, ctx: np.ndarray) -> tuple:
     if got is None:
         if len(memo) >= DECODE_COSTS_KEPT:
             memo.clear()
-        got = memo[key] = leap.p.costs.decode_arrays(n, ctx.astype(np.float64))
+        p = leap.p
+        sched, launch, forward, process = p.costs.decode_arrays(n, ctx.astype(np.float64))
+        recv = p.costs.recv_s(0)
+        got = memo[key] = (recv, sched, recv + sched, launch, forward + p.forward_extra_s, process)
     return got
 
 
@@ -220,7 +220,7 @@ def _summed(start: float, lengths: np.ndarray) -> np.ndarray:
 def _cut(ok: np.ndarray, k: int) -> int | None:
     """How many iterations of a run to keep: all ``k`` if ``ok`` holds for all, else up to the
     first that fails; None if that is under :data:`MIN_RUN`."""
-    if ok.all():
+    if np.count_nonzero(ok) == k:  # (ok.all(), without its Python wrapper)
         return k
     k = int(np.argmin(ok))
     return None if k < MIN_RUN else k
@@ -247,9 +247,7 @@ def _deferred_rows(leap, g0: int, k: int, need, used_after, ctx, recv: float, sc
     rows[:, 19] = sync
     rows[:, 20] = ps
     rows[:, 21] = done
-    weights = np.full(k, n - warm, dtype=np.int64)
-    weights[0] = prev_row[2] - prev_row[5]
-    _deliver(s, rows, done, weights, s.next_decode_seq - 2)
+    _deliver(s, rows, done, prev_row[2] - prev_row[5], n - warm, s.next_decode_seq - 2)
     i = k - 1
     return (s.next_step_seq - 1, DECODE, n, n, int(ctx[i]), warm, 0, 0, False, int(used_after[i]) * page, n,
             len(s.waiting), float(starts[i]), float(starts[i] + recv), float(starts[i] + recv + sched[i]), float(ls[i]),
@@ -268,12 +266,10 @@ def normal_run(leap, now: float, k_max: int) -> tuple[int, float] | None:
     if k < MIN_RUN or p._was_idle or n == 0:
         return None
     ctx = s.ctx_offset + n * g[:k]
-    sched, launch, forward, process = _decode_costs(leap, n, ctx)
-    recv = costs.recv_s(0)
+    recv, sched, rs, launch, forward, process = _decode_costs(leap, n, ctx)
     seq = np.empty(5 * k + 1)
     seq[0] = now
-    seq[1::5], seq[2::5], seq[3::5], seq[4::5], seq[5::5] = (
-        recv + sched, launch, forward + p.forward_extra_s, costs.sync_latency_s, process)
+    seq[1::5], seq[2::5], seq[3::5], seq[4::5], seq[5::5] = rs, launch, forward, costs.sync_latency_s, process
     clock = np.add.accumulate(seq)
     starts, ls, le, fe, ready, done = (clock[0:5 * k:5], clock[1::5], clock[2::5], clock[3::5], clock[4::5],
                                        clock[5::5])
@@ -283,8 +279,10 @@ def normal_run(leap, now: float, k_max: int) -> tuple[int, float] | None:
     after = le  # the launch's return: its end, or where a submission blocks, later
     if costs.decode_submits:
         sub = costs.decode_submit_arrays(n, ctx.astype(np.float64))
-        after = ls + _launch_returns(sub, launch, ls, le, forward + p.forward_extra_s)
-    ok = (le >= fe_prev) & (ready > after) & (starts < p.horizon)
+        after = ls + _launch_returns(sub, launch, ls, le, forward)
+    ok = (le >= fe_prev) & (ready > after)
+    if p.horizon < np.inf:
+        ok &= starts < p.horizon
     k = _cut(ok, k)
     if k is None:
         return None
@@ -295,7 +293,7 @@ def normal_run(leap, now: float, k_max: int) -> tuple[int, float] | None:
                      starts[:k], recv, sched[:k], ls[:k], le[:k], le[:k], fe[:k],  # each forward starts at its launch's end
                      len(s.waiting))
     rows[:, 19], rows[:, 20], rows[:, 21] = after[:k], ready[:k], done[:k]
-    _deliver(s, rows, done[:k], np.full(k, n - warm, dtype=np.int64), s.next_decode_seq - 1)
+    _deliver(s, rows, done[:k], n - warm, n - warm, s.next_decode_seq - 1)
     return k, float(done[k - 1])
 
 
@@ -370,19 +368,24 @@ def _commit(leap, g0: int, k: int, n: int, need: np.ndarray, used_after: np.ndar
     s._idle_calls = 0
 
 
-def _deliver(s, rows: np.ndarray, done: np.ndarray, weights: np.ndarray, last_decode: int) -> None:
+def _deliver(s, rows: np.ndarray, done: np.ndarray, first_weight: int, weight: int, last_decode: int) -> None:
     """The results of the k processed decodes (the last of them decode ``last_decode``): ITL
-    samples, the recorder's rows, the scheduler's last processed decode (none of them finishes a
-    request)."""
-    itl = np.empty(len(done))
+    samples (the first decode's weighs ``first_weight`` measured members, each later one's
+    ``weight``; a decode of none gives no sample), the recorder's rows, the scheduler's last
+    processed decode (none of them finishes a request)."""
+    k = len(done)
+    itl = np.empty(k)
     itl[0] = done[0] - s.last_decode_delivery_s
     itl[1:] = done[1:] - done[:-1]
-    measured = weights > 0
     rec = s.recorder
-    if measured.all():
+    if first_weight > 0 and (weight > 0 or k == 1):
+        weights = np.full(k, weight, dtype=np.int64)
+        weights[0] = first_weight
         rec.itl_many(itl, weights)
-    elif measured.any():
-        rec.itl_many(itl[measured], weights[measured])
-    rec.step_rows(rows)
+    elif first_weight > 0:
+        rec.itl_many(itl[:1], np.full(1, first_weight, dtype=np.int64))
+    elif weight > 0 and k > 1:
+        rec.itl_many(itl[1:], np.full(k - 1, weight, dtype=np.int64))
+    rec.step_rows(rows, decodes=True)
     s.last_processed_decode = last_decode
     s.last_decode_delivery_s = float(done[-1])

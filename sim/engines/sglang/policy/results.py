@@ -134,17 +134,19 @@ class ResultsMixin:
     def _settle_all(self, reqs: list[Req], t: float) -> None:
         """:meth:`_settle` of each of ``reqs`` (finished, in order) at ``t``: all recorded, then
         each client told in turn."""
+        rids = []
         for req in reqs:
             req.status = FINISHED
             req.finish_s = t
+            rids.append(req.rid)
         self.recorder.requests_finished(reqs)
         self.num_done += len(reqs)
         if self.on_finish_all is not None:
-            self.on_finish_all([req.rid for req in reqs], t)
+            self.on_finish_all(rids, t)
         else:
             on_finish = self.on_finish
-            for req in reqs:
-                on_finish(req.rid, t)
+            for rid in rids:
+                on_finish(rid, t)
 
     def fail_all(self, t: float) -> int:
         """The server died at ``t``: every request it holds (queued, prefilling, running) fails.

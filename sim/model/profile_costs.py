@@ -175,9 +175,10 @@ class ProfileCostModel:
         along the contexts per request)."""
         return self._submit[DECODE].along(num_reqs, sum_ctx / num_reqs) * self.gpu_scale
 
-    def count_decode_steps(self, num_reqs: int, sum_ctx) -> None:
+    def count_decode_steps(self, num_reqs: int, sum_ctx, ascending: bool = False) -> None:
         """Count decode steps of ``num_reqs`` requests at the contexts ``sum_ctx`` (an array) in
-        :attr:`reach`, as :meth:`forward_s` counts each."""
+        :attr:`reach`, as :meth:`forward_s` counts each (``ascending``: the contexts rise, as a
+        run's do, so their least and greatest are the first and last)."""
         import numpy as np
 
         hf = self._hull[DECODE][0]
@@ -185,9 +186,12 @@ class ProfileCostModel:
         if size is None:
             size = self._decode_size(num_reqs)
         if len(hf[0]) > 1:
-            x, lo, hi = sum_ctx / num_reqs, hf[0][1], hf[1][1]
-            if size == 1.0 and lo <= x.min() and x.max() <= hi:
-                return  # every step inside the data: nothing to count
+            lo, hi = hf[0][1], hf[1][1]
+            if size == 1.0:  # (dividing by the batch size keeps the order: the extremes' quotients bound all)
+                least, most = (sum_ctx[0], sum_ctx[-1]) if ascending else (sum_ctx.min(), sum_ctx.max())
+                if lo <= np.float64(least) / num_reqs and np.float64(most) / num_reqs <= hi:
+                    return  # every step inside the data: nothing to count
+            x = sum_ctx.astype(np.float64) / num_reqs
             d = np.maximum(distances(lo, hi, x), size)
         elif size == 1.0:
             return

@@ -56,22 +56,22 @@ def overlap_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, 
     ctx = s.ctx_offset + n * g
     recv, sched, rs, launch, forward, process = _decode_costs(leap, n, ctx[:k])
     lat = costs.sync_latency_s
-    fe_prev = np.empty(k)
-    fe_prev[0] = prev_fe
     proc_prev = np.empty(k)
     proc_prev[0] = prev_proc
     proc_prev[1:] = process[:k - 1]
     # which regime the first step is in
     le0 = (now + rs[0]) + launch[0]
     if le0 <= prev_fe and prev_fe + lat > le0:  # device-bound
-        fe = np.add.accumulate(np.concatenate(([prev_fe], forward)))
-        fe_prev[1:] = fe[1:k]
-        fe = fe[1:]
+        ends = np.empty(k + 1)  # the forward ends from decode g-1's: a running sum
+        ends[0] = prev_fe
+        ends[1:] = forward
+        np.add.accumulate(ends, out=ends)
+        fe_prev, fe = ends[:k], ends[1:]
         ready = fe_prev + lat
-        done = ready + proc_prev
-        starts = np.empty(k)
-        starts[0] = now
-        starts[1:] = done[:k - 1]
+        clock = np.empty(k + 1)  # each iteration's start, then its end: the next one's start
+        clock[0] = now
+        np.add(ready, proc_prev, out=clock[1:])
+        starts, done = clock[:k], clock[1:]
         ls = starts + rs
         le = ls + launch
         ok = (le <= fe_prev) & (ready > le)
@@ -84,6 +84,8 @@ def overlap_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, 
         clock = np.add.accumulate(seq)
         starts, ls, le, done = clock[0:3 * k:3], clock[1::3], clock[2::3], clock[3::3]
         fe = le + forward
+        fe_prev = np.empty(k)
+        fe_prev[0] = prev_fe
         fe_prev[1:] = fe[:k - 1]
         ok = (le > fe_prev) & (fe_prev + lat <= le)
         fs = le
@@ -353,7 +355,7 @@ def _commit(leap, g0: int, k: int, n: int, need: np.ndarray, used_after: np.ndar
     p._was_idle = False
     p.stream.busy_until = last_forward_end
     if hasattr(p.costs, "count_decode_steps"):
-        p.costs.count_decode_steps(n, ctx[:k].astype(np.float64))
+        p.costs.count_decode_steps(n, ctx[:k], ascending=True)
     kv = s.kv
     for _ in range(k):  # NewTokenRatioTracker decay, step by step until it reaches its floor
         if s.new_token_ratio <= s.min_ratio:

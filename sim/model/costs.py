@@ -173,6 +173,8 @@ class SeededGenerator:
         self._rng = None
 
     def __getattr__(self, name: str):
+        if name.startswith("__"):  # (copy's and pickle's probes: not a draw)
+            raise AttributeError(name)
         if self._rng is None:
             self._rng = np.random.default_rng(self._seed)
         return getattr(self._rng, name)

@@ -119,66 +119,67 @@ class _Pass:
         """The FCFS pass over the waiting queue (``get_new_batch_prefill``'s loop over
         ``waiting_queue`` with ``PrefillAdder.add_one_req``): each request admitted in order while
         it fits, chunked where its prompt exceeds the chunk budget, until one does not fit or a
-        budget is spent. A whole prompt is admitted here with the pass's budgets in locals (what
-        :meth:`add` does for it); a chunk goes through :meth:`add`."""
+        budget is spent. Whole prompts go through :meth:`_admit_whole_prompts`, a chunk through
+        :meth:`add`. ``running``: the running batch's requests, unmerged finishers included."""
+        while True:
+            chunk = self._admit_whole_prompts(running)
+            if chunk is None:
+                return
+            self.s.waiting.popleft()
+            self.add(*chunk)
+            if self.kv_free - self.reserve <= 0:  # this admission used up the room: the next one cannot fit
+                self.s.batch_is_full = True
+                return
+
+    def _admit_whole_prompts(self, running: int) -> tuple[Req, int] | None:
+        """Admit waiting requests whose whole (rest of the) prompt fits the chunk budget, in order,
+        as :meth:`add` admits each (its rule for a last chunk, with the pass's budgets in locals,
+        written back once); the radix-cache prefix of a new request is matched first
+        (``init_next_round_input``: the prompt, plus the output so far after a retraction, and
+        whole pages of at most prompt - 1 from the cache). Returns the first request to chunk
+        and its chunk (ending on a page boundary), still at the queue's head, or None when the pass
+        ends (a request that does not fit, the running batch full, a budget spent)."""
         s = self.s
         kv, waiting, chunks = s.kv, s.waiting, self.chunks
-        page = kv.page_size
-        max_running = s.server.max_running_requests
-        kv_free, reserve, budget, rem_input, per_req = self.kv_free, self.reserve, self.budget, self.rem_input, self.per_req
+        page, clip, per_req = kv.page_size, CLIP_MAX_NEW_TOKENS, self.per_req
+        kv_free, reserve, budget, rem_input = self.kv_free, self.reserve, self.budget, self.rem_input
         pages = num_tokens = sum_ctx = attn_pairs = warm = 0
         pending_merge, unmerged = s.pending_merge, s.unmerged_finishers
-        clip = CLIP_MAX_NEW_TOKENS
-        slots = max_running - running  # requests this pass may admit before the running batch is full
+        slots = s.server.max_running_requests - running  # admissions before the running batch is full
         chunk_open = s.chunked_req is not None
+        chunk = None
         while waiting and budget > 0 and rem_input > 0 and not s.batch_is_full:
             if len(chunks) >= slots:
                 s.batch_is_full = True
                 break
             req = waiting[0]
             target, done = req.prefill_target, req.output_done
-            if target == 0:  # init_next_round_input: the prompt, and the prefix the radix cache supplies
-                req.prefill_target = target = req.input_len + done  # (input, plus the output so far after a retraction)
+            if target == 0:  # init_next_round_input
+                req.prefill_target = target = req.input_len + done
                 cached = req.cached_len if req.cached_len < target - 1 else target - 1
-                req.prefix_len = req.shared_len = prefix = cached // page * page  # whole pages of at most prompt - 1
+                req.prefix_len = req.shared_len = prefix = cached // page * page
                 req.kv_held = held = 0
             else:
                 held, prefix = req.kv_held, req.prefix_len
             extend = target - prefix
             max_new = req.max_new_tokens
             future = max_new - done
-            if future > clip:
-                future = clip
-            elif future < 0:
-                future = 0
+            future = clip if future > clip else (0 if future < 0 else future)
             if extend + future + per_req >= kv_free - reserve:
                 s.batch_is_full = bool(chunks) or s.n_running > 0
                 break
             whole = -(-extend // page) * page
             if whole > budget:  # chunked: the chunk ends on a page boundary
                 take = kv.floor(prefix + kv.floor(budget)) - prefix
-                if take <= 0:
-                    break
-                self.kv_free, self.reserve, self.budget, self.rem_input = kv_free, reserve, budget, rem_input
-                self.pages += pages; self.num_tokens += num_tokens; self.sum_ctx += sum_ctx
-                self.attn_pairs += attn_pairs; self.warm += warm
-                pages = num_tokens = sum_ctx = attn_pairs = warm = 0
-                waiting.popleft()
-                self.add(req, take)
-                chunk_open = s.chunked_req is not None
-                kv_free, reserve, budget, rem_input = self.kv_free, self.reserve, self.budget, self.rem_input
-                if kv_free - reserve <= 0:
-                    s.batch_is_full = True
-                    break
-                continue
+                chunk = (req, take) if take > 0 else None
+                break
             waiting.popleft()
             grow = whole // page if held == 0 else -(-(held + extend) // page) - -(-held // page)
             prefix += extend
             req.prefix_len = prefix
             req.kv_held = held + extend
             finishes = done + 1 >= req.output_len
-            retractions = req.retractions
-            chunks.append((req, extend, True, finishes, retractions))
+            chunks.append((req, extend, True, finishes, req.retractions))
             budget -= whole
             rem_input -= whole
             kv_free -= grow * page
@@ -188,15 +189,12 @@ class _Pass:
             attn_pairs += extend * prefix
             warm += req.warmup
             reserve += per_req + (max_new if max_new < clip else clip)
-            if retractions:
+            if req.retractions:
                 s.reprefill_tokens += extend
             if chunk_open:  # the request chunked before is done with (add's rule for a last chunk)
                 s.chunked_req = None
                 chunk_open = False
-            if finishes:
-                unmerged.append(req)
-            else:
-                pending_merge.append(req)
+            (unmerged if finishes else pending_merge).append(req)
             if kv_free - reserve <= 0:  # this admission used up the room: the next one cannot fit
                 s.batch_is_full = True
                 break
@@ -206,6 +204,7 @@ class _Pass:
         self.sum_ctx += sum_ctx
         self.attn_pairs += attn_pairs
         self.warm += warm
+        return chunk
 
     def batch(self) -> Batch | None:
         if not self.chunks:

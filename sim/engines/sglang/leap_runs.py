@@ -50,7 +50,7 @@ def overlap_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, 
     costs = p.costs
     g0 = s.next_decode_seq
     n = s.n_running
-    g, need, used_after, k = _kv_fits(s, g0, k_max)  # check_decode_mem, allocation by allocation
+    g, used_after, k = _kv_fits(s, g0, k_max)  # check_decode_mem, allocation by allocation
     if k < MIN_RUN or p._was_idle or n == 0:
         return None
     ctx = s.ctx_offset + n * g
@@ -97,7 +97,7 @@ def overlap_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, 
     k = _cut(ok, k)
     if k is None:
         return None
-    row = _deferred_rows(leap, g0, k, need, used_after, ctx, recv, sched, prev_row,
+    row = _deferred_rows(leap, g0, k, used_after, ctx, recv, sched, prev_row,
                          (starts, ls, le, fs, fe, le, ps, done))
     return k, float(done[k - 1]), float(fe[k - 1]), float(process[k - 1]), row
 
@@ -127,7 +127,7 @@ def mlx_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, prev
     costs = p.costs
     g0 = s.next_decode_seq
     n = s.n_running
-    g, need, used_after, k = _kv_fits(s, g0, k_max)
+    g, used_after, k = _kv_fits(s, g0, k_max)
     if k < MIN_RUN or p._was_idle or n == 0:
         return None
     ctx = s.ctx_offset + n * g
@@ -181,7 +181,7 @@ def mlx_run(leap, now: float, k_max: int, prev_fe: float, prev_proc: float, prev
         return None
     ps = starts[:k] + t[:k]
     done = ps + proc_prev[:k]
-    row = _deferred_rows(leap, g0, k, need, used_after, ctx, recv, sched, prev_row,
+    row = _deferred_rows(leap, g0, k, used_after, ctx, recv, sched, prev_row,
                          (starts, ls, le, fs, fe, a, ps, done))
     return k, float(starts[k]), float(fe[k - 1]), float(process[k - 1]), row
 
@@ -228,7 +228,7 @@ def _cut(ok: np.ndarray, k: int) -> int | None:
     return None if k < MIN_RUN else k
 
 
-def _deferred_rows(leap, g0: int, k: int, need, used_after, ctx, recv: float, sched, prev_row: tuple,
+def _deferred_rows(leap, g0: int, k: int, used_after, ctx, recv: float, sched, prev_row: tuple,
                    timeline: tuple) -> tuple:
     """The end of a run of a loop that processes each decode in the next iteration (overlap, the
     MLX chain): the state after its ``k`` iterations, the rows of decode g0-1 (``prev_row``, in
@@ -239,7 +239,7 @@ def _deferred_rows(leap, g0: int, k: int, need, used_after, ctx, recv: float, sc
     s, p = leap.s, leap.p
     n, warm, page = s.n_running, s.n_running_warmup, s.kv.page_size
     starts, ls, le, fs, fe, sync, ps, done = (x[:k] for x in timeline)
-    _commit(leap, g0, k, n, need, used_after, ctx, float(starts[k - 1]), float(fe[k - 1]))
+    _commit(leap, g0, k, n, used_after, ctx, float(starts[k - 1]), float(fe[k - 1]))
     rows = np.empty((k, 22))
     rows[0, :19] = prev_row
     j = k - 1
@@ -264,7 +264,7 @@ def normal_run(leap, now: float, k_max: int) -> tuple[int, float] | None:
     costs, kv = p.costs, s.kv
     g0 = s.next_decode_seq
     n, warm = s.n_running, s.n_running_warmup
-    g, need, used_after, k = _kv_fits(s, g0, k_max)
+    g, used_after, k = _kv_fits(s, g0, k_max)
     if k < MIN_RUN or p._was_idle or n == 0:
         return None
     ctx = s.ctx_offset + n * g[:k]
@@ -288,7 +288,7 @@ def normal_run(leap, now: float, k_max: int) -> tuple[int, float] | None:
     k = _cut(ok, k)
     if k is None:
         return None
-    _commit(leap, g0, k, n, need, used_after, ctx, float(starts[k - 1]), float(fe[k - 1]))
+    _commit(leap, g0, k, n, used_after, ctx, float(starts[k - 1]), float(fe[k - 1]))
     rows = np.empty((k, 22))
     full = p.recorder.keeps_rows
     fill_decode_rows(rows, full, s.next_step_seq - k, n, warm, ctx[:k], used_after[:k] if full else None, kv.page_size,
@@ -308,8 +308,8 @@ def _launch_returns(submit, launch, ls, fs, forward):
 
 
 def _kv_fits(s, g0: int, k_max: int):
-    """Decodes g0 .. g0+k_max-1 of the running batch: (their seqs, pages each needs, pages used
-    after each allocation, how many in a row pass ``check_decode_mem``). A decode passes when
+    """Decodes g0 .. g0+k_max-1 of the running batch: (their seqs, pages used after each
+    allocation, how many in a row pass ``check_decode_mem``). A decode passes when
     its pages fit in what is free before it, that is when the pages used after it are at most the
     pool's (the pages used only grow over a run). With one token a page every decode takes the
     same pages, and the pages used after each are a line (:class:`_Line`), not an array."""
@@ -320,11 +320,11 @@ def _kv_fits(s, g0: int, k_max: int):
         need = counts[0]
         room = kv.total_pages - kv.used_pages
         k = k_max if need * k_max <= room else room // need  # (need > 0 here: else every decode fits)
-        return g, need, _Line(kv.used_pages, need), k
+        return g, _Line(kv.used_pages, need), k
     need = np.asarray(counts, dtype=np.int64)[(-g) % kv.page_size]
     used_after = kv.used_pages + np.cumsum(need)
     fits = used_after <= kv.total_pages
-    return g, need, used_after, (k_max if fits.all() else int(np.argmin(fits)))
+    return g, used_after, (k_max if fits.all() else int(np.argmin(fits)))
 
 
 class _Line:
@@ -343,10 +343,10 @@ class _Line:
         return self.used + (i + 1) * self.need
 
 
-def _commit(leap, g0: int, k: int, n: int, need: np.ndarray, used_after: np.ndarray, ctx: np.ndarray,
+def _commit(leap, g0: int, k: int, n: int, used_after, ctx: np.ndarray,
             last_start: float, last_forward_end: float) -> None:
     """The state after k iterations that scheduled decodes g0 .. g0+k-1 of ``n`` requests at the
-    contexts ``ctx`` (pages ``need``, used after each ``used_after``), the last starting at
+    contexts ``ctx`` (KV pages used after each ``used_after``: an array or a :class:`_Line`), the last starting at
     ``last_start``, its forward ending at ``last_forward_end``: the scheduler's (as
     :meth:`_decode_batch` leaves it), the phases' and the device stream's, and the cost model's
     count of steps priced beyond its data."""

@@ -210,7 +210,7 @@ def _decode_costs(leap, n: int, ctx: np.ndarray) -> tuple:
     return got
 
 
-DECODE_COSTS_KEPT = 16  # runs' costs the leap keeps (memory: 4 arrays of up to MAX_RUN doubles each, 4 MiB at most)
+DECODE_COSTS_KEPT = 16  # runs' costs the leap keeps (memory: 5 arrays of up to MAX_RUN doubles each, 5 MiB at most)
 
 
 def _summed(start: float, lengths: np.ndarray) -> np.ndarray:

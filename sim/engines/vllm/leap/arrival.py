@@ -63,9 +63,6 @@ def carry(leap, now: float, prev: Batch | None):
     fresh = ()  # async: the requests the step in flight admitted (its last entries), their first token
     # in flight: each gets its first decode token in this step (complete prompts only)
     if prev is not None and prev.chunks and fresh_req(prev.chunks[-1][0]):
-        back_prev = leap._back(prev, running, decode=False)
-        if back_prev is None:
-            return None
         n_steady = n - 1
         while n_steady and fresh_req(running[n_steady - 1]):
             n_steady -= 1
@@ -78,15 +75,12 @@ def carry(leap, now: float, prev: Batch | None):
                     or r.num_computed_tokens != r.num_prompt_tokens or r.max_tokens < 2 or r.output_len < 2
                     or r.num_prompt_tokens + 1 >= sched.max_model_len):
                 return None  # (its first token must not stop it, nor its next step leave it out)
-        walked = leap._walk(running, n_steady)
+        got = leap._back_and_walk(prev, running, n_steady, decode=False)
     else:
-        back_prev = leap._back(prev, running)
-        if back_prev is None:
-            return None
-        walked = leap._walk(running, n)
-    if walked is None:
+        got = leap._back_and_walk(prev, running, n)
+    if got is None:
         return None
-    last, k_max, finishing, hist, ctx, warm, _hits = walked
+    back_prev, (last, k_max, finishing, hist, ctx, warm, _hits) = got
     bs = kv.block_size
     async_scheduling = leap.async_scheduling
     if k_max > 0:

@@ -79,7 +79,7 @@ from functools import partial
 
 from sim.engines.vllm.core import TIME_EPS_S
 from sim.engines.vllm.leap.arrival import advance, carry, fresh_req, left_out
-from sim.engines.vllm.leap.runs import MIN_RUN as NUMPY_MIN_RUN, numpy_steps
+from sim.engines.vllm.leap.runs import MIN_RUN as NUMPY_MIN_RUN, numpy_steps, step_phases
 from sim.engines.vllm.leap.steady import SteadyRunning
 from sim.model.batch import Batch
 from sim.model.costs import DECODE
@@ -165,13 +165,10 @@ class Leap:
         inbox_next = core.inbox[core._head][0] if core._head < len(core.inbox) else float("inf")
         if inbox_next <= now + TIME_EPS_S:
             return None
-        back_prev = self._back(prev, running)
-        if back_prev is None:
+        got = self._back_and_walk(prev, running, n)
+        if got is None:
             return None
-        walked = self._walk(running, n)
-        if walked is None:
-            return None
-        last, k_max, finishing, hist, ctx, warm, hits = walked
+        back_prev, (last, k_max, finishing, hist, ctx, warm, hits) = got
         if finishing is None or (self.async_scheduling and len(finishing) == n):  # (an empty step: step by step)
             finishing = ()
             if k_max < MIN_RUN:
@@ -195,15 +192,20 @@ class Leap:
             return None
         return done.value
 
-    def _walk(self, running, upto: int):
-        """``running[:upto]``, each checked to decode one token a step (module docstring) and
-        summed (:meth:`sim.engines.vllm.leap.steady.SteadyRunning.summary`, kept across the leap's
-        own iterations): (their common last delivery, the iterations before the first that stops
-        one (k_max), those it stops, in order, or None where that is not a finish the leap
-        carries, block allocations by iteration modulo the block size, the summed context of the
-        next step, warm-up members, prefix-cache hit blocks); None where one does not decode
-        steadily."""
-        return self._steady.summary(running, upto, self.core.scheduler.next_step_seq)
+    def _back_and_walk(self, prev: Batch | None, running, upto: int, decode: bool = True):
+        """:meth:`_back` of the step in flight, then ``running[:upto]``, each checked to decode
+        one token a step (module docstring) and summed
+        (:meth:`sim.engines.vllm.leap.steady.SteadyRunning.summary`, kept across the leap's own
+        iterations): (the step in flight's output time, (their common last delivery, the
+        iterations before the first that stops one (k_max), those it stops, in order, or None
+        where that is not a finish the leap carries, block allocations by iteration modulo the
+        block size, the summed context of the next step, warm-up members, prefix-cache hit
+        blocks)); None where the step in flight is not back or one does not decode steadily."""
+        back = self._back(prev, running, decode)
+        if back is None:
+            return None
+        walked = self._steady.summary(running, upto, self.core.scheduler.next_step_seq)
+        return None if walked is None else (back, walked)
 
     # --- the run --------------------------------------------------------------------------------
     def _run(self, now: float, prev, running, ctx0, warm, measured, last, k_max, hist, shared, back_prev, finishing):
@@ -211,13 +213,11 @@ class Leap:
         sched, costs, frontend, rec = core.scheduler, core.costs, core.frontend, core.recorder
         kv, stream = sched.kv, worker.stream
         n, bs = len(running), kv.block_size
-        phase, forward_at = costs.phase_s, costs.decode_forward_at(n, shared)
+        forward_at = costs.decode_forward_at(n, shared)
         cj, wj, gj = core.cpu_jitter, worker.cpu_jitter, worker.gpu_jitter
         async_scheduling = self.async_scheduling
         # each phase's cost at this batch size, the same at every iteration (times its jitter)
-        ph_s, ph_d, ph_p, ph_sm, ph_cc, ph_u = (phase(name, n) for name in
-                                                ("schedule", "dispatch", "prepare", "sample", "collect", "update"))
-        ph_rt = costs.pickup_s(n) if async_scheduling else phase("roundtrip", n)
+        ph_s, ph_d, ph_p, ph_rt, ph_sm, ph_cc, ph_u = step_phases(costs, n, async_scheduling)
         egress, egress_after = frontend.egress_terms(n), frontend.egress_after  # (the update's: the step in flight's
         # batch size, n at every iteration)
         horizon = env.peek()  # (the next SimPy event: a numpy run ends before it; see _bound)
@@ -253,9 +253,8 @@ class Leap:
                 nk, warmk = n - len(finishing), warm - sum(r.warmup for r in finishing)
                 need -= sum((-r.num_computed_tokens) % bs == k % bs for r in finishing)
                 ctx -= sum(r.num_computed_tokens + 1 + k for r in finishing)
-                ph_s, ph_d, ph_p, ph_sm, ph_cc = (phase(name, nk) for name in
-                                                  ("schedule", "dispatch", "prepare", "sample", "collect"))
-                ph_rt = costs.pickup_s(nk)
+                ph_s, ph_d, ph_p, ph_rt, ph_sm, ph_cc, _ = step_phases(costs, nk, True)  # (its update: the step
+                # in flight's, at n)
                 gone = {r.rid for r in finishing}
                 staying = [r for r in running if r.rid not in gone]
                 shared_k = worker.shared_of([r.num_hit_blocks for r in staying if r.num_hit_blocks])

@@ -49,6 +49,16 @@ MIN_RUN = 64  # shorter runs go through the leap's own loop (a run's fixed numpy
 # iterations, as for SGLang's numpy runs: docs/speed.md)
 
 
+def step_phases(costs, n: int, async_scheduling: bool) -> tuple[float, ...]:
+    """The phases of a decode step of ``n`` requests before jitter (s), as the processes price
+    them: schedule, dispatch, prepare, the output's hand-off (async scheduling: the worker taking
+    an already queued RPC, ``pickup``; synchronous: the ``roundtrip``), sample, collect, update."""
+    phase = costs.phase_s
+    return (phase("schedule", n), phase("dispatch", n), phase("prepare", n),
+            costs.pickup_s(n) if async_scheduling else phase("roundtrip", n),
+            phase("sample", n), phase("collect", n), phase("update", n))
+
+
 def numpy_steps(leap, prev, run: tuple, k0: int, k_max: int, state: tuple):
     """Iterations ``k0`` .. at most ``k_max - 1`` of the leap's run at once.
 
@@ -75,11 +85,8 @@ def numpy_steps(leap, prev, run: tuple, k0: int, k_max: int, state: tuple):
     core = leap.core
     costs, frontend, rec = core.costs, core.frontend, core.recorder
     m = k_max - k0
-    phase = costs.phase_s
-    S, D = phase("schedule", n), phase("dispatch", n)
-    sd, p0 = 0.0 + (S + D), 0.0 + phase("prepare", n)
-    rt = costs.pickup_s(n) if async_ else phase("roundtrip", n)
-    sm, cc, u = phase("sample", n), phase("collect", n), phase("update", n)
+    S, D, P, rt, sm, cc, u = step_phases(costs, n, async_)
+    sd, p0 = 0.0 + (S + D), 0.0 + P
     ks = np.arange(k0, k_max, dtype=np.int64)
     ctx = ctx0 + ks * n
     fwd = costs.decode_forward_array(n, ctx, shared)

@@ -103,18 +103,18 @@ class Phases:
         """A request is sent to the server (workload side); wakes an idle scheduler."""
         self.scheduler.submit(rid, arrival_s)
         self.recorder.arrival(rid, arrival_s)
-        self._num_submitted += 1
-        if self._external is not None:
-            ext = self._external
-            self.horizon = ext[self._num_submitted] if self._num_submitted < len(ext) else math.inf
-        if self._wakeup is not None and not self._wakeup.triggered:
-            self._wakeup.succeed()
+        self._submitted(1)
 
     def submit_range(self, first_rid: int, count: int, arrival_s: float) -> None:
         """:meth:`submit` of requests ``first_rid .. first_rid + count - 1``, in order, all sent at
         ``arrival_s`` (a closed loop's clients whose requests finished together)."""
         self.scheduler.submit_range(first_rid, count, arrival_s)
         self.recorder.arrivals(first_rid, count, arrival_s)
+        self._submitted(count)
+
+    def _submitted(self, count: int) -> None:
+        """``count`` more requests were sent: the open loop's next arrival is the horizon, and an
+        idle scheduler wakes."""
         self._num_submitted += count
         if self._external is not None:
             ext = self._external

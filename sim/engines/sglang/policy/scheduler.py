@@ -204,7 +204,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
         while inbox and inbox[0][0] <= horizon:
             arrival, rid = inbox.popleft()
             out = output_len[rid]
-            req = Req(rid, arrival, input_len[rid], cached_len[rid], out, by_length, rid < warm)
+            req = Req(rid, arrival, input_len[rid], cached_len[rid], out, by_length, rid < warm)  # (new_req's, inline)
             if given_max is not None:
                 max_new = given_max[rid]
             elif by_length:

@@ -252,6 +252,27 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
+def _set_hint(message: str, argv: list[str]) -> str:
+    """For an unrecognized flag that names a scenario field (``run ... --concurrency 4``) in a
+    command that takes ``--set``: the ``--set`` that sets it; else ''."""
+    if "unrecognized arguments" not in message or not argv or argv[0] not in ("run", "sweep"):
+        return ""
+    from sim.scenario import field_for_flag
+
+    for i, arg in enumerate(argv[1:], 1):
+        if not arg.startswith("--"):
+            continue
+        flag, eq, value = arg.partition("=")
+        key = field_for_flag(flag)
+        if key is None:
+            continue
+        if not eq:
+            nxt = argv[i + 1] if i + 1 < len(argv) else ""
+            value = nxt if nxt and not nxt.startswith("-") else "VALUE"
+        return f"; a scenario field is set with --set: --set {key}={value}"
+    return ""
+
+
 def _command(argv: list[str]) -> int:
     """:func:`main` for the arguments ``argv``."""
     for name in ("stdout", "stderr"):  # a closed stream (`>&-`): what would be printed goes nowhere
@@ -265,7 +286,7 @@ def _command(argv: list[str]) -> int:
     try:
         args = parser.parse_args(argv)
     except UsageError as err:
-        print(err, file=sys.stderr)
+        print(f"{err}{_set_hint(str(err), argv)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
         return COMMANDS[args.command][2](args)

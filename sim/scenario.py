@@ -269,6 +269,27 @@ def _known_keys(loc: tuple, engine: str = "sglang") -> list[str]:
     return []
 
 
+def field_for_flag(flag: str) -> str | None:
+    """The scenario field a command-line flag like ``--max-running-requests`` most likely meant
+    (``server.max_running_requests``): a field of a section (``workload``, either engine's
+    ``server``, ``costs``, or the top level) whose name is the flag's, dashes read as
+    underscores; None when no field or more than one section has it."""
+    name = flag.lstrip("-").replace("-", "_")
+    if not name:
+        return None
+    found = set()
+    for section, field in Scenario.model_fields.items():
+        if field.exclude:
+            continue
+        if section == name:
+            found.add(section)
+        models = list(ENGINES.values()) if field.annotation == _SERVER_UNION else [field.annotation]
+        for model in models:
+            if isinstance(model, type) and issubclass(model, BaseModel) and name in model.model_fields:
+                found.add(f"{section}.{name}")
+    return found.pop() if len(found) == 1 else None
+
+
 def _unknown_key_message(loc: tuple, engine: str = "sglang") -> str:
     names = _known_keys(tuple(p for p in loc[:-1]), engine)
     close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)

@@ -502,3 +502,29 @@ def test_a_ctrl_c_after_the_command_has_finished_is_ignored():
                               text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "0 True"
+
+
+@pytest.mark.parametrize("args, hint", [
+    (["--concurrency", "4"], "--set workload.concurrency=4"),
+    (["--max-running-requests=16"], "--set server.max_running_requests=16"),
+    (["--num-requests"], "--set workload.num_requests=VALUE"),
+    (["--turbo", "1"], None),  # no field of that name: no hint
+    (["--name", "x"], "--set name=x"),  # a top-level field
+])
+def test_a_flag_that_names_a_scenario_field_points_to_set(tmp_path, capsys, args, hint):
+    status = main(["run", str(QUICKSTART), "--out", str(tmp_path / "r"), *args])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1 and "unrecognized arguments" in err
+    if hint is None:
+        assert "--set" not in err
+    else:
+        assert err.endswith(hint)
+    assert not (tmp_path / "r").exists()
+
+
+def test_field_for_flag_names_one_field_or_none():
+    from sim.scenario import field_for_flag
+
+    assert field_for_flag("--chunked-prefill-size") == "server.chunked_prefill_size"
+    assert field_for_flag("--output_len") == "workload.output_len"
+    assert field_for_flag("--") is None and field_for_flag("--no-such-thing") is None

@@ -3,13 +3,15 @@ this host: the re-implementation's bookkeeping exactly as that revision's calibr
 
     python benchmarks/yardstick_at.py REV OUT.json [--repeats 15] [--warmup 3]
 
-A profile written before the yardstick had a version (the shipped H200 device profiles, revision
-``f505e66``) is moved to another host by readings of the same code on that host: this script
-extracts ``calibrate/`` of REV (``git archive``) into a temporary folder, runs that revision's
-``BookkeepingBench`` in a fresh interpreter with it first on the path, at the batch sizes, warm-up
-and repeats the H200 profiles used (1-256, 3 + 15), and writes ``{"version": REV, "python",
-"host_cpu", "date", "readings": [...]}`` for ``overlap-sim compose --host-yardstick``. Run it on
-the host the host-costs file was measured on, in the same window (about 70 s here at 3 rounds).
+A device profile written before the yardstick had a version (no ``metadata.yardstick_version``;
+the shipped H200 device profiles were until 5 December 2026, revision ``f505e66``) is moved to
+another host by readings of the same code on that host: this script extracts ``calibrate/`` of
+REV (``git archive``) into a temporary folder, runs that revision's ``BookkeepingBench`` in a
+fresh interpreter with it first on the path, at the batch sizes, warm-up and repeats of the full
+GPU grid (1-256, 3 + 15), and writes ``{"version": REV, "python", "host_cpu", "date", "readings":
+[...]}`` for ``overlap-sim compose --host-yardstick``. Run it on the host the host-costs file was
+measured on, in the same window (about 70 s here at 3 rounds). The shipped profiles no longer
+need it (their device parts record the version, docs/real-engines.md).
 """
 
 from __future__ import annotations

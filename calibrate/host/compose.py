@@ -84,7 +84,7 @@ def _host_move(device: dict, host: dict, host_speed: float | None, host_yardstic
         if target and host_yardstick is None and ruler and ruler.get("version") != want:
             raise ProfileError(device_source, "metadata.yardstick_version",
                                f"the yardstick code the host's readings ran ({ruler.get('version')!r}); the device "
-                               f"profile's is {want or 'unrecorded (revision f505e66)'!r}: pass --host-yardstick with "
+                               f"profile's is {want or 'unrecorded (code older than the version stamp)'!r}: pass --host-yardstick with "
                                "readings of that code on the host file's host (benchmarks/yardstick_at.py), or "
                                "--host-speed")
         if not target:

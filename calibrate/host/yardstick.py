@@ -13,9 +13,9 @@ The yardstick must be the same code on both hosts: :func:`calibrate.bookkeeping.
 :mod:`calibrate.bookkeeping`'s sources), every torch/MLX calibration records it
 (``metadata.yardstick_version``) and every host calibration measures it beside its runs.
 Readings of two versions are not compared (:func:`calibrate.host.compose.compose` refuses);
-profiles from before the version was recorded (the shipped H200 device profiles, revision
-``f505e66``) are moved with readings of that revision's code taken on the host file's host
-(``benchmarks/yardstick_at.py``, ``compose --host-yardstick``).
+profiles from before the version was recorded (such as the H200 device profiles shipped until
+5 December 2026, revision ``f505e66``) are moved with readings of their revision's code taken on
+the host file's host (``benchmarks/yardstick_at.py``, ``compose --host-yardstick``).
 
 Stated limits: the ratio assumes SGLang's scheduler and the re-implementation speed up alike
 from one CPU to another (both are single-threaded CPython over small objects; neither is

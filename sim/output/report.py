@@ -310,14 +310,16 @@ def reimplementation_warning(meta: dict | None) -> str | None:
         return None
     if meta.get("device") == "cpu":
         return None
-    # a profile from before the yardstick had a version ran revision f505e66's code (the shipped
-    # H200 device parts): its readings on the host file's host are shipped beside it
-    ruler = ("" if meta.get("yardstick_version") else
-             " --host-yardstick scenarios/profiles/parts/yardstick-f505e66-amd-epyc.json")
+    # a profile from before the yardstick had a version (e.g. revision f505e66's) is moved by
+    # readings of its own code on the host file's host (benchmarks/yardstick_at.py REV)
+    old = not meta.get("yardstick_version")
+    ruler = " --host-yardstick READINGS.json" if old else ""
+    why = (" (this profile's code predates the yardstick's version: READINGS.json, readings of that code on the "
+           "host file's host, from benchmarks/yardstick_at.py REV)") if old else ""
     return ("warning: this profile's host phases are the project's re-implementation of the scheduler "
             "(calibrate/bookkeeping, 3-10x cheaper than SGLang's own functions): the overlap gain is "
             "under-predicted; join the forward to SGLang's host costs with overlap-sim compose PROFILE "
-            f"scenarios/profiles/parts/sglang-0.5.23-host-amd-epyc.json{ruler} --out NEW.json")
+            f"scenarios/profiles/parts/sglang-0.5.23-host-amd-epyc.json{ruler} --out NEW.json{why}")
 
 
 def device_mismatch(device: str, meta: dict | None) -> str | None:

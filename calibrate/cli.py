@@ -1,7 +1,11 @@
 """``overlap-sim calibrate``: measure this device and write a calibration profile.
 
-Also runnable on its own as ``python -m calibrate.cli ...`` on a machine that has torch or MLX
-but not the simulator's dependencies (pydantic, SimPy, PyYAML).
+Also runnable on its own as ``python -m calibrate.cli ...`` on a machine that has torch (or MLX),
+numpy, tokenizers and rich but not the simulator's own dependencies (pydantic, SimPy, PyYAML,
+ddsketch, pandas, matplotlib, SciPy, pyarrow, packaging): the framework calibration
+(``--backend``/``--device``, ``--dry-run``) imports only sim's light modules (``sim/__init__.py``
+passes over the simulator's API where those are missing; ``tests/test_calibrate_run.py`` runs it
+with them blocked). ``--engine``, ``--from-trace`` and ``--profile-server`` need them all.
 """
 
 from __future__ import annotations

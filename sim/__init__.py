@@ -39,6 +39,10 @@ import sys as _sys
 # one BLAS thread (the variable is removed again at once: child processes do not inherit it). A
 # program or notebook that imports sim keeps numpy's own choice.
 _BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+# the simulator's own dependencies (pyproject.toml) that calibration does not need: a host without
+# them still imports sim's light modules (below); _api_missing keeps the error for the API names
+_SIMULATOR_ONLY = ("pydantic", "yaml", "simpy", "ddsketch", "pandas", "matplotlib", "scipy", "pyarrow", "packaging")
+_api_missing = None
 _COMMAND_LINE = bool(_sys.argv) and (_sys.argv[0] == "-m" or _os.path.basename(_sys.argv[0]) == "overlap-sim")
 # A Ctrl-C while the libraries load (a command's first few tenths of a second) ends the command
 # line as one later does: one line, exit 130. The import machinery does not always let the
@@ -68,12 +72,14 @@ try:
     try:
         from sim.scenario import Scenario, load_scenario
         from sim.simulate import Result, compare, simulate
-    except ModuleNotFoundError as _err:
-        # A calibration host (a GPU box with torch, numpy, rich) may lack the simulator's own
-        # dependencies; what calibration imports of sim (sim.errors, sim.atomic, sim.model.profile,
-        # sim.output.report) must still import there.
-        if _err.name not in ("pydantic", "yaml", "simpy"):
+    except ImportError as _err:
+        # A calibration host (a GPU box with torch, numpy, tokenizers, rich) may lack the
+        # simulator's own dependencies; what calibration imports of sim (sim.errors, sim.atomic,
+        # sim.commands, sim.model.profile, sim.model.curve, sim.model.cards, sim.model.transfer)
+        # must still import there. The API names then raise this error when asked for.
+        if (_err.name or "").partition(".")[0] not in _SIMULATOR_ONLY:
             raise
+        _api_missing = _err
     if _COMMAND_LINE and _sys.argv[0] != "-m":  # (python -m runs its module itself: not imported twice)
         import sim.cli  # the overlap-sim script's module, under the same guard
 except (KeyboardInterrupt, ImportError):
@@ -96,8 +102,14 @@ def __getattr__(name: str):
     plain ``overlap-sim run`` does not need at start-up.
 
     Raises:
+        ModuleNotFoundError: an API name asked for where the simulator's own dependencies are
+            missing (a calibration host: ``python -m calibrate.cli``), naming the missing one.
         AttributeError: ``name`` is not part of the API.
     """
+    if name in ("Scenario", "Result", "load_scenario", "simulate", "compare") and _api_missing is not None:
+        raise ModuleNotFoundError(f"sim.{name} needs {_api_missing.name}, which is not installed here "
+                                  f"(pip install overlap-sim's dependencies): {_api_missing}",
+                                  name=_api_missing.name) from _api_missing
     if name == "sweep":
         from sim.whatif.sweeps import sweep
         globals()["sweep"] = sweep

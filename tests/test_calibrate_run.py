@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -176,3 +180,45 @@ def test_a_missing_device_writes_nothing(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(measure, "make_backend", no_device)
     assert main(["calibrate", "--backend", "torch", "--device", "cpu", "--out", str(out), "--quiet", *TINY_GRID]) == 2
     assert list(tmp_path.iterdir()) == []
+
+
+# what a GPU box with only torch lacks: the simulator's own dependencies (pyproject.toml), blocked
+# in the child by a finder that raises ImportError as a missing package does
+_BLOCKED = ("pydantic", "simpy", "ddsketch", "pandas", "matplotlib", "scipy", "pyarrow", "yaml", "packaging")
+_BLOCKER = f"""
+import sys
+
+class _Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {_BLOCKED!r}:
+            raise ImportError(f"blocked: {{name}}", name=name)
+        return None
+
+sys.meta_path.insert(0, _Blocker())
+"""
+
+
+@pytest.mark.parametrize("extra", [["--quick"], ["--dry-run"]])
+def test_framework_calibration_needs_none_of_the_simulators_dependencies(tmp_path, extra):
+    """``python -m calibrate.cli --backend torch ...`` (docs/calibration.md: the path for a GPU box
+    with only torch, numpy, tokenizers and rich) runs with pydantic, SimPy, ddsketch, pandas,
+    matplotlib, SciPy, pyarrow, PyYAML and packaging unimportable, and writes its profile."""
+    pytest.importorskip("torch")
+    pytest.importorskip("tokenizers")
+    (tmp_path / "sitecustomize.py").write_text(_BLOCKER)
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "p.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
+    done = subprocess.run([sys.executable, "-m", "calibrate.cli", "--backend", "torch", "--device", "cpu",
+                           "--model", "tiny", "--out", str(out), "--quiet", *extra],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    if extra == ["--dry-run"]:
+        assert "grid: decode" in done.stderr and not out.exists()
+        return
+    prof = _check_profile(out, "torch", "cpu")
+    assert prof["metadata"]["quick"]
+    # and the blocker did block: the simulator's API says what is missing
+    probe = subprocess.run([sys.executable, "-c", "import sim; sim.compare"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert probe.returncode != 0 and "sim.compare needs" in probe.stderr

@@ -199,7 +199,7 @@ assert 0.7 < power < 0.9
 
 # %% [markdown]
 # The same with the simulator: the quickstart itself, whose noise-free gain (printed at the top:
-# 1.248) is larger than SGLang's 1.1x, with run-level GPU noise of 10%, and the 95% interval of
+# 1.208) is larger than SGLang's 1.1x, with run-level GPU noise of 10%, and the 95% interval of
 # the ratio as repeats accumulate.
 
 # %%

@@ -63,9 +63,9 @@ table[["completed", "output_throughput", "median_ttft_ms", "median_tpot_ms", "gp
 #
 # `costs.cpu.scale` multiplies every CPU phase (a slower or faster host, a heavier Python
 # scheduler); `costs.gpu.scale` multiplies every forward (a slower or faster card, a bigger or
-# smaller model). On the profile, a decode step of 8 requests costs about 3.1 ms on the device
-# and 0.81 ms of CPU at scale 1 under the normal loop (1.03 ms under overlap, whose measured
-# host curves are dearer), so the CPU side needs a scale near 3 to catch up with the device.
+# smaller model). On the profile, a decode step of 8 requests costs about 3.2 ms on the device
+# and 0.70 ms of CPU at scale 1 under the normal loop (0.92 ms under overlap, whose measured
+# host curves are dearer), so the CPU side needs a scale near 3.4 to catch up with the device.
 
 # %%
 base = quickstart.with_overrides(["workload.num_requests=24", "workload.output_len=64"] if SMALL else [])
@@ -82,7 +82,7 @@ table[["costs.cpu.scale", "costs.gpu.scale", "setting", "output_throughput", "me
 # event record, `costs.gpu.overlap_residue`), overlap stops paying: the left column tends to 1.
 # Where the CPU dominates, overlap loses (the black break-even line, right): its step is then its
 # own CPU time, and the profile's overlap-loop host curves cost more per step than the normal
-# loop's (1.03 against 0.81 ms at scale 1), more than the forward the normal loop adds once the
+# loop's (0.92 against 0.70 ms at scale 1), more than the forward the normal loop adds once the
 # CPU scale is about 14 times the GPU scale.
 
 # %%
@@ -128,7 +128,7 @@ ratios[["costs.cpu.scale", "costs.gpu.scale", "throughput_ratio", "tpot_gain", "
 
 # %% [markdown]
 # Throughput gains less than TPOT where the CPU is slow: every prefill's launch is CPU work too
-# (on this host an eager prefill takes 11.5 ms of CPU time to queue its kernels, at scale 1),
+# (on this host an eager prefill takes 9.6 ms of CPU time to queue its kernels, at scale 1),
 # and in a closed loop each request's prefill waits for it in both loops alike.
 #
 # ## More users
@@ -165,9 +165,9 @@ pivot
 # slightly later (0.9 ms at one user): the host file prices the prefill's receive, scheduling,
 # launch and processing about 0.9 ms dearer under the overlap loop than under the normal one
 # (measured per loop). The loop itself adds little: a prefill's token reaches the user only
-# after the next batch has been launched, but that decode launch (about 0.6 ms of CPU) hides
+# after the next batch has been launched, but that decode launch (about 0.5 ms of CPU) hides
 # inside the prefill's forward (2.9 ms), and TTFT is dominated by the prefill's own launch
-# (11.5 ms of CPU on this host).
+# (9.6 ms of CPU on this host).
 
 # %%
 low = conc[conc["workload.concurrency"] == users[0]].set_index("setting")

@@ -340,7 +340,8 @@ def test_long_runs_beyond_the_profile_are_counted_as_step_by_step(monkeypatch):
     # profile composed before 5 December 2026 (moved by x1.13 where the current one is moved by
     # x0.80: costs.cpu.scale 0.71): launches alternate between a busy and an idle device, each
     # wait blocks (the two-parity form); numpy takes most of its steps
-    paired = sim.load_scenario(ROOT / "scenarios" / "vllm-h200.yaml", ["workload.num_requests=24", "costs.cpu.scale=0.71"])
+    paired = sim.load_scenario(ROOT / "scenarios" / "vllm-h200.yaml",
+                               ["workload.num_requests=24", "costs.cpu.scale=0.71"])
     assert_same(paired, "async", tables="none")
     taken = counts["taken"]
     steps = sim.simulate(paired, "async", tables="none").stats["steps"]

@@ -84,9 +84,9 @@ def _host_move(device: dict, host: dict, host_speed: float | None, host_yardstic
         if target and host_yardstick is None and ruler and ruler.get("version") != want:
             raise ProfileError(device_source, "metadata.yardstick_version",
                                f"the yardstick code the host's readings ran ({ruler.get('version')!r}); the device "
-                               f"profile's is {want or 'unrecorded (code older than the version stamp)'!r}: pass --host-yardstick with "
-                               "readings of that code on the host file's host (benchmarks/yardstick_at.py), or "
-                               "--host-speed")
+                               f"profile's is {want or 'unrecorded (code older than the version stamp)'!r}: pass "
+                               "--host-yardstick with readings of that code on the host file's host "
+                               "(benchmarks/yardstick_at.py), or --host-speed")
         if not target:
             raise ProfileError(device_source, "samples", "the device host's yardstick (re-implementation samples of "
                                "recv/schedule/process, which a torch or MLX calibration writes); without them pass "

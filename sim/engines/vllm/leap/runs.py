@@ -28,6 +28,11 @@ as the loop's):
 Sources: vLLM 0.32.0 ``vllm/v1/engine/core.py`` (``EngineCore.step``, ``step_with_batch_queue``),
 as :mod:`sim.engines.vllm.loops` models them; this module adds no behaviour of its own.
 
+The API server's output side (each step's tokens out after the step before's where it is backlogged)
+is a running sum where every step waits, a sum per step where none does, and settles by a few passes
+of its recurrence over that candidate where they alternate (:data:`EGRESS_PASSES`: the two parities
+of a pipelined run, as the H200 vLLM profile at 64 clients has it since its re-measurement).
+
 A candidate timeline is built in the form the run's first iterations are in; then every iteration is
 computed again from the candidate's state before it (clock, device, output back, the API server's
 output side) with the loop's own expressions (its comparisons and maxima included), and the run is
@@ -45,6 +50,8 @@ from sim.engines.vllm.core import TIME_EPS_S
 from sim.model.costs import DECODE
 from sim.trace.recorder import fill_decode_rows
 
+EGRESS_PASSES = 3  # passes of the output side's recurrence over a candidate (each settles one more step of a
+# backlog; the check cuts the run where it still differs)
 MIN_RUN = 64  # shorter runs go through the leap's own loop (a run's fixed numpy cost is that of dozens of its
 # iterations, as for SGLang's numpy runs: docs/speed.md)
 
@@ -131,6 +138,13 @@ def numpy_steps(leap, prev, run: tuple, k0: int, k_max: int, state: tuple):
             free_c = np.add.accumulate(np.concatenate(([free_s0], np.full(m, work))))[1:]
         else:
             free_c = out + work
+        for _ in range(EGRESS_PASSES):  # backlogged at some steps only (the two parities of a pipelined
+            # run: one step's output waits for the other's): the recurrence from the candidate, until it holds
+            free_in = np.concatenate(([free_s0], free_c[:-1]))
+            again = np.where(free_in > out, free_in, out) + work
+            if np.array_equal(again, free_c):
+                break
+            free_c = again
         free_in = np.concatenate(([free_s0], free_c[:-1]))
         deliver = np.where(free_in > out, free_in, out) + work
 

@@ -281,12 +281,13 @@ def field_for_flag(flag: str) -> str | None:
     for section, field in Scenario.model_fields.items():
         if field.exclude:
             continue
-        if section == name:
-            found.add(section)
         models = list(ENGINES.values()) if field.annotation == _SERVER_UNION else [field.annotation]
         for model in models:
-            if isinstance(model, type) and issubclass(model, BaseModel) and name in model.model_fields:
-                found.add(f"{section}.{name}")
+            if isinstance(model, type) and issubclass(model, BaseModel):
+                if name in model.model_fields:
+                    found.add(f"{section}.{name}")
+            elif section == name:  # a top-level field (name, seed), not a section
+                found.add(section)
     return found.pop() if len(found) == 1 else None
 
 

@@ -527,4 +527,6 @@ def test_field_for_flag_names_one_field_or_none():
 
     assert field_for_flag("--chunked-prefill-size") == "server.chunked_prefill_size"
     assert field_for_flag("--output_len") == "workload.output_len"
+    assert field_for_flag("--seed") == "seed"
     assert field_for_flag("--") is None and field_for_flag("--no-such-thing") is None
+    assert field_for_flag("--workload") is None  # a section, not a field

@@ -261,7 +261,7 @@ class Measurer:
                             "times_s": res[2]})
             return out
         if self._bench is None:
-            self._bench = BookkeepingBench(max(g.bookkeeping_batch_sizes), seed=self.cfg.seed,
+            self._bench = BookkeepingBench(bench_max_batch(g.bookkeeping_batch_sizes), seed=self.cfg.seed,
                                            workload=self.cfg.bookkeeping)
         out = self._bench.measure(task.a, g.warmup, g.repeats)
         return [{"curve": name, "point": {"num_reqs": task.a}, "times_s": times} for name, times in out.items()]
@@ -280,6 +280,18 @@ def merge_samples(records: list[dict]) -> list[dict]:
     return list(merged.values())
 
 
+def bench_max_batch(batch_sizes) -> int:
+    """The requests the bookkeeping bench is sized for (its KV pool and request slots): the grid's
+    largest batch size, and at least the host yardstick's (:data:`calibrate.host.yardstick.BATCH_SIZES`),
+    so that the samples a GPU or Mac calibration writes, which ``overlap-sim compose`` reads as that
+    host's yardstick, time the same work as the yardstick a host calibration times beside its runs
+    (the pool's size moves some points: on this project's VM a bench of 128 costs 0.80-1.02x one of
+    256, point by point; calibrations before 5 December 2026 sized it by the grid alone)."""
+    from calibrate.host.yardstick import BATCH_SIZES
+
+    return max(*batch_sizes, *BATCH_SIZES)
+
+
 def metadata(cfg: CalibrationConfig, described: dict, command: str) -> dict:
     """The profile's metadata object."""
     import tokenizers
@@ -292,7 +304,9 @@ def metadata(cfg: CalibrationConfig, described: dict, command: str) -> dict:
             "libraries": libs, "model": cfg.shape.to_dict(), "params": cfg.shape.num_params,
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "grid": cfg.grid.to_dict(),
             "repeats": cfg.grid.repeats, "warmup": cfg.grid.warmup, "quick": cfg.quick, "seed": cfg.seed,
-            "note": cfg.note, "command": command, "yardstick_version": version(), "timing": _TIMING[cfg.backend if cfg.device == "cpu" else cfg.device],
+            "note": cfg.note, "command": command, "yardstick_version": version(),
+            "bookkeeping_bench_max_batch": bench_max_batch(cfg.grid.bookkeeping_batch_sizes),
+            "timing": _TIMING[cfg.backend if cfg.device == "cpu" else cfg.device],
             "curve_sources": harness_curve_sources(cfg.backend, cfg.device), **described}
 
 

@@ -36,6 +36,8 @@ def test_torch_quick_on_cpu_then_simulate(tmp_path, capsys):
                  "--out", str(out)]) == 0
     prof = _check_profile(out, "torch", "cpu")
     assert prof["metadata"]["quick"] and prof["metadata"]["grid"]["decode_batch_sizes"] == [1, 4, 16]
+    # the bookkeeping bench sized as the host yardstick's (256), whatever the grid's largest batch (32)
+    assert prof["metadata"]["bookkeeping_bench_max_batch"] == 256
     err = capsys.readouterr().err
     assert "decode batch 1 x ctx 64" in err and "profile written to" in err  # progress lines, then a summary
     res = tmp_path / "res"
@@ -222,3 +224,13 @@ def test_framework_calibration_needs_none_of_the_simulators_dependencies(tmp_pat
     probe = subprocess.run([sys.executable, "-c", "import sim; sim.compare"], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=60)
     assert probe.returncode != 0 and "sim.compare needs" in probe.stderr
+
+
+def test_the_bookkeeping_bench_holds_the_yardsticks_batches():
+    """A calibration's bookkeeping (the yardstick a GPU or Mac profile carries) runs on a bench sized
+    as the host yardstick's, so both hosts time the same work; a larger grid sizes it larger."""
+    from calibrate.host.yardstick import BATCH_SIZES
+    from calibrate.measure import bench_max_batch
+
+    assert bench_max_batch((1, 4, 16)) == bench_max_batch((1, 128)) == max(BATCH_SIZES) == 256
+    assert bench_max_batch((1, 512)) == 512

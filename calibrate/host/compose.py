@@ -108,7 +108,11 @@ def _host_move(device: dict, host: dict, host_speed: float | None, host_yardstic
         move = {**got, "method": "yardstick (calibrate.host.yardstick: the re-implementation on both hosts)",
                 "yardstick_version": ruler.get("version"), "device_yardstick_version": want,
                 "yardstick_given": host_yardstick is not None, "source_python": ruler.get("python"),
-                "target_python": (dmeta.get("libraries") or {}).get("python")}
+                "target_python": (dmeta.get("libraries") or {}).get("python"),
+                # the bench the device's readings ran on (a calibration before 5 December 2026: sized by its
+                # grid's largest batch size); the host file's yardstick runs on one of 256
+                "device_bench_max_batch": dmeta.get("bookkeeping_bench_max_batch")
+                or max((dmeta.get("grid") or {}).get("bookkeeping_batch_sizes") or [0]) or None}
     return move
 
 

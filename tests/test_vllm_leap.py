@@ -385,3 +385,30 @@ def test_vllm_profile_prices_and_counts_a_run_as_its_steps(num_reqs, ctx0, k, sh
     assert run.decode_forward_array(num_reqs, np.array(ctx, dtype=np.int64), shared).tolist() == prices
     run.count_decode_steps(num_reqs, ctx0, k, shared)
     assert run.reach.outcome() == stepwise.reach.outcome()
+
+
+def test_a_runs_constant_arrays_are_kept_by_its_constants():
+    """``runs._run_arrays``: the contexts, forward prices, block allocations and their running
+    sum of a run's iterations, as computed directly; the same (read-only) arrays for the same
+    constants; at most RUN_ARRAYS_KEPT kept, the oldest dropped."""
+    import types
+
+    import numpy as np
+
+    from sim.engines.vllm.costs import VllmProfileCosts
+    from sim.engines.vllm.profile import load_vllm_profile
+
+    costs = VllmProfileCosts(load_vllm_profile(PROFILE, read_only=True), "async")
+    leap = types.SimpleNamespace(run_arrays={})
+    hist = [1, 0, 0, 2]
+    ctx, fwd, need, need_sum = leap_runs._run_arrays(leap, costs, 8, 4, hist, 4620, 0, 3, 133)
+    ks = np.arange(3, 133)
+    assert ctx.tolist() == (4620 + 8 * ks).tolist()
+    assert fwd.tolist() == costs.decode_forward_array(8, 4620 + 8 * ks, 0).tolist()
+    assert need.tolist() == [hist[k % 4] for k in ks] and need_sum.tolist() == np.cumsum(need).tolist()
+    assert not any(a.flags.writeable for a in (ctx, fwd, need, need_sum))
+    assert leap_runs._run_arrays(leap, costs, 8, 4, hist, 4620, 0, 3, 133)[1] is fwd
+    for ctx0 in range(leap_runs.RUN_ARRAYS_KEPT):
+        leap_runs._run_arrays(leap, costs, 8, 4, hist, ctx0, 0, 0, 10)
+    assert len(leap.run_arrays) == leap_runs.RUN_ARRAYS_KEPT
+    assert leap_runs._run_arrays(leap, costs, 8, 4, hist, 4620, 0, 3, 133)[1] is not fwd  # dropped, made again

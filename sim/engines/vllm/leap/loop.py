@@ -109,6 +109,7 @@ class Leap:
         self._retry_at = 0  # the step sequence number before which no run is tried again
         self.pending = None  # the last iteration's update, done at its start (a callable: update())
         self.steps = None  # a carried arrival's waits up to its update's start (waits())
+        self.run_arrays: dict = {}  # a numpy run's constant arrays by its constants (runs._run_arrays)
         sched = core.scheduler
         self._steady = SteadyRunning(sched.kv.block_size, sched.max_model_len, async_scheduling)
 

@@ -77,6 +77,9 @@ class Curve:
         interpolation with the first axis's segment found once. :meth:`__call__` goes through it,
         and the curve keeps it per ``x0`` (up to :data:`MEMO_SIZE`, then starts afresh): the loops
         ask for the same batch sizes step after step, at new contexts."""
+        kept = self._at.get(x0)
+        if kept is not None:
+            return kept
         i, t = _segment(self.grid[0], x0)
         v = self.values
         r, r1 = v[i], v[i + 1 if len(v) > 1 else i]

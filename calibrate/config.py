@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from calibrate.errors import CalibrationInputError
 from calibrate.shapes import ModelShape
 
+# the batch sizes of the host yardstick (calibrate.host.yardstick), which a calibration's bookkeeping bench
+# is sized to hold too (calibrate.measure.bench_max_batch)
+YARDSTICK_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
 BACKEND_DEVICES = {"torch": ("cpu", "cuda"), "mlx": ("cpu", "gpu")}
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from calibrate.bookkeeping.bench import BookkeepingBench
 from calibrate.bookkeeping.bookkeeper import Bookkeeper, DecodeBatch, ExtendBatch
 from calibrate.bookkeeping.requests import Req
-from calibrate.config import CalibrationConfig
+from calibrate.config import YARDSTICK_BATCH_SIZES, CalibrationConfig
 from calibrate.errors import CalibrationInputError
 from calibrate.profile import build_profile, save_profile
 from calibrate.sizing import DECODE_ROW_PAD, KV_MEMORY_SHARE, MEMORY_SHARE, host_memory_bytes
@@ -282,14 +282,12 @@ def merge_samples(records: list[dict]) -> list[dict]:
 
 def bench_max_batch(batch_sizes) -> int:
     """The requests the bookkeeping bench is sized for (its KV pool and request slots): the grid's
-    largest batch size, and at least the host yardstick's (:data:`calibrate.host.yardstick.BATCH_SIZES`),
+    largest batch size, and at least the host yardstick's (:data:`calibrate.config.YARDSTICK_BATCH_SIZES`),
     so that the samples a GPU or Mac calibration writes, which ``overlap-sim compose`` reads as that
     host's yardstick, time the same work as the yardstick a host calibration times beside its runs
     (the pool's size moves some points: on this project's VM a bench of 128 costs 0.80-1.02x one of
     256, point by point; calibrations before 5 December 2026 sized it by the grid alone)."""
-    from calibrate.host.yardstick import BATCH_SIZES
-
-    return max(*batch_sizes, *BATCH_SIZES)
+    return max(*batch_sizes, *YARDSTICK_BATCH_SIZES)
 
 
 def metadata(cfg: CalibrationConfig, described: dict, command: str) -> dict:

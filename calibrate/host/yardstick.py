@@ -29,9 +29,11 @@ from __future__ import annotations
 import math
 import statistics
 
+from calibrate.config import YARDSTICK_BATCH_SIZES
+
 CURVES = ("recv", "schedule.extend", "schedule.decode", "process.extend", "process.decode")
 FLOOR_REL = 0.15  # the uncertainty of moving by a yardstick is at least this (the assumption above)
-BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BATCH_SIZES = YARDSTICK_BATCH_SIZES  # (calibrate.config, where a calibration's bench reads it too)
 
 
 def measure(batch_sizes=BATCH_SIZES, warmup: int = 3, repeats: int = 15, seed: int = 0,

@@ -271,23 +271,15 @@ def _known_keys(loc: tuple, engine: str = "sglang") -> list[str]:
 
 def field_for_flag(flag: str) -> str | None:
     """The scenario field a command-line flag like ``--max-running-requests`` most likely meant
-    (``server.max_running_requests``): a field of a section (``workload``, either engine's
-    ``server``, ``costs``, or the top level) whose name is the flag's, dashes read as
-    underscores; None when no field or more than one section has it."""
+    (``server.max_running_requests``): a key of a section (:func:`_known_keys`: ``workload``, either
+    engine's ``server``, ``costs``) or a top-level field (``name``, ``seed``; not a whole section)
+    whose name is the flag's, dashes read as underscores; None when no field or more than one
+    section has it."""
     name = flag.lstrip("-").replace("-", "_")
-    if not name:
-        return None
-    found = set()
-    for section, field in Scenario.model_fields.items():
-        if field.exclude:
-            continue
-        models = list(ENGINES.values()) if field.annotation == _SERVER_UNION else [field.annotation]
-        for model in models:
-            if isinstance(model, type) and issubclass(model, BaseModel):
-                if name in model.model_fields:
-                    found.add(f"{section}.{name}")
-            elif section == name:  # a top-level field (name, seed), not a section
-                found.add(section)
+    top = _known_keys(())
+    found = {f"{section}.{name}" for section in top for engine in ENGINES if name in _known_keys((section,), engine)}
+    if name in top and not _known_keys((name,)):
+        found.add(name)
     return found.pop() if len(found) == 1 else None
 
 

@@ -229,8 +229,8 @@ def test_framework_calibration_needs_none_of_the_simulators_dependencies(tmp_pat
 def test_the_bookkeeping_bench_holds_the_yardsticks_batches():
     """A calibration's bookkeeping (the yardstick a GPU or Mac profile carries) runs on a bench sized
     as the host yardstick's, so both hosts time the same work; a larger grid sizes it larger."""
-    from calibrate.host.yardstick import BATCH_SIZES
+    from calibrate.config import YARDSTICK_BATCH_SIZES
     from calibrate.measure import bench_max_batch
 
-    assert bench_max_batch((1, 4, 16)) == bench_max_batch((1, 128)) == max(BATCH_SIZES) == 256
+    assert bench_max_batch((1, 4, 16)) == bench_max_batch((1, 128)) == max(YARDSTICK_BATCH_SIZES) == 256
     assert bench_max_batch((1, 512)) == 512

@@ -33,10 +33,9 @@ from calibrate.config import YARDSTICK_BATCH_SIZES
 
 CURVES = ("recv", "schedule.extend", "schedule.decode", "process.extend", "process.decode")
 FLOOR_REL = 0.15  # the uncertainty of moving by a yardstick is at least this (the assumption above)
-BATCH_SIZES = YARDSTICK_BATCH_SIZES  # (calibrate.config, where a calibration's bench reads it too)
 
 
-def measure(batch_sizes=BATCH_SIZES, warmup: int = 3, repeats: int = 15, seed: int = 0,
+def measure(batch_sizes=YARDSTICK_BATCH_SIZES, warmup: int = 3, repeats: int = 15, seed: int = 0,
             rounds: int = 3) -> list[dict]:
     """Time the re-implementation here: ``[{"curve", "point": {"num_reqs"}, "median_s", "n"}]``
     for every curve of :data:`CURVES` at each batch size (``recv`` also at 0), in ``rounds``

@@ -160,6 +160,18 @@ def make_cost_model(scenario, setting: str | None = None) -> CostModel:
     return LinearCostModel(c)
 
 
+def kept(memo: dict, key, make, limit: int):
+    """``memo[key]``, made by ``make()`` where it is missing; at most ``limit`` entries kept, the
+    oldest dropped. The leaps' numpy runs keep a run's prices by the run's constants (batch size,
+    first context, length): a closed loop of equal requests repeats its runs."""
+    got = memo.get(key)
+    if got is None:
+        if len(memo) >= limit:
+            del memo[next(iter(memo))]
+        got = memo[key] = make()
+    return got
+
+
 class SeededGenerator:
     """``np.random.default_rng(seed)`` made at its first draw (any attribute read is forwarded to
     it): the same stream, and a run that draws nothing (fixed lengths, a closed loop, no noise)

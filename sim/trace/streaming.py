@@ -254,6 +254,8 @@ class StreamingRecorder:
         self.itl_stat.add_once_each(values_s)
 
     def request(self, r: Req) -> None:
+        # (one request: the per-request path of vLLM's engine, kept apart from requests_finished's
+        # lists; the same values in the same order)
         if self._rows is not None:
             self._rows.request(r)
         if r.warmup:
@@ -277,8 +279,7 @@ class StreamingRecorder:
         window's end moved once, each metric's values given together (the same values in the
         same order: each metric's sum runs in the order its values came)."""
         if self._rows is not None:
-            for r in reqs:
-                self._rows.request(r)
+            self._rows.requests_finished(reqs)
         measured = [r for r in reqs if not r.warmup]
         if not measured:
             return

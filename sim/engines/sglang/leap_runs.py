@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.engines.sglang.policy.decode import DECODE_LOG_INTERVAL
-from sim.model.costs import DECODE
+from sim.model.costs import DECODE, kept
 from sim.trace.recorder import fill_decode_rows
 
 MIN_RUN = 64  # shorter runs go through the leap's own loop (a run's fixed numpy cost is that of dozens of its
@@ -197,17 +197,14 @@ def _decode_costs(leap, n: int, ctx: np.ndarray) -> tuple:
     together (a closed loop of equal requests) repeat a run's contexts, and the same arguments
     give the same floats (recv and the extra are the run's constants). The arrays are read,
     never written."""
-    key = (n, int(ctx[0]), len(ctx))
-    memo = leap.decode_costs
-    got = memo.get(key)
-    if got is None:
-        if len(memo) >= DECODE_COSTS_KEPT:
-            memo.clear()
-        p = leap.p
-        sched, launch, forward, process = p.costs.decode_arrays(n, ctx.astype(np.float64))
-        recv = p.costs.recv_s(0)
-        got = memo[key] = (recv, sched, recv + sched, launch, forward + p.forward_extra_s, process)
-    return got
+    return kept(leap.decode_costs, (n, int(ctx[0]), len(ctx)), lambda: _priced(leap.p, n, ctx), DECODE_COSTS_KEPT)
+
+
+def _priced(p, n: int, ctx: np.ndarray) -> tuple:
+    """:func:`_decode_costs`'s arrays, computed."""
+    sched, launch, forward, process = p.costs.decode_arrays(n, ctx.astype(np.float64))
+    recv = p.costs.recv_s(0)
+    return recv, sched, recv + sched, launch, forward + p.forward_extra_s, process
 
 
 DECODE_COSTS_KEPT = 16  # runs' costs the leap keeps (memory: 5 arrays of up to MAX_RUN doubles each, 5 MiB at most)

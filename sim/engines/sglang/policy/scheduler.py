@@ -148,8 +148,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
         self.grammar = grammar
         self.n_running_grammar = 0  # running requests with a grammar
         # the lengths as memoryviews: an element read gives a Python int without numpy's scalar
-        self._lengths = tuple(memoryview(np.ascontiguousarray(a, dtype=np.int64))
-                              for a in (specs.input_len, specs.cached_len, specs.output_len))
+        self._lengths = tuple(_view(a, np.int64) for a in (specs.input_len, specs.cached_len, specs.output_len))
         # the client's caps and ignore_eos flags the same way (None where the specs have none)
         self._caps = (_view(specs.max_new_tokens, np.int64), _view(specs.ignore_eos, np.bool_))
 

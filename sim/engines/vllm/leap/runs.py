@@ -47,7 +47,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.engines.vllm.core import TIME_EPS_S
-from sim.model.costs import DECODE
+from sim.model.costs import DECODE, kept
 from sim.trace.recorder import fill_decode_rows
 
 RUN_ARRAYS_KEPT = 16  # runs' constant arrays kept (_run_arrays; memory: 32 bytes an iteration of each run kept)
@@ -213,21 +213,16 @@ def _run_arrays(leap, costs, n: int, bs: int, hist, ctx0: int, shared: int, k0: 
     running sum), read-only. Kept on the leap (:attr:`Leap.run_arrays`, at most
     :data:`RUN_ARRAYS_KEPT`) by those constants: a closed loop of equal requests repeats its runs
     (at 8 clients of ``vllm-h200`` two keys cover 80% of them)."""
-    key = (n, bs, tuple(hist), ctx0, shared, k0, k_max)
-    kept = leap.run_arrays
-    got = kept.get(key)
-    if got is None:
+    def make():
         ks = np.arange(k0, k_max, dtype=np.int64)
         ctx = ctx0 + ks * n
-        fwd = costs.decode_forward_array(n, ctx, shared)
         need = np.asarray(hist, dtype=np.int64)[ks % bs]
-        got = (ctx, fwd, need, np.cumsum(need))
-        for a in got:
+        arrays = (ctx, costs.decode_forward_array(n, ctx, shared), need, np.cumsum(need))
+        for a in arrays:
             a.setflags(write=False)
-        if len(kept) >= RUN_ARRAYS_KEPT:
-            del kept[next(iter(kept))]  # the oldest
-        kept[key] = got
-    return got
+        return arrays
+
+    return kept(leap.run_arrays, (n, bs, tuple(hist), ctx0, shared, k0, k_max), make, RUN_ARRAYS_KEPT)
 
 
 def _running_sum(start: float, parts: tuple, m: int) -> np.ndarray:

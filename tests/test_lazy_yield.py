@@ -1,7 +1,11 @@
-"""The loops run on their own clock between SimPy yields (sim.engines.sglang.phases.Phases.must_yield);
-yielding after every iteration must give exactly the same run."""
+"""The loops run on their own clock between SimPy yields (they yield only once another process may
+act: ``Phases.horizon``, the next open-loop arrival); yielding after every iteration must give
+exactly the same run, with the open loop's arrivals pulled by the loop
+(sim.model.workload.PulledArrivals, where the leap runs) and from their SimPy process (``leap=False``)."""
 
 from __future__ import annotations
+
+import math
 
 import pandas as pd
 import pytest
@@ -14,10 +18,14 @@ from tests.test_invariants import scenarios
 
 
 def run_both(monkeypatch, scenario, setting):
+    """(the run as it goes, the run yielding after every iteration); the second with the leap on
+    (pulled arrivals; its runs then stop at every step) and off (SimPy's arrival process) must agree."""
     lazy = sim.simulate(scenario, setting)
-    with monkeypatch.context() as m:
-        m.setattr(Phases, "must_yield", lambda self, until: True)
+    with monkeypatch.context() as m:  # every iteration ends past the horizon
+        m.setattr(Phases, "horizon", property(lambda self: -math.inf, lambda self, value: None), raising=False)
         eager = sim.simulate(scenario, setting)
+        eager_simpy = sim.simulate(scenario, setting, leap=False)
+    assert_same(eager, eager_simpy)
     return lazy, eager
 
 

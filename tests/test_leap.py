@@ -473,6 +473,19 @@ def test_a_batch_that_empties_ends_the_leap(output_len, arrival):
         assert_same(scenario, setting)
 
 
+@pytest.mark.parametrize("rate_per_s,seed", [(8.0, 0), (30.0, 2), (2000.0, 1)])
+def test_an_open_loop_whose_server_dies_is_unchanged(rate_per_s, seed):
+    """The shipped KV-pressure scenario (naive retraction under overlap: the server dies) with
+    Poisson arrivals: with the leap the loop pulls the arrivals (sim.model.workload.PulledArrivals),
+    also after the death, while requests that arrive are refused; without it, their SimPy process
+    submits them. The same outputs and simulated time."""
+    scenario = sim.load_scenario(ROOT / "scenarios" / "kv-pressure.yaml",
+                                 ["workload.arrival=poisson", f"workload.rate_per_s={rate_per_s}", f"seed={seed}"])
+    assert sim.simulate(scenario, "overlap", tables="none").outcome["status"] == "server_died"
+    assert_same(scenario, "overlap")
+    assert_same(scenario, "overlap", tables="none")
+
+
 def test_counts_from_numpy_rows_stay_integers():
     """Regression (found by the generated family): steps that reach the streamed recorder as
     numpy rows before the measured window starts were counted as floats, so the summary said

@@ -2,9 +2,10 @@
 workload.
 
 Lengths are drawn up front with a seeded numpy Generator, so a run is reproducible from the
-scenario and its seed. Arrivals are SimPy processes that hand requests to the scheduler's
-inbox: a Poisson process, a replayed trace, or closed-loop clients that each send their next
-request when the previous one finished (SGLang ``bench_serving --max-concurrency``).
+scenario and its seed. Arrivals hand requests to the scheduler's inbox: a Poisson process or a
+replayed trace (a SimPy process, or :class:`PulledArrivals`, the same process run by an event
+loop that leaps), or closed-loop clients that each send their next request when the previous one
+finished (SGLang ``bench_serving --max-concurrency``).
 """
 
 from __future__ import annotations
@@ -228,6 +229,80 @@ def open_loop_arrivals(env: simpy.Environment, arrival_s: np.ndarray, submit: Ca
         if t > env.now:
             yield env.timeout(t - env.now)
         submit(i, t)
+
+
+class PulledArrivals:
+    """:func:`open_loop_arrivals` run inside the event loop's own process: where the loop is the
+    only other SimPy process (SGLang's loops that leap, :mod:`sim.engines.sglang.leap`), it asks
+    this object, wherever it would hand control to SimPy, what that process would have submitted
+    by then, and SimPy schedules no event per arrival.
+
+    The order is SimPy's own, float for float (SimPy 4.1, ``Environment.schedule`` and ``step``):
+    a timeout of ``delay`` yielded at ``env.now`` fires at ``env.now + delay``; events fire by time,
+    then creation order; the arrival process, created before the loop, holds at most one pending
+    timeout. So when the loop's timeout fires at T, the arrival process's pending one fired before
+    it if due before T, or at T and created before the loop's (as every one pending when the loop
+    yields is); one it creates meanwhile fires first only if due before T. :attr:`clock` is the
+    loop's ``env.now`` as its yields would have set it. ``--no-leap`` runs the SimPy process (the
+    reference); ``tests/test_leap.py`` holds the two to the same outputs, bursts and idle
+    stretches included.
+
+    Args:
+        arrival_s: arrival times (s), sorted. submit: ``submit(i, arrival_s[i])``, as the process calls it.
+    """
+
+    def __init__(self, arrival_s: np.ndarray, submit: Callable[[int, float], None]):
+        self._t = arrival_s.tolist()
+        self._submit = submit
+        self._next = 0  # the next request to submit
+        self.clock = 0.0  # the loop's env.now
+        self.due: float | None = None  # when the process's pending timeout fires; None: all submitted
+        self._older = False  # that timeout was created before the loop's latest one
+        self._run(0.0)  # its first step, at time 0 (created before the loop, it runs first)
+        self._older = True
+
+    def _run(self, now: float) -> None:
+        """The process from the top of its loop at ``env.now == now``: submit what is due by
+        then, and hold until the next arrival."""
+        t, i = self._t, self._next
+        while i < len(t):
+            if t[i] > now:
+                self._next, self.due, self._older = i, now + (t[i] - now), False
+                return
+            self._next = i + 1
+            self._submit(i, t[i])
+            i += 1
+        self._next, self.due = i, None
+
+    def fire(self) -> None:
+        """The pending timeout fires: its request is submitted and the process runs on."""
+        due, i = self.due, self._next
+        self._next = i + 1
+        self._submit(i, self._t[i])
+        self._run(due)
+
+    def advance(self, delay: float) -> float:
+        """The loop yields a timeout of ``delay`` (s) from :attr:`clock`: submit what the process
+        would have by the time it fires; returns that time, the new clock."""
+        fire = self.clock + delay
+        due = self.due
+        while due is not None and (due < fire or (due == fire and self._older)):
+            self.fire()
+            due = self.due
+        self._older = True
+        self.clock = fire
+        return fire
+
+    def wait(self) -> float | None:
+        """The loop waits for the next request (nothing received is left): the process's pending
+        timeout fires and the loop resumes then (SimPy's wake-up event, triggered by the
+        submission). Returns the new clock, or None when no request is left to arrive."""
+        if self.due is None:
+            return None
+        self.clock = self.due
+        self.fire()
+        self._older = True
+        return self.clock
 
 
 class ClosedLoopClients:

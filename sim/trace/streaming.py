@@ -345,7 +345,7 @@ class StreamingRecorder:
                 sync_wait_s = _running_sum(sync_wait_s, rec.sync_wait)
                 continue
             fs, fe, gap, after_idle, kind, num_reqs, over, sync_wait, counted = rec
-            busy += min(fe, end) - fs
+            busy += (end if end < fe else fe) - fs  # min(fe, end), without the call
             if not counted:
                 continue
             steps += 1

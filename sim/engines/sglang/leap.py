@@ -71,6 +71,7 @@ class Leap:
         self.leapt = 0  # iterations taken by the leap so far (the run's stats: leapt_steps)
         self.finished_last = False  # the MLX chain: the last run's last processed batch finished requests
         self.decode_costs: dict = {}  # a numpy run's decode costs by (n, first context, length): leap_runs._decode_costs
+        self.step_s = 0.0  # the last leapt iteration's length (s): a numpy run's reach before the next arrival
 
     @classmethod
     def for_run(cls, p: Phases, setting: str) -> "Leap | None":
@@ -146,7 +147,7 @@ class Leap:
         submit_s = costs.submit_s
         vector = (cpu_j is None and gpu_j is None and wait_scale == 1.0 and hasattr(costs, "decode_arrays")
                   and not (submits and deferred and not chain))  # (overlap's runs have no submission block)
-        vector_after, step_s = 0, 0.0
+        vector_after, step_s = 0, self.step_s  # (a run's first attempt at numpy guesses its reach by the last one's)
         queued = len(s.waiting)  # the steps' num_queued (no arrival, retraction or admission in a run)
         while not s.inbox and now < p.horizon and (s.n_running or s.pending_merge):
             if queued:  # requests wait: a decode only while admission is shut (get_next_batch_to_run)
@@ -286,6 +287,7 @@ class Leap:
                 self.finished_last = True
                 break
         p._cold = cold
+        self.step_s = step_s
         if leapt == 0:
             return now, last, 0
         self.leapt += leapt

@@ -29,19 +29,19 @@ def normal_loop(env, p: Phases, server):
             now, leapt = leap.normal(now)
             if leapt:
                 if now >= p.horizon:
-                    yield env.timeout(now - env.now)
+                    yield from p.catch_up(now)
                 continue
         batch, t = p.recv_and_schedule(now)
         at = now + t
         if batch is None:
-            now = yield from _idle(env, p, at)
+            now = yield from p.idle_until(at)
             continue
         at += p.launch(batch, at)
         at = p.wait(batch, at)
         now = at + p.process(batch, at)
-        if now >= p.horizon:  # p.must_yield(now), inlined: it is asked every iteration
-            yield env.timeout(now - env.now)
-    yield env.timeout(max(0.0, now - env.now))  # SimPy's clock ends where the CPU thread did
+        if now >= p.horizon:  # another process may submit a request by now: let it (Phases.catch_up)
+            yield from p.catch_up(now)
+    yield from p.end(now)  # SimPy's clock ends where the CPU thread's did
 
 
 def overlap_loop(env, p: Phases, server):
@@ -64,7 +64,7 @@ def overlap_loop(env, p: Phases, server):
             now, last, leapt = leap.overlap(now, last)
             if leapt:
                 if now >= p.horizon:
-                    yield env.timeout(now - env.now)
+                    yield from p.catch_up(now)
                 continue
         batch, t = p.recv_and_schedule(now)
         at = now + t
@@ -78,15 +78,15 @@ def overlap_loop(env, p: Phases, server):
             at = p.wait(last, at)
             at += p.process(last, at)
         elif batch is None:
-            now = yield from _idle(env, p, at)
+            now = yield from p.idle_until(at)
             continue
         if batch is not None and batch.num_grammar:  # a grammar: its sampling waits for k-1's tokens
             at += p.sample(batch, at)
         last = batch
         now = at
-        if now >= p.horizon:  # p.must_yield(now), inlined: it is asked every iteration
-            yield env.timeout(now - env.now)
-    yield env.timeout(max(0.0, now - env.now))  # SimPy's clock ends where the CPU thread did
+        if now >= p.horizon:  # another process may submit a request by now: let it (Phases.catch_up)
+            yield from p.catch_up(now)
+    yield from p.end(now)  # SimPy's clock ends where the CPU thread's did
 
 
 def _overlap_disabled_for(server, batch, last) -> bool:
@@ -114,7 +114,7 @@ def overlap_mlx_loop(env, p: Phases, server):
             if leapt:
                 finished_last = leap.finished_last
                 if now >= p.horizon:
-                    yield env.timeout(now - env.now)
+                    yield from p.catch_up(now)
                 continue
         t = p.recv(now)
         chain = (inflight is not None and inflight.kind == DECODE and not finished_last
@@ -130,21 +130,13 @@ def overlap_mlx_loop(env, p: Phases, server):
             t += p.process(inflight, now + t)
             finished_last = batch is not None and inflight.finished > 0
         elif batch is None:
-            now = yield from _idle(env, p, now + t)
+            now = yield from p.idle_until(now + t)
             continue
         inflight = batch
         now += t
-        if now >= p.horizon:  # p.must_yield(now), inlined: it is asked every iteration
-            yield env.timeout(now - env.now)
-    yield env.timeout(max(0.0, now - env.now))  # SimPy's clock ends where the CPU thread did
-
-
-def _idle(env, p: Phases, until: float):
-    """Nothing to run: catch SimPy up to ``until``, then wait for the next arrival; returns the
-    new time of the CPU thread's clock."""
-    yield env.timeout(until - env.now)
-    yield p.idle()
-    return env.now
+        if now >= p.horizon:  # another process may submit a request by now: let it (Phases.catch_up)
+            yield from p.catch_up(now)
+    yield from p.end(now)  # SimPy's clock ends where the CPU thread's did
 
 
 LOOPS = {"normal": normal_loop, "overlap": overlap_loop, "overlap_mlx": overlap_mlx_loop,

@@ -15,6 +15,7 @@ from sim.engines.sglang.policy.scheduler import Scheduler, ServerDied
 from sim.model.batch import Batch
 from sim.model.costs import DECODE, CostModel, Jitter
 from sim.model.device import DeviceStream
+from sim.model.workload import PulledArrivals
 from sim.trace.recorder import TraceRecorder
 
 
@@ -91,13 +92,77 @@ class Phases:
         self._num_submitted = 0
         self.horizon = self._external[0] if self._external else math.inf
         self.leap = None  # sim.engines.sglang.leap.Leap, set by the run where its loop can leap
+        self.pulled: PulledArrivals | None = None  # the open loop's arrivals, where the loop pulls them
         self.grammar = grammar
         self.delay_sample = delay_sample
 
-    def must_yield(self, until: float) -> bool:
-        """True when the loop must hand control to SimPy before running on to ``until``: another
-        process may submit a request at or before that time."""
-        return until >= self.horizon
+    # --- handing control to SimPy (or to the pulled arrivals) -----------------------------------
+    def pull_arrivals(self, arrival_s) -> None:
+        """The open loop's arrivals at ``arrival_s`` (s, sorted) are submitted by the loop itself
+        (:class:`sim.model.workload.PulledArrivals`, the same order as their SimPy process), not by
+        a process of their own: call instead of starting that process, before the run."""
+        self.pulled = PulledArrivals(arrival_s, self.submit)
+
+    @property
+    def sim_now(self) -> float:
+        """SimPy's clock (``env.now``), or where the loop's yields would have set it when the
+        arrivals are pulled."""
+        return self.env.now if self.pulled is None else self.pulled.clock
+
+    def catch_up(self, now: float):
+        """Hand control to SimPy up to ``now`` (another process may submit a request by then),
+        for ``yield from``; pulled arrivals are submitted instead, and nothing is yielded."""
+        if self.pulled is None:
+            yield self.env.timeout(now - self.env.now)
+        else:
+            self.pulled.advance(now - self.pulled.clock)
+
+    def idle_until(self, until: float):
+        """Nothing to run: SimPy catches up to ``until``, then the loop waits for the next arrival
+        (:meth:`wait_arrival`); for ``yield from``, returning the clock then."""
+        if self.pulled is None:
+            yield self.env.timeout(until - self.env.now)
+            yield self.idle()
+            return self.env.now
+        self.pulled.advance(until - self.pulled.clock)
+        yield from self.wait_arrival()
+        return self.pulled.clock
+
+    def wait_arrival(self):
+        """Wait for the next arrival (:meth:`idle`'s event), for ``yield from``; with pulled
+        arrivals, the clock moves to when that event would have fired."""
+        pulled = self.pulled
+        if pulled is None:
+            yield self.idle()
+            return
+        self._was_idle = True
+        nxt = self.scheduler.next_arrival_s()
+        if nxt is not None:  # (idle's timeout)
+            pulled.advance(max(0.0, nxt - pulled.clock))
+        elif pulled.wait() is None:  # no request left to arrive: the run stalls here, as SimPy's would
+            yield from self.land()
+            yield self.env.event()
+
+    def end(self, now: float):
+        """The loop ends with the CPU thread's clock at ``now``: SimPy's clock goes there (if later),
+        for ``yield from``."""
+        if self.pulled is None:
+            yield self.env.timeout(max(0.0, now - self.env.now))
+            return
+        self.pulled.advance(max(0.0, now - self.pulled.clock))
+        yield from self.land()
+
+    def land(self):
+        """SimPy's clock to the pulled arrivals' exactly (a timeout whose delay is nudged by ulps
+        until ``env.now + delay`` is that float), for ``yield from``; the run's simulated time and
+        anything after the loop read it."""
+        env, target = self.env, self.pulled.clock
+        delay = target - env.now
+        while env.now + delay < target:
+            delay = math.nextafter(delay, math.inf)
+        while env.now + delay > target:
+            delay = math.nextafter(delay, -math.inf)
+        yield env.timeout(delay)
 
     def submit(self, rid: int, arrival_s: float) -> None:
         """A request is sent to the server (workload side); wakes an idle scheduler."""

@@ -73,6 +73,8 @@ def run_sglang(scenario, setting: str, specs: RequestSpecs, warmup: int, recorde
     outcome = {"status": "ok", "reason": "", "time_s": math.nan}
     if clients is not None:
         clients.start()
+    elif phases.leap is not None:  # the loop pulls them: no SimPy event per arrival (the same order)
+        phases.pull_arrivals(specs.arrival_s)
     else:
         env.process(open_loop_arrivals(env, specs.arrival_s, phases.submit))
     env.process(_serve(env, LOOPS[setting], phases, srv, outcome))
@@ -154,11 +156,13 @@ def _serve(env, loop, phases: Phases, server, outcome: dict):
     try:
         yield from loop(env, phases, server)
     except ServerDied as err:
-        if err.time_s is not None and err.time_s > env.now:
-            yield env.timeout(err.time_s - env.now)  # the iteration ran up to the failure
-        outcome.update(status="server_died", reason=err.reason, time_s=env.now)
-        sched.fail_all(env.now)
+        if err.time_s is not None and err.time_s > phases.sim_now:
+            yield from phases.catch_up(err.time_s)  # the iteration ran up to the failure
+        outcome.update(status="server_died", reason=err.reason, time_s=phases.sim_now)
+        sched.fail_all(phases.sim_now)
         while not sched.all_done:
-            sched.reject_arrivals(env.now)
+            sched.reject_arrivals(phases.sim_now)
             if not sched.all_done:
-                yield phases.idle()
+                yield from phases.wait_arrival()
+        if phases.pulled is not None:
+            yield from phases.land()  # SimPy's clock where the pulled arrivals left it

@@ -2,9 +2,10 @@
 
 Each loop reads as the timeline it produces; the loops differ only in which batch's results
 are processed after a launch. One iteration's phases run back to back on the CPU thread and are
-yielded to SimPy once: ``normal`` and ``overlap`` carry the thread's clock ``at`` from phase to
-phase (a wait for a result sets it to when the result is ready), the MLX chain accumulates the
-iteration's CPU time ``t``, blocking waits included.
+yielded to SimPy once, and only once another process may act (``Phases.catch_up``; where the loop
+pulls an open loop's arrivals, not even then): ``normal`` and ``overlap`` carry the thread's clock
+``at`` from phase to phase (a wait for a result sets it to when the result is ready), the MLX chain
+accumulates the iteration's CPU time ``t``, blocking waits included.
 Sources: SGLang ``Scheduler.event_loop_normal``, ``event_loop_overlap`` (two CUDA streams in
 one thread since PR #11210, Oct 2025) and ``event_loop_overlap_mlx`` (2026), as described in
 DESIGN.md section 2; ``thread_overlap``

@@ -41,8 +41,10 @@ class Phases:
     state inside one CPU iteration (arrivals wait in the inbox until the next ``recv``). It may
     even run several iterations on its own clock, as long as no other process can act before
     its next ``recv``: :attr:`horizon` is the time of the next request that another SimPy
-    process (the open-loop arrival process) will submit. Closed-loop clients submit from
-    inside the loop (at explicit times), so their horizon is infinite.
+    process (the open-loop arrival process) will submit; past it the loop hands control over
+    (:meth:`catch_up`), or, where the loop pulls the arrivals (:meth:`pull_arrivals`, the
+    leaping loops), submits what that process would have by then. Closed-loop clients submit
+    from inside the loop (at explicit times), so their horizon is infinite.
 
     Args:
         env: the SimPy environment (its clock is the CPU thread's clock).

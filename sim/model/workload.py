@@ -244,8 +244,9 @@ class PulledArrivals:
     it if due before T, or at T and created before the loop's (as every one pending when the loop
     yields is); one it creates meanwhile fires first only if due before T. :attr:`clock` is the
     loop's ``env.now`` as its yields would have set it. ``--no-leap`` runs the SimPy process (the
-    reference); ``tests/test_leap.py`` holds the two to the same outputs, bursts and idle
-    stretches included.
+    reference): ``tests/test_pulled_arrivals.py`` holds this object to SimPy's own run of it,
+    ``tests/test_leap.py`` and ``tests/test_lazy_yield.py`` the runs (bursts, idle stretches and a
+    dying server included).
 
     Args:
         arrival_s: arrival times (s), sorted. submit: ``submit(i, arrival_s[i])``, as the process calls it.

@@ -56,7 +56,7 @@ def simpy_reference(arrival_s: list[float], plan: list[tuple]) -> list[tuple[flo
 def pulled(arrival_s: list[float], plan: list[tuple]) -> list[tuple[float, int]]:
     """The same plan with the arrivals pulled."""
     submitted: list[float] = []
-    arrivals = PulledArrivals(np.array(arrival_s, dtype=float), lambda i, t: submitted.append(t))
+    arrivals = PulledArrivals([float(t) for t in arrival_s], lambda i, t: submitted.append(t))
     log, received = [], 0
     for step in plan:
         if step[0] == "to":

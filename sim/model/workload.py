@@ -249,11 +249,13 @@ class PulledArrivals:
     dying server included).
 
     Args:
-        arrival_s: arrival times (s), sorted. submit: ``submit(i, arrival_s[i])``, as the process calls it.
+        arrival_s: arrival times (s, Python floats as ``open_loop_arrivals`` reads them), sorted; read,
+            not copied (the loop's ``Phases`` holds the same list). submit: ``submit(i, arrival_s[i])``,
+            as the process calls it.
     """
 
-    def __init__(self, arrival_s: np.ndarray, submit: Callable[[int, float], None]):
-        self._t = arrival_s.tolist()
+    def __init__(self, arrival_s: list[float], submit: Callable[[int, float], None]):
+        self._t = arrival_s
         self._submit = submit
         self._next = 0  # the next request to submit
         self.clock = 0.0  # the loop's env.now

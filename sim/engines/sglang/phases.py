@@ -90,7 +90,7 @@ class Phases:
         self._die_fault = next((f for f in faults if "die_on_batch_min_reqs" in f.sim), None)
         self._wakeup: simpy.Event | None = None
         self._was_idle = False
-        self._external = None if external_arrival_s is None else list(external_arrival_s)
+        self._external = None if external_arrival_s is None else external_arrival_s.tolist()
         self._num_submitted = 0
         self.horizon = self._external[0] if self._external else math.inf
         self.leap = None  # sim.engines.sglang.leap.Leap, set by the run where its loop can leap
@@ -99,11 +99,11 @@ class Phases:
         self.delay_sample = delay_sample
 
     # --- handing control to SimPy (or to the pulled arrivals) -----------------------------------
-    def pull_arrivals(self, arrival_s) -> None:
-        """The open loop's arrivals at ``arrival_s`` (s, sorted) are submitted by the loop itself
+    def pull_arrivals(self) -> None:
+        """The open loop's arrivals (``external_arrival_s``) are submitted by the loop itself
         (:class:`sim.model.workload.PulledArrivals`, the same order as their SimPy process), not by
         a process of their own: call instead of starting that process, before the run."""
-        self.pulled = PulledArrivals(arrival_s, self.submit)
+        self.pulled = PulledArrivals(self._external, self.submit)
 
     @property
     def sim_now(self) -> float:

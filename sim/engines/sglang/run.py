@@ -74,7 +74,7 @@ def run_sglang(scenario, setting: str, specs: RequestSpecs, warmup: int, recorde
     if clients is not None:
         clients.start()
     elif phases.leap is not None:  # the loop pulls them: no SimPy event per arrival (the same order)
-        phases.pull_arrivals(specs.arrival_s)
+        phases.pull_arrivals()
     else:
         env.process(open_loop_arrivals(env, specs.arrival_s, phases.submit))
     env.process(_serve(env, LOOPS[setting], phases, srv, outcome))

@@ -27,10 +27,19 @@ the launch returns once the device is near the forward's end, :meth:`Phases.laun
 in each iteration as the launch does; the normal loop's and the chain's numpy runs carry it, the
 overlap loop's runs take it here.
 
-A run stops (and the loop goes on step by step) before an iteration that would:
+An open loop's arrivals, where the loop pulls them (``Phases.pull_arrivals``), do not end a
+run: at the next arrival (``Phases.horizon``) the run submits what is due (``Phases.catch_up``'s
+pull) and runs the loop's own iteration for it (:func:`sim.engines.sglang.loops.normal_iteration`,
+:func:`~sim.engines.sglang.loops.overlap_iteration`: recv, the admission's prefill, its launch,
+and under ``overlap`` the wait for and processing of the decode in flight, built as the batch
+object the loop holds), then goes on leaping from the state it leaves, unless the loop would not
+leap from there (a chunk pending, a prefill that finished its requests, a decode the policy built
+in flight, nothing to run). A run stops (and the loop goes on step by step) before an iteration
+that would:
 
-- start at or after the next open-loop arrival (``Phases.horizon``) or find a request in the inbox
-  (a closed-loop client sent one when its request finished);
+- start at or after the next open-loop arrival (``Phases.horizon``) where the arrivals are a SimPy
+  process, or find a request in the inbox (a closed-loop client sent one when its request
+  finished);
 - schedule a prefill or try to (a chunk, a retraction's re-prefill, a request that finished at
   its prefill, requests waiting while admission is open: a run goes on with requests waiting
   only while ``batch_is_full`` latches admission shut or the running batch is at
@@ -53,6 +62,7 @@ from __future__ import annotations
 import math
 
 from sim.engines.sglang.leap_runs import MIN_RUN, mlx_run, normal_run, overlap_run
+from sim.engines.sglang.loops import normal_iteration, overlap_iteration
 from sim.engines.sglang.phases import AFTER_WAIT_MIN_S, Phases, launch_return
 from sim.engines.sglang.policy.decode import DECODE_LOG_INTERVAL
 from sim.model.batch import Batch
@@ -72,6 +82,7 @@ class Leap:
         self.finished_last = False  # the MLX chain: the last run's last processed batch finished requests
         self.decode_costs: dict = {}  # a numpy run's decode costs by (n, first context, length): leap_runs._decode_costs
         self.step_s = 0.0  # the last leapt iteration's length (s): a numpy run's reach before the next arrival
+        self.idle = False  # the last run ended in an arrival's iteration with nothing to run: the loop waits
 
     @classmethod
     def for_run(cls, p: Phases, setting: str) -> "Leap | None":
@@ -149,7 +160,39 @@ class Leap:
                   and not (submits and deferred and not chain))  # (overlap's runs have no submission block)
         vector_after, step_s = 0, self.step_s  # (a run's first attempt at numpy guesses its reach by the last one's)
         queued = len(s.waiting)  # the steps' num_queued (no arrival, retraction or admission in a run)
-        while not s.inbox and now < p.horizon and (s.n_running or s.pending_merge):
+        # an open loop's arrivals pulled by the loop (Phases.pull_arrivals): an arrival's iteration
+        # is the loop's own (sim.engines.sglang.loops), run from here without leaving the leap
+        pulled = p.pulled if not chain else None
+        while True:
+            if now >= p.horizon:
+                if pulled is None:
+                    break
+                pulled.advance(now - pulled.clock)  # (Phases.catch_up)
+            if s.inbox:
+                if pulled is None:
+                    break
+                p._cold = cold
+                if deferred:  # the batch in flight as the loop holds it
+                    if prev is not None:
+                        last, prev = self._in_flight(prev[0] + (0,) + prev[4], prev[3], prev[5]), None
+                    now, last, idle = overlap_iteration(p, s.server, now, last)
+                else:
+                    now, idle = normal_iteration(p, now)
+                cold = p._cold
+                if idle or (deferred and last is None):
+                    self.idle = idle  # (nothing to run: the loop waits for an arrival)
+                    break
+                if (s.chunked_req is not None or s._chunk_in_last_prefill or s.unmerged_finishers
+                        or (last.kind == DECODE and last.decode_seq != s.next_decode_seq - 1 if deferred
+                            else s.last_processed_decode != s.next_decode_seq - 1)):
+                    break  # what the leap would not take on entry (overlap, normal): step by step
+                if deferred:
+                    prev_fe = last.forward_end
+                    prev_proc = costs.process_s(last.kind, last.num_reqs, last.num_tokens, last.sum_ctx)
+                queued = len(s.waiting)
+                continue
+            if not (s.n_running or s.pending_merge):
+                break
             if queued:  # requests wait: a decode only while admission is shut (get_next_batch_to_run)
                 if s.pending_merge:
                     s._merge_prefilled()
@@ -291,7 +334,7 @@ class Leap:
         if leapt == 0:
             return now, last, 0
         self.leapt += leapt
-        if deferred:
+        if prev is not None:
             last = self._in_flight(prev[0] + (0,) + prev[4], prev[3], prev[5])
         return now, last, leapt
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from sim.engines.sglang.phases import Phases
 from sim.engines.sglang.thread_loop import thread_overlap_loop
+from sim.model.batch import Batch
 from sim.model.costs import DECODE, EXTEND
 
 
@@ -29,20 +30,33 @@ def normal_loop(env, p: Phases, server):
         if leap is not None:  # a run of steady decodes at once (sim.engines.sglang.leap), the same timeline
             now, leapt = leap.normal(now)
             if leapt:
-                if now >= p.horizon:
+                if leap.idle:  # it ended in an arrival's iteration with nothing to run
+                    leap.idle = False
+                    now = yield from p.idle_until(now)
+                elif now >= p.horizon:
                     yield from p.catch_up(now)
                 continue
-        batch, t = p.recv_and_schedule(now)
-        at = now + t
-        if batch is None:
-            now = yield from p.idle_until(at)
+        now, idle = normal_iteration(p, now)
+        if idle:  # nothing to run: wait for an arrival
+            now = yield from p.idle_until(now)
             continue
-        at += p.launch(batch, at)
-        at = p.wait(batch, at)
-        now = at + p.process(batch, at)
         if now >= p.horizon:  # another process may submit a request by now: let it (Phases.catch_up)
             yield from p.catch_up(now)
     yield from p.end(now)  # SimPy's clock ends where the CPU thread's did
+
+
+def normal_iteration(p: Phases, now: float) -> tuple[float, bool]:
+    """One iteration of :func:`normal_loop` from the CPU clock ``now``: recv, schedule a batch,
+    launch it, wait for it, process it. Returns (the clock after it, False), or (the clock after
+    recv and schedule, True) when there was nothing to run (the loop then waits for an arrival).
+    (The leap runs it too, for an arrival's iteration: :mod:`sim.engines.sglang.leap`.)"""
+    batch, t = p.recv_and_schedule(now)
+    at = now + t
+    if batch is None:
+        return at, True
+    at += p.launch(batch, at)
+    at = p.wait(batch, at)
+    return at + p.process(batch, at), False
 
 
 def overlap_loop(env, p: Phases, server):
@@ -58,7 +72,6 @@ def overlap_loop(env, p: Phases, server):
     sched = p.scheduler
     last = None
     now = env.now
-    consecutive_prefill_off = server.disable_consecutive_prefill_overlap
     leap = p.leap
     while not sched.all_done or last is not None:
         if leap is not None:  # a run of steady decodes at once (sim.engines.sglang.leap), the same timeline
@@ -67,32 +80,38 @@ def overlap_loop(env, p: Phases, server):
                 if now >= p.horizon:
                     yield from p.catch_up(now)
                 continue
-        batch, t = p.recv_and_schedule(now)
-        at = now + t
-        if consecutive_prefill_off and last is not None and batch is not None and _overlap_disabled_for(server, batch, last):
-            at = p.wait(last, at)
-            at += p.process(last, at)
-            last = None
-        if batch is not None:
-            at += p.launch(batch, at)
-        if last is not None:
-            at = p.wait(last, at)
-            at += p.process(last, at)
-        elif batch is None:
-            now = yield from p.idle_until(at)
+        now, last, idle = overlap_iteration(p, server, now, last)
+        if idle:  # nothing to run and nothing in flight: wait for an arrival
+            now = yield from p.idle_until(now)
             continue
-        if batch is not None and batch.num_grammar:  # a grammar: its sampling waits for k-1's tokens
-            at += p.sample(batch, at)
-        last = batch
-        now = at
         if now >= p.horizon:  # another process may submit a request by now: let it (Phases.catch_up)
             yield from p.catch_up(now)
     yield from p.end(now)  # SimPy's clock ends where the CPU thread's did
 
 
-def _overlap_disabled_for(server, batch, last) -> bool:
-    # SGLang is_disable_overlap_for_batch: consecutive prefills under the env flag
-    return server.disable_consecutive_prefill_overlap and batch.kind == EXTEND and last.kind == EXTEND
+def overlap_iteration(p: Phases, server, now: float, last: Batch | None) -> tuple[float, Batch | None, bool]:
+    """One iteration of :func:`overlap_loop` from the CPU clock ``now`` with ``last`` in flight:
+    recv, schedule batch k, launch it, wait for ``last`` (k-1) and process it. Returns (the clock
+    after it, the batch then in flight, False), or (the clock after recv and schedule, None, True)
+    when there was nothing to run and nothing in flight (the loop then waits for an arrival).
+    (The leap runs it too, for an arrival's iteration: :mod:`sim.engines.sglang.leap`.)"""
+    batch, t = p.recv_and_schedule(now)
+    at = now + t
+    if server.disable_consecutive_prefill_overlap and last is not None and batch is not None and (
+            batch.kind == EXTEND and last.kind == EXTEND):  # SGLang is_disable_overlap_for_batch
+        at = p.wait(last, at)
+        at += p.process(last, at)
+        last = None
+    if batch is not None:
+        at += p.launch(batch, at)
+    if last is not None:
+        at = p.wait(last, at)
+        at += p.process(last, at)
+    elif batch is None:
+        return at, None, True
+    if batch is not None and batch.num_grammar:  # a grammar: its sampling waits for k-1's tokens
+        at += p.sample(batch, at)
+    return at, batch, False
 
 
 def overlap_mlx_loop(env, p: Phases, server):

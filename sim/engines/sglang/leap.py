@@ -27,15 +27,20 @@ the launch returns once the device is near the forward's end, :meth:`Phases.laun
 in each iteration as the launch does; the normal loop's and the chain's numpy runs carry it, the
 overlap loop's runs take it here.
 
-An open loop's arrivals, where the loop pulls them (``Phases.pull_arrivals``), do not end a
-run: at the next arrival (``Phases.horizon``) the run submits what is due (``Phases.catch_up``'s
-pull) and runs the loop's own iteration for it (:func:`sim.engines.sglang.loops.normal_iteration`,
-:func:`~sim.engines.sglang.loops.overlap_iteration`: recv, the admission's prefill, its launch,
-and under ``overlap`` the wait for and processing of the decode in flight, built as the batch
-object the loop holds), then goes on leaping from the state it leaves, unless the loop would not
-leap from there (a chunk pending, a prefill that finished its requests, a decode the policy built
-in flight, nothing to run). A run stops (and the loop goes on step by step) before an iteration
-that would:
+An open loop's arrivals, where the loop pulls them (``Phases.pull_arrivals``), do not end a run of
+the normal or overlap loop (they end the MLX chain's): at the next arrival (``Phases.horizon``) the
+run submits what is due (``Phases.catch_up``'s pull) and runs the loop's own iteration for it:
+recv, the admission's batch (a prefill, or the policy's decode where none is admitted) and its
+launch through :class:`Phases`; under ``overlap``, the wait for and the processing of the leap's
+decode in flight are then the leap's own (the same floats and calls as for any of its decodes),
+where a decode the policy may schedule passes ``check_decode_mem`` (so no retraction reads the
+batch in flight), else the whole iteration is :func:`sim.engines.sglang.loops.overlap_iteration`
+with that decode built as the batch object the loop holds
+(:func:`~sim.engines.sglang.loops.normal_iteration` for the normal loop). The run goes on from the
+state the iteration leaves unless the leap would not take it on entry (a chunk pending, a prefill
+that finished its requests, nothing to run).
+
+A run stops (and the loop goes on step by step) before an iteration that would:
 
 - start at or after the next open-loop arrival (``Phases.horizon``) where the arrivals are a SimPy
   process, or find a request in the inbox (a closed-loop client sent one when its request
@@ -160,133 +165,152 @@ class Leap:
                   and not (submits and deferred and not chain))  # (overlap's runs have no submission block)
         vector_after, step_s = 0, self.step_s  # (a run's first attempt at numpy guesses its reach by the last one's)
         queued = len(s.waiting)  # the steps' num_queued (no arrival, retraction or admission in a run)
-        # an open loop's arrivals pulled by the loop (Phases.pull_arrivals): an arrival's iteration
-        # is the loop's own (sim.engines.sglang.loops), run from here without leaving the leap
+        # where no SimPy process but the loop's submits requests (an open loop's arrivals pulled by
+        # the loop, Phases.pull_arrivals; a closed loop's clients, which send from its callbacks),
+        # an arrival's iteration is the loop's own (sim.engines.sglang.loops), run from here
         pulled = p.pulled if not chain else None
+        carry = not chain and (pulled is not None or p._external is None)
         while True:
             if now >= p.horizon:
                 if pulled is None:
                     break
                 pulled.advance(now - pulled.clock)  # (Phases.catch_up)
-            if s.inbox:
-                if pulled is None:
+            if s.inbox:  # an arrival (or a request the closed loop sent): its iteration
+                if not carry:
                     break
                 p._cold = cold
-                if deferred:  # the batch in flight as the loop holds it
-                    if prev is not None:
-                        last, prev = self._in_flight(prev[0] + (0,) + prev[4], prev[3], prev[5]), None
-                    now, last, idle = overlap_iteration(p, s.server, now, last)
-                else:
-                    now, idle = normal_iteration(p, now)
+                g = s.next_decode_seq
+                if prev is None or counts[(-g) % page] > total - kv.used_pages:
+                    # the loop's own iteration, with the batch in flight as the loop holds it
+                    if deferred:
+                        if prev is not None:
+                            last, prev = self._in_flight(prev[0] + (0,) + prev[4], prev[3], prev[5]), None
+                        now, last, idle = overlap_iteration(p, s.server, now, last)
+                    else:
+                        now, idle = normal_iteration(p, now)
+                    cold = p._cold
+                    if idle or not self._leaps_on(last, deferred):
+                        self.idle = idle  # (nothing to run: the loop waits for an arrival)
+                        break
+                    if deferred:
+                        prev_fe = last.forward_end
+                        prev_proc = costs.process_s(last.kind, last.num_reqs, last.num_tokens, last.sum_ctx)
+                    queued, vector_after = len(s.waiting), 0  # (as on entry: numpy may take the next run)
+                    continue
+                # --- the loop's iteration with the leap's decode g-1 in flight, where a decode the
+                # policy may schedule passes check_decode_mem (no retraction reads the batch in
+                # flight): recv, the admission's batch and its launch here, then g-1 waited for and
+                # processed below as for the leap's own decode
+                batch, t = p.recv_and_schedule(now)
+                after = now + t
+                if batch is not None:
+                    after += p.launch(batch, after)
                 cold = p._cold
-                if idle or (deferred and last is None):
-                    self.idle = idle  # (nothing to run: the loop waits for an arrival)
+                overshoot_pages, carried = 0, True
+            else:
+                carried = False
+                if not (s.n_running or s.pending_merge):
                     break
-                if (s.chunked_req is not None or s._chunk_in_last_prefill or s.unmerged_finishers
-                        or (last.kind == DECODE and last.decode_seq != s.next_decode_seq - 1 if deferred
-                            else s.last_processed_decode != s.next_decode_seq - 1)):
-                    break  # what the leap would not take on entry (overlap, normal): step by step
-                if deferred:
-                    prev_fe = last.forward_end
-                    prev_proc = costs.process_s(last.kind, last.num_reqs, last.num_tokens, last.sum_ctx)
-                queued = len(s.waiting)
-                continue
-            if not (s.n_running or s.pending_merge):
-                break
-            if queued:  # requests wait: a decode only while admission is shut (get_next_batch_to_run)
+                if queued:  # requests wait: a decode only while admission is shut (get_next_batch_to_run)
+                    if s.pending_merge:
+                        s._merge_prefilled()
+                    if not self._admission_shut():
+                        break  # an admission pass (a prefill, or a request that does not fit): step by step
+                g = s.next_decode_seq
+                if vector and g >= vector_after and not s.pending_merge and not s.fresh and (
+                        not deferred or (prev is not None and not prev[3] and not prev[5])):
+                    run = self._vector(now, g, prev, prev_proc if deferred else 0.0, step_s, chain)
+                    if run is not None:
+                        k, k_max, now, prev, prev_proc, prev_fe = run
+                        leapt += k
+                        if k < k_max:
+                            vector_after = s.next_decode_seq + MIN_RUN
+                        continue
+                    vector_after = g + MIN_RUN
+                # --- recv + get_next_batch_to_run: merge the last prefill, then a decode -----------
                 if s.pending_merge:
                     s._merge_prefilled()
-                if not self._admission_shut():
-                    break  # an admission pass (a prefill, or a request that does not fit): step by step
-            g = s.next_decode_seq
-            if vector and g >= vector_after and not s.pending_merge and not s.fresh and (
-                    not deferred or (prev is not None and not prev[3] and not prev[5])):
-                run = self._vector(now, g, prev, prev_proc if deferred else 0.0, step_s, chain)
-                if run is not None:
-                    k, k_max, now, prev, prev_proc, prev_fe = run
-                    leapt += k
-                    if k < k_max:
-                        vector_after = s.next_decode_seq + MIN_RUN
-                    continue
-                vector_after = g + MIN_RUN
-            # --- recv + get_next_batch_to_run: merge the last prefill, then a decode -----------
-            if s.pending_merge:
-                s._merge_prefilled()
-            n, warm = s.n_running, s.n_running_warmup
-            if n == 0:
-                break
-            ctx = s.ctx_offset + n * g
-            leaving = finishing_at.get(g - 1) if s.last_processed_decode < g - 1 else None
-            need = counts[(-g) % page]
-            overshoot = excluded = ()
-            if leaving:  # _compose_decode: requests finishing in the batch in flight
-                excluded = [r for r in leaving if r.finish_by_length] if s.exclude_length_finishes else ()
-                n -= len(excluded)  # v0.5.22: left out of this batch
-                if n == 0 or chain:  # (the MLX chain: processing g-1 finishes requests, the chain breaks
-                    break  # after it: step by step)
-                overshoot = [r for r in leaving if not r.finish_by_length] if excluded else leaving
-                for r in excluded:
-                    warm -= r.warmup
-                    ctx -= r.ctx_at_join() + g - r.join_seq
+                n, warm = s.n_running, s.n_running_warmup
+                if n == 0:
+                    break
+                ctx = s.ctx_offset + n * g
+                leaving = finishing_at.get(g - 1) if s.last_processed_decode < g - 1 else None
+                need = counts[(-g) % page]
+                overshoot = excluded = ()
+                if leaving:  # _compose_decode: requests finishing in the batch in flight
+                    if chain:  # (the MLX chain: processing g-1 finishes requests, the chain breaks after it:
+                        break  # step by step)
+                    if s.exclude_length_finishes:  # v0.5.22: those finishing by length are left out of this batch
+                        excluded = [r for r in leaving if r.finish_by_length]
+                        n -= len(excluded)
+                        if n == 0:
+                            break
+                        overshoot = [r for r in leaving if not r.finish_by_length] if excluded else leaving
+                        residue = (-g) % page  # (DecodePageDemand.member_needs)
+                        for r in excluded:
+                            warm -= r.warmup
+                            ctx -= r.input_len + r.output_done + g - r.join_seq  # Req.ctx_at_join() + g - join
+                            if (r.kv_base - r.join_seq) % page == residue:
+                                need -= 1
+                    else:
+                        overshoot = leaving
+                used = kv.used_pages
+                if need > total - used:
+                    break  # check_decode_mem fails: retraction or a skipped step, step by step
                 if excluded:
-                    need -= sum(s.needs_page(r, g) for r in excluded)
-            used = kv.used_pages
-            if need > total - used:
-                break  # check_decode_mem fails: retraction or a skipped step, step by step
-            if excluded:
-                s.batch_is_full = False
-            if s.new_token_ratio > s.min_ratio:
-                s.new_token_ratio = max(s.new_token_ratio - s.ratio_decay, s.min_ratio)
-            kv.used_pages = used = used + need  # KVPool.alloc
-            if used > kv.peak_pages:
-                kv.peak_pages = used
-            if g % DECODE_LOG_INTERVAL == 0:
-                s.last_logged_usage = used / total
-            s.next_decode_seq = g + 1
-            seq = s.next_step_seq
-            s.next_step_seq = seq + 1
-            s._idle_calls = 0
-            s.now = now
-            fresh = s.fresh
-            if fresh:
-                s.fresh = []
-            num_running = s.n_running
-            recv_s = recv0
-            if cpu_j is not None:
-                recv_s *= cpu_j()
-            recv_s = recv_s * cold
-            sched_s, launch_s, forward, proc_s = decode_s(n, ctx)
-            if cpu_j is not None:
-                sched_s *= cpu_j()
-            sched_s *= cold
-            schedule_start = now + recv_s
-            after_idle = p._was_idle
-            p._was_idle = False
-            # --- launch decode g -------------------------------------------------------------
-            launch_start = now + (recv_s + sched_s)
-            if cpu_j is not None:
-                launch_s *= cpu_j()
-            launch_s *= cold
-            cold = 1.0
-            if gpu_j is not None:
-                forward *= gpu_j()
-            forward += extra
-            launch_end = launch_start + launch_s
-            busy = stream.busy_until
-            forward_start = launch_end if launch_end > busy else busy
-            stream.busy_until = forward_end = forward_start + forward
-            # what Phases.launch returns: the CPU part, or the submission's block
-            launch_ret = launch_return(launch_s, submit_s(DECODE, n, n, ctx), forward_start, forward,
-                                       launch_start) if submits else launch_s
-            if chain:  # the MLX chain adds each phase to the iteration's t: its own float order
-                t = (recv_s + sched_s) + launch_ret
-                after = now + t
-            else:  # (launch_end when nothing blocks: the same sum)
-                after = launch_start + launch_ret
-            overshoot_pages = sum(s.needs_page(r, g) for r in overshoot) if overshoot else 0
-            head = (seq, DECODE, n, n, ctx, warm, len(overshoot))
-            mid = (after_idle, used * page, num_running, queued, now, schedule_start, schedule_start + sched_s,
-                   launch_start, launch_end, forward_start, forward_end)
+                    s.batch_is_full = False
+                if s.new_token_ratio > s.min_ratio:
+                    s.new_token_ratio = max(s.new_token_ratio - s.ratio_decay, s.min_ratio)
+                kv.used_pages = used = used + need  # KVPool.alloc
+                if used > kv.peak_pages:
+                    kv.peak_pages = used
+                if g % DECODE_LOG_INTERVAL == 0:
+                    s.last_logged_usage = used / total
+                s.next_decode_seq = g + 1
+                seq = s.next_step_seq
+                s.next_step_seq = seq + 1
+                s._idle_calls = 0
+                s.now = now
+                fresh = s.fresh
+                if fresh:
+                    s.fresh = []
+                num_running = s.n_running
+                recv_s = recv0
+                if cpu_j is not None:
+                    recv_s *= cpu_j()
+                recv_s = recv_s * cold
+                sched_s, launch_s, forward, proc_s = decode_s(n, ctx)
+                if cpu_j is not None:
+                    sched_s *= cpu_j()
+                sched_s *= cold
+                schedule_start = now + recv_s
+                after_idle = p._was_idle
+                p._was_idle = False
+                # --- launch decode g -------------------------------------------------------------
+                launch_start = now + (recv_s + sched_s)
+                if cpu_j is not None:
+                    launch_s *= cpu_j()
+                launch_s *= cold
+                cold = 1.0
+                if gpu_j is not None:
+                    forward *= gpu_j()
+                forward += extra
+                launch_end = launch_start + launch_s
+                busy = stream.busy_until
+                forward_start = launch_end if launch_end > busy else busy
+                stream.busy_until = forward_end = forward_start + forward
+                # what Phases.launch returns: the CPU part, or the submission's block
+                launch_ret = launch_return(launch_s, submit_s(DECODE, n, n, ctx), forward_start, forward,
+                                           launch_start) if submits else launch_s
+                if chain:  # the MLX chain adds each phase to the iteration's t: its own float order
+                    t = (recv_s + sched_s) + launch_ret
+                    after = now + t
+                else:  # (launch_end when nothing blocks: the same sum)
+                    after = launch_start + launch_ret
+                overshoot_pages = sum(s.needs_page(r, g) for r in overshoot) if overshoot else 0
+                head = (seq, DECODE, n, n, ctx, warm, len(overshoot))
+                mid = (after_idle, used * page, num_running, queued, now, schedule_start, schedule_start + sched_s,
+                       launch_start, launch_end, forward_start, forward_end)
             # --- wait for the batch whose results come now (overlap: g-1; normal: g), process it
             ready = (prev_fe if deferred else forward_end) + lat
             if ready > after:
@@ -322,6 +346,17 @@ class Leap:
             else:
                 step_s = done - now
                 now = done
+            if carried:
+                if batch is not None and batch.kind == DECODE and batch.overshoot_pages:
+                    kv.free(batch.overshoot_pages)  # (_process_decode of g-1: the slots its finishers took in g)
+                    batch.overshoot_pages = 0
+                last, prev = batch, None
+                if not self._leaps_on(last, deferred):
+                    break
+                prev_fe = last.forward_end
+                prev_proc = costs.process_s(last.kind, last.num_reqs, last.num_tokens, last.sum_ctx)
+                queued, vector_after = len(s.waiting), 0  # (as on entry: numpy may take the next run)
+                continue
             if deferred:
                 prev = (head, n, warm, fresh, mid, overshoot)
                 prev_proc, prev_fe = proc_s, forward_end
@@ -337,6 +372,18 @@ class Leap:
         if prev is not None:
             last = self._in_flight(prev[0] + (0,) + prev[4], prev[3], prev[5])
         return now, last, leapt
+
+    def _leaps_on(self, last: Batch | None, deferred: bool) -> bool:
+        """After an arrival's iteration, whether the leap goes on from the state it left, as it
+        would take it on entry (:meth:`overlap`, :meth:`normal`, :meth:`_run`'s first test): a
+        batch in flight (overlap), no chunk pending, no prefill that finished its requests, the
+        decodes processed in order."""
+        s = self.s
+        if s.chunked_req is not None or s._chunk_in_last_prefill or s.unmerged_finishers:
+            return False
+        if deferred:
+            return last is not None and (last.kind != DECODE or last.decode_seq == s.next_decode_seq - 1)
+        return s.last_processed_decode == s.next_decode_seq - 1
 
     def _admission_shut(self) -> bool:
         """With requests waiting, whether ``_new_prefill_batch`` schedules nothing at this

@@ -394,6 +394,42 @@ def test_short_open_loop_runs_go_through_the_leap_loop():
         assert stats["leapt_steps"] > stats["steps"] / 2
 
 
+@pytest.mark.parametrize("arrival", ["poisson", "closed_loop"])
+def test_a_new_requests_iteration_stays_in_the_run(monkeypatch, arrival):
+    """Where no SimPy process but the loop's submits requests (an open loop's pulled arrivals, a
+    closed loop's clients), the run executes a new request's iteration itself and goes on: 200
+    requests, an arrival every few steps, take a handful of calls into the leap (an open loop
+    under overlap: its whole run in one, the decode in flight processed there without the batch
+    object built for the loop), and give the step-by-step outputs. A closed loop under overlap
+    whose whole batch leaves at once ends its runs there (the loop schedules the next prefill)."""
+    calls = {"run": 0, "in_flight": 0}
+    run, in_flight = leap_module.Leap._run, leap_module.Leap._in_flight
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(leap_module.Leap, "_run", counted("run", run))
+    monkeypatch.setattr(leap_module.Leap, "_in_flight", counted("in_flight", in_flight))
+    load = {"rate_per_s": 40.0} if arrival == "poisson" else {"concurrency": 6}
+    scenario = sim.load_scenario({
+        "name": "carried", "seed": 3,
+        "workload": {"arrival": arrival, "num_requests": 200, "warmup_requests": 5, "input_len": 64,
+                     "output_len": 40, "finish": "length", **load},
+        "server": {"settings": ["overlap", "normal"]}})
+    for setting in ("normal", "overlap"):
+        calls.update(run=0, in_flight=0)
+        stats = sim.simulate(scenario, setting, tables="none").stats
+        assert stats["leapt_steps"] == stats["decode_steps"]
+        if arrival == "poisson" or setting == "normal":
+            assert calls["run"] <= 5, calls
+            assert calls["in_flight"] <= 2, calls
+        assert_same(scenario, setting)
+        assert_same(scenario, setting, tables="none")
+
+
 values_s = st.floats(min_value=-1e-3, max_value=10.0, allow_nan=False)
 
 

@@ -27,24 +27,25 @@ the launch returns once the device is near the forward's end, :meth:`Phases.laun
 in each iteration as the launch does; the normal loop's and the chain's numpy runs carry it, the
 overlap loop's runs take it here.
 
-An open loop's arrivals, where the loop pulls them (``Phases.pull_arrivals``), do not end a run of
-the normal or overlap loop (they end the MLX chain's): at the next arrival (``Phases.horizon``) the
-run submits what is due (``Phases.catch_up``'s pull) and runs the loop's own iteration for it:
+Where no SimPy process but the loop's submits requests (an open loop whose arrivals the loop
+pulls, ``Phases.pull_arrivals``; a closed loop, whose clients send from the scheduler's
+callbacks), a new request does not end a run of the normal or overlap loop (it ends the MLX
+chain's): at the next arrival (``Phases.horizon``) the run submits what is due
+(``Phases.catch_up``'s pull), and with a request in the inbox it runs the loop's own iteration:
 recv, the admission's batch (a prefill, or the policy's decode where none is admitted) and its
 launch through :class:`Phases`; under ``overlap``, the wait for and the processing of the leap's
-decode in flight are then the leap's own (the same floats and calls as for any of its decodes),
-where a decode the policy may schedule passes ``check_decode_mem`` (so no retraction reads the
-batch in flight), else the whole iteration is :func:`sim.engines.sglang.loops.overlap_iteration`
-with that decode built as the batch object the loop holds
-(:func:`~sim.engines.sglang.loops.normal_iteration` for the normal loop). The run goes on from the
-state the iteration leaves unless the leap would not take it on entry (a chunk pending, a prefill
-that finished its requests, nothing to run).
+decode in flight are then the leap's own (the same floats and calls as for any of its
+decodes), where a decode the policy may schedule passes ``check_decode_mem`` (so no retraction
+reads the batch in flight), else the whole iteration is
+:func:`sim.engines.sglang.loops.overlap_iteration` with that decode built as the batch object the
+loop holds (:func:`~sim.engines.sglang.loops.normal_iteration` for the normal loop). The run goes
+on from the state the iteration leaves unless the leap would not take it on entry (a chunk
+pending, a prefill that finished its requests, nothing to run).
 
 A run stops (and the loop goes on step by step) before an iteration that would:
 
-- start at or after the next open-loop arrival (``Phases.horizon``) where the arrivals are a SimPy
-  process, or find a request in the inbox (a closed-loop client sent one when its request
-  finished);
+- (the MLX chain) start at or after the next open-loop arrival (``Phases.horizon``) or find a
+  request in the inbox;
 - schedule a prefill or try to (a chunk, a retraction's re-prefill, a request that finished at
   its prefill, requests waiting while admission is open: a run goes on with requests waiting
   only while ``batch_is_full`` latches admission shut or the running batch is at

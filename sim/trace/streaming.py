@@ -268,11 +268,21 @@ class StreamingRecorder:
             if r.failure in self.failures:
                 self.failures[r.failure] += 1
             return
-        ttfts, e2es, tpots = self._completed((r,))
-        self.ttft.add(ttfts[0])
-        self.e2e.add(e2es[0])
-        if tpots:
-            self.tpot.add(tpots[0])
+        self._completed_one(r)
+
+    def _completed_one(self, r: Req) -> None:
+        """A measured request completed (:meth:`_completed` of one): counted, its TTFT,
+        end-to-end latency and TPOT added."""
+        out = r.output_done
+        ttft = r.first_token_s - r.arrival_s
+        e2e = r.finish_s - r.arrival_s
+        self.completed += 1
+        self.input_tokens += r.input_len
+        self.output_tokens += out
+        self.ttft.add(ttft)
+        self.e2e.add(e2e)
+        if out > 1:
+            self.tpot.add((e2e - ttft) / (out - 1))
 
     def requests_finished(self, reqs: list[Req]) -> None:
         """:meth:`request` of each of ``reqs``, finished (``FINISHED``) at one time, in order: the
@@ -280,6 +290,14 @@ class StreamingRecorder:
         same order: each metric's sum runs in the order its values came)."""
         if self._rows is not None:
             self._rows.requests_finished(reqs)
+        if len(reqs) == 1:  # (a lone request: :meth:`request`'s path, the same values)
+            r = reqs[0]
+            if not r.warmup:
+                if r.finish_s > self.window_end:
+                    self.window_end = r.finish_s
+                    self._flush_pending()
+                self._completed_one(r)
+            return
         measured = [r for r in reqs if not r.warmup]
         if not measured:
             return

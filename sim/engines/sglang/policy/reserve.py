@@ -90,16 +90,18 @@ class RunningReserve:
     def total(self, ratio: float, last_processed: int, next_decode: int) -> float:
         """The offset (tokens): sum of w_r * min(remaining_r, CLIP) over the running batch."""
         out = 0.0
+        late = next_decode > last_processed + 1  # requests may have joined after the last processed decode
         for c, w in ((0, 1.0), (1, ratio)):
             n = self.n[c]
             if not n:
                 continue
             s = self.base[c] - n * last_processed
-            joined = self.joined[c]
-            for j in range(last_processed + 2, next_decode + 1):  # joined after the last processed decode
-                k = joined.get(j)
-                if k:
-                    s -= k * (j - 1 - last_processed)
+            if late:
+                joined = self.joined[c]
+                for j in range(last_processed + 2, next_decode + 1):
+                    k = joined.get(j)
+                    if k:
+                        s -= k * (j - 1 - last_processed)
             out += w * s
         for r in self.long:
             over = r.max_new_tokens - (r.delivered + max(0, last_processed - r.join_seq + 1)) - CLIP_MAX_NEW_TOKENS

@@ -20,7 +20,8 @@ and never between two engines (``tests/test_layout.py`` checks it)::
                     server section, scheduling policy, phases, loops, rules
     sim.output      reports, results folders, plots, Chrome traces         <- trace, model, base
     sim.scenario    the composition root: a scenario (workload + an        <- engines, trace, model, base
-    sim.simulate    engine's server + costs) and a run of it
+    sim.simulate    engine's server + costs) and a run of it; its
+    sim.scenario_errors   validation error told in one line
     sim.whatif      sweeps, variance, their plots and subcommands          <- all of the above
     sim.cli, sim    the command line and this API                          <- everything
 

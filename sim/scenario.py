@@ -4,15 +4,14 @@ dicts and ``--set`` overrides.
 A scenario says what load arrives (``workload``, :mod:`sim.model.schema`), how the server is
 configured (``server``: SGLang's, :mod:`sim.engines.sglang.server`, or with ``engine: vllm``
 vLLM's, :mod:`sim.engines.vllm.server`) and what each step costs (``costs``,
-:mod:`sim.model.schema`). Every field is validated; unknown keys are errors. Times are seconds.
+:mod:`sim.model.schema`). Every field is validated; unknown keys are errors (a failed
+validation is told in one line by :mod:`sim.scenario_errors`). Times are seconds.
 """
 
 from __future__ import annotations
 
 import copy
-import difflib
 import functools
-import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional, Union
@@ -23,6 +22,7 @@ from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, fiel
 from sim.engines.sglang.server import Server
 from sim.engines.vllm.server import VllmServer
 from sim.errors import ScenarioError, UserInputError
+from sim.scenario_errors import explain
 from sim.model.schema import MAX_SEED, Costs, StrictModel, Workload, length_bounds
 
 # scenario fields that hold a file path: relative to the scenario file's folder when written in
@@ -233,26 +233,6 @@ def apply_overrides(raw: dict, overrides: list[str], flag: str = "--set") -> Non
         node[parts[-1]] = value
 
 
-def _format_loc(loc: tuple) -> str:
-    # pydantic puts union branch names into loc ('constrained-int', 'tagged-union[...]' followed
-    # by the tag value); keep the user's field names only.
-    names, skip_tag = [], False
-    for i, part in enumerate(loc):
-        text = str(part)
-        if skip_tag:
-            skip_tag = False
-            continue
-        if i == 1 and loc[0] == "server" and text in ENGINES:  # the server section's engine tag
-            continue
-        if text.startswith("tagged-union["):
-            skip_tag = True
-            continue
-        if text in ("int", "constrained-int") or text.startswith("function-after["):
-            continue
-        names.append(text)
-    return ".".join(names)
-
-
 def _known_keys(loc: tuple, engine: str = "sglang") -> list[str]:
     """The keys of the section at ``loc`` (field names of the model there; the ``server`` section
     of ``engine``), for suggestions."""
@@ -283,26 +263,6 @@ def field_for_flag(flag: str) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
-def _unknown_key_message(loc: tuple, engine: str = "sglang") -> str:
-    names = _known_keys(tuple(p for p in loc[:-1]), engine)
-    close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
-    if close:
-        return f"unknown key (did you mean {close[0]!r}?)"
-    return f"unknown key (expected one of: {', '.join(names)})" if names else "unknown key"
-
-
-def _relevant(errors: list[dict]) -> list[dict]:
-    """Drop the errors of union branches that do not match the input's shape (an int branch
-    for a mapping, a mapping branch for a scalar)."""
-    kept = [e for e in errors
-            if not (e["type"] == "int_type" and isinstance(e.get("input"), dict))
-            and not (e["type"] == "model_attributes_type" and not isinstance(e.get("input"), dict))]
-    return kept or errors
-
-
-_FIELD_PREFIX = re.compile(r"Value error, ([A-Za-z_][A-Za-z0-9_.]*): (.*)$", re.S)
-
-
 def _validate(raw: Any, source: str, base_dir: str) -> Scenario:
     """Validate a raw scenario and check the files it names.
 
@@ -318,31 +278,7 @@ def _validate(raw: Any, source: str, base_dir: str) -> Scenario:
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as err:
-        errors = _relevant(err.errors(include_url=False))
-        first = errors[0]
-        loc = tuple(p for p in first["loc"])
-        field = _format_loc(loc)
-        got = first.get("input")
-        msg = first["msg"]
-        prefixed = _FIELD_PREFIX.match(msg) if first["type"] == "value_error" else None
-        if first["type"] == "unknown_engine":
-            field, msg = "server.engine", f"{msg} (got {got.get('engine')!r})"
-        elif first["type"] == "extra_forbidden":
-            msg = _unknown_key_message(tuple(field.split(".")), _engine_of(data.get("server") or {}) or "sglang")
-        elif prefixed:  # a check across fields names the one it blames: "Value error, field: text"
-            field = f"{field}.{prefixed[1]}" if field else prefixed[1]
-            msg = prefixed[2]
-        elif first["type"] == "value_error":
-            msg = msg.removeprefix("Value error, ")
-        elif isinstance(got, dict) and got and all(":" in str(k) and v is None for k, v in got.items()):
-            # {dist:lognormal,mean:300}: YAML's flow mapping needs a space after each colon, else
-            # every "key:value" is one key with no value
-            msg = (f"a mapping such as {{dist: lognormal, mean: 300}}; YAML read {', '.join(map(repr, got))} as keys "
-                   "with no values: put a space after each colon")
-        elif not isinstance(got, (dict, list)):
-            msg = f"{msg} (got {got!r})"
-        more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
-        raise ScenarioError(source, field, msg + more) from None
+        raise explain(err, source, ENGINES, _engine_of(data.get("server") or {}) or "sglang", _known_keys) from None
     _check_files(scenario)
     return scenario
 

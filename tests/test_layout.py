@@ -25,7 +25,7 @@ SIM_LAYERS = {
     "trace": {"sim.trace"},
     "engines": {"sim.engines"},  # sim.engines and each sim.engines.<engine>
     "output": {"sim.output"},
-    "compose": {"sim.scenario", "sim.simulate"},
+    "compose": {"sim.scenario", "sim.scenario_errors", "sim.simulate"},
     "whatif": {"sim.whatif"},
     "cli": {"sim.cli", "sim"},
 }

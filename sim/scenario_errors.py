@@ -53,8 +53,9 @@ def explain(err: ValidationError, source: str, engines: Container[str], engine: 
     elif isinstance(got, dict) and got and all(":" in str(k) and v is None for k, v in got.items()):
         # {dist:lognormal,mean:300}: YAML's flow mapping needs a space after each colon, else
         # every "key:value" is one key with no value
-        msg = (f"a mapping such as {{dist: lognormal, mean: 300}}; YAML read {', '.join(map(repr, got))} as keys "
-               "with no values: put a space after each colon")
+        spaced = ", ".join(": ".join(str(k).split(":", 1)) for k in got)  # what was meant, from what was written
+        msg = (f"a mapping; YAML read {', '.join(map(repr, got))} as keys with no values: put a space after each "
+               f"colon ({{{spaced}}})")
     elif not isinstance(got, (dict, list)):
         msg = f"{msg} (got {got!r})"
     more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""

@@ -368,7 +368,7 @@ def _check_files(scenario: Scenario) -> None:
     if w.trace:
         path = scenario.resolve_path(w.trace)
         if not path.is_file():
-            raise ScenarioError(scenario.source, "workload.trace", f"no such file: {path}")
+            raise ScenarioError(scenario.source, "workload.trace", f"no such file: {path}{_read_from(scenario, w.trace)}")
         specs = read_trace(path, by_length=w.finish == "length")
         if w.warmup_requests >= len(specs):
             raise ScenarioError(scenario.source, "workload.warmup_requests",
@@ -383,10 +383,18 @@ def _check_files(scenario: Scenario) -> None:
         path = scenario.resolve_path(profile)
         if not path.is_file():
             what = "a folder, not a calibration profile" if Path(path).is_dir() else "no such calibration profile"
-            raise ScenarioError(scenario.source, "costs.profile", f"{what}: {path}")
+            raise ScenarioError(scenario.source, "costs.profile", f"{what}: {path}{_read_from(scenario, profile)}")
         if isinstance(srv, VllmServer):
             from sim.engines.vllm.profile import load_vllm_profile
 
             load_vllm_profile(path, read_only=True)  # the run's cost models reuse it
         else:
             load_profile_read_only(path)
+
+
+def _read_from(scenario: Scenario, given: str) -> str:
+    """Where a relative path the scenario gives was looked for, for a message ("" for an absolute
+    one): the scenario file's folder (a scenario given as a dict: the working directory)."""
+    if Path(given).expanduser().is_absolute():
+        return ""
+    return f" (a relative path is read from the scenario file's folder, {Path(scenario.base_dir).resolve()})"

@@ -444,7 +444,8 @@ def _(ctx):
 @case("profile-relative-in-file-missing")
 def _(ctx):
     path = ctx.scenario({"costs.profile": "profiles/none.json"})
-    return ["run", path, "--out", ctx.out], [path, "costs.profile", "no such calibration profile"]
+    return ["run", path, "--out", ctx.out], [path, "costs.profile", "no such calibration profile",
+                                             "a relative path is read from the scenario file's folder"]
 
 
 # --- run: flags and output paths ----------------------------------------------------------------------------

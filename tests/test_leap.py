@@ -441,9 +441,9 @@ def test_a_stat_fed_at_once_equals_one_fed_value_by_value(samples):
     only in their last digits."""
     import numpy as np
 
-    from sim.trace.streaming import _Stat
+    from sim.trace.sketch import Stat
 
-    one, many = _Stat(), _Stat()
+    one, many = Stat(), Stat()
     for value, weight in samples:
         one.add(value, weight)
     many.add_many(np.array([v for v, _ in samples]), np.array([w for _, w in samples], dtype=np.int64))

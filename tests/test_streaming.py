@@ -104,9 +104,9 @@ def test_stat_quantiles_equal_ddsketch(samples):
     rank walk), negative values counting as 0 as before."""
     from ddsketch import DDSketch
 
-    from sim.trace.streaming import RELATIVE_ACCURACY, _Stat
+    from sim.trace.sketch import RELATIVE_ACCURACY, Stat
 
-    stat, sketch = _Stat(), DDSketch(relative_accuracy=RELATIVE_ACCURACY)
+    stat, sketch = Stat(), DDSketch(relative_accuracy=RELATIVE_ACCURACY)
     for value, weight in samples:
         stat.add(value, weight)
         sketch.add(max(value, 0.0), weight)
@@ -119,12 +119,12 @@ def test_stat_quantiles_equal_ddsketch(samples):
 @given(st.lists(st.one_of(st.floats(-1e-3, 1e6), st.sampled_from([0.0, -0.0, 5e-324, 1e-300, 1e300])), max_size=300),
        st.integers(0, 300))
 def test_stat_extend_equals_adds(values, cut):
-    """``_Stat.add_once_each`` of a list (a flush's gaps at once) counts as ``add`` of each value in order: the
+    """``Stat.add_once_each`` of a list (a flush's gaps at once) counts as ``add`` of each value in order: the
     same count, total (the same running sum) and buckets, wherever the values are split. (Gaps
     are finite: NaN ones are left out before they reach the metric.)"""
-    from sim.trace.streaming import _Stat
+    from sim.trace.sketch import Stat
 
-    one, many = _Stat(), _Stat()
+    one, many = Stat(), Stat()
     for v in values:
         one.add(v)
     many.add_once_each(values[:cut])

@@ -88,7 +88,7 @@ class Leap:
         self.finished_last = False  # the MLX chain: the last run's last processed batch finished requests
         self.decode_costs: dict = {}  # a numpy run's decode costs by (n, first context, length): leap_runs._decode_costs
         self.step_s = 0.0  # the last leapt iteration's length (s): a numpy run's reach before the next arrival
-        self.idle = False  # the last run ended in an arrival's iteration with nothing to run: the loop waits
+        self.idle = False  # the normal loop's run ended in an arrival's iteration with nothing to run (normal())
 
     @classmethod
     def for_run(cls, p: Phases, setting: str) -> "Leap | None":
@@ -105,19 +105,20 @@ class Leap:
         """Iterations of :func:`sim.engines.sglang.loops.overlap_loop` from ``now`` with ``last`` in
         flight: schedule and launch decode g, wait for the batch before it, process it. Returns (the
         CPU clock after them, the batch then in flight, iterations leapt; 0: none, nothing changed)."""
-        s = self.s
-        if last is None or (last.kind == DECODE and last.decode_seq != s.next_decode_seq - 1):
+        if not self._leaps_on(last, True):
             return now, last, 0
         return self._run(now, last)
 
-    def normal(self, now: float) -> tuple[float, int]:
+    def normal(self, now: float) -> tuple[float, int, bool]:
         """Iterations of :func:`sim.engines.sglang.loops.normal_loop` from ``now``: schedule decode
-        g, launch it, wait for it, process it. Returns (the CPU clock after them, iterations leapt;
-        0: none, nothing changed)."""
-        if self.s.last_processed_decode != self.s.next_decode_seq - 1:
-            return now, 0
+        g, launch it, wait for it, process it. Returns (the CPU clock after them, iterations leapt,
+        0: none, nothing changed; whether they ended in an arrival's iteration with nothing to
+        run, after which the loop waits for the next arrival)."""
+        if not self._leaps_on(None, False):
+            return now, 0, False
         now, _, leapt = self._run(now, None)
-        return now, leapt
+        idle, self.idle = self.idle, False
+        return now, leapt, idle
 
     def mlx(self, now: float, inflight: Batch | None, finished_last: bool) -> tuple[float, Batch | None, int]:
         """Iterations of :func:`sim.engines.sglang.loops.overlap_mlx_loop` from ``now`` while the
@@ -129,8 +130,8 @@ class Leap:
         iterations leapt; 0: none, nothing changed); :attr:`finished_last` then says whether the
         last processed batch finished requests (the loop's ``finished_last``)."""
         s = self.s
-        if (inflight is None or finished_last or inflight.kind != DECODE or s.waiting
-                or inflight.decode_seq != s.next_decode_seq - 1):
+        if (finished_last or s.waiting or inflight is None or inflight.kind != DECODE
+                or not self._leaps_on(inflight, True)):
             return now, inflight, 0
         self.finished_last = False
         return self._run(now, inflight, chain=True)
@@ -139,9 +140,9 @@ class Leap:
         """The leap of the three loops; ``last`` (overlap, the MLX chain: ``chain``) is the batch in
         flight, None for the normal loop, which processes each batch in its own iteration."""
         s, p = self.s, self.p
-        if (s.chunked_req is not None or s._chunk_in_last_prefill or s.unmerged_finishers or s.inbox
-                or now >= p.horizon or not (s.n_running or s.pending_merge)):
-            return now, last, 0  # a prefill or nothing to run: step by step
+        if s.inbox or now >= p.horizon or not (s.n_running or s.pending_merge):
+            return now, last, 0  # a request to receive or nothing to run: step by step (the callers
+            # tested the rest, _leaps_on)
         deferred = last is not None
         costs, stream, rec, kv = p.costs, p.stream, p.recorder, s.kv
         cpu_j = p.cpu_jitter if p._cpu_noisy else None
@@ -375,10 +376,9 @@ class Leap:
         return now, last, leapt
 
     def _leaps_on(self, last: Batch | None, deferred: bool) -> bool:
-        """After an arrival's iteration, whether the leap goes on from the state it left, as it
-        would take it on entry (:meth:`overlap`, :meth:`normal`, :meth:`_run`'s first test): a
-        batch in flight (overlap), no chunk pending, no prefill that finished its requests, the
-        decodes processed in order."""
+        """Whether the leap takes the scheduler's state on (on entry, and after an arrival's
+        iteration inside a run): a batch in flight (``deferred``: overlap, the MLX chain), no chunk
+        pending, no prefill that finished its requests, the decodes processed in order."""
         s = self.s
         if s.chunked_req is not None or s._chunk_in_last_prefill or s.unmerged_finishers:
             return False

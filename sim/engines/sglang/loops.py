@@ -28,10 +28,9 @@ def normal_loop(env, p: Phases, server):
     leap = p.leap
     while not sched.all_done:
         if leap is not None:  # a run of steady decodes at once (sim.engines.sglang.leap), the same timeline
-            now, leapt = leap.normal(now)
+            now, leapt, idle = leap.normal(now)
             if leapt:
-                if leap.idle:  # it ended in an arrival's iteration with nothing to run
-                    leap.idle = False
+                if idle:  # it ended in an arrival's iteration with nothing to run
                     now = yield from p.idle_until(now)
                 elif now >= p.horizon:
                     yield from p.catch_up(now)

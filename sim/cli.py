@@ -305,16 +305,21 @@ def _command(argv: list[str]) -> int:
     except UnicodeEncodeError as err:  # printing to a terminal or file whose encoding lacks a character
         _quiet_stdout()
         print(f"overlap-sim: error: standard output cannot encode {err.object[err.start:err.end]!r} in "
-              f"{err.encoding} (set PYTHONIOENCODING=utf-8); the results files are written", file=sys.stderr)
+              f"{err.encoding} (set PYTHONIOENCODING=utf-8); {_FILES_KEPT}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except OSError as err:  # a file the system refused past the up-front checks (writes go through atomic_path)
         if getattr(err, "filename", None) is None:  # writing to standard output failed (a full disk: > /dev/full)
             _quiet_stdout()
-            print(f"overlap-sim: error: writing to standard output: {err.strerror or type(err).__name__}",
-                  file=sys.stderr)
+            print(f"overlap-sim: error: writing to standard output: {err.strerror or type(err).__name__}; "
+                  f"{_FILES_KEPT}", file=sys.stderr)
             return EXIT_BAD_INPUT
         print(f"overlap-sim: error: {err.filename}: {err.strerror or type(err).__name__}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+# standard output failed after the files may have been written (a run's folder is published before its
+# table is printed): what the command wrote is kept, whole (sim.atomic), and says so
+_FILES_KEPT = "the results files it finished writing are kept, whole"
 
 
 def _quiet_stdout() -> None:

@@ -50,6 +50,12 @@ class ProfileError(UserInputError):
 
 
 def shown(v) -> str:
-    """``repr(v)`` for a message, cut to 40 characters (a 400-digit integer is named, not printed)."""
-    text = repr(v)
+    """``repr(v)`` for a message, cut to 40 characters (a 400-digit integer is named, not printed;
+    a list nested too deep for ``repr`` is shown to a few levels, by :mod:`reprlib`)."""
+    try:
+        text = repr(v)
+    except RecursionError:
+        import reprlib
+
+        text = reprlib.repr(v)
     return text if len(text) <= 40 else text[:37] + "..."

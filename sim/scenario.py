@@ -207,9 +207,9 @@ def apply_overrides(raw: dict, overrides: list[str], flag: str = "--set") -> Non
         key, sep, text = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ScenarioError(f"{flag} {item}", "", "expected KEY.PATH=VALUE")
+            raise ScenarioError(_quoted(flag, item), "", "expected KEY.PATH=VALUE")
         if key in seen:
-            raise ScenarioError(f"{flag} {item}", key, f"given twice (each {flag} key once)")
+            raise ScenarioError(_quoted(flag, item), key, f"given twice (each {flag} key once)")
         seen.add(key)
         try:
             value = _load_yaml(text)
@@ -228,7 +228,7 @@ def apply_overrides(raw: dict, overrides: list[str], flag: str = "--set") -> Non
                 child = node[part] = {}
             if not isinstance(child, dict):
                 field = ".".join(parts[: depth + 1])
-                raise ScenarioError(f"{flag} {item}", field, "is not a mapping; cannot set a key inside it")
+                raise ScenarioError(_quoted(flag, item), field, "is not a mapping; cannot set a key inside it")
             node = child
         node[parts[-1]] = value
 
@@ -294,15 +294,25 @@ def _validate_overridden(raw: dict, base: dict, overrides: list[str], flag: str,
             raise
         keys = [item.partition("=")[0].strip() for item in overrides]
         field = err.field
-        for item, key in zip(overrides, keys):
-            if field and (field == key or field.startswith(key + ".") or key.startswith(field + ".")):
-                raise ScenarioError(f"{flag} {item}", field, err.expected) from None
+        if field:
+            # the last override that set the field or a section holding it (a later one replaces what an
+            # earlier one set inside it), else the first that set something inside the field
+            setting = [item for item, key in zip(overrides, keys) if field == key or field.startswith(key + ".")]
+            inside = [item for item, key in zip(overrides, keys) if key.startswith(field + ".")]
+            if setting or inside:
+                raise ScenarioError(_quoted(flag, setting[-1] if setting else inside[0]), field, err.expected) from None
         try:
             _validate(base, source, base_dir)
         except UserInputError:
             raise err from None  # the scenario itself is bad
-        blamed = " ".join(f"{flag} {item}" for item in overrides)
+        blamed = " ".join(_quoted(flag, item) for item in overrides)
         raise ScenarioError(f"{source} with {blamed}", field, err.expected) from None
+
+
+def _quoted(flag: str, item: str) -> str:
+    """An override as a message names it (``--set key=value``), a long value cut to 60 characters."""
+    key, sep, value = item.partition("=")
+    return f"{flag} {key}{sep}{value if len(value) <= 60 else value[:57] + '...'}"
 
 
 def load_scenario(path_or_dict: Union[str, Path, dict, Scenario], overrides: Optional[list[str]] = None) -> Scenario:
@@ -368,7 +378,8 @@ def _check_files(scenario: Scenario) -> None:
     if w.trace:
         path = scenario.resolve_path(w.trace)
         if not path.is_file():
-            raise ScenarioError(scenario.source, "workload.trace", f"no such file: {path}{_read_from(scenario, w.trace)}")
+            what = "a folder, not a trace file" if path.is_dir() else "no such file"
+            raise ScenarioError(scenario.source, "workload.trace", f"{what}: {path}{_read_from(scenario, w.trace)}")
         specs = read_trace(path, by_length=w.finish == "length")
         if w.warmup_requests >= len(specs):
             raise ScenarioError(scenario.source, "workload.warmup_requests",
@@ -384,12 +395,28 @@ def _check_files(scenario: Scenario) -> None:
         if not path.is_file():
             what = "a folder, not a calibration profile" if Path(path).is_dir() else "no such calibration profile"
             raise ScenarioError(scenario.source, "costs.profile", f"{what}: {path}{_read_from(scenario, profile)}")
-        if isinstance(srv, VllmServer):
-            from sim.engines.vllm.profile import load_vllm_profile
+        from sim.errors import ProfileError
 
-            load_vllm_profile(path, read_only=True)  # the run's cost models reuse it
-        else:
-            load_profile_read_only(path)
+        try:
+            if isinstance(srv, VllmServer):
+                from sim.engines.vllm.profile import load_vllm_profile
+
+                load_vllm_profile(path, read_only=True)  # the run's cost models reuse it
+            else:
+                load_profile_read_only(path)
+        except ProfileError as err:
+            if err.field != "metadata.engine":
+                raise
+            # another engine's profile: the scenario's engine is what to look at (an absent server.engine is sglang)
+            import json
+
+            try:
+                other = f"a {json.loads(Path(path).read_text())['metadata'].get('engine', 'sglang')} profile"
+            except (OSError, ValueError, KeyError, AttributeError):
+                other = "another engine's profile"
+            default = "" if "engine" in srv.model_fields_set else " (the default: the server section names none)"
+            raise ScenarioError(scenario.source, "server.engine", f"is {srv.engine}{default}, but costs.profile {path} "
+                                f"is {other}: set server.engine to the profile's engine") from None
 
 
 def _read_from(scenario: Scenario, given: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sim.errors import ScenarioError
+from sim.errors import ScenarioError, shown
 
 # a check across fields names the field it blames: "Value error, field: text"
 _FIELD_PREFIX = re.compile(r"Value error, ([A-Za-z_][A-Za-z0-9_.]*): (.*)$", re.S)
@@ -42,7 +42,7 @@ def explain(err: ValidationError, source: str, engines: Container[str], engine: 
     msg = first["msg"]
     prefixed = _FIELD_PREFIX.match(msg) if first["type"] == "value_error" else None
     if first["type"] == "unknown_engine":
-        field, msg = "server.engine", f"{msg} (got {got.get('engine')!r})"
+        field, msg = "server.engine", f"{msg} (got {shown(got.get('engine'))})"
     elif first["type"] == "extra_forbidden":
         msg = _unknown_key_message(tuple(field.split(".")), known_keys, engine)
     elif prefixed:
@@ -57,7 +57,7 @@ def explain(err: ValidationError, source: str, engines: Container[str], engine: 
         msg = (f"a mapping; YAML read {', '.join(map(repr, got))} as keys with no values: put a space after each "
                f"colon ({{{spaced}}})")
     elif not isinstance(got, (dict, list)):
-        msg = f"{msg} (got {got!r})"
+        msg = f"{msg} (got {shown(got)})"
     more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
     return ScenarioError(source, field, msg + more)
 

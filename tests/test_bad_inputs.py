@@ -350,6 +350,33 @@ def _(ctx):
             ["--set workload.trace=gone.jsonl", "workload.trace", "no such file"])
 
 
+@case("set-trace-a-folder")
+def _(ctx):
+    scen, _trace = ctx.trace_scenario([TRACE_LINE])
+    (ctx.tmp / "traces").mkdir()
+    return (["run", scen, "--set", "workload.trace=traces", "--out", ctx.out],
+            ["--set workload.trace=traces", "workload.trace", "a folder, not a trace file"])
+
+
+@case("set-a-section-after-a-key-inside-it")
+def _(ctx):  # the later override replaced the section the earlier one set a key in: the later one is blamed
+    return (["run", ctx.scenario(), "--set", "workload.num_requests=30", "--set", "workload=5", "--out", ctx.out],
+            ["--set workload=5", "workload"])
+
+
+@case("set-a-very-long-value")
+def _(ctx):  # the message quotes the value cut short, not 40,000 characters of it
+    return (["run", ctx.scenario(), "--set", "workload.rate_per_s=" + "x" * 40000, "--out", ctx.out],
+            ["--set workload.rate_per_s=xxxx", "...", "workload.rate_per_s"])
+
+
+@case("profile-of-another-engine")
+def _(ctx):  # a vLLM profile under a server section that names no engine (sglang): the engine is blamed
+    prof = str(Path(__file__).parents[1] / "scenarios/profiles/cpu-vllm-tiny.json")
+    return (run_scenario(ctx, {"costs.profile": prof})[0],
+            ["server.engine", "is sglang (the default", "is a vllm profile"])
+
+
 # --- run: trace files ------------------------------------------------------------------------------------
 
 TRACES = [

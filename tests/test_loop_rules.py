@@ -194,14 +194,29 @@ def test_scenario_version_sets_retraction_unless_given():
 
 @pytest.mark.parametrize("server,expected", [
     ({"launch_args": ["--pp-size", "2"]}, "pipeline parallelism, which is not modelled"),
-    ({"launch_args": ["--page-size", "64"], "page_size": 16}, "page_size is 16 but launch_args give 64"),
+    ({"launch_args": ["--page-size", "64"], "page_size": 16}, r"server\.page_size: 16 here, but launch_args give 64"),
     ({"launch_args": ["--pp-size", "x"]}, "integer"),
     ({"version": "newest"}, "release"),
+    ({"version": 0.5}, r"server\.version: a release as text .* put it in quotes"),  # YAML's `version: 0.5`
+    # the server's own device and version beside launch_args: named as those fields, not as a launch argument
+    ({"launch_args": ["--page-size", "64"], "device": "tpu"}, r"server\.device: expected one of cuda, mlx, mps, cpu \(got 'tpu'\)"),
+    ({"launch_args": ["--page-size", "64"], "device": None}, r"server\.device: expected one of .* \(got None\)"),
+    ({"launch_args": ["--page-size", "64"], "version": "abc"}, r"server\.version: expected an SGLang release"),
 ])
 def test_scenario_launch_args_errors_name_the_field(server, expected):
     with pytest.raises(ScenarioError, match=expected) as err:
         load_scenario({"name": "x", "server": server})
     assert "server" in str(err.value)
+
+
+def test_a_launch_argument_nested_too_deep_to_print_is_one_short_line(tmp_path):
+    """A list nested a thousand deep in a scenario file's launch_args (repr would recurse past
+    Python's limit) is refused in one line, the value shown to a few levels."""
+    path = tmp_path / "deep.yaml"
+    path.write_text("name: x\nserver: {launch_args: [" + "[" * 1000 + "]" * 1000 + "]}\n")
+    with pytest.raises(ScenarioError, match=r"server\.launch_args\.0: expected a string.*got \[\[\[") as err:
+        load_scenario(path)
+    assert len(str(err.value)) < 200
 
 
 # --- CLI ---------------------------------------------------------------------------------------

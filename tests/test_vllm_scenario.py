@@ -48,12 +48,21 @@ def test_bad_vllm_server_one_line_exit_2(tmp_path, capsys, server, field, words)
 
 
 def test_profiles_must_be_of_the_scenario_engine(tmp_path):
-    with pytest.raises(ProfileError) as err:
+    """A profile of the other engine's curves: the scenario's server.engine is blamed, with the
+    profile's engine named (an SGLang scenario's engine may be the default, unnamed)."""
+    with pytest.raises(ScenarioError) as err:
         sim.load_scenario(vllm_scenario(profile=str(SGLANG_PROFILE)))
-    assert err.value.field == "metadata.engine" and "'vllm'" in err.value.expected
+    assert err.value.field == "server.engine" and err.value.expected.startswith("is vllm, but costs.profile")
+    assert "is a sglang profile" in err.value.expected
     vllm_profile = write_profile(tmp_path)
-    with pytest.raises(ProfileError) as err:
+    with pytest.raises(ScenarioError) as err:
         sim.load_scenario({"name": "s", "costs": {"profile": vllm_profile}})
+    assert err.value.field == "server.engine" and "is sglang (the default" in err.value.expected
+    assert "is a vllm profile" in err.value.expected
+    with pytest.raises(ProfileError) as err:  # the profile loader itself still names its field
+        from sim.model.profile import load_profile_read_only
+
+        load_profile_read_only(vllm_profile)
     assert err.value.field == "metadata.engine" and "'sglang'" in err.value.expected
 
 

@@ -35,6 +35,7 @@ def _scenario(tmp_path, **server) -> str:
     ({"workload": {"output_len": 0}}, "workload.output_len 0"),
     ({"workload": {"input_len": {"dist": "choice", "values": [0, 64]}}}, "workload.input_len can be 0"),
     ({"server": {"version": "9.9.9"}}, "server.version 9.9.9 is newer than any release checked"),
+    ({"server": {"version": "0.0.1"}}, "server.version 0.0.1 is older than any release checked (0.5.3)"),
     ({"workload": {"output_len": 4100}}, "reach 4116 tokens, beyond the 4094 that server.kv_pool_tokens"),
     ({"server": {"context_length": 20}}, "beyond the 18 that server.context_length lets one request reach"),
 ])

@@ -183,7 +183,9 @@ def validate_profile(data, source: str, curves: CurveTable = SGLANG_CURVES) -> N
     :data:`MIN_FORWARD_S` (a forward that takes no time would not advance simulated time)."""
     table, known = curves, curves.all
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ProfileError(source, "format", f"{FORMAT!r}: this is not an overlap-sim calibration profile")
+        got = f"a JSON {type(data).__name__}" if not isinstance(data, dict) else shown(data.get("format"))
+        raise ProfileError(source, "format", f"expected {FORMAT!r}: this is not an overlap-sim calibration profile "
+                                             f"(got {got})")
     version = data.get("schema_version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ProfileError(source, "schema_version", f"a positive integer (got {shown(version)})")

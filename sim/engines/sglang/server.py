@@ -13,6 +13,7 @@ from typing import Literal, Optional
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from sim.engines.sglang.structured import StructuredOutput
+from sim.errors import shown
 from sim.model.profile import ParallelPricing
 from sim.model.schema import MAX_POOL_TOKENS, MAX_REQUESTS, MAX_TOKENS, StrictModel
 
@@ -144,11 +145,15 @@ class Server(StrictModel):
             out.append(f"warning: server.{tp}")
         if self.version is not None:
             from sim.engines.sglang.rules.launch_args import parse_version
-            from sim.engines.sglang.rules.loop_rules import newest_checked
+            from sim.engines.sglang.rules.loop_rules import newest_checked, oldest_checked
 
             if parse_version(self.version) > (newest := newest_checked()):
                 out.append(f"warning: server.version {self.version} is newer than any release checked ({newest}): "
                            f"its loops, policies and release faults are taken as {newest}'s")
+            elif parse_version(self.version) < (oldest := oldest_checked()):
+                out.append(f"warning: server.version {self.version} is older than any release checked ({oldest}): "
+                           f"its loops, policies and release faults are taken from the rules table's oldest "
+                           f"ranges, which no one checked against it")
         if "overlap_mlx" in self.settings and self.device != "mlx":
             out.append(f"warning: server.settings overlap_mlx on server.device {self.device}: SGLang runs "
                        "event_loop_overlap_mlx only on MLX; the chain is simulated as asked")
@@ -156,6 +161,14 @@ class Server(StrictModel):
             out.append(f"warning: server.settings thread_overlap on server.device {self.device}: the forward "
                        "thread (TpModelWorkerClient) was a CUDA path; it is simulated as asked")
         return out
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_as_text(cls, value):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):  # `version: 0.5` in YAML: a number
+            raise ValueError(f"a release as text (YAML read {value!r} as a number, which can drop a trailing zero: "
+                             "1.10 reads as 1.1): put it in quotes, as in version: \"0.5.23\"")
+        return value
 
     @field_validator("settings", mode="before")
     @classmethod
@@ -172,7 +185,7 @@ class Server(StrictModel):
             # its text; anything else (a list, a map, null, true) is not an argument
             for i, a in enumerate(data["launch_args"]):
                 if not isinstance(a, (str, int, float)) or isinstance(a, bool):
-                    raise ValueError(f"launch_args.{i}: expected a string (a launch argument), got {a!r}")
+                    raise ValueError(f"launch_args.{i}: expected a string (a launch argument), got {shown(a)}")
             data = {**data, "launch_args": [a if isinstance(a, str) else str(a) for a in data["launch_args"]]}
             data, derived, notes = _resolve_launch_args(data)
         if isinstance(data, dict) and data.get("version") is not None:
@@ -237,10 +250,15 @@ def _resolve_launch_args(data: dict) -> tuple[dict, tuple, tuple]:
     args = data["launch_args"]
     if not isinstance(args, list):
         return data, (), ()
+    device = data.get("device", "cuda")
+    if not isinstance(device, str):  # (null, a number: not a device's name)
+        from sim.engines.sglang.rules.launch_args import PLATFORMS
+        raise ValueError(f"device: expected one of {', '.join(PLATFORMS)} (got {shown(device)})")
     try:
-        adv = advise([str(a) for a in args], str(data.get("device", "cuda")), data.get("version"),
-                     source="server.launch_args")
-    except UserInputError as err:
+        adv = advise([str(a) for a in args], device, data.get("version"), source="server.launch_args")
+    except UserInputError as err:  # the server's own device or version (named as the fields they are), or a flag
+        if err.field == "device" or err.source == "server.version":
+            raise ValueError(f"{err.field or 'version'}: {err.expected}") from None
         raise ValueError(f"launch_args {err.field}: {err.expected}" if err.field else err.expected) from None
     refused = [(flag, status) for flag, status in adv.config.flags if status.startswith("refused")]
     if refused:
@@ -262,7 +280,7 @@ def _resolve_launch_args(data: dict) -> tuple[dict, tuple, tuple]:
         if key in data and given != value and not (isinstance(value, float) and isinstance(given, (int, float))
                                                    and math.isclose(given, value, rel_tol=1e-9)):
             # (a float the flag derives, e.g. the ratio 0.7 x conservativeness, may differ in its last digit)
-            raise ValueError(f"{key} is {given!r} but launch_args give {value!r}")
+            raise ValueError(f"{key}: {shown(given)} here, but launch_args give {value!r} (set it in one place)")
         if key not in data:
             data[key] = value
             derived.append(key)

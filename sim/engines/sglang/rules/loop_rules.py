@@ -130,6 +130,11 @@ def newest_checked() -> Version:
     return max(Version(str(v)) for r in rules_table()["rules"] for v in r.get("checked", []))
 
 
+def oldest_checked() -> Version:
+    """The oldest SGLang release any row of the rules table was checked against."""
+    return min(Version(str(v)) for r in rules_table()["rules"] for v in r.get("checked", []))
+
+
 def evaluate(config: LaunchConfig) -> Advice:
     """Evaluate the rules table for a parsed launch command. See :class:`Advice`."""
     rows = rules_table()["rules"]

@@ -339,3 +339,38 @@ def test_a_sweep_refuses_outputs_it_cannot_write_before_its_points_run(tmp_path,
     err = capsys.readouterr().err
     assert rc == 2 and "sweep.json: a folder where the sweep writes a file" in err and len(err.strip().splitlines()) == 1
     assert not (out / "points").exists()
+
+
+def test_a_point_where_a_setting_dies_shows_no_ratio(tmp_path, capsys):
+    """kv-pressure's overlap server dies at 12 clients and 128 output tokens: the table's ratio
+    cell says which setting failed (no 0 or NaN ratio), the CV of its zero throughput is left out,
+    nothing warns of a log of 0, and the plots' title counts the paired runs with no ratio
+    instead of a 0.00x; the heatmap and the interval plot mark the point failed."""
+    import warnings
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from sim.whatif.plots import ratio_ci_plot, ratio_heatmap, sweep_lines
+    from sim.whatif.variance import failed_settings
+
+    out = tmp_path / "s"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # (pandas' "divide by zero encountered in log")
+        rc = main(["sweep", str(ROOT / "scenarios" / "kv-pressure.yaml"), "--grid", "workload.concurrency=4,12",
+                   "--grid", "workload.output_len=64,128", "--set", "workload.num_requests=20", "--repeats", "2",
+                   "--workers", "1", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0
+    table, _ = load_sweep(out)
+    failed = failed_settings(table, ("overlap", "normal"))
+    assert failed and all(v == ["overlap"] for v in failed.values())
+    assert "overlap failed" in printed and "nan" not in printed
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        fig = sweep_lines(table, "workload.concurrency", "kv")
+        assert "no ratio in" in fig._suptitle.get_text() and "0.00x" not in fig._suptitle.get_text()
+        heat = ratio_heatmap(table, "workload.concurrency", "workload.output_len", "kv")
+        assert sum(t.get_text() == "failed" for t in heat.axes[0].texts) == len(failed)
+        ci = ratio_ci_plot(table, "kv")
+        assert sum("overlap\nfailed" == t.get_text() for t in ci.axes[0].texts) == len(failed)

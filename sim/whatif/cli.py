@@ -45,7 +45,7 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
 
 
 def _print_sweep(table, scenario: str, console: Console) -> None:
-    from sim.whatif.variance import grid_keys, ratio_ci
+    from sim.whatif.variance import failed_settings, grid_keys, ratio_ci
 
     keys = grid_keys(table)
     settings = list(dict.fromkeys(table["setting"]))
@@ -55,6 +55,7 @@ def _print_sweep(table, scenario: str, console: Console) -> None:
     first = table.drop_duplicates("point").set_index("point")
     pair = ratio_pair(settings)  # overlap/normal (SGLang) or async/sync (vLLM)
     ci = ratio_ci(table, num=pair[0], den=pair[1]).set_index("point") if pair else None
+    failed = failed_settings(table, pair) if pair else {}  # no ratio where a server died or served nothing
     n = int(table["repeat"].max()) + 1
     t = Table(title=f"{scenario}: output throughput (tok/s), mean of {n} repeat{'s' if n > 1 else ''}"
                     + (" ± CV across repeats" if n > 1 else ""))
@@ -67,10 +68,13 @@ def _print_sweep(table, scenario: str, console: Console) -> None:
     shown = list(means.index)[:40]
     for point in shown:
         cells = [str(first.loc[point, k]) for k in keys]
-        cells += [f"{means.loc[point, s]:.1f}" + (f" ±{cvs.loc[point, s]:.1%}" if n > 1 else "") for s in settings]
+        cells += [f"{means.loc[point, s]:.1f}" + (f" ±{cvs.loc[point, s]:.1%}" if n > 1 and math.isfinite(cvs.loc[point, s])
+                                                  else "") for s in settings]  # (no CV of a mean of 0)
         if ci is not None:
             r = ci.loc[point]
-            cells.append(f"{r['ratio']:.3f}" + (f" [{r['ci_low']:.3f}, {r['ci_high']:.3f}]" if n > 1 else ""))
+            dead = failed.get(point)
+            cells.append(f"{' and '.join(dead)} failed" if dead else
+                         f"{r['ratio']:.3f}" + (f" [{r['ci_low']:.3f}, {r['ci_high']:.3f}]" if n > 1 else ""))
         t.add_row(*cells)
     console.print(t)
     if len(means) > len(shown):

@@ -21,7 +21,7 @@ from matplotlib.lines import Line2D
 from sim.output.plots import (KIND_COLORS, MEASURED_COLOR, PHASE_COLORS, ZERO_GAP_MS, _save, draw_gap_panels,
                               fmt_value, plain_log_ticks, plt, setting_color)
 from sim.output.report import ratio_pair
-from sim.whatif.variance import grid_keys, paired_ratios, ratio_ci
+from sim.whatif.variance import failed_settings, grid_keys, paired_ratios, ratio_ci
 
 LINE_METRICS = (("output_throughput", "output throughput (tok/s)"), ("median_ttft_ms", "median TTFT (ms)"),
                 ("median_itl_ms", "median ITL (ms)"), ("mean_gap_ms", "mean GPU gap (ms)"))
@@ -130,8 +130,12 @@ def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
     finding = ""
     if pair:
         r = paired_ratios(table, "output_throughput", pair[0], pair[1])["ratio"]
+        lost = int((~(r > 0)).sum())  # runs with no ratio: a setting's server died or served nothing
+        r = r[r > 0]
         if len(r):
             finding = f": {pair[0]}/{pair[1]} output throughput {r.min():.2f}x to {r.max():.2f}x"
+        if lost:
+            finding += f"{',' if finding else ':'} no ratio in {lost} of {lost + len(r)} paired runs (a setting failed)"
     fig.suptitle(f"{scenario}: sweep over {key}{finding}{per} ({runs})", fontsize=10)
     return fig
 
@@ -144,12 +148,12 @@ def _ratio_panel(ax, table: pd.DataFrame, key: str, others: list, combos: list, 
     from sim.whatif.verdict import DEFAULT_RUN_CV, threshold_ratio
 
     pr = paired_ratios(table, "output_throughput", pair[0], pair[1])
-    pr["log"] = np.log(pr["ratio"])
+    pr["log"] = _log_ratio(pr["ratio"])
     for ci, combo in enumerate(combos):
         g = _select(pr, others, combo)
         if g.empty:
             continue
-        stats = np.exp(g.groupby(key, sort=numeric)["log"].mean())
+        stats = np.exp(g.groupby(key, sort=numeric)["log"].agg(lambda s: s.mean(skipna=False)))
         if not numeric:
             stats = stats.reindex([v for v in xs_all if v in stats.index])
         x = stats.index.to_numpy() if numeric else np.array([xs_all.index(v) for v in stats.index])
@@ -164,6 +168,12 @@ def _ratio_panel(ax, table: pd.DataFrame, key: str, others: list, combos: list, 
     ax.grid(alpha=0.3)
 
 
+def _log_ratio(ratio: pd.Series) -> pd.Series:
+    """The log of each paired ratio; NaN where it is not positive (0: the numerator's server died
+    or served nothing; NaN: the denominator's), which a point's mean carries (no ratio there)."""
+    return np.log(ratio.where(ratio > 0))
+
+
 def _pretty(metric: str) -> str:
     return metric.replace("_ms", " (ms)").replace("_", " ")
 
@@ -174,23 +184,29 @@ def ratio_heatmap(table: pd.DataFrame, x_key: str, y_key: str, scenario: str, me
     grid keys) over two grid keys, with the break-even contour (ratio = 1) explained in the title
     (no label on the map, which would cover a value)."""
     pr = paired_ratios(table, metric, num, den)
-    pr["log_ratio"] = np.log(pr["ratio"])
-    grid = pr.groupby([y_key, x_key])["log_ratio"].mean().unstack(x_key).sort_index().sort_index(axis=1)
+    pr["log_ratio"] = _log_ratio(pr["ratio"])
+    grid = (pr.groupby([y_key, x_key])["log_ratio"].agg(lambda s: s.mean(skipna=False)).unstack(x_key)
+            .sort_index().sort_index(axis=1))
     z = np.exp(grid.to_numpy(dtype=float))
     fig, ax = plt.subplots(figsize=(1.6 + 0.9 * z.shape[1], 1.6 + 0.6 * z.shape[0]))
-    span = max(abs(np.log(np.nanmax(z))), abs(np.log(np.nanmin(z))), 1e-3)
-    im = ax.imshow(np.log(z), origin="lower", cmap="RdBu", vmin=-span, vmax=span, aspect="auto")
-    contour = z.shape[0] > 1 and z.shape[1] > 1 and np.nanmin(z) < 1 < np.nanmax(z)
+    logs = np.ma.masked_invalid(np.log(z))  # (a cell where a setting failed: masked, left blank)
+    low, high = (float(logs.min()), float(logs.max())) if logs.count() else (0.0, 0.0)
+    span = max(abs(low), abs(high), 1e-3)
+    im = ax.imshow(logs, origin="lower", cmap="RdBu", vmin=-span, vmax=span, aspect="auto")
+    contour = z.shape[0] > 1 and z.shape[1] > 1 and low < 0 < high
     if contour:
-        ax.contour(np.log(z), levels=[0.0], colors="black", linewidths=1.5, zorder=2)
+        ax.contour(logs, levels=[0.0], colors="black", linewidths=1.5, zorder=2)
     from sim.whatif.verdict import DEFAULT_RUN_CV, threshold_ratio
 
     lt = math.log(threshold_ratio(DEFAULT_RUN_CV))
-    levels = [v for v in (-lt, lt) if z.shape[0] > 1 and z.shape[1] > 1 and np.nanmin(np.log(z)) < v < np.nanmax(np.log(z))]
+    levels = [v for v in (-lt, lt) if z.shape[0] > 1 and z.shape[1] > 1 and low < v < high]
     if levels:
-        ax.contour(np.log(z), levels=levels, colors="black", linewidths=1.0, linestyles=":", zorder=2)
+        ax.contour(logs, levels=levels, colors="black", linewidths=1.0, linestyles=":", zorder=2)
     for (i, j), v in np.ndenumerate(z):
-        dark = v > 0 and abs(math.log(v)) > 0.6 * span
+        if not v > 0:  # (NaN: a setting failed there)
+            ax.text(j, i, "failed", ha="center", va="center", fontsize=8, color="black", zorder=3)
+            continue
+        dark = abs(math.log(v)) > 0.6 * span
         # a white halo keeps a value readable where the break-even line passes under it
         effects = [] if dark else [patheffects.withStroke(linewidth=2.5, foreground="white")]
         ax.text(j, i, f"{v:.3f}" if abs(v - 1) < 0.01 else f"{v:.2f}", ha="center", va="center", fontsize=8,
@@ -217,10 +233,18 @@ def ratio_ci_plot(table: pd.DataFrame, scenario: str, metric: str = "output_thro
     """The paired ``num``/``den`` ratio per grid point with its t-interval
     (:func:`sim.whatif.variance.ratio_ci`)."""
     ci = ratio_ci(table, metric, num, den, level=level)
+    failed = failed_settings(table, (num, den))  # no ratio at a point where a setting failed in a repeat
+    for col in ("ratio", "ci_low", "ci_high"):
+        ci.loc[ci["point"].isin(failed), col] = math.nan
     keys = grid_keys(table)
     labels = [", ".join(f"{k.split('.')[-1]}={_label(r[k])}" for k in keys) or "scenario" for _, r in ci.iterrows()]
-    fig, ax = plt.subplots(figsize=(max(5, 0.5 * len(ci) + 2), 3.8))
+    fig, ax = plt.subplots(figsize=(max(7, 0.5 * len(ci) + 2), 3.8))
     x = np.arange(len(ci))
+    for xi, point in zip(x, ci["point"]):
+        if point in failed:
+            ax.annotate(f"{' and '.join(failed[point])}\nfailed", xy=(xi, 0.5), xycoords=("data", "axes fraction"),
+                        ha="center", va="center", fontsize=7, color="#b00000")
+    ax.set_xlim(-0.5, len(ci) - 0.5)  # (every point's slot, one without a ratio included)
     lo = (ci["ratio"] - ci["ci_low"]).fillna(0)
     hi = (ci["ci_high"] - ci["ratio"]).fillna(0)
     ax.errorbar(x, ci["ratio"], yerr=[lo, hi], fmt="o", capsize=3, color=setting_color(num))

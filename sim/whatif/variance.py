@@ -71,6 +71,19 @@ def paired_ratios(table: pd.DataFrame, metric: str = "output_throughput", num: s
     return (a / b).rename("ratio").reset_index()
 
 
+def failed_settings(table: pd.DataFrame, settings: Sequence[str]) -> dict[int, list[str]]:
+    """Grid point -> which of ``settings`` were not served in some repeat there (the server died,
+    column ``outcome``, or no request completed): no ratio is shown for such a point."""
+    ok = table["outcome"] == "ok" if "outcome" in table else True  # (a table from before either column: served)
+    served = table.assign(served=ok & (table["completed"] > 0) if "completed" in table else ok)
+    served = served.groupby(["point", "setting"])["served"].all()
+    out: dict[int, list[str]] = {}
+    for (point, setting), good in served.items():
+        if setting in settings and not good:
+            out.setdefault(point, []).append(setting)
+    return {p: sorted(v, key=list(settings).index) for p, v in out.items()}
+
+
 def log_ratio_interval(ratios: Sequence[float], level: float = 0.95, method: str = "t",
                        n_boot: int = 4000, seed: int = 0) -> tuple[float, float, float]:
     """(geometric mean, low, high) of positive ratios; NaN bounds with fewer than 2 ratios.

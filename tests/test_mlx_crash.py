@@ -57,3 +57,38 @@ def test_warmup_first_clients_start_the_benchmark_after_the_warmups():
     assert sent[2:] == [(2, 2.0), (3, 2.0), (4, 2.0)]  # concurrency 3
     clients.on_finish(3, 3.0)
     assert sent[-1] == (5, 3.0)
+
+
+def test_a_dead_servers_run_has_no_ratio_to_the_other_setting():
+    """The seed document's MLX scenario under both loops: the normal server dies, so the run's
+    ratios (``summary.json``, ``--json``) are all None, not a ratio of a dead server's duration or
+    counts to the served loop's."""
+    from sim.output.report import ratios
+    from sim.trace.metrics import served
+
+    s = sim.load_scenario(SCENARIOS / "mlx-disable-overlap.yaml", ["server.settings=[overlap_mlx,normal]"])
+    summaries = {setting: sim.simulate(s, setting, tables="none").summary() for setting in s.server.settings}
+    assert served(summaries["overlap_mlx"]) and not served(summaries["normal"])
+    row = ratios(summaries)["overlap_mlx/normal"]
+    assert row and set(row.values()) == {None}
+    both = dict(summaries)
+    both["normal"] = summaries["overlap_mlx"]  # two served runs: numbers again
+    assert ratios(both)["overlap_mlx/normal"]["output_throughput"] == 1.0
+
+
+@pytest.mark.parametrize("arrival", ["closed_loop", "poisson"])
+def test_the_fault_on_a_prefill_whose_requests_all_finish_there_fails_them(arrival):
+    """One-token outputs under the MLX normal loop at v0.5.22: the batch of two that kills the
+    server is a prefill whose requests finish at it (not merged into the running batch yet); they
+    fail with the rest (found by a generated family: the run stalled, those requests held by no
+    queue the failure walked)."""
+    raw = {"name": "one-token", "workload": {"arrival": arrival, "concurrency": 2, "rate_per_s": 1000.0,
+                                             "num_requests": 3, "input_len": 8, "output_len": 1, "finish": "length"},
+           "server": {"device": "mlx", "version": "0.5.22", "settings": ["normal"]}}
+    if arrival == "poisson":
+        del raw["workload"]["concurrency"]
+    else:
+        del raw["workload"]["rate_per_s"]
+    for leap in (True, False):
+        x = sim.simulate(sim.load_scenario(raw), "normal", tables="none", leap=leap).summary()
+        assert x["outcome"] == "server_died" and x["completed"] + x["failed"] == 3

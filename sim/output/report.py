@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Iterable
 from sim.atomic import atomic_path
 from sim.model.reach import FAR
 from sim.model.schema import MAX_TOKENS, length_bounds
-from sim.trace.metrics import SUMMARY_KEYS
+from sim.trace.metrics import SUMMARY_KEYS, served
 
 if TYPE_CHECKING:  # tables arrive as DataFrames or a run's Columns; a run need not import pandas
     import pandas as pd
@@ -66,7 +66,9 @@ def device_word(device: str) -> str:
 
 def ratios(summaries: dict[str, dict], baseline: str | None = None) -> dict[str, dict]:
     """``{"X/normal": {key: X[key] / normal[key]}}`` for every numeric key and every other setting
-    (baseline None: :func:`baseline_of` the settings, ``normal`` or vLLM's ``sync``)."""
+    (baseline None: :func:`baseline_of` the settings, ``normal`` or vLLM's ``sync``); every value
+    None where either setting did not serve its load (:func:`sim.trace.metrics.served`: a dead
+    server's duration or counts are not a ratio of the two loops)."""
     baseline = baseline_of(summaries) if baseline is None else baseline
     if baseline not in summaries:
         return {}
@@ -76,9 +78,10 @@ def ratios(summaries: dict[str, dict], baseline: str | None = None) -> dict[str,
         if name == baseline:
             continue
         row = {}
+        both = served(summ) and served(base)
         for key in SUMMARY_KEYS:
             a, b = summ.get(key), base.get(key)
-            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b and not math.isnan(b) and not math.isnan(a):
+            if both and isinstance(a, (int, float)) and isinstance(b, (int, float)) and b and not math.isnan(b) and not math.isnan(a):
                 row[key] = a / b
             else:
                 row[key] = None

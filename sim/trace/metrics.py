@@ -34,6 +34,13 @@ SUMMARY_KEYS = [
 ]
 
 
+def served(summary: dict) -> bool:
+    """Whether a setting's run served its load: its server did not die (``outcome``, absent in a
+    summary of a run that finished) and some measured request completed. A run that did not
+    has no ratio to another setting and no verdict of its own."""
+    return summary.get("outcome", "ok") == "ok" and bool(summary.get("completed"))
+
+
 def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
     """The q-quantile (0..1) of ``values`` where each value occurs ``weights`` times.
 

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Optional
 
+from sim.trace.metrics import served
+
 
 DEFAULT_RUN_CV = 0.02
 Z_TWO_SIDED_95 = 1.959963984540054
@@ -85,10 +87,6 @@ def scenario_run_cv(noise) -> Optional[float]:
     run_cpu_cv**2)``), None when it states none."""
     g, c = float(noise.run_gpu_cv), float(noise.run_cpu_cv)
     return math.hypot(g, c) if g > 0 or c > 0 else None
-
-
-def _served(summary: dict) -> bool:
-    return summary.get("outcome", "ok") == "ok" and bool(summary.get("completed"))
 
 
 @dataclass(frozen=True)
@@ -265,7 +263,7 @@ def verdict(summaries: dict[str, dict], run_cv: float, cv_source: str) -> Option
         return None
     a, b = summaries[pair[0]], summaries[pair[1]]
     tpot = (float(a.get("median_tpot_ms") or math.nan), float(b.get("median_tpot_ms") or math.nan))
-    ok_a, ok_b = _served(a), _served(b)
+    ok_a, ok_b = served(a), served(b)
     if not (ok_a and ok_b):
         if not (ok_a or ok_b):
             return None
@@ -331,10 +329,10 @@ def _point_summaries(rows) -> dict[str, dict]:
     out = {}
     for setting, g in rows.groupby("setting", sort=False):
         thr = g["output_throughput"].astype(float).to_numpy()
-        served = all(_served({"outcome": o, "completed": c}) for o, c in zip(
+        all_served = all(served({"outcome": o, "completed": c}) for o, c in zip(
             g["outcome"] if "outcome" in g else ["ok"] * len(g), g["completed"]))
-        out[setting] = {"outcome": "ok" if served else "failed", "completed": int(served),
-                        "output_throughput": float(np.exp(np.log(thr).mean())) if served and (thr > 0).all() else 0.0,
+        out[setting] = {"outcome": "ok" if all_served else "failed", "completed": int(all_served),
+                        "output_throughput": float(np.exp(np.log(thr).mean())) if all_served and (thr > 0).all() else 0.0,
                         "median_tpot_ms": float(g["median_tpot_ms"].astype(float).mean())}
     return out
 

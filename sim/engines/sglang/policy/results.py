@@ -152,7 +152,8 @@ class ResultsMixin:
         """The server died at ``t``: every request it holds (queued, prefilling, running) fails.
         Requests that arrive later are failed by :meth:`reject_arrivals`. Returns how many failed."""
         live: dict[int, Req] = {}
-        for req in list(self.waiting) + self.pending_merge + [self.chunked_req]:
+        # (unmerged_finishers: requests that finish at their prefill, the prefill's result not yet processed)
+        for req in list(self.waiting) + self.pending_merge + self.unmerged_finishers + [self.chunked_req]:
             if req is not None:
                 live[req.rid] = req
         for reqs in self.finishing_at.values():
@@ -160,6 +161,7 @@ class ResultsMixin:
                 live[req.rid] = req
         self.waiting.clear()
         self.pending_merge.clear()
+        self.unmerged_finishers.clear()
         self.finishing_at.clear()
         self.chunked_req = None
         self.n_running = self.n_running_warmup = self.n_running_grammar = self.ctx_offset = self.finish_sum = 0

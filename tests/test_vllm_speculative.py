@@ -254,3 +254,29 @@ def test_the_shipped_speculative_scenario_says_what_it_assumed(run_cli, tmp_path
     assert all(abs(a - (1 + 0.75 + 0.55 + 0.4)) < 0.1 for a in accept)  # drawn around the logged rates' mean
     assert "(async) and" in verdict and "(sync) tokens per verify step" in verdict
     assert any("server.speculative" in w for w in summary["warnings"])
+
+
+@pytest.mark.parametrize("setting", ["sync", "async"])
+@pytest.mark.parametrize("input_len,output_len", [(400, 111), (400, 200), (100, 500)])
+def test_a_request_near_max_model_len_fits_a_cache_of_one_such_request(setting, input_len, output_len):
+    """A KV cache of exactly one max_model_len request (33 blocks of 16, one the null block: 512
+    tokens) and 3 drafts of lookahead: vLLM caps a request's slots at max_model_len
+    (``allocate_slots``' ``num_tokens_need_slot``), so one that reaches 511 tokens still fits and
+    finishes (found by a generated family: without the cap it preempted itself at every step and
+    the run never ended)."""
+    from sim.engines.vllm.policy.kv_blocks import BlockPool
+    from sim.engines.vllm.policy.request import Request
+
+    raw = {"name": "near-max", "workload": {"arrival": "closed_loop", "concurrency": 1, "num_requests": 1,
+                                            "input_len": input_len, "output_len": output_len, "finish": "length"},
+           "server": {"engine": "vllm", "settings": [setting], "max_model_len": 512, "block_size": 16,
+                      "num_gpu_blocks": 33, "speculative": {"method": "eagle3", "num_speculative_tokens": 3,
+                                                            "per_position_acceptance": [0.75, 0.55, 0.4],
+                                                            "draft_cost_ratio": 0.1}}}
+    x = sim.simulate(sim.load_scenario(raw), setting, tables="none").summary()
+    assert x["completed"] == 1 and x["total_output_tokens"] == min(output_len, 512 - input_len)
+    # the cap itself: 510 tokens and 3 drafts of lookahead take 32 blocks, not 33
+    req = Request(0, 0.0, 510, 0, 1, 1, False)  # (rid, arrival, prompt, cached, output, max_tokens, warm-up)
+    assert not BlockPool(33, 16).allocate_slots(req, 510, num_lookahead_tokens=3)  # (no cap: 33 needed)
+    assert BlockPool(33, 16, max_model_len=512).allocate_slots(req, 510, num_lookahead_tokens=3)
+    assert req.num_blocks == 32

@@ -12,8 +12,10 @@ watermark exceed the free blocks (kv_cache_manager.py:573-579); with
 needs the blocks of its whole current sequence (``num_tokens``) free (l.522-539).
 
 Speculative decoding's lookahead (``num_lookahead_tokens``: slots for the drafts the drafter
-writes, l.542) is allocated with the request's tokens; vLLM caps it at ``max_model_len``, the
-simulator does not (at most k slots more near the end of a maximal request).
+writes, l.542) is allocated with the request's tokens, the slots capped at ``max_model_len``
+(``num_tokens_need_slot = min(... + num_lookahead_tokens, max_model_len)``): a request near
+``max_model_len`` needs no block beyond one of ``max_model_len`` tokens, which the cache holds
+(the server refuses to start otherwise).
 
 Simplifications, stated: one KV cache group (a full-attention decoder, no sliding window);
 prefix-cache hits are the workload's cached prefix only, in whole blocks, and their blocks are
@@ -38,15 +40,17 @@ class BlockPool:
     Args:
         num_gpu_blocks: blocks in the pool, the null block included (>= 2).
         block_size: tokens per block (>= 1).
+        max_model_len: the most slots a request is given (its tokens and lookahead); None: no cap.
 
     Raises:
         ValueError: fewer than 2 blocks, or a block size below 1.
     """
 
-    def __init__(self, num_gpu_blocks: int, block_size: int):
+    def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int | None = None):
         if num_gpu_blocks < 2 or block_size < 1:
             raise ValueError(f"a KV pool needs >= 2 blocks of >= 1 token (got {num_gpu_blocks} x {block_size})")
         self.block_size = block_size
+        self.max_model_len = max_model_len
         self.num_usable_blocks = num_gpu_blocks - 1
         self.num_free_blocks = self.num_usable_blocks
         self.peak_used_blocks = 0
@@ -83,6 +87,8 @@ class BlockPool:
         if full_sequence_must_fit and cdiv(req.num_tokens, self.block_size) - held > self.num_free_blocks:
             return False
         total = req.num_computed_tokens + num_new_computed_tokens + num_new_tokens + num_lookahead_tokens
+        if num_lookahead_tokens and self.max_model_len is not None and total > self.max_model_len:
+            total = self.max_model_len  # num_tokens_need_slot's cap (kv_cache_manager.py)
         need = max(cdiv(total, self.block_size) - held, 0)
         if need > self.num_free_blocks:
             return False

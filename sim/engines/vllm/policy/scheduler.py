@@ -76,7 +76,7 @@ class Scheduler(ResultsMixin):
         self.num_lookahead_tokens = self.num_spec_tokens  # draft_model / EAGLE / MTP (VllmConfig.num_lookahead_tokens)
         self.accept = AcceptanceDraws(spec, accept_rng if accept_rng is not None else np.random.default_rng(0)) \
             if spec is not None else None
-        self.kv = BlockPool(server.kv_blocks, server.resolved_block_size)
+        self.kv = BlockPool(server.kv_blocks, server.resolved_block_size, server.max_model_len)
         self.async_scheduling = async_scheduling
         self.max_num_seqs = server.seqs_limit
         self.max_num_scheduled_tokens = server.max_num_batched_tokens
@@ -149,8 +149,10 @@ class Scheduler(ResultsMixin):
                 num_new = max_len - computed - 1
             if num_new <= 0:
                 continue
-            if computed + num_new + lookahead > req.num_blocks * block_size and \
-                    not self._allocate(req, num_new, preempted):
+            slots = computed + num_new + lookahead
+            if slots > max_len:  # (the lookahead's slots are capped at max_model_len: BlockPool.allocate_slots)
+                slots = max_len
+            if slots > req.num_blocks * block_size and not self._allocate(req, num_new, preempted):
                 break  # it preempted itself: the pass stops
             spec = 0
             if req.num_spec_tokens:  # the drafts past its known tokens (l.861); new ones come with the output

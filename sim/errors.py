@@ -59,3 +59,10 @@ def shown(v) -> str:
 
         text = reprlib.repr(v)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def shown_override(flag: str, item: str) -> str:
+    """A ``KEY=VALUE`` flag as a message names it (``--set key=value``, ``--grid key=v1,v2``), a
+    value longer than 60 characters cut short."""
+    key, sep, value = item.partition("=")
+    return f"{flag} {key}{sep}{value if len(value) <= 60 else value[:57] + '...'}"

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, fiel
 
 from sim.engines.sglang.server import Server
 from sim.engines.vllm.server import VllmServer
-from sim.errors import ScenarioError, UserInputError
+from sim.errors import ScenarioError, UserInputError, shown_override
 from sim.scenario_errors import explain
 from sim.model.schema import MAX_SEED, Costs, StrictModel, Workload, length_bounds
 
@@ -66,8 +66,9 @@ def _load_yaml(text: str) -> Any:
     message) as ever.
 
     Raises:
-        yaml.YAMLError: not valid YAML, a mapping that repeats a key, or (:class:`NumberTooLong`)
-            an integer of more digits than Python converts (``sys.get_int_max_str_digits``)."""
+        yaml.YAMLError: not valid YAML, a mapping that repeats a key, (:class:`NumberTooLong`)
+            an integer of more digits than Python converts (``sys.get_int_max_str_digits``), or
+            (:class:`NestedTooDeep`) lists or mappings nested deeper than the parser recurses."""
     try:
         if _FAST_LOADER is not None:
             try:
@@ -77,10 +78,16 @@ def _load_yaml(text: str) -> Any:
         return yaml.load(text, Loader=_LOADER)
     except ValueError as err:  # int("9" * 5000): Python's limit on converting long digit strings
         raise NumberTooLong(f"a number too long to read ({err})") from None
+    except RecursionError:  # (libyaml, from PyYAML 6.0.4, refuses deep nesting; PyYAML's own parser recurses)
+        raise NestedTooDeep("lists or mappings nested too deep to read") from None
 
 
 class NumberTooLong(yaml.YAMLError):
     """An integer in the YAML text has more digits than Python converts."""
+
+
+class NestedTooDeep(yaml.YAMLError):
+    """Lists or mappings in the YAML text nested deeper than the parser can follow."""
 
 
 def _engine_of(value) -> str | None:
@@ -207,9 +214,9 @@ def apply_overrides(raw: dict, overrides: list[str], flag: str = "--set") -> Non
         key, sep, text = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ScenarioError(_quoted(flag, item), "", "expected KEY.PATH=VALUE")
+            raise ScenarioError(shown_override(flag, item), "", "expected KEY.PATH=VALUE")
         if key in seen:
-            raise ScenarioError(_quoted(flag, item), key, f"given twice (each {flag} key once)")
+            raise ScenarioError(shown_override(flag, item), key, f"given twice (each {flag} key once)")
         seen.add(key)
         try:
             value = _load_yaml(text)
@@ -228,7 +235,8 @@ def apply_overrides(raw: dict, overrides: list[str], flag: str = "--set") -> Non
                 child = node[part] = {}
             if not isinstance(child, dict):
                 field = ".".join(parts[: depth + 1])
-                raise ScenarioError(_quoted(flag, item), field, "is not a mapping; cannot set a key inside it")
+                raise ScenarioError(shown_override(flag, item), field,
+                                    "is not a mapping; cannot set a key inside it")
             node = child
         node[parts[-1]] = value
 
@@ -300,19 +308,14 @@ def _validate_overridden(raw: dict, base: dict, overrides: list[str], flag: str,
             setting = [item for item, key in zip(overrides, keys) if field == key or field.startswith(key + ".")]
             inside = [item for item, key in zip(overrides, keys) if key.startswith(field + ".")]
             if setting or inside:
-                raise ScenarioError(_quoted(flag, setting[-1] if setting else inside[0]), field, err.expected) from None
+                blamed = setting[-1] if setting else inside[0]
+                raise ScenarioError(shown_override(flag, blamed), field, err.expected) from None
         try:
             _validate(base, source, base_dir)
         except UserInputError:
             raise err from None  # the scenario itself is bad
-        blamed = " ".join(_quoted(flag, item) for item in overrides)
+        blamed = " ".join(shown_override(flag, item) for item in overrides)
         raise ScenarioError(f"{source} with {blamed}", field, err.expected) from None
-
-
-def _quoted(flag: str, item: str) -> str:
-    """An override as a message names it (``--set key=value``), a long value cut to 60 characters."""
-    key, sep, value = item.partition("=")
-    return f"{flag} {key}{sep}{value if len(value) <= 60 else value[:57] + '...'}"
 
 
 def load_scenario(path_or_dict: Union[str, Path, dict, Scenario], overrides: Optional[list[str]] = None) -> Scenario:

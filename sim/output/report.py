@@ -81,7 +81,8 @@ def ratios(summaries: dict[str, dict], baseline: str | None = None) -> dict[str,
         both = served(summ) and served(base)
         for key in SUMMARY_KEYS:
             a, b = summ.get(key), base.get(key)
-            if both and isinstance(a, (int, float)) and isinstance(b, (int, float)) and b and not math.isnan(b) and not math.isnan(a):
+            if (both and isinstance(a, (int, float)) and isinstance(b, (int, float)) and b and not math.isnan(b)
+                    and not math.isnan(a)):
                 row[key] = a / b
             else:
                 row[key] = None

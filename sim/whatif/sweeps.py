@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 import pandas as pd
 import yaml
 
-from sim.errors import ScenarioError, UserInputError
+from sim.errors import ScenarioError, UserInputError, shown_override
 from sim.output.report import atomic_write_frame, atomic_write_text, jsonable
 from sim.model.schema import MAX_SEED
 from sim.scenario import Scenario, load_scenario
@@ -77,24 +77,25 @@ def parse_grid(items: Iterable[str]) -> dict[str, list]:
     for item in items:
         key, sep, text = item.partition("=")
         key = key.strip()
+        named = shown_override("--grid", item)  # (a long value cut short)
         if not sep or not key:
-            raise UserInputError(f"--grid {item}", "", "expected KEY.PATH=v1,v2,... (e.g. workload.concurrency=1,2,4)")
+            raise UserInputError(named, "", "expected KEY.PATH=v1,v2,... (e.g. workload.concurrency=1,2,4)")
         try:
             values = yaml.safe_load(f"[{text}]")
-        except yaml.YAMLError:
+        except (yaml.YAMLError, RecursionError):  # (lists nested deeper than PyYAML's parser recurses: text)
             values = [v.strip() for v in text.split(",")]
         if None in values and text.strip():  # `null`, `~`: YAML's null, which no field takes as a point
-            raise UserInputError(f"--grid {item}", key, "null is not a value a grid can take (leave the key out "
+            raise UserInputError(named, key, "null is not a value a grid can take (leave the key out "
                                  "of the grid for its default)")
         values = [v for v in values if v is not None]
         if not values:
-            raise UserInputError(f"--grid {item}", key, "expected at least one value after '='")
+            raise UserInputError(named, key, "expected at least one value after '='")
         if key in grid:
-            raise UserInputError(f"--grid {item}", key, "key given twice; put all its values in one --grid")
+            raise UserInputError(named, key, "key given twice; put all its values in one --grid")
         if any(v == "" for v in values):
-            raise UserInputError(f"--grid {item}", key, "a value between every two commas (an empty one is given: "
+            raise UserInputError(named, key, "a value between every two commas (an empty one is given: "
                                  "two commas in a row, or one at an end)")
-        _refuse_repeats(f"--grid {item}", key, values)
+        _refuse_repeats(named, key, values)
         grid[key] = values
     return grid
 
@@ -166,7 +167,7 @@ def plan_sweep(scenario: Scenario, grid: dict[str, list], repeats: int = 1) -> l
             key = next((k for k in keys if err.field == k or err.field.startswith(k + ".")
                         or k.startswith(err.field + ".")), None)
             if key is not None:
-                raise type(err)(f"--grid {key}={values[key]}", err.field, err.expected) from None
+                raise type(err)(shown_override("--grid", f"{key}={values[key]}"), err.field, err.expected) from None
             if not values:  # the scenario itself: its own error
                 raise
             point_text = ", ".join(f"{k}={v}" for k, v in values.items())

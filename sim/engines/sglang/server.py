@@ -167,7 +167,8 @@ class Server(StrictModel):
     def _version_as_text(cls, value):
         if isinstance(value, (int, float)) and not isinstance(value, bool):  # `version: 0.5` in YAML: a number
             raise ValueError(f"a release as text (YAML read {value!r} as a number, which can drop a trailing zero: "
-                             "1.10 reads as 1.1): put it in quotes, as in version: \"0.5.23\"")
+                             "1.10 reads as 1.1): put it in quotes, as in version: \"0.5.23\" (on the command line "
+                             "--set 'server.version=\"0.5.23\"')")
         return value
 
     @field_validator("settings", mode="before")

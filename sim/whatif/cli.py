@@ -68,8 +68,9 @@ def _print_sweep(table, scenario: str, console: Console) -> None:
     shown = list(means.index)[:40]
     for point in shown:
         cells = [str(first.loc[point, k]) for k in keys]
-        cells += [f"{means.loc[point, s]:.1f}" + (f" ±{cvs.loc[point, s]:.1%}" if n > 1 and math.isfinite(cvs.loc[point, s])
-                                                  else "") for s in settings]  # (no CV of a mean of 0)
+        for s in settings:  # (no CV of a mean of 0)
+            cv = cvs.loc[point, s]
+            cells.append(f"{means.loc[point, s]:.1f}" + (f" ±{cv:.1%}" if n > 1 and math.isfinite(cv) else ""))
         if ci is not None:
             r = ci.loc[point]
             dead = failed.get(point)
@@ -154,9 +155,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(line)
         if note := verdict_platform_note(scenario.server):
             print(note)
-    if not args.no_plots:
-        save_sweep_plots(out, table, scenario.name)
+    drawn = save_sweep_plots(out, table, scenario.name) if not args.no_plots else []
     print(f"{len(table)} rows written to {out}/sweep.parquet and sweep.csv")
+    if drawn:
+        print(f"plots: {', '.join(Path(p).name for p in drawn)} drawn in {out}/")
     if args.repeats > 1:
         _write_variance(out, table)
         print(f"spread of every metric across repeats: {out}/spread.csv; ratio intervals: {out}/ratio_ci.csv")

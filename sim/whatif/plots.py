@@ -88,6 +88,10 @@ def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
     fig, axes = plt.subplots(1, panels, figsize=(3.7 * panels, 3.6))
     if pair:
         _ratio_panel(axes[-1], table, key, others, combos, numeric, xs_all, pair)
+    # a setting that failed at a point (its server died, or it served nothing, in some repeat) has no
+    # values there: a gap in its lines, and an x at the foot of each panel
+    failed = failed_settings(table, settings)
+    dead = pd.Series([s in failed.get(p, ()) for p, s in zip(table["point"], table["setting"])], index=table.index)
     for ax, (metric, label) in zip(axes, LINE_METRICS):
         for si, setting in enumerate(settings):
             color = setting_color(setting, si)
@@ -96,7 +100,8 @@ def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
                 g = _select(sub, others, combo)
                 if g.empty:
                     continue
-                stats = g.groupby(key, sort=numeric)[metric].agg(["mean", "min", "max"])
+                values = g[metric].where(~dead[g.index])
+                stats = values.groupby(g[key], sort=numeric).agg(["mean", "min", "max"])
                 if not numeric:
                     stats = stats.reindex([v for v in xs_all if v in stats.index])
                 x = stats.index.to_numpy() if numeric else np.array([xs_all.index(v) for v in stats.index])
@@ -106,6 +111,11 @@ def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
                         zorder=2 + si)
                 if reps > 1:
                     ax.fill_between(x, stats["min"], stats["max"], color=color, alpha=0.12, linewidth=0)
+                lost = g.loc[dead[g.index], key].unique()
+                if len(lost):
+                    xs = lost if numeric else [xs_all.index(v) for v in lost]
+                    ax.plot(xs, [0.02] * len(xs), linestyle="none", marker="x", color=color, ms=7, mew=1.8,
+                            transform=ax.get_xaxis_transform(), zorder=4, clip_on=False)
         ax.set_title(label, fontsize=9)
         ax.grid(alpha=0.3)
     for ax in axes:
@@ -135,7 +145,8 @@ def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
         if len(r):
             finding = f": {pair[0]}/{pair[1]} output throughput {r.min():.2f}x to {r.max():.2f}x"
         if lost:
-            finding += f"{',' if finding else ':'} no ratio in {lost} of {lost + len(r)} paired runs (a setting failed)"
+            finding += (f"{',' if finding else ':'} no ratio in {lost} of {lost + len(r)} paired runs (a setting "
+                        "failed: x at a panel's foot)")
     fig.suptitle(f"{scenario}: sweep over {key}{finding}{per} ({runs})", fontsize=10)
     return fig
 

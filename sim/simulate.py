@@ -152,8 +152,10 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
     Args:
         tables: ``steps`` keeps the per-step, per-request and ITL tables (exact metrics);
             ``summary`` keeps only the per-request table and streams the metrics; ``none`` keeps
-            no table (memory: the requests in flight and the workload drawn up front). Streamed quantiles are within
-            0.5% (DDSketch); counts, means and the idle fraction are exact.
+            no table (memory: the requests in flight and the workload drawn up front). A streamed
+            quantile is within 0.5% of the sample at its rank (DDSketch), where the tables' interpolates
+            between the two samples around it (far apart on a small or two-humped sample); counts are
+            exact, means and the idle fraction to their last digit (sums in another order).
         leap: let the engine take runs of steady decode steps at once where it can (SGLang's
             ``normal`` and ``overlap`` loops, :mod:`sim.engines.sglang.leap`; vLLM's ``sync`` and
             ``async``, :mod:`sim.engines.vllm.leap`): the same answer,

@@ -96,6 +96,23 @@ def test_streamed_failure_counts_match_the_tables():
     assert full["failed"] == 32
 
 
+def test_a_window_no_step_started_in_is_idle_in_both_modes():
+    """The MLX normal loop at v0.5.22 dies on the warm-up's batch, before any forward starts in
+    the measured window: the tables count the window idle throughout (1.0), and so does the
+    streamed summary (it gave NaN: found by an invariant fuzz), with no step, gap or sync wait."""
+    raw = {"name": "idle", "seed": 0, "workload": {"arrival": "poisson", "rate_per_s": 50, "num_requests": 10,
+                                                   "warmup_requests": 2, "input_len": 50, "output_len": 20},
+           "server": {"settings": ["normal"], "device": "mlx"}}
+    full = sim.simulate(raw, "normal").summary()
+    assert full["outcome"] == "server_died" and full["num_steps"] == 0 and full["gpu_idle_fraction"] == 1.0
+    for tables in ("summary", "none"):
+        streamed = sim.simulate(raw, "normal", tables=tables).summary()
+        for key in ("num_steps", "gpu_idle_fraction", "mean_gap_ms", "mean_sync_wait_ms", "mean_decode_batch_size",
+                    "overshoot_tokens", "duration_s"):
+            a, b = full[key], streamed[key]
+            assert (math.isnan(a) and math.isnan(b)) if isinstance(a, float) and math.isnan(a) else a == b, key
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.one_of(st.floats(-1e-3, 10.0), st.sampled_from([0.0, 1e-320, 5e-324, 1e-9, 2.0])),
                           st.integers(1, 50)), min_size=0, max_size=300))

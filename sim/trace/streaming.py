@@ -1,8 +1,11 @@
 """Metrics computed as the run goes, without per-step tables (``tables: summary | none``).
 
 Memory holds no step (the recorder's part is bounded by the requests in flight; the workload's
-lengths drawn up front are the run's): counts, sums and the measured window are exact;
-quantiles (median, p99) come from DDSketch (relative accuracy 0.5%, :mod:`sim.trace.sketch`). The measured window and
+lengths drawn up front are the run's): counts and the measured window are exact, sums exact but
+for their order (a mean or the idle fraction may differ from the tables' in its last digit);
+quantiles (median, p99) come from DDSketch (:mod:`sim.trace.sketch`): within 0.5% of the sample at
+the quantile's rank, where the tables' quantile interpolates between the two samples around it
+(on a small or two-humped sample those two can be far apart, and so can the two answers). The measured window and
 the steps inside it follow :func:`sim.trace.metrics.summarize` exactly: a step counts when its forward
 starts inside [first measured arrival, last measured finish). Steps reach the recorder in launch
 order (every loop processes results in the order it launched them), so a step's gap is its
@@ -296,10 +299,11 @@ class StreamingRecorder:
         self.itl_stat.into("itl", out)
         self.e2e.into("e2e_latency", out)
         self.gap.into("gap", out)
-        if self.steps and duration > 0:
+        recorded = self._prev_forward_end == self._prev_forward_end  # a step ran, in the window or not
+        if recorded and duration > 0:  # (summarize's rule: a window with no step in it was idle throughout)
             out["num_steps"] = self.steps
             out["gpu_idle_fraction"] = max(0.0, 1.0 - self.busy_s / duration)
-            out["mean_sync_wait_ms"] = self.sync_wait_s / self.sync_count * 1e3
+            out["mean_sync_wait_ms"] = self.sync_wait_s / self.sync_count * 1e3 if self.sync_count else math.nan
             out["mean_decode_batch_size"] = self.decode_reqs / self.decode_steps if self.decode_steps else math.nan
             out["overshoot_tokens"] = self.overshoot
         else:

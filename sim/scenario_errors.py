@@ -56,6 +56,12 @@ def explain(err: ValidationError, source: str, engines: Container[str], engine: 
         spaced = ", ".join(": ".join(str(k).split(":", 1)) for k in got)  # what was meant, from what was written
         msg = (f"a mapping; YAML read {', '.join(map(repr, got))} as keys with no values: put a space after each "
                f"colon ({{{spaced}}})")
+    elif first["type"] in ("model_type", "dict_type", "model_attributes_type"):  # pydantic's "a valid
+        msg = f"expected a mapping of keys (a section), got {shown(got)}"  # dictionary or instance of ..."
+    elif first["type"] == "union_tag_not_found":  # a mapping without the key that says which kind it is
+        tag = str((first.get("ctx") or {}).get("discriminator", "")).strip("'")
+        kinds = " (a length: dist: uniform, normal, lognormal or choice; docs/scenarios.md)" if tag == "dist" else ""
+        msg = f"a mapping here needs a {tag!r} key saying which kind it is{kinds}"
     elif not isinstance(got, (dict, list)):
         msg = f"{msg} (got {shown(got)})"
     more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""

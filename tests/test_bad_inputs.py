@@ -364,6 +364,18 @@ def _(ctx):  # the later override replaced the section the earlier one set a key
             ["--set workload=5", "workload"])
 
 
+@case("set-a-section-to-a-number")
+def _(ctx):  # pydantic's "a valid dictionary or instance of Workload", said as a user reads it
+    return (["run", ctx.scenario(), "--set", "costs=[1,2]", "--out", ctx.out],
+            ["--set costs=[1,2]", "costs", "expected a mapping of keys (a section), got [1, 2]"])
+
+
+@case("set-a-length-without-dist")
+def _(ctx):  # pydantic's "Unable to extract tag using discriminator 'dist'", said as a user reads it
+    return (["run", ctx.scenario(), "--set", "workload.input_len={mean: 300}", "--out", ctx.out],
+            ["workload.input_len", "needs a 'dist' key", "uniform, normal, lognormal or choice"])
+
+
 @case("set-a-very-long-value")
 def _(ctx):  # the message quotes the value cut short, not 40,000 characters of it
     return (["run", ctx.scenario(), "--set", "workload.rate_per_s=" + "x" * 40000, "--out", ctx.out],

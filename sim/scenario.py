@@ -21,7 +21,7 @@ from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, fiel
 
 from sim.engines.sglang.server import Server
 from sim.engines.vllm.server import VllmServer
-from sim.errors import ScenarioError, UserInputError, shown_override
+from sim.errors import ProfileError, ScenarioError, UserInputError, shown_override
 from sim.scenario_errors import explain
 from sim.model.schema import MAX_SEED, Costs, StrictModel, Workload, length_bounds
 
@@ -398,8 +398,6 @@ def _check_files(scenario: Scenario) -> None:
         if not path.is_file():
             what = "a folder, not a calibration profile" if Path(path).is_dir() else "no such calibration profile"
             raise ScenarioError(scenario.source, "costs.profile", f"{what}: {path}{_read_from(scenario, profile)}")
-        from sim.errors import ProfileError
-
         try:
             if isinstance(srv, VllmServer):
                 from sim.engines.vllm.profile import load_vllm_profile

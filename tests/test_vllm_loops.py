@@ -230,3 +230,24 @@ def test_the_worker_splits_a_mixed_step_into_its_decodes_and_its_prefill():
     spec.sum_ctx = 44 + 49
     w.forward(spec, 3.0)
     assert seen[-1] == (EXTEND, 2, 53, 93, 0, 1, 44, 4)
+
+
+@pytest.mark.parametrize("setting", ["sync", "async"])
+def test_a_request_no_idle_engine_can_schedule_stops_the_run(monkeypatch, setting):
+    """A waiting request that an idle engine cannot schedule (here a KV pool that refuses every
+    allocation) would have the engine core sleep 1 ms and try again forever: the run stops at the
+    first such step with the stall's RuntimeError (a livelock of this kind hung the speculative
+    runs near max_model_len before their lookahead was capped)."""
+    import signal
+
+    from sim.engines.vllm.policy.kv_blocks import BlockPool
+
+    monkeypatch.setattr(BlockPool, "allocate_slots", lambda self, *a, **k: False)
+    signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError("the run hung")))
+    signal.alarm(60)
+    try:
+        with pytest.raises(RuntimeError, match=r"simulation stalled at t=.*request 0 .* cannot be scheduled on an "
+                                               r"idle engine .*a modelling bug"):
+            sim.simulate(vllm_scenario(c=3), setting, tables="none")
+    finally:
+        signal.alarm(0)

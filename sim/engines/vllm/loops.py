@@ -25,6 +25,11 @@ round trip); under async scheduling the drafts stay in the worker.
 
 ``run_busy_loop`` (l.1547) wraps each: ``_process_input_queue`` blocks while there is no work, and
 a call that ran no model while requests remain sleeps 1 ms (``_process_engine_step``, l.1617).
+Where such a step finds no request running and none in flight, nothing can change what the
+waiting queue's head needs (the KV cache is as empty as it gets; an arrival joins behind the head):
+the loop would sleep and try again forever, so the run stops at such a step's scheduling with a
+:class:`RuntimeError` (:func:`stalled`), as the run reports a simulation that ends with requests
+left.
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ def sync_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store):
             yield env.timeout(t)
             continue
         step, s = core.schedule(env.now + t)
+        if not step.num_reqs and sched.waiting and not sched.running:
+            raise stalled(env, core)  # nothing runs or is in flight: every later try is this one again
         t += s + core.dispatch(step, env.now + t + s)
         yield env.timeout(t)
         core.send(step, rpcs)
@@ -70,6 +77,18 @@ def sync_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store):
             yield env.timeout(core.take_drafts(step))
         if not step.num_reqs and sched.has_requests():
             yield env.timeout(EMPTY_STEP_SLEEP_S)
+
+
+def stalled(env: simpy.Environment, core: EngineCore) -> RuntimeError:
+    """The error of a step that scheduled nothing with requests waiting, none running and none in
+    flight: the waiting queue's head does not fit an idle engine (a modelling bug: before 6
+    December 2026 speculative decoding's lookahead slots were not capped at max_model_len, and a
+    request near it in a cache of one such request was tried again every millisecond, forever)."""
+    sched = core.scheduler
+    head = sched.waiting[0]
+    return RuntimeError(f"simulation stalled at t={env.now:.6f}s: request {head.rid} ({head.num_tokens} tokens) waits "
+                        f"and cannot be scheduled on an idle engine ({sched.kv.num_free_blocks} KV blocks free); "
+                        f"{sched.num_done} requests done (a modelling bug: please report it with the scenario)")
 
 
 def async_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store):
@@ -92,6 +111,8 @@ def async_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store)
         deferred = None
         if sched.has_requests():  # schedule k+1 and send it before waiting for k
             step, s = core.schedule(env.now + t)
+            if not step.num_reqs and sched.waiting and not sched.running and not any(b.num_reqs for b in queue):
+                raise stalled(env, core)  # nothing runs, and the steps in flight are empty ones
             t += s + core.dispatch(step, env.now + t + s)
             yield env.timeout(t)
             core.send(step, rpcs)

@@ -342,10 +342,11 @@ def test_a_sweep_refuses_outputs_it_cannot_write_before_its_points_run(tmp_path,
 
 
 def test_a_point_where_a_setting_dies_shows_no_ratio(tmp_path, capsys):
-    """kv-pressure's overlap server dies at 12 clients and 128 output tokens: the table's ratio
-    cell says which setting failed (no 0 or NaN ratio), the CV of its zero throughput is left out,
-    nothing warns of a log of 0, and the plots' title counts the paired runs with no ratio
-    instead of a 0.00x; the heatmap and the interval plot mark the point failed."""
+    """kv-pressure's overlap server dies at 12 clients and 128 output tokens: the table's cells say
+    which setting failed (no 0.0, no 0 or NaN ratio, no CV of a zero), nothing warns of a log of
+    0, ratio_ci.csv has no ratio of any metric there, the plots' title counts the paired runs
+    with no ratio instead of a 0.00x, and the heatmap and the interval plot mark the point failed;
+    repeats that are identical (no run-to-run noise) are said to be."""
     import warnings
 
     import matplotlib
@@ -366,6 +367,10 @@ def test_a_point_where_a_setting_dies_shows_no_ratio(tmp_path, capsys):
     failed = failed_settings(table, ("overlap", "normal"))
     assert failed and all(v == ["overlap"] for v in failed.values())
     assert "overlap failed" in printed and "nan" not in printed
+    assert "the repeats are identical" in printed  # (kv-pressure has no run-to-run noise)
+    ci = pd.read_csv(out / "ratio_ci.csv")  # every metric's ratio: none at the failed point
+    assert ci[ci["point"].isin(failed)][["ratio", "ci_low", "ci_high"]].isna().all().all()
+    assert ci[~ci["point"].isin(failed) & (ci["metric"] == "output_throughput")]["ratio"].notna().all()
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         fig = sweep_lines(table, "workload.concurrency", "kv")

@@ -55,7 +55,7 @@ def _print_sweep(table, scenario: str, console: Console) -> None:
     first = table.drop_duplicates("point").set_index("point")
     pair = ratio_pair(settings)  # overlap/normal (SGLang) or async/sync (vLLM)
     ci = ratio_ci(table, num=pair[0], den=pair[1]).set_index("point") if pair else None
-    failed = failed_settings(table, pair) if pair else {}  # no ratio where a server died or served nothing
+    failed = failed_settings(table, settings)  # no value, nor ratio, where a server died or served nothing
     n = int(table["repeat"].max()) + 1
     t = Table(title=f"{scenario}: output throughput (tok/s), mean of {n} repeat{'s' if n > 1 else ''}"
                     + (" ± CV across repeats" if n > 1 else ""))
@@ -68,16 +68,19 @@ def _print_sweep(table, scenario: str, console: Console) -> None:
     shown = list(means.index)[:40]
     for point in shown:
         cells = [str(first.loc[point, k]) for k in keys]
-        for s in settings:  # (no CV of a mean of 0)
+        for s in settings:
             cv = cvs.loc[point, s]
-            cells.append(f"{means.loc[point, s]:.1f}" + (f" ±{cv:.1%}" if n > 1 and math.isfinite(cv) else ""))
+            cells.append("failed" if s in failed.get(point, ()) else
+                         f"{means.loc[point, s]:.1f}" + (f" ±{cv:.1%}" if n > 1 and math.isfinite(cv) else ""))
         if ci is not None:
             r = ci.loc[point]
-            dead = failed.get(point)
+            dead = [s for s in pair if s in failed.get(point, ())]
             cells.append(f"{' and '.join(dead)} failed" if dead else
                          f"{r['ratio']:.3f}" + (f" [{r['ci_low']:.3f}, {r['ci_high']:.3f}]" if n > 1 else ""))
         t.add_row(*cells)
     console.print(t)
+    if n > 1 and (cvs.fillna(0.0).abs().to_numpy() < 1e-12).all():  # (the interval plot says the same)
+        console.print("the repeats are identical: the scenario has no run-to-run noise (set costs.noise)")
     if len(means) > len(shown):
         console.print(f"... {len(means) - len(shown)} more points in the table")
 

@@ -146,7 +146,7 @@ def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
             finding = f": {pair[0]}/{pair[1]} output throughput {r.min():.2f}x to {r.max():.2f}x"
         if lost:
             finding += (f"{',' if finding else ':'} no ratio in {lost} of {lost + len(r)} paired runs (a setting "
-                        "failed: x at a panel's foot)")
+                        "failed: an x at the foot of the metrics' panels)")
     fig.suptitle(f"{scenario}: sweep over {key}{finding}{per} ({runs})", fontsize=10)
     return fig
 
@@ -252,10 +252,8 @@ def ratio_ci_plot(table: pd.DataFrame, scenario: str, metric: str = "output_thro
                   num: str = "overlap", den: str = "normal"):
     """The paired ``num``/``den`` ratio per grid point with its t-interval
     (:func:`sim.whatif.variance.ratio_ci`)."""
-    ci = ratio_ci(table, metric, num, den, level=level)
-    failed = failed_settings(table, (num, den))  # no ratio at a point where a setting failed in a repeat
-    for col in ("ratio", "ci_low", "ci_high"):
-        ci.loc[ci["point"].isin(failed), col] = math.nan
+    ci = ratio_ci(table, metric, num, den, level=level)  # (no ratio at a point where a setting failed)
+    failed = failed_settings(table, (num, den))
     keys = grid_keys(table)
     labels = [", ".join(f"{k.split('.')[-1]}={_label(r[k])}" for k in keys) or "scenario" for _, r in ci.iterrows()]
     fig, ax = plt.subplots(figsize=(max(7, 0.5 * len(ci) + 2), 3.8))

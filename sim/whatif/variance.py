@@ -118,12 +118,16 @@ def ratio_ci(table: pd.DataFrame, metric: str = "output_throughput", num: str = 
     paired repeats (see :func:`log_ratio_interval`).
 
     Returns one row per grid point: ``point``, the grid keys, ``n`` (repeats), ``ratio``
-    (geometric mean), ``ci_low``, ``ci_high``, ``level`` and ``method``."""
+    (geometric mean), ``ci_low``, ``ci_high``, ``level`` and ``method``; the three NaN at a point
+    where either setting failed in a repeat (:func:`failed_settings`: no ratio of any metric there)."""
     pr = paired_ratios(table, metric, num, den)
+    failed = failed_settings(table, (num, den))
     keys = ["point", *grid_keys(table)]
     rows = []
     for values, group in pr.groupby(keys, sort=False, dropna=False):
-        centre, lo, hi = log_ratio_interval(group["ratio"].to_numpy(), level, method)
+        point = values[0] if isinstance(values, tuple) else values
+        ratios = group["ratio"].to_numpy() if point not in failed else []
+        centre, lo, hi = log_ratio_interval(ratios, level, method)
         values = values if isinstance(values, tuple) else (values,)
         rows.append({**dict(zip(keys, values)), "n": len(group), "ratio": centre, "ci_low": lo, "ci_high": hi,
                      "level": level, "method": method})

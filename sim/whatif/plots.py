@@ -120,7 +120,7 @@ def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
         ax.grid(alpha=0.3)
     for ax in axes:
         _format_x(ax, table, key, numeric, xs_all)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.tight_layout(rect=(0, 0, 1, 0.90))
     # legends below the panels, covering no data: colour = setting, style = the other keys' values
     handles = [Line2D([], [], color=setting_color(s, i), linewidth=2.5) for i, s in enumerate(settings)]
     band = ", band: min to max" if reps > 1 else ""
@@ -147,7 +147,10 @@ def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
         if lost:
             finding += (f"{',' if finding else ':'} no ratio in {lost} of {lost + len(r)} paired runs (a setting "
                         "failed: an x at the foot of the metrics' panels)")
-    fig.suptitle(f"{scenario}: sweep over {key}{finding}{per} ({runs})", fontsize=10)
+    title = f"{scenario}: sweep over {key}{finding}{per} ({runs})"
+    if len(title) > 160:  # (two lines where one would run wider than the panels)
+        title = f"{scenario}: sweep over {key}{finding}\n{per.removeprefix('; ')} ({runs})".replace("\n (", "\n(")
+    fig.suptitle(title, fontsize=10)
     return fig
 
 

@@ -143,7 +143,8 @@ def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
         lost = int((~(r > 0)).sum())  # runs with no ratio: a setting's server died or served nothing
         r = r[r > 0]
         if len(r):
-            finding = f": {pair[0]}/{pair[1]} output throughput {r.min():.2f}x to {r.max():.2f}x"
+            low, high = f"{r.min():.2f}x", f"{r.max():.2f}x"
+            finding = f": {pair[0]}/{pair[1]} output throughput {low if low == high else f'{low} to {high}'}"
         if lost:
             finding += (f"{',' if finding else ':'} no ratio in {lost} of {lost + len(r)} paired runs (a setting "
                         "failed: an x at the foot of the metrics' panels)")

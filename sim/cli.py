@@ -19,8 +19,8 @@ from pathlib import Path
 
 from sim.commands import (COMMANDS, OneLineParser, UsageError, add_no_leap_argument, add_plots_arguments, apply_no_leap,
                           command, output_path)
-from sim.errors import (EXIT_BAD_INPUT, EXIT_EXTERNAL_FAILED, EXIT_INTERRUPTED, EXIT_RUN_FAILED, ExternalRunError,
-                        UserInputError)
+from sim.errors import (EXIT_BAD_INPUT, EXIT_EXTERNAL_FAILED, EXIT_INTERRUPTED, EXIT_MODELLING_BUG, EXIT_RUN_FAILED,
+                        ExternalRunError, SimulationStalled, UserInputError)
 
 # modules whose import registers more subcommands with @command (sim.commands); named, not
 # imported, here: calibration's commands load only when the parser is built, and importing sim
@@ -225,7 +225,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="overlap-sim",
         description="Predict what SGLang's overlap scheduler (and vLLM's async scheduling) does on your device, "
                     "against the synchronous loop.",
-        epilog="Exit status: 0 done; 2 bad input (one line on stderr naming the file or flag and the field, "
+        epilog="Exit status: 0 done; 1 a modelling bug (the simulation stalled: one line asking for the scenario); "
+               "2 bad input (one line on stderr naming the file or flag and the field, "
                "nothing written); 3 'run' finished but a setting's server died or all its requests failed; 4 a "
                "real engine the command started (calibrate, validate, conform) failed or timed out (one line "
                "naming its log); 130 interrupted (a run folder keeps the earlier run's files; sweeps and "
@@ -293,6 +294,9 @@ def _command(argv: list[str]) -> int:
     except UserInputError as err:
         print(f"overlap-sim: error: {' '.join(str(err).split())}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except SimulationStalled as err:  # a modelling bug: one line, with what to report
+        print(f"overlap-sim: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return EXIT_MODELLING_BUG
     except ExternalRunError as err:  # a real engine the command started failed: its log says why
         print(f"overlap-sim: error: {' '.join(str(err).split())}", file=sys.stderr)
         return EXIT_EXTERNAL_FAILED

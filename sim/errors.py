@@ -1,6 +1,7 @@
 """User-facing errors: bad input that the CLI reports in one line with exit status 2.
 
-Exit statuses of ``overlap-sim``: 0 done; 2 bad input (one line on stderr, nothing written);
+Exit statuses of ``overlap-sim``: 0 done; 1 a modelling bug (:class:`SimulationStalled`: one line
+asking for the scenario, nothing written); 2 bad input (one line on stderr, nothing written);
 3 ``run`` finished but a setting failed: its server died or none of its measured requests
 completed (the results are written and the table says which); 4 a real engine (or another
 program) the command started failed or timed out (one line on stderr naming its log; the runs
@@ -10,13 +11,19 @@ folder keeps the earlier run's files, sweeps and calibrations keep what finished
 
 from __future__ import annotations
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_RUN_FAILED, EXIT_EXTERNAL_FAILED = 0, 2, 3, 4
+EXIT_OK, EXIT_MODELLING_BUG, EXIT_BAD_INPUT, EXIT_RUN_FAILED, EXIT_EXTERNAL_FAILED = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
 class ExternalRunError(RuntimeError):
     """A program the command started (a real engine's server, a calibration module in the
     engine's environment) failed or timed out. The message is one line and names its log."""
+
+
+class SimulationStalled(RuntimeError):
+    """The simulation cannot go on while requests remain: no event is left, or (vLLM) a step finds
+    the waiting queue's head unschedulable on an idle engine, so the loop would retry forever. A
+    modelling bug, never a user's mistake: the message asks for the scenario."""
 
 
 class UserInputError(Exception):

@@ -251,3 +251,28 @@ def test_a_request_no_idle_engine_can_schedule_stops_the_run(monkeypatch, settin
             sim.simulate(vllm_scenario(c=3), setting, tables="none")
     finally:
         signal.alarm(0)
+
+
+def test_a_stalled_run_is_one_line_and_exit_1_on_the_command_line(monkeypatch, tmp_path, capsys):
+    """The stall (a modelling bug) reaches the user as one stderr line with what to report, exit
+    status 1, and leaves no results folder; not a traceback."""
+    import signal
+
+    import yaml
+
+    from sim.cli import main
+    from sim.engines.vllm.policy.kv_blocks import BlockPool
+
+    monkeypatch.setattr(BlockPool, "allocate_slots", lambda self, *a, **k: False)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(vllm_scenario(c=2, settings=("sync",))))
+    signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError("the run hung")))
+    signal.alarm(60)
+    try:
+        code = main(["run", str(path), "--tables", "none", "--out", str(tmp_path / "out")])
+    finally:
+        signal.alarm(0)
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert err.startswith("overlap-sim: error: simulation stalled") and "please report it with the scenario" in err
+    assert not (tmp_path / "out").exists()

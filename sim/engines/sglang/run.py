@@ -17,7 +17,7 @@ from sim.engines.sglang.server import TP_PRICING
 from sim.engines.sglang.policy.scheduler import Scheduler, ServerDied
 from sim.engines.sglang.rules.loop_rules import setting_faults
 from sim.engines.sglang.structured import GrammarCosts
-from sim.errors import ScenarioError
+from sim.errors import ScenarioError, SimulationStalled
 from sim.model.costs import Jitter, SeededGenerator, make_cost_model
 from sim.model.device import DeviceStream
 from sim.model.reach import reach_outcome
@@ -40,7 +40,7 @@ def run_sglang(scenario, setting: str, specs: RequestSpecs, warmup: int, recorde
 
     Raises:
         ValueError: an unknown setting. ProfileError: an unusable profile.
-        RuntimeError: the simulation stalled (a modelling bug).
+        SimulationStalled: the simulation stalled (a modelling bug; a RuntimeError).
     """
     costs, grammar = _prepare(scenario, setting)
     w, srv = scenario.workload, scenario.server
@@ -80,7 +80,7 @@ def run_sglang(scenario, setting: str, specs: RequestSpecs, warmup: int, recorde
     env.process(_serve(env, LOOPS[setting], phases, srv, outcome))
     env.run()
     if not scheduler.all_done:
-        raise RuntimeError(f"simulation stalled at t={env.now:.6f}s with {scheduler.num_done}/{len(specs)} "
+        raise SimulationStalled(f"simulation stalled at t={env.now:.6f}s with {scheduler.num_done}/{len(specs)} "
                            "requests done (a modelling bug: please report it with the scenario)")
     outcome["peak_token_usage"] = scheduler.kv_peak / srv.kv_pool_tokens
     if outcome["status"] != "ok":

@@ -28,8 +28,8 @@ a call that ran no model while requests remain sleeps 1 ms (``_process_engine_st
 Where such a step finds no request running and none in flight, nothing can change what the
 waiting queue's head needs (the KV cache is as empty as it gets; an arrival joins behind the head):
 the loop would sleep and try again forever, so the run stops at such a step's scheduling with a
-:class:`RuntimeError` (:func:`stalled`), as the run reports a simulation that ends with requests
-left.
+:class:`~sim.errors.SimulationStalled` (:func:`stalled`), as the run reports a simulation that
+ends with requests left.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import simpy
 
 from sim.engines.vllm.core import EngineCore
 from sim.engines.vllm.worker import Worker
+from sim.errors import SimulationStalled
 
 EMPTY_STEP_SLEEP_S = 0.001  # time.sleep(0.001) in EngineCore._process_engine_step
 BATCH_QUEUE_SIZE = 2  # VllmConfig.max_concurrent_batches with async scheduling, pp_size 1
@@ -79,16 +80,17 @@ def sync_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store):
             yield env.timeout(EMPTY_STEP_SLEEP_S)
 
 
-def stalled(env: simpy.Environment, core: EngineCore) -> RuntimeError:
+def stalled(env: simpy.Environment, core: EngineCore) -> SimulationStalled:
     """The error of a step that scheduled nothing with requests waiting, none running and none in
     flight: the waiting queue's head does not fit an idle engine (a modelling bug: before 6
     December 2026 speculative decoding's lookahead slots were not capped at max_model_len, and a
     request near it in a cache of one such request was tried again every millisecond, forever)."""
     sched = core.scheduler
     head = sched.waiting[0]
-    return RuntimeError(f"simulation stalled at t={env.now:.6f}s: request {head.rid} ({head.num_tokens} tokens) waits "
-                        f"and cannot be scheduled on an idle engine ({sched.kv.num_free_blocks} KV blocks free); "
-                        f"{sched.num_done} requests done (a modelling bug: please report it with the scenario)")
+    return SimulationStalled(f"simulation stalled at t={env.now:.6f}s: request {head.rid} ({head.num_tokens} tokens) "
+                             f"waits and cannot be scheduled on an idle engine ({sched.kv.num_free_blocks} KV blocks "
+                             f"free); {sched.num_done} requests done (a modelling bug: please report it with the "
+                             "scenario)")
 
 
 def async_core_loop(env: simpy.Environment, core: EngineCore, rpcs: simpy.Store):

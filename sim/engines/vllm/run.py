@@ -14,6 +14,7 @@ from sim.engines.vllm.loops import LOOPS, worker_loop
 from sim.engines.vllm.policy.scheduler import Scheduler
 from sim.engines.vllm.server import SETTINGS
 from sim.engines.vllm.worker import Worker
+from sim.errors import SimulationStalled
 from sim.model.costs import Jitter, SeededGenerator
 from sim.model.device import DeviceStream
 from sim.model.reach import reach_outcome
@@ -52,7 +53,7 @@ def run_vllm(scenario, setting: str, specs: RequestSpecs, warmup: int, recorder,
 
     Raises:
         ValueError: an unknown setting. ProfileError: an unusable profile.
-        RuntimeError: the simulation stalled (a modelling bug).
+        SimulationStalled: the simulation stalled (a modelling bug; a RuntimeError).
     """
     costs = _prepare(scenario, setting)
     w, srv = scenario.workload, scenario.server
@@ -83,7 +84,7 @@ def run_vllm(scenario, setting: str, specs: RequestSpecs, warmup: int, recorder,
     env.process(worker_loop(env, worker, rpcs))
     env.run()
     if not core.all_done:
-        raise RuntimeError(f"simulation stalled at t={env.now:.6f}s with {scheduler.num_done}/{len(specs)} "
+        raise SimulationStalled(f"simulation stalled at t={env.now:.6f}s with {scheduler.num_done}/{len(specs)} "
                            "requests done (a modelling bug: please report it with the scenario)")
     kv = scheduler.kv
     outcome = {"status": "ok", "reason": "", "time_s": float("nan"),

@@ -139,7 +139,7 @@ def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
     per = f"; a line per setting and per {', '.join(_short(k) for k in others)}" if others else ""
     finding = ""
     if pair:
-        r = _served_ratios(table, "output_throughput", *pair)["ratio"]
+        r = paired_ratios(table, "output_throughput", *pair)["ratio"]
         lost = int((~(r > 0)).sum())  # runs with no ratio: a setting's server died or served nothing
         r = r[r > 0]
         if len(r):
@@ -162,7 +162,7 @@ def _ratio_panel(ax, table: pd.DataFrame, key: str, others: list, combos: list, 
     (:func:`sim.whatif.verdict.threshold_ratio`), above and below break-even."""
     from sim.whatif.verdict import DEFAULT_RUN_CV, threshold_ratio
 
-    pr = _served_ratios(table, "output_throughput", *pair)
+    pr = paired_ratios(table, "output_throughput", *pair)
     pr["log"] = _log_ratio(pr["ratio"])
     for ci, combo in enumerate(combos):
         g = _select(pr, others, combo)
@@ -183,18 +183,9 @@ def _ratio_panel(ax, table: pd.DataFrame, key: str, others: list, combos: list, 
     ax.grid(alpha=0.3)
 
 
-def _served_ratios(table: pd.DataFrame, metric: str, num: str, den: str) -> pd.DataFrame:
-    """:func:`sim.whatif.variance.paired_ratios` with no ratio (NaN) at a point where either setting
-    failed in some repeat (:func:`sim.whatif.variance.failed_settings`: its server died, even after
-    serving some requests, or it served nothing), as the sweep's table says."""
-    pr = paired_ratios(table, metric, num, den)
-    pr["ratio"] = pr["ratio"].where(~pr["point"].isin(failed_settings(table, (num, den))))
-    return pr
-
-
 def _log_ratio(ratio: pd.Series) -> pd.Series:
-    """The log of each paired ratio; NaN where it is not positive (0: the numerator's server died
-    or served nothing; NaN: the denominator's), which a point's mean carries (no ratio there)."""
+    """The log of each paired ratio; NaN where there is none (a setting failed: ``paired_ratios``)
+    or it is not positive (a metric at 0), which a point's mean carries (no ratio there)."""
     return np.log(ratio.where(ratio > 0))
 
 
@@ -207,7 +198,7 @@ def ratio_heatmap(table: pd.DataFrame, x_key: str, y_key: str, scenario: str, me
     """Heatmap of the ``num``/``den`` ratio of ``metric`` (geometric mean over repeats and other
     grid keys) over two grid keys, with the break-even contour (ratio = 1) explained in the title
     (no label on the map, which would cover a value)."""
-    pr = _served_ratios(table, metric, num, den)
+    pr = paired_ratios(table, metric, num, den)
     pr["log_ratio"] = _log_ratio(pr["ratio"])
     grid = (pr.groupby([y_key, x_key])["log_ratio"].agg(lambda s: s.mean(skipna=False)).unstack(x_key)
             .sort_index().sort_index(axis=1))

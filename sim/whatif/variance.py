@@ -60,7 +60,9 @@ def spread(table: pd.DataFrame, metrics: Sequence[str] = DEFAULT_METRICS,
 
 def paired_ratios(table: pd.DataFrame, metric: str = "output_throughput", num: str = "overlap",
                   den: str = "normal") -> pd.DataFrame:
-    """``num``/``den`` of ``metric`` for every grid point and repeat (runs sharing a seed).
+    """``num``/``den`` of ``metric`` for every grid point and repeat (runs sharing a seed); NaN at
+    a point where either setting failed in some repeat (:func:`failed_settings`: no ratio of any
+    metric there).
 
     Returns columns ``point``, the grid keys, ``repeat``, ``seed`` and ``ratio``."""
     keys = ["point", *grid_keys(table), "repeat", "seed"]
@@ -68,18 +70,24 @@ def paired_ratios(table: pd.DataFrame, metric: str = "output_throughput", num: s
     b = table[table["setting"] == den].set_index(keys)[metric]
     if a.empty or b.empty:
         raise ValueError(f"the table needs both settings {num!r} and {den!r}")
-    return (a / b).rename("ratio").reset_index()
+    pr = (a / b).rename("ratio").reset_index()
+    pr["ratio"] = pr["ratio"].where(~pr["point"].isin(failed_settings(table, (num, den))))
+    return pr
 
 
 def failed_settings(table: pd.DataFrame, settings: Sequence[str]) -> dict[int, list[str]]:
-    """Grid point -> which of ``settings`` were not served in some repeat there (the server died,
-    column ``outcome``, or no request completed): no ratio is shown for such a point."""
-    ok = table["outcome"] == "ok" if "outcome" in table else True  # (a table from before either column: served)
-    served = table.assign(served=ok & (table["completed"] > 0) if "completed" in table else ok)
-    served = served.groupby(["point", "setting"])["served"].all()
+    """Grid point -> which of ``settings`` were not served in some repeat there
+    (:func:`sim.trace.metrics.served` of each run's row: the server died, column ``outcome``, or
+    no request completed; a table from before either column counts as served): no ratio is shown
+    for such a point."""
+    from sim.trace.metrics import served
+
+    n = len(table)
+    outcome = table["outcome"] if "outcome" in table else ["ok"] * n
+    completed = table["completed"] if "completed" in table else [1] * n
     out: dict[int, list[str]] = {}
-    for (point, setting), good in served.items():
-        if setting in settings and not good:
+    for point, setting, o, c in zip(table["point"], table["setting"], outcome, completed):
+        if setting in settings and not served({"outcome": o, "completed": c}) and setting not in out.get(point, ()):
             out.setdefault(point, []).append(setting)
     return {p: sorted(v, key=list(settings).index) for p, v in out.items()}
 
@@ -119,15 +127,12 @@ def ratio_ci(table: pd.DataFrame, metric: str = "output_throughput", num: str = 
 
     Returns one row per grid point: ``point``, the grid keys, ``n`` (repeats), ``ratio``
     (geometric mean), ``ci_low``, ``ci_high``, ``level`` and ``method``; the three NaN at a point
-    where either setting failed in a repeat (:func:`failed_settings`: no ratio of any metric there)."""
-    pr = paired_ratios(table, metric, num, den)
-    failed = failed_settings(table, (num, den))
+    where either setting failed in a repeat (:func:`paired_ratios` gives none there)."""
+    pr = paired_ratios(table, metric, num, den)  # (NaN where a setting failed: no interval there)
     keys = ["point", *grid_keys(table)]
     rows = []
     for values, group in pr.groupby(keys, sort=False, dropna=False):
-        point = values[0] if isinstance(values, tuple) else values
-        ratios = group["ratio"].to_numpy() if point not in failed else []
-        centre, lo, hi = log_ratio_interval(ratios, level, method)
+        centre, lo, hi = log_ratio_interval(group["ratio"].to_numpy(), level, method)
         values = values if isinstance(values, tuple) else (values,)
         rows.append({**dict(zip(keys, values)), "n": len(group), "ratio": centre, "ci_low": lo, "ci_high": hi,
                      "level": level, "method": method})

@@ -19,7 +19,6 @@ import hashlib
 import itertools
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Union
@@ -27,7 +26,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 import pandas as pd
 import yaml
 
-from sim.errors import ScenarioError, UserInputError, shown_override
+from sim.errors import UserInputError, shown_override
 from sim.output.report import atomic_write_frame, atomic_write_text, jsonable
 from sim.model.schema import MAX_SEED
 from sim.scenario import Scenario, load_scenario

@@ -9,8 +9,10 @@ import json
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sim.model.known_flags import KnownFlags
+from sim.model.known_flags import KnownFlags, is_option
 from sim.engines.sglang.rules.launch_args import known_flags as sglang_flags
 from sim.engines.sglang.rules.launch_args import parse_launch_args as sglang_args
 from sim.engines.vllm.rules.launch_args import known_flags as vllm_flags
@@ -78,6 +80,49 @@ def test_a_switch_given_a_value_is_refused_as_argparse_refuses_it(parse, arg):
     with pytest.raises(UserInputError) as err:
         parse([arg])
     assert err.value.field == arg.partition("=")[0] and "ignored explicit argument" in str(err.value)
+
+
+@pytest.mark.parametrize("parse, args, flag", [
+    (sglang_args, ["--model-path"], "--model-path"),  # a flag the rules do not read, nothing after it
+    (sglang_args, ["--model-path", "--tp", "2"], "--model-path"),  # ... an option after it: not its value
+    (sglang_args, ["--tp"], "--tp"),  # a flag the rules read (--tp-size)
+    (sglang_args, ["--max-running-requests", "--disable-overlap-schedule"], "--max-running-requests"),
+    (vllm_args, ["m", "--model"], "--model"),
+    (vllm_args, ["m", "--max-num-seqs", "--async-scheduling"], "--max-num-seqs"),
+    (vllm_args, ["m", "--speculative-config.method"], "--speculative-config.method"),
+])
+def test_a_flag_without_its_value_is_refused_as_argparse_refuses_it(parse, args, flag):
+    # argparse: an option that takes a value followed by nothing or by another option: "expected
+    # one argument" (the flag after it was once taken as its value, and a --tp after --model-path
+    # went unseen)
+    with pytest.raises(UserInputError) as err:
+        parse(args)
+    assert err.value.field == flag and "expected one argument" in str(err.value)
+
+
+@pytest.mark.parametrize("parse, args, shown", [(sglang_args, ["--random-seed", "-5"], "--random-seed -5"),
+                                                (vllm_args, ["m", "--seed", "-1"], "--seed -1")])
+def test_a_negative_number_is_a_value_not_an_option(parse, args, shown):
+    assert (shown, "no effect on the loop") in parse(args).flags
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="-.=0123456789ab ", max_size=6))
+def test_is_option_reads_a_token_as_argparse_does(token):
+    # the rule against argparse itself: an option taking a value, then the token
+    import argparse
+    import contextlib
+    import io
+
+    parser = argparse.ArgumentParser(prog="p", add_help=False)
+    parser.add_argument("--x")
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        try:
+            parser.parse_args(["--x", token])
+            took = True
+        except SystemExit:
+            took = "expected one argument" not in err.getvalue()
+    assert is_option(token) is not took, (token, err.getvalue())
 
 
 def test_the_shipped_lists_carry_the_parsers_choices():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,17 @@ from pathlib import Path
 # words a user may put after a switch meaning its value; argparse takes them as a stray argument
 # and refuses the command ("unrecognized arguments"), so each engine's parser refuses them there
 SWITCH_VALUES = frozenset({"true", "false", "yes", "no", "on", "off", "0", "1"})
+
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's ``_negative_number_matcher`` (Python 3.11)
+
+
+def is_option(token: str) -> bool:
+    """Whether ``argparse`` reads ``token`` as an option rather than as a value
+    (``ArgumentParser._parse_optional``, Python 3.11, which both engines' launchers use): it starts
+    with ``-`` and is not ``-`` alone, a negative number or a string with a space. An option that
+    takes a value and is followed by such a token (or by nothing) is refused by the engine's
+    server: "expected one argument"."""
+    return (len(token) > 1 and token[0] == "-" and not _NEGATIVE_NUMBER.match(token) and " " not in token)
 
 
 @dataclass(frozen=True)

@@ -236,8 +236,8 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
                 raise UserInputError(source, name, f"not a flag of SGLang's server (python -m sglang.launch_server "
                                      f"refuses it: unrecognized arguments; the flags of SGLang "
                                      f"{known_flags().version})")
-            if raw is None and known[1] and i < len(tokens):
-                raw = tokens[i]
+            if raw is None and known[1]:
+                raw = _value_after(tokens, i, name, source)
                 i += 1
             shown = name if raw is None else f"{name} {raw}"
             if (allowed := known_flags().refuses(known[0], raw)) is not None:
@@ -252,9 +252,7 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
             statuses.append((shown, NO_EFFECT))
             continue
         if raw is None and spec["type"] != "bool":
-            if i >= len(tokens):
-                raise UserInputError(source, name, f"expected a value after {name}")
-            raw = tokens[i]
+            raw = _value_after(tokens, i, name, source)
             i += 1
         value = _convert(spec, name, raw, source)
         fields[spec["field"]] = value
@@ -283,6 +281,21 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
                    f"refused: not modelled ({refused[what]})" if what in refused else MODELLED)
                   for shown, what in statuses)
     return LaunchConfig(platform, str(ver), fields, env, server, tuple(notes), flags)
+
+
+def _value_after(tokens: list[str], i: int, flag: str, source: str) -> str:
+    """The value of ``flag`` (an option that takes one), ``tokens[i]``.
+
+    Raises:
+        UserInputError: nothing follows ``flag``, or an option does (``--model-path --tp 2``):
+            SGLang's server refuses the command (argparse: "expected one argument").
+    """
+    from sim.model.known_flags import is_option
+
+    if i >= len(tokens) or is_option(tokens[i]):
+        raise UserInputError(source, flag, f"expected a value after {flag} (python -m sglang.launch_server refuses "
+                             "it: expected one argument)")
+    return tokens[i]
 
 
 def _resolve_platform(platform: str, fields: dict, env: dict, notes: list[str]) -> str:

@@ -45,7 +45,9 @@ def spread(table: pd.DataFrame, metrics: Sequence[str] = DEFAULT_METRICS,
 
     Returns:
         One row per group; columns ``<metric>_mean``, ``_std`` (sample, ddof=1), ``_cv``
-        (std/mean), ``_min``, ``_max`` and ``n`` (repeats).
+        (std/mean), ``_min``, ``_max``, ``n`` (repeats) and ``failed`` (of them, the runs that did
+        not serve their load, :func:`served_runs`: a failed run's metrics are a dead server's,
+        e.g. a throughput of 0, not a result).
     """
     by = list(by) if by is not None else ["point", *grid_keys(table), "setting"]
     grouped = table.groupby(by, sort=False, dropna=False)
@@ -55,7 +57,21 @@ def spread(table: pd.DataFrame, metrics: Sequence[str] = DEFAULT_METRICS,
         mean = out[f"{m}_mean"]
         out[f"{m}_cv"] = out[f"{m}_std"] / mean.where(mean != 0)
     out["n"] = grouped.size()
+    failed = table.assign(_failed=[not ok for ok in served_runs(table)])
+    out["failed"] = failed.groupby(by, sort=False, dropna=False)["_failed"].sum().astype(int)
     return out.reset_index()
+
+
+def served_runs(table: pd.DataFrame) -> list[bool]:
+    """Whether each run (row) of a sweep table served its load (:func:`sim.trace.metrics.served`:
+    the server did not die, column ``outcome``, and a measured request completed; a table from
+    before either column counts as served)."""
+    from sim.trace.metrics import served
+
+    n = len(table)
+    outcome = table["outcome"] if "outcome" in table else ["ok"] * n
+    completed = table["completed"] if "completed" in table else [1] * n
+    return [served({"outcome": o, "completed": c}) for o, c in zip(outcome, completed)]
 
 
 def paired_ratios(table: pd.DataFrame, metric: str = "output_throughput", num: str = "overlap",
@@ -80,14 +96,9 @@ def failed_settings(table: pd.DataFrame, settings: Sequence[str]) -> dict[int, l
     (:func:`sim.trace.metrics.served` of each run's row: the server died, column ``outcome``, or
     no request completed; a table from before either column counts as served): no ratio is shown
     for such a point."""
-    from sim.trace.metrics import served
-
-    n = len(table)
-    outcome = table["outcome"] if "outcome" in table else ["ok"] * n
-    completed = table["completed"] if "completed" in table else [1] * n
     out: dict[int, list[str]] = {}
-    for point, setting, o, c in zip(table["point"], table["setting"], outcome, completed):
-        if setting in settings and not served({"outcome": o, "completed": c}) and setting not in out.get(point, ()):
+    for point, setting, ok in zip(table["point"], table["setting"], served_runs(table)):
+        if setting in settings and not ok and setting not in out.get(point, ()):
             out.setdefault(point, []).append(setting)
     return {p: sorted(v, key=list(settings).index) for p, v in out.items()}
 
@@ -126,16 +137,20 @@ def ratio_ci(table: pd.DataFrame, metric: str = "output_throughput", num: str = 
     paired repeats (see :func:`log_ratio_interval`).
 
     Returns one row per grid point: ``point``, the grid keys, ``n`` (repeats), ``ratio``
-    (geometric mean), ``ci_low``, ``ci_high``, ``level`` and ``method``; the three NaN at a point
-    where either setting failed in a repeat (:func:`paired_ratios` gives none there)."""
+    (geometric mean), ``ci_low``, ``ci_high``, ``level``, ``method`` and ``failed``: the settings
+    that failed in a repeat there, space-separated (:func:`failed_settings`), where the three are
+    NaN (:func:`paired_ratios` gives no ratio there); empty where both served, so a NaN ratio with
+    ``failed`` empty is a metric without a ratio (0 or undefined under a setting: no gap)."""
     pr = paired_ratios(table, metric, num, den)  # (NaN where a setting failed: no interval there)
+    failed = failed_settings(table, (num, den))
     keys = ["point", *grid_keys(table)]
     rows = []
     for values, group in pr.groupby(keys, sort=False, dropna=False):
         centre, lo, hi = log_ratio_interval(group["ratio"].to_numpy(), level, method)
         values = values if isinstance(values, tuple) else (values,)
-        rows.append({**dict(zip(keys, values)), "n": len(group), "ratio": centre, "ci_low": lo, "ci_high": hi,
-                     "level": level, "method": method})
+        row = dict(zip(keys, values))
+        rows.append({**row, "n": len(group), "ratio": centre, "ci_low": lo, "ci_high": hi, "level": level,
+                     "method": method, "failed": " ".join(failed.get(row["point"], ()))})
     import pandas as pd
 
     return pd.DataFrame(rows)

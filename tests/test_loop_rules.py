@@ -30,7 +30,8 @@ def test_default_cuda_runs_two_stream_overlap():
     assert (adv.loop, adv.setting, adv.overlap) == ("event_loop_overlap", "overlap", True)
     assert adv.disabled_by == ()
     assert adv.config.version == "0.5.22"
-    assert any("--model-path Qwen/Qwen3-8B" in n and "passed over" in n for n in adv.notes)
+    assert any("--model-path Qwen/Qwen3-8B: the model served" in n for n in adv.notes)  # (not "passed over")
+    assert adv.config.model == "Qwen/Qwen3-8B"
     assert "overlap_retract_v0522" in ids(adv.hazards)
 
 
@@ -89,7 +90,8 @@ def test_mps_without_mlx_disables_overlap_and_env_token_turns_mlx_on():
     assert adv.loop == "event_loop_normal" and ids(adv.disabled_by) == ["mps_without_mlx"]
     adv = advise(["SGLANG_USE_MLX=1", "python", "-m", "sglang.launch_server", "--model-path", "X"], "mps")
     assert adv.config.platform == "mlx" and adv.setting == "overlap_mlx"
-    assert adv.notes == ("--model-path X: not read by the rules (no effect on the event loop): passed over",)
+    assert adv.notes == ("--model-path X: the model served, which the costs stand for (the profile's or the "
+                         "scenario's; no effect on the event loop)",)
     # before the MLX overlap loop existed, MPS turned overlap off whatever the backend
     assert ids(advise([], "mlx", "0.5.10").disabled_by) == ["mps_backend"]
 

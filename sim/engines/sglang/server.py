@@ -88,6 +88,7 @@ class Server(StrictModel):
     allow_auto_truncate: bool = False  # --allow-auto-truncate: cut a request to the context instead of refusing it
     _from_launch_args: tuple = PrivateAttr(default=())
     _launch_notes: tuple = PrivateAttr(default=())  # launch arguments the rules passed over
+    _launch_model: Optional[str] = PrivateAttr(default=None)  # --model-path of launch_args
 
     @property
     def running_cap(self) -> tuple[str, int]:
@@ -116,14 +117,27 @@ class Server(StrictModel):
                 "finish with fewer output tokens than asked")
 
     def verdict_caveats(self, profile_meta: dict | None = None) -> list[str]:
-        """Clauses the verdict carries beyond the profile's own: at tensor parallelism, how far the
-        TP model has been held against the real server (docs/real-engines.md); none otherwise
-        (what the section answers approximately is in :meth:`warnings`)."""
+        """Clauses the verdict carries beyond the profile's own: a launch command serving another
+        model than the profile measured (by name, :mod:`sim.model.model_names`); at tensor
+        parallelism, how far the TP model has been held against the real server
+        (docs/real-engines.md); none otherwise (what the section answers approximately is in
+        :meth:`warnings`)."""
+        out = [] if (model := self._model_caveat(profile_meta, brief=True)) is None else [model]
         if self.tp_size <= 1:
-            return []
-        return [f"tp_size {self.tp_size}: the overlap/normal ratio at TP > 1 is not validated on a host with cores "
-                "for every rank, the tokenizer and the client (held against SGLang's CPU server at TP 2 on a 2-core "
-                "VM only: docs/real-engines.md#tensor-parallelism-sglang)"]
+            return out
+        return out + [f"tp_size {self.tp_size}: the overlap/normal ratio at TP > 1 is not validated on a host with "
+                      "cores for every rank, the tokenizer and the client (held against SGLang's CPU server at TP 2 "
+                      "on a 2-core VM only: docs/real-engines.md#tensor-parallelism-sglang)"]
+
+    def _model_caveat(self, profile_meta: dict | None, brief: bool = False) -> str | None:
+        """Where ``launch_args`` name a model (``--model-path``) that the profile (metadata
+        ``profile_meta``) did not measure, by name: a clause saying so (``brief``: the verdict's;
+        :func:`sim.model.model_names.model_caveat`); else None."""
+        if self._launch_model is None:
+            return None
+        from sim.model.model_names import model_caveat
+
+        return model_caveat("--model-path", self._launch_model, profile_meta, brief)
 
     @property
     def grammar(self) -> Optional[StructuredOutput]:
@@ -134,10 +148,13 @@ class Server(StrictModel):
     def warnings(self, profile_meta: dict | None = None) -> list[str]:
         """What this server section asks for that the simulator answers only approximately, in
         words that name the value: a launch argument the rules do not read (SGLang would act on
-        it or refuse it), a loop selected on a device its engine does not run it on (the MLX
+        it or refuse it), a model (``--model-path``) other than the one the profile (metadata
+        ``profile_meta``) measured, by name, a loop selected on a device its engine does not run it on (the MLX
         chain on a CUDA card, the thread-era forward thread under MLX), structured output (its
         costs measured, from the profile's metadata ``profile_meta``, or given)."""
         out = [f"warning: server.launch_args: {note}" for note in self._launch_notes]
+        if (model := self._model_caveat(profile_meta)) is not None:
+            out.append(f"warning: server.launch_args: {model}")
         if self.grammar is not None:
             measured = (profile_meta or {}).get("structured_output") if isinstance(profile_meta, dict) else None
             out += self.grammar.caveats(measured if isinstance(measured, dict) else None)
@@ -181,6 +198,7 @@ class Server(StrictModel):
     def _apply_launch_args(cls, data, handler):
         derived: tuple = ()
         notes: tuple = ()
+        model = None
         if isinstance(data, dict) and isinstance(data.get("launch_args"), list):
             # YAML reads `--pp-size, 2` as a number: launch arguments are strings, a number taken as
             # its text; anything else (a list, a map, null, true) is not an argument
@@ -188,7 +206,7 @@ class Server(StrictModel):
                 if not isinstance(a, (str, int, float)) or isinstance(a, bool):
                     raise ValueError(f"launch_args.{i}: expected a string (a launch argument), got {shown(a)}")
             data = {**data, "launch_args": [a if isinstance(a, str) else str(a) for a in data["launch_args"]]}
-            data, derived, notes = _resolve_launch_args(data)
+            data, derived, notes, model = _resolve_launch_args(data)
         if isinstance(data, dict) and data.get("version") is not None:
             from sim.engines.sglang.rules.loop_rules import admission_policy, retraction_policy
             from sim.errors import UserInputError
@@ -203,6 +221,7 @@ class Server(StrictModel):
         server = handler(data)
         server._from_launch_args = derived
         server._launch_notes = notes
+        server._launch_model = model
         return server
 
     @property
@@ -237,9 +256,9 @@ class Server(StrictModel):
         return self
 
 
-def _resolve_launch_args(data: dict) -> tuple[dict, tuple, tuple]:
+def _resolve_launch_args(data: dict) -> tuple[dict, tuple, tuple, str | None]:
     """Fill server fields from ``launch_args`` (see :class:`Server`); returns (data, derived keys,
-    the notes on arguments the rules passed over).
+    the notes on arguments the rules passed over, the model the command serves or None).
 
     Raises:
         ValueError: a bad flag, a loop the simulator does not model, or a field set both in
@@ -250,7 +269,7 @@ def _resolve_launch_args(data: dict) -> tuple[dict, tuple, tuple]:
 
     args = data["launch_args"]
     if not isinstance(args, list):
-        return data, (), ()
+        return data, (), (), None
     device = data.get("device", "cuda")
     if not isinstance(device, str):  # (null, a number: not a device's name)
         from sim.engines.sglang.rules.launch_args import PLATFORMS
@@ -285,4 +304,4 @@ def _resolve_launch_args(data: dict) -> tuple[dict, tuple, tuple]:
         if key not in data:
             data[key] = value
             derived.append(key)
-    return data, tuple(derived), tuple(n for n in adv.config.notes if "passed over" in n)
+    return data, tuple(derived), tuple(n for n in adv.config.notes if "passed over" in n), adv.config.model

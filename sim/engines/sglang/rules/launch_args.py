@@ -71,6 +71,8 @@ class LaunchConfig:
         notes: human-readable notes (arguments passed over, conflicts resolved).
         flags: ``(flag as given, status)`` per flag, in order; status is :data:`MODELLED`,
             ``refused: not modelled (<what>)`` or :data:`NO_EFFECT`.
+        model: the model the command serves (``--model-path``), None where it names none: the
+            costs stand for it (:mod:`sim.model.model_names` compares it with the profile's).
     """
 
     platform: str
@@ -80,6 +82,7 @@ class LaunchConfig:
     server: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     flags: tuple[tuple[str, str], ...] = ()
+    model: str | None = None
 
 
 MODELLED = "modelled"
@@ -203,6 +206,7 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
     server: dict[str, Any] = {}
     notes: list[str] = []
     statuses: list[tuple[str, str]] = []  # (flag as given, field read, or NO_EFFECT)
+    model = None  # --model-path's value
     known_env = set(table["env"])
     tokens = [str(t) for t in args]
     i = 0
@@ -243,7 +247,11 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
             if (allowed := known_flags().refuses(known[0], raw)) is not None:
                 raise UserInputError(source, name, f"{raw!r} is not one of {', '.join(allowed)} (SGLang's server "
                                      f"refuses it: invalid choice; the flags of SGLang {known_flags().version})")
-            if known[0] == "--grammar-backend":  # grammars are per request (SamplingParams.json_schema, ...)
+            if known[0] == "--model-path":  # the model: what the costs stand for, not a rule's input
+                model = raw
+                notes.append(f"{shown}: the model served, which the costs stand for (the profile's or the "
+                             "scenario's; no effect on the event loop)")
+            elif known[0] == "--grammar-backend":  # grammars are per request (SamplingParams.json_schema, ...)
                 notes.append(f"{shown}: the backend of per-request grammars; the simulator models grammars from the "
                              "scenario's server.structured_output (the share of constrained requests and their "
                              "costs: docs/model.md#structured-output)")
@@ -280,7 +288,7 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
     flags = tuple((shown, NO_EFFECT if what == NO_EFFECT else
                    f"refused: not modelled ({refused[what]})" if what in refused else MODELLED)
                   for shown, what in statuses)
-    return LaunchConfig(platform, str(ver), fields, env, server, tuple(notes), flags)
+    return LaunchConfig(platform, str(ver), fields, env, server, tuple(notes), flags, model)
 
 
 def _value_after(tokens: list[str], i: int, flag: str, source: str) -> str:

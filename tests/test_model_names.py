@@ -1,4 +1,4 @@
-"""A launch command's model against the profile's (sim.model.model_names): compared by words,
+"""A launch command's model against the profile's (sim.model.profile): compared by words,
 and a run on another model's costs says so, in its warnings and its verdict."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.model.model_names import model_caveat, model_words, profile_model, same_model
+from sim.model.profile import model_caveat, model_words, profile_model, same_model
 from tests.conftest import ROOT
 
 QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"

@@ -14,7 +14,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from sim.engines.sglang.structured import StructuredOutput
 from sim.errors import shown
-from sim.model.profile import ParallelPricing
+from sim.model.profile import ParallelPricing, model_caveat
 from sim.model.schema import MAX_POOL_TOKENS, MAX_REQUESTS, MAX_TOKENS, StrictModel
 
 SETTINGS = ("normal", "overlap", "overlap_mlx", "thread_overlap")
@@ -118,7 +118,7 @@ class Server(StrictModel):
 
     def verdict_caveats(self, profile_meta: dict | None = None) -> list[str]:
         """Clauses the verdict carries beyond the profile's own: a launch command serving another
-        model than the profile measured (by name, :mod:`sim.model.model_names`); at tensor
+        model than the profile measured (by name, :mod:`sim.model.profile`); at tensor
         parallelism, how far the TP model has been held against the real server
         (docs/real-engines.md); none otherwise (what the section answers approximately is in
         :meth:`warnings`)."""
@@ -132,11 +132,9 @@ class Server(StrictModel):
     def _model_caveat(self, profile_meta: dict | None, brief: bool = False) -> str | None:
         """Where ``launch_args`` name a model (``--model-path``) that the profile (metadata
         ``profile_meta``) did not measure, by name: a clause saying so (``brief``: the verdict's;
-        :func:`sim.model.model_names.model_caveat`); else None."""
+        :func:`sim.model.profile.model_caveat`); else None."""
         if self._launch_model is None:
             return None
-        from sim.model.model_names import model_caveat
-
         return model_caveat("--model-path", self._launch_model, profile_meta, brief)
 
     @property

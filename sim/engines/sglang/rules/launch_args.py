@@ -72,7 +72,7 @@ class LaunchConfig:
         flags: ``(flag as given, status)`` per flag, in order; status is :data:`MODELLED`,
             ``refused: not modelled (<what>)`` or :data:`NO_EFFECT`.
         model: the model the command serves (``--model-path``), None where it names none: the
-            costs stand for it (:mod:`sim.model.model_names` compares it with the profile's).
+            costs stand for it (:mod:`sim.model.profile` compares it with the profile's).
     """
 
     platform: str

@@ -138,3 +138,26 @@ def test_a_read_only_profile_is_loaded_once_per_file_version(tmp_path):
         load_profile_read_only(path)
     with pytest.raises(ProfileError, match="no such profile file"):
         load_profile_read_only(tmp_path / "missing.json")
+
+
+def test_labels_read_the_loaded_profiles_metadata_of_the_same_file_version(tmp_path):
+    """The table's title and the warnings read the metadata of the profile the run loaded
+    (loaded_metadata), not the file again, and only for the file's version it loaded: a changed
+    file is read afresh."""
+    import os
+
+    from sim.model.profile import load_profile_read_only, loaded_metadata
+    from sim.output.report import profile_metadata
+
+    path = tmp_path / "p.json"
+    save_profile(path, synthetic_profile())
+    assert loaded_metadata(path) is None and loaded_metadata(tmp_path / "missing.json") is None
+    assert profile_metadata(path) == load_profile(path)["metadata"]  # (read from the file)
+    loaded = load_profile_read_only(path)
+    assert loaded_metadata(path) is loaded["metadata"] and profile_metadata(path) is loaded["metadata"]
+    changed = synthetic_profile()
+    changed["metadata"]["note"] = "changed"
+    save_profile(path, changed)
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert loaded_metadata(path) is None and profile_metadata(path)["note"] == "changed"

@@ -194,7 +194,13 @@ def print_table(title: str, summaries: dict[str, dict], console: Console | None 
 
 def profile_metadata(path) -> dict | None:
     """The ``metadata`` object of the calibration profile at ``path`` (None when unreadable: the
-    scenario validated it already, so this only labels the table)."""
+    scenario validated it already, so this only labels the table): the loaded profile's where the
+    run loaded this file version (:func:`sim.model.profile.loaded_metadata`), else read from the
+    file."""
+    from sim.model.profile import loaded_metadata
+
+    if (meta := loaded_metadata(path)) is not None:
+        return meta
     try:
         meta = json.loads(Path(path).read_text()).get("metadata")
     except (OSError, ValueError, AttributeError, RecursionError):

@@ -36,7 +36,21 @@ def test_vllm_on_an_h100_is_one_command(run_cli, tmp_path):
                               "16", "--input-len", "1000", "--output-len", "300", "--out", tmp_path, "--no-plots"])
     assert code == 0, err
     assert "async/sync" in _verdict(out)
-    assert yaml.safe_load((tmp_path / "scenario.yaml").read_text())["server"]["engine"] == "vllm"
+    server = yaml.safe_load((tmp_path / "scenario.yaml").read_text())["server"]
+    assert server["engine"] == "vllm"
+    assert (server["max_num_seqs"], server["max_num_batched_tokens"]) == (1024, 8192)  # an H100's defaults
+
+
+@pytest.mark.parametrize("card, want", [("h100", (1024, 8192)), ("h200", (1024, 8192)), ("b200", (1024, 16384)),
+                                        ("a100-80gb", (256, 2048)), ("a100-40gb", (256, 2048)), ("l4", (256, 2048)),
+                                        ("rtx-4090", (256, 2048))])
+def test_vllm_batch_defaults_follow_the_card_as_get_batch_defaults_does(card, want):
+    # vLLM 0.32.0 EngineArgs.get_batch_defaults (OpenAI API server): >= 160 GiB: 1024 / 16384;
+    # >= 70 GiB and not an A100: 1024 / 8192; else 256 / 2048
+    from sim.engines.vllm.ask import batch_defaults
+    from sim.model.cards import find_card
+
+    assert batch_defaults(find_card(card)) == want
 
 
 def test_sglang_on_a_mac_runs_the_mlx_loops(run_cli, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import simpy
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sim
@@ -122,3 +122,46 @@ def test_the_next_request_of_a_closed_loop_client_is_sent_after_the_last_token_a
     assert first[1] - first[0] == pytest.approx(c_in, rel=1e-9)
     second = [r.steps["schedule_start"][r.steps["kind"] != "decode"].iloc[-1] for r in (base, front)]
     assert second[1] - second[0] == pytest.approx(2 * c_in + c_out, rel=1e-6)
+
+
+def test_a_step_beyond_the_output_curves_data_is_priced_as_the_largest_measured_and_counted(tmp_path):
+    """frontend_out measured at 1, 2 and 4 requests (1, 2 and 3 ms; the edge segment rises 0.5 ms
+    a request): a step of 256 requests pays 3 ms, not 129 ms by the edge segment, and a step of 8
+    counts as priced beyond the data at (8 + 1) / (4 + 1) = 1.8 its range; 4 requests and fewer
+    count as inside it."""
+    import json
+
+    from sim.engines.vllm.costs import VllmProfileCosts
+    from sim.engines.vllm.profile import VLLM_CURVES
+    from sim.model.profile import validate_profile
+    from tests.vllm_helpers import make_profile
+
+    profile = make_profile(frontend={"in": 0.006})
+    profile["curves"]["vllm.frontend_out"] = {"axes": ["num_reqs"], "grid": [[1, 2, 4]], "values_s": [1e-3, 2e-3, 3e-3]}
+    validate_profile(json.loads(json.dumps(profile)), "<test>", VLLM_CURVES)
+    costs = VllmProfileCosts(profile, "sync")
+    assert [costs.frontend_s("out", n) for n in (1, 2, 3, 4)] == pytest.approx([1e-3, 2e-3, 2.5e-3, 3e-3])
+    assert costs.frontend_s("out", 8) == costs.frontend_s("out", 256) == pytest.approx(3e-3)
+    assert costs.frontend_s("in", 1) == pytest.approx(0.006)  # (a burst's curve: not held)
+    costs.forward_s(1, 4, 4, 400)
+    assert costs.reach.outcome() == {"extrapolated_steps": 0, "far_steps": 0, "max_extrapolation": 1.0}
+    costs.forward_s(1, 8, 8, 800)
+    costs.forward_s(1, 256, 256, 25600)
+    out = costs.reach.outcome()
+    assert out["extrapolated_steps"] == 2 and out["far_steps"] == 1
+    assert out["max_extrapolation"] == pytest.approx(257 / 5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(1e-5, 1e-2), min_size=2, max_size=5), st.integers(1, 4096))
+def test_the_held_output_cost_never_exceeds_the_largest_measured_point(values, num_reqs):
+    from sim.engines.vllm.costs import VllmProfileCosts
+    from tests.vllm_helpers import make_profile
+
+    profile = make_profile()
+    grid = [2 ** i for i in range(len(values))]
+    profile["curves"]["vllm.frontend_out"] = {"axes": ["num_reqs"], "grid": [grid], "values_s": values}
+    got = VllmProfileCosts(profile, "async").frontend_s("out", num_reqs)
+    assert 0.0 <= got <= max(values) * (1 + 1e-12)
+    if num_reqs >= grid[-1]:
+        assert got == pytest.approx(values[-1])

@@ -67,7 +67,8 @@ def _stub_bias(host: dict) -> str:
     """What the vLLM stub check found, and how far the API server's curve was measured."""
     curve = host["curves"].get("vllm.frontend_out")
     out = (f"; the API server's frontend_out measured to {max(curve['grid'][0]):g} requests (with the load's client "
-           "on the same cores) and extended linearly beyond") if curve else ""
+           "on the same cores) and held at its value there beyond (a step's outputs beyond it are priced as the "
+           "largest measured, and counted as extrapolated)") if curve else ""
     return ("; on this project's 2-vCPU VM the host file's synchronous RPC intervals and prepare came out 10-60% "
             "dearer, and async's collect 3.4x, than the CPU calibration's on its smaller server (a GPU-sized "
             "server and the contention of two cores; benchmarks/results/vllm-host-stub-check.json), which leans "

@@ -98,7 +98,13 @@ class VllmProfileCosts:
         h = hulls(profile, self.curves)
         self._hull_forward = h["vllm.forward"]
         self._hull_verify = h.get("vllm.spec_forward")
-        self._hull_phases = tuple(h[f"vllm.{name}"] for name in PHASES if name != "add_request")
+        # the phases priced at a step's num_reqs, and the API server's output side (frontend_out,
+        # frontend_work: a step's tokens for its num_reqs requests; frontend_in is over the requests
+        # sent together, not a step's size)
+        self._hull_phases = tuple(h[f"vllm.{name}"] for name in PHASES if name != "add_request") + tuple(
+            h[name] for name in ("vllm.frontend_out", "vllm.frontend_work") if name in h)
+        # the largest step the API server's output side was measured at (frontend_s holds it there)
+        self._frontend_reach = {k: h[f"vllm.frontend_{k}"][1][0] for k in ("out", "work") if f"vllm.frontend_{k}" in h}
         self._phases_memo: dict[int, float] = {}  # num_reqs -> the phases' distance from the data
 
     @property
@@ -132,11 +138,18 @@ class VllmProfileCosts:
         step's outputs for ``num_reqs`` requests ("out"), or its own work on those outputs
         ("work": ``process_outputs``); 0 when the profile has no such curve (for "work": inf, so
         that :meth:`sim.engines.vllm.frontend.ApiServer.egress`, which caps the work at the "out"
-        latency, takes all of it in turn, as before the curve was measured)."""
+        latency, takes all of it in turn, as before the curve was measured). A step's outputs
+        ("out", "work") beyond the largest step the curve was measured at (its data's hull,
+        :func:`sim.model.reach.hulls`) are priced as that step's: held, not extended
+        (:mod:`sim.engines.vllm.frontend`); :meth:`forward_s` counts such a step as extrapolated."""
         curve = self._frontend[kind]
         if curve is None and kind == "work":
             return math.inf
-        return curve(num_reqs) * self.cpu_scale if curve is not None else 0.0
+        if curve is None:
+            return 0.0
+        if kind != "in":  # a step's outputs: not extrapolated beyond the largest step measured
+            num_reqs = min(num_reqs, self._frontend_reach[kind])
+        return curve(num_reqs) * self.cpu_scale
 
     def frontend_in_line(self) -> tuple[float, float]:
         """``(L, w)`` seconds of :mod:`sim.engines.vllm.frontend`: the line through
@@ -169,7 +182,8 @@ class VllmProfileCosts:
         part, each priced as a step of its own (module docstring). Counts the step in
         :attr:`reach` with its distance from the data (unless ``count`` is False: a draft pass
         of a step already counted): the forward (or each part of it) and every phase curve at
-        ``num_reqs``. ``verify``: a speculative verify step (every request one token plus its
+        ``num_reqs`` (the API server's output curves too: a step's tokens pass through them).
+        ``verify``: a speculative verify step (every request one token plus its
         drafts), priced by ``vllm.spec_forward`` where the profile has it and the server drafts."""
         if self.mixed_sum_of_parts and 0 < decode_reqs < num_reqs:
             decode_tokens = decode_tokens or decode_reqs

@@ -41,6 +41,15 @@ Modelled (:class:`ApiServer`), from what the calibration measured (``vllm.fronte
   two cores, the API server starved): taken whole in turn, that latency capped the simulated
   server at one step per ``frontend_out``, which the real one was not. A profile without
   ``frontend_work`` takes all of ``frontend_out`` in turn (the model before the curve).
+  Beyond the largest step the output curves were measured at, a step's outputs are priced as
+  that largest step's (:meth:`sim.engines.vllm.costs.VllmProfileCosts.frontend_s`), not by
+  extending the edge segment: the composed H200 profile's ``frontend_out`` was kept only to 4
+  requests (three noisy points), and its edge segments, 0.43 ms a request under ``sync`` and
+  0.08 under ``async``, put a step of 256 requests at 112 and 23 ms, a bottleneck of the API
+  server that differed between the settings by the noise of three points and made async
+  scheduling look 4-5x better at high concurrency (public A/B runs on H100 and A100 measure
+  1.1-1.3x). Such steps count as priced beyond the data (:mod:`sim.model.reach`, the
+  verdict's extrapolated and far shares), so the answer says it rests on them.
 
 Simplifications, stated: the two directions do not slow each other (one event loop in the real
 server); the latencies are measured end to end from the client, so they include the trips

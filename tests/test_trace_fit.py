@@ -227,3 +227,17 @@ def test_the_verdict_says_how_far_and_cannot_tell_beyond_far():
     far = v.with_reach(0.5, 0.2, 9.0)
     assert far.answer == UNSURE and f"20% beyond x{FAR:g}" in far.line()
     assert v.with_reach(0.5, 0.05, 9.0).answer == KEEP  # a few far steps: said, not decisive
+
+
+def test_a_range_that_agrees_reads_as_agreeing_when_far_steps_make_it_unsure():
+    """The stated range's ends both give 'keep on' while far steps make the answer 'cannot tell':
+    the line says both ends agree and why it cannot tell, not "it spans 'keep on' to 'keep on'";
+    a range whose ends differ still spans them, one that agrees on a sure answer holds."""
+    from sim.whatif.verdict import KEEP, PAIRS, Verdict
+
+    v = Verdict(KEEP, PAIRS[0], 1.3, (10.0, 13.0), 0.02, "test")
+    far = v.with_range(1.2, 1.4, ["host phases ±30%"]).with_reach(0.9, 0.6, 20.0)
+    assert "'keep on' at both ends" in far.line() and "spans" not in far.line()
+    assert "60% beyond x" in far.line()
+    assert "the answer holds across it" in v.with_range(1.2, 1.4, ["host phases ±30%"]).line()
+    assert "it spans 'no difference one A/B run could see' to 'keep on'" in v.with_range(1.0, 1.4, ["x"]).line()

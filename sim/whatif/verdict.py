@@ -224,8 +224,13 @@ class Verdict:
                 out += f"; over {'; '.join(what)}: a setting served nothing at a corner of that range"
             else:
                 words = {KEEP: "keep on", OFF: "turn off", UNSEEN: "no difference one A/B run could see"}
-                holds = ("the answer holds across it" if self.answer != UNSURE else
-                         f"it spans '{words[decide(lo, self.run_cv)]}' to '{words[decide(hi, self.run_cv)]}'")
+                low, high = decide(lo, self.run_cv), decide(hi, self.run_cv)
+                if low != high:
+                    holds = f"it spans '{words[low]}' to '{words[high]}'"
+                elif self.answer != UNSURE:
+                    holds = "the answer holds across it"
+                else:  # (the range agrees; what is not known is said after it: steps beyond the data)
+                    holds = f"'{words[low]}' at both ends"
                 out += f"; over {'; '.join(what)}: ratio {lo:.3f}-{hi:.3f}x, {holds}"
         if self.range_skipped:
             out += f"; not simulated over {'; '.join(self.range_skipped)} (--no-range): the answer's range is unknown"

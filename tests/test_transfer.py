@@ -470,3 +470,26 @@ def test_the_card_list_fits_80_columns(capsys, monkeypatch):
     assert table and all(len(line) <= 80 for line in table)
     assert any(line.startswith("│ h200") and "NVIDIA H200" in line for line in table)  # names not broken
     assert any(line.startswith("l4: host ") for line in lines)
+
+
+def test_a_host_speed_on_the_profiles_own_card_moves_the_host_phases_only():
+    """transfer to the card the profile was measured on with a host speed (ask --host-speed on
+    the profile's card): every forward curve and sample as measured, every host phase divided by
+    the speed, and no forward uncertainty stated (ask had added a card move's ±30%)."""
+    import json
+
+    from sim.model.profile import SGLANG_CURVES
+    from sim.model.transfer import transfer_profile
+    from sim.whatif.stated_range import stated_uncertainties
+
+    path = ROOT / "scenarios" / "profiles" / "h200-llama-3.2-1b.json"
+    profile = json.loads(path.read_text())
+    moved = transfer_profile(profile, "h200", host_speed=2.0, curves=SGLANG_CURVES)
+    for name in SGLANG_CURVES.forward:
+        if name in profile["curves"]:
+            assert moved["curves"][name]["values_s"] == profile["curves"][name]["values_s"]
+    assert moved["curves"]["recv"]["values_s"] == [v / 2.0 for v in profile["curves"]["recv"]["values_s"]]
+    assert moved["metadata"]["transfer"]["uncertainty_rel"] == 0.0
+    assert not any(s.axis == "gpu" for s in stated_uncertainties(moved["metadata"]))
+    other = transfer_profile(profile, "h100", host_speed=2.0, curves=SGLANG_CURVES)
+    assert any(s.axis == "gpu" for s in stated_uncertainties(other["metadata"]))

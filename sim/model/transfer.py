@@ -293,10 +293,12 @@ def transfer_profile(profile: dict, to: str, *, source: str = "<profile>", from_
             return forward_time_s(t, curve, x, y, m, src, dst, method_, efficiency, r)
         return moved
 
+    same = dst is src  # the profile's own card (a host speed alone): the forward is not moved
+
     def scale_set(curves: dict) -> dict:
         out = {}
         for name, c in curves.items():
-            if name in forward_curves:
+            if name in forward_curves and not same:
                 out[name] = _scale_curve(c, name, fwd(name, method))
             elif name in cpu_curves:
                 out[name] = _scale_curve(c, name, lambda t, *_: t / host_speed)
@@ -310,7 +312,7 @@ def transfer_profile(profile: dict, to: str, *, source: str = "<profile>", from_
         new["setting_curves"] = {s: scale_set(c) for s, c in profile["setting_curves"].items()}
     for smp in new["samples"]:
         name = smp["curve"]
-        if name in forward_curves:
+        if name in forward_curves and not same:
             a, b = (smp["point"][k] for k in table.all[name])
             f = fwd(name, method)
             smp["times_s"] = [f(t, a, b) for t in smp["times_s"]]
@@ -322,7 +324,8 @@ def transfer_profile(profile: dict, to: str, *, source: str = "<profile>", from_
         "efficiency": efficiency, "bandwidth_ratio": dst.bandwidth_gb_s / src.bandwidth_gb_s,
         "compute_ratio": _compute(dst, src) / _compute(src, dst), "host_speed": host_speed,
         "compute_published": src.bf16_tflops is not None and dst.bf16_tflops is not None,
-        "uncertainty_rel": UNCERTAINTY_REL if method == "roofline" else max(UNCERTAINTY_REL, spread),
+        # (on the profile's own card the forward is as measured: no uncertainty of a move)
+        "uncertainty_rel": 0.0 if same else UNCERTAINTY_REL if method == "roofline" else max(UNCERTAINTY_REL, spread),
         "method_spread_rel": spread, "sources": {src.key: src.source, dst.key: dst.source},
         "from_host_cpu": meta.get("host_cpu"),
         "note": "forward times moved by public peak specs (sim.model.transfer), not measured on this card; "

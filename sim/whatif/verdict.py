@@ -152,6 +152,8 @@ class Verdict:
         out = {"answer": self.answer, "settings": list(self.pair[:2]), "throughput_ratio": finite(self.throughput_ratio),
                "tpot_ms": [finite(t) for t in self.tpot_ms], "ttft_ms": [finite(t) for t in self.ttft_ms], "run_cv": self.run_cv, "cv_source": self.cv_source,
                "threshold_ratio": finite(self.threshold), "failed": self.failed, "line": self.line()}
+        if (change := self.latency_change()) is not None:
+            out["tpot_change"] = change
         if self.stated_range is not None:
             lo, hi, what = self.stated_range
             out["stated_range"] = {"ratio_low": finite(lo), "ratio_high": finite(hi), "sources": what,
@@ -171,9 +173,26 @@ class Verdict:
             out["caveats"] = list(self.caveats)
         return out
 
+    def latency_change(self) -> Optional[float]:
+        """Where the throughputs show no difference (:data:`UNSEEN`: as in an open loop below the
+        server's capacity, whose arrivals set the throughput of both settings) but the median TPOTs
+        differ by more than one A/B run's noise (their ratio beyond :attr:`threshold`, the same
+        test as the throughput's): the overlapping setting's TPOT over the synchronous one's, less
+        1 (negative: faster tokens with it on); else None."""
+        tn, td = self.tpot_ms
+        if self.answer != UNSEEN or not (math.isfinite(tn) and math.isfinite(td) and tn > 0 and td > 0):
+            return None
+        t = self.threshold
+        return tn / td - 1.0 if (tn / td >= t or td / tn >= t) else None
+
     def head(self) -> str:
-        """The answer in words (the verdict line's first clause)."""
+        """The answer in words (the verdict line's first clause); an unseen throughput difference
+        with a visible TPOT difference says so (:meth:`latency_change`)."""
         _num, _den, loop, flag, keep_note = self.pair
+        change = self.latency_change()
+        if change is not None:
+            return (f"no throughput difference a single A/B run could see, but tokens {abs(change):.0%} "
+                    f"{'faster' if change < 0 else 'slower'} (TPOT) with {loop} on (the default: {loop} on)")
         return {KEEP: f"keep {loop} on ({keep_note})", OFF: f"turn {loop} off ({flag})",
                 UNSEEN: f"no difference a single A/B run could see (keep the default: {loop} on)",
                 UNSURE: f"cannot tell from what the profile knows (keep the default: {loop} on)"}[self.answer]

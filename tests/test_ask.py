@@ -71,6 +71,18 @@ def test_an_open_loop_on_the_profiles_own_card_has_only_the_host_range(run_cli, 
     assert yaml.safe_load((tmp_path / "scenario.yaml").read_text())["workload"]["arrival"] == "poisson"
 
 
+def test_an_unknown_model_on_a_card_the_engine_refuses_is_refused_for_the_card_first(run_cli, tmp_path):
+    """vLLM on a Mac with a model it has no profile of: the card is refused (no recipe for a
+    calibration ask would refuse anyway); on a card it runs on, the recipe composes with the
+    shipped vLLM host part, not a CPU profile's host costs."""
+    code, _, err = run_cli(["ask", "--engine", "vllm", "--card", "m3-max", "--model", "llama-3.1-8b", "--concurrency",
+                            "8", "--input-len", "8", "--output-len", "8", "--out", tmp_path / "a"])
+    assert code == 2 and "--card" in err and "no Apple platform" in err
+    code, _, err = run_cli(["ask", "--engine", "vllm", "--card", "h100", "--model", "llama-3.1-8b", "--concurrency",
+                            "8", "--input-len", "8", "--output-len", "8", "--out", tmp_path / "b"])
+    assert code == 2 and "parts/vllm-0.32.0-host-amd-epyc.json" in err and "--host-speed X" not in err
+
+
 @pytest.mark.parametrize("argv, flag", [
     (["--card", "l4", "--model", "qwen3-8b", "--concurrency", "4", "--input-len", "8", "--output-len", "8"], "--model"),
     (["--card", "tpu", "--model", "llama-3.2-1b", "--concurrency", "4", "--input-len", "8", "--output-len", "8"], "--card"),

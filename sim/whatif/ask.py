@@ -28,7 +28,7 @@ import math
 import re
 from pathlib import Path
 
-from sim.commands import ASKERS, COMMANDS, add_plots_arguments, command, output_path
+from sim.commands import ASKERS, CARD_REFUSALS, COMMANDS, add_plots_arguments, command, output_path
 from sim.errors import UserInputError
 
 PROFILES = Path(__file__).resolve().parents[2] / "scenarios" / "profiles"
@@ -100,6 +100,9 @@ def _profile(args: argparse.Namespace, card) -> tuple[dict, Path, list[str]]:
     from sim.model.transfer import transfer_profile
 
     name = SHIPPED.get((args.engine, model_key(args.model)))
+    refusal = CARD_REFUSALS.get(args.engine)
+    if refusal is not None and (why := refusal(card)) is not None:  # (before a recipe for a card it refuses)
+        raise UserInputError("--card", "", why)
     if name is None:
         have = ", ".join(m for e, m in sorted(SHIPPED) if e == args.engine)
         m = model_key(args.model)
@@ -108,10 +111,11 @@ def _profile(args: argparse.Namespace, card) -> tuple[dict, Path, list[str]]:
                   "--host-only --out host.json; overlap-sim compose dev.json host.json --out mine.json"
                   if args.engine == "sglang" else
                   f"overlap-sim calibrate {device} --model {m} --out dev.json; overlap-sim compose dev.json "
-                  "scenarios/profiles/cpu-vllm-tiny.json --host-speed X --out mine.json")
+                  "scenarios/profiles/parts/vllm-0.32.0-host-amd-epyc.json --out mine.json")
         raise UserInputError("--model", "", f"one with a measured {args.engine} profile ({have}); for "
-                             f"{args.model!r} measure it on {card.name} ({recipe}), then run this command's scenario "
-                             "on it with overlap-sim run SCENARIO --set costs.profile=mine.json")
+                             f"{args.model!r} measure it on {card.name} ({recipe}), then run a scenario of this load "
+                             "on it (overlap-sim ask with a shipped model writes one: run it with --set "
+                             "costs.profile=mine.json)")
     path = PROFILES / name
     profile = json.loads(path.read_text())
     meta = profile["metadata"]

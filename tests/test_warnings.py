@@ -173,20 +173,23 @@ def test_the_verdict_names_placeholders_and_extrapolation(run_cli, tmp_path):
 
 
 def test_a_moved_profile_states_a_wider_range_than_the_measured_one(run_cli, tmp_path):
-    """The same card's profile, moved to that card by transfer (the forward unchanged, ±30% stated):
-    its range is wider than the measured profile's."""
+    """The H200 profile moved to an H100 by transfer states the forward's ±30% beside the host
+    phases' range, and its range is wider than the measured profile's; moved to its own card (the
+    forward unchanged, since 6 December 2026) it states none and its range is the measured one's."""
     from tests.conftest import ROOT, SCENARIOS
 
     measured = ROOT / "scenarios/profiles/h200-llama-3.2-1b.json"
-    moved = tmp_path / "moved.json"
-    assert run_cli(["transfer", measured, "--to", "h200", "--out", moved])[0] == 0
-    spans = {}
-    for name, prof in (("measured", measured), ("moved", moved)):
+    spans, sources = {}, {}
+    for card in ("h100", "h200"):
+        assert run_cli(["transfer", measured, "--to", card, "--out", tmp_path / f"{card}.json"])[0] == 0
+    for name, prof in (("measured", measured), ("h100", tmp_path / "h100.json"), ("h200", tmp_path / "h200.json")):
         code, out, _ = run_cli(["run", SCENARIOS / "quickstart.yaml", "--set", f"costs.profile={prof}", "--out",
                                 tmp_path / name, "--no-plots", "--json"])
         r = json.loads(out)["verdict"]["stated_range"]
         spans[name] = r["ratio_high"] - r["ratio_low"]
-    assert spans["moved"] > spans["measured"] > 0
+        sources[name] = " ".join(r["sources"])
+    assert spans["h100"] > spans["measured"] > 0 and "forward ±30%" in sources["h100"]
+    assert spans["h200"] == pytest.approx(spans["measured"]) and "forward" not in sources["h200"]
 
 
 def test_no_range_says_the_range_was_not_simulated(run_cli, tmp_path):

@@ -93,8 +93,11 @@ def default_run_folder(name: str, overrides: list[str]) -> Path:
 def standing(found, scenario, meta: dict | None, summaries: dict[str, dict], simulate_range: bool = True):
     """The verdict with what it stands on: the range over the profile's stated uncertainties
     (:mod:`sim.whatif.stated_range`), the share of steps priced beyond the profile's data and how
-    far (:meth:`Verdict.with_reach`), or the scenario's placeholder costs."""
+    far (:meth:`Verdict.with_reach`), the scenario's placeholder costs, or a launch command serving
+    another model than the profile measured ("cannot tell": the server section's
+    ``rests_on_another_model``)."""
     from sim.whatif.stated_range import stated_range, stated_uncertainties
+    from sim.whatif.verdict import UNSURE
 
     pair = [summaries[s] for s in found.pair[:2]]
     # the share's base is every step of the runs (extrapolated_steps counts warm-up and tail too)
@@ -105,6 +108,8 @@ def standing(found, scenario, meta: dict | None, summaries: dict[str, dict], sim
     caveats = tuple(scenario.server.verdict_caveats(meta))
     found = replace(found, placeholder=not scenario.costs.profile, caveats=caveats).with_reach(
         extrapolated / steps if steps else 0.0, far / steps if steps else 0.0, farthest)
+    if scenario.server.rests_on_another_model(meta) and not found.failed:  # (another model's costs: said in caveats)
+        found = replace(found, answer=UNSURE)
     if stated := stated_uncertainties(meta):
         if not simulate_range:
             return replace(found, range_skipped=tuple(s.what for s in stated))

@@ -67,6 +67,7 @@ def test_a_run_on_another_models_costs_says_so_in_warnings_and_verdict(run_cli, 
     verdict = next(line for line in out.splitlines() if line.startswith("verdict:"))
     warnings = json.loads((tmp_path / "r" / "summary.json").read_text()).get("warnings", [])
     assert (f"on another model's costs (--model-path {model}; the profile measured llama-3.2-1b)" in verdict) is warned
+    assert verdict.startswith("verdict: cannot tell from what the profile knows") is warned  # another model's costs
     assert any("another model (by name)" in w for w in warnings) is warned
     assert not any("passed over" in w for w in warnings)  # the model is not an argument the rules passed over
 

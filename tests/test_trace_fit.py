@@ -247,17 +247,17 @@ def test_an_unseen_throughput_difference_with_a_visible_tpot_difference_says_so(
     """An open loop below capacity: both settings carry the offered load (throughput ratio 1.003)
     while the median TPOT is 3.8 against 6.9 ms. At a CV of 2% one A/B run's threshold is
     exp(1.96 sqrt(2) sqrt(ln 1.0004)) = 1.057, so the TPOT ratio 6.877 / 3.832 = 1.79 is visible:
-    the head says tokens 44% faster (3.832 / 6.877 - 1 = -0.443); a TPOT ratio inside the
+    the head says TPOT 44% lower (3.832 / 6.877 - 1 = -0.443); a TPOT ratio inside the
     threshold, or a visible throughput answer, keeps the plain head."""
     from sim.whatif.verdict import KEEP, PAIRS, UNSEEN, Verdict
 
     v = Verdict(UNSEEN, PAIRS[0], 1.003, (3.832, 6.877), 0.02, "test")
     assert v.latency_change() == pytest.approx(3.832 / 6.877 - 1)
-    assert v.line().startswith("verdict: no throughput difference a single A/B run could see, but tokens 44% "
-                               "faster (TPOT) with overlap on")
+    assert v.line().startswith("verdict: no throughput difference a single A/B run could see, but TPOT 44% "
+                               "lower with overlap on")
     assert v.as_json()["tpot_change"] == pytest.approx(-0.4428, abs=1e-4) and v.as_json()["answer"] == UNSEEN
     slower = Verdict(UNSEEN, PAIRS[0], 0.999, (7.0, 5.0), 0.02, "test")
-    assert "tokens 40% slower (TPOT)" in slower.line()
+    assert "TPOT 40% higher with overlap on" in slower.line()
     same = Verdict(UNSEEN, PAIRS[0], 1.003, (5.0, 5.2), 0.02, "test")  # 1.04 < 1.057
     assert same.latency_change() is None and "no difference a single A/B run could see" in same.line()
     assert Verdict(KEEP, PAIRS[0], 1.3, (3.0, 6.0), 0.02, "test").latency_change() is None

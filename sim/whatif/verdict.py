@@ -191,8 +191,8 @@ class Verdict:
         _num, _den, loop, flag, keep_note = self.pair
         change = self.latency_change()
         if change is not None:
-            return (f"no throughput difference a single A/B run could see, but tokens {abs(change):.0%} "
-                    f"{'faster' if change < 0 else 'slower'} (TPOT) with {loop} on (the default: {loop} on)")
+            return (f"no throughput difference a single A/B run could see, but TPOT {abs(change):.0%} "
+                    f"{'lower' if change < 0 else 'higher'} with {loop} on (the default: {loop} on)")
         return {KEEP: f"keep {loop} on ({keep_note})", OFF: f"turn {loop} off ({flag})",
                 UNSEEN: f"no difference a single A/B run could see (keep the default: {loop} on)",
                 UNSURE: f"cannot tell from what the profile knows (keep the default: {loop} on)"}[self.answer]

@@ -129,6 +129,12 @@ class Server(StrictModel):
                       "cores for every rank, the tokenizer and the client (held against SGLang's CPU server at TP 2 "
                       "on a 2-core VM only: docs/real-engines.md#tensor-parallelism-sglang)"]
 
+    def rests_on_another_model(self, profile_meta: dict | None) -> bool:
+        """Whether ``launch_args`` serve a model other than the one the profile (metadata
+        ``profile_meta``) measured, by name: the verdict cannot tell then (its forward and host
+        phases are another model's)."""
+        return self._model_caveat(profile_meta) is not None
+
     def _model_caveat(self, profile_meta: dict | None, brief: bool = False) -> str | None:
         """Where ``launch_args`` name a model (``--model-path``) that the profile (metadata
         ``profile_meta``) did not measure, by name: a clause saying so (``brief``: the verdict's;

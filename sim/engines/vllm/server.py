@@ -130,6 +130,11 @@ class VllmServer(StrictModel):
             out.append(tp)
         return out
 
+    def rests_on_another_model(self, profile_meta: dict | None) -> bool:
+        """Whether the answer rests on another model's costs than the command serves: a vLLM
+        section names no launch command (no model to compare), so never."""
+        return False
+
     def verdict_caveats(self, profile_meta: dict | None = None) -> list[str]:
         """Clauses the verdict line carries on what its answer rests on beyond the profile: at
         tensor parallelism, how far the TP model has been held against the real server (on

@@ -261,3 +261,15 @@ def test_an_unseen_throughput_difference_with_a_visible_tpot_difference_says_so(
     same = Verdict(UNSEEN, PAIRS[0], 1.003, (5.0, 5.2), 0.02, "test")  # 1.04 < 1.057
     assert same.latency_change() is None and "no difference a single A/B run could see" in same.line()
     assert Verdict(KEEP, PAIRS[0], 1.3, (3.0, 6.0), 0.02, "test").latency_change() is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.floats(0.5, 50.0, allow_nan=False), st.integers(0, 1000))
+def test_same_steps_counts_as_step_does_k_times(d, k):
+    from sim.model.reach import ReachMeter
+
+    one, many = ReachMeter(), ReachMeter()
+    for _ in range(k):
+        one.step(d)
+    many.same_steps(d, k)
+    assert one.outcome() == many.outcome()

@@ -34,6 +34,22 @@ def is_option(token: str) -> bool:
     return (len(token) > 1 and token[0] == "-" and not _NEGATIVE_NUMBER.match(token) and " " not in token)
 
 
+def value_after(tokens: list[str], i: int, flag: str, source: str, server: str) -> str:
+    """The value of ``flag`` (an option that takes one), ``tokens[i]``.
+
+    Raises:
+        UserInputError: nothing follows ``flag``, or an option does (:func:`is_option`:
+            ``--model-path --tp 2``): the engine's server (``server``, its command in words)
+            refuses the command, argparse's "expected one argument".
+    """
+    if i >= len(tokens) or is_option(tokens[i]):
+        from sim.errors import UserInputError
+
+        raise UserInputError(source, flag, f"expected a value after {flag} ({server} refuses it: expected one "
+                             "argument)")
+    return tokens[i]
+
+
 @dataclass(frozen=True)
 class KnownFlags:
     """``flags``: option -> whether it takes a value; ``engine`` and ``version``: whose list;

@@ -132,11 +132,10 @@ def load_profile_read_only(path: str | Path, curves: CurveTable = SGLANG_CURVES)
     Raises:
         ProfileError: as :func:`load_profile`.
     """
-    try:
-        st = Path(path).stat()
-        key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns, curves.engine)
-    except OSError:
+    version = _file_version(path)
+    if version is None:
         return load_profile(path, curves)  # says why
+    key = (*version, curves.engine)
     if key not in _READ_ONLY:
         profile = load_profile(path, curves)
         while len(_READ_ONLY) >= READ_ONLY_KEPT:
@@ -151,15 +150,18 @@ def loaded_metadata(path: str | Path) -> dict | None:
     the run (the table's title, the warnings, the verdict): parsing a profile again for them cost a
     10-request run about 40 ms (a shipped H200 profile is 1 MB of JSON, read twice). The caller
     must not change it."""
+    version = _file_version(path)
+    return next((profile["metadata"] for key, profile in _READ_ONLY.items() if key[:3] == version), None)
+
+
+def _file_version(path: str | Path) -> tuple | None:
+    """``(resolved path, size, modification time in ns)`` of the file at ``path``: the read-only
+    cache's key less the engine; None where it cannot be read."""
     try:
         st = Path(path).stat()
-        resolved = str(Path(path).resolve())
+        return str(Path(path).resolve()), st.st_size, st.st_mtime_ns
     except OSError:
         return None
-    for (where, size, mtime, _engine), profile in _READ_ONLY.items():
-        if where == resolved and size == st.st_size and mtime == st.st_mtime_ns:
-            return profile["metadata"]
-    return None
 
 
 def load_profile(path: str | Path, curves: CurveTable = SGLANG_CURVES) -> dict:

@@ -70,6 +70,16 @@ class ReachMeter:
             if d > self.max_distance:
                 self.max_distance = d
 
+    def same_steps(self, d: float, k: int) -> None:
+        """:meth:`step` of ``k`` steps at the one distance ``d`` (a run of one batch size whose
+        contexts all lie inside the data: only the size is beyond it)."""
+        if d > 1.0 and k > 0:
+            self.extrapolated_steps += k
+            if d > FAR:
+                self.far_steps += k
+            if d > self.max_distance:
+                self.max_distance = d
+
     def steps(self, d) -> None:
         """:meth:`step` for each distance of the array ``d``."""
         beyond = d[d > 1.0]

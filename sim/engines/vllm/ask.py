@@ -45,10 +45,9 @@ def server_defaults(card, terms: dict, load: dict) -> tuple[dict, list[str]]:
     """``(server section, assumptions in words)`` of a vLLM server of a model on ``card``.
 
     Raises:
-        ValueError: an Apple card (vLLM's Metal platform is not modelled), or weights that do
-            not fit the card's memory."""
-    if (why := no_platform(card)) is not None:
-        raise ValueError(why)
+        ValueError: weights that do not fit the card's memory. (An Apple card, whose platform vLLM's
+            model does not cover, is refused before: :func:`no_platform`, which ``ask`` and
+            ``transfer`` read from :data:`sim.commands.CARD_REFUSALS`.)"""
     free = GPU_MEMORY_UTILIZATION * card.memory_gb * 1e9 - terms["P"] * terms["w"]
     if free <= 0:
         raise ValueError(f"the weights ({terms['P'] * terms['w'] / 1e9:.1f} GB) do not fit {card.name}'s "

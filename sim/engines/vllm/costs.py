@@ -222,12 +222,13 @@ class VllmProfileCosts:
         ``sum_ctx0``, each the one before plus ``num_reqs`` tokens, in :attr:`reach`, as
         :meth:`forward_s` counts each (its distance: the forward's at the step's coordinates and
         the phases' at ``num_reqs``). The contexts grow step by step, so when the first and the
-        last lie inside the data and the batch size does too there is nothing to count."""
+        last lie inside the data every step lies at the batch size's distance (1: nothing to count)."""
         saving = self.shared_prefix_saving * shared_kv
         first, last = (sum_ctx0 - saving) / num_reqs, (sum_ctx0 + (steps - 1) * num_reqs - saving) / num_reqs
         (lo_n, lo_c), (hi_n, hi_c) = self._hull_forward
         size = max(distance(((lo_n,), (hi_n,)), num_reqs), self._phases_distance(num_reqs))
-        if size == 1.0 and lo_c <= first and last <= hi_c:
+        if lo_c <= first and last <= hi_c:  # every context inside the data: each step at the size's distance
+            self.reach.same_steps(size, steps)
             return
         import numpy as np
 

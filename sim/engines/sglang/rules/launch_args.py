@@ -26,6 +26,7 @@ import yaml
 from packaging.version import InvalidVersion, Version
 
 from sim.errors import UserInputError
+from sim.model.known_flags import value_after
 
 PLATFORMS = ("cuda", "mlx", "mps", "cpu")
 _ENV_TOKEN = re.compile(r"^([A-Z][A-Z0-9_]*)=(.*)$")
@@ -241,7 +242,7 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
                                      f"refuses it: unrecognized arguments; the flags of SGLang "
                                      f"{known_flags().version})")
             if raw is None and known[1]:
-                raw = _value_after(tokens, i, name, source)
+                raw = value_after(tokens, i, name, source, "python -m sglang.launch_server")
                 i += 1
             shown = name if raw is None else f"{name} {raw}"
             if (allowed := known_flags().refuses(known[0], raw)) is not None:
@@ -260,7 +261,7 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
             statuses.append((shown, NO_EFFECT))
             continue
         if raw is None and spec["type"] != "bool":
-            raw = _value_after(tokens, i, name, source)
+            raw = value_after(tokens, i, name, source, "python -m sglang.launch_server")
             i += 1
         value = _convert(spec, name, raw, source)
         fields[spec["field"]] = value
@@ -289,21 +290,6 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
                    f"refused: not modelled ({refused[what]})" if what in refused else MODELLED)
                   for shown, what in statuses)
     return LaunchConfig(platform, str(ver), fields, env, server, tuple(notes), flags, model)
-
-
-def _value_after(tokens: list[str], i: int, flag: str, source: str) -> str:
-    """The value of ``flag`` (an option that takes one), ``tokens[i]``.
-
-    Raises:
-        UserInputError: nothing follows ``flag``, or an option does (``--model-path --tp 2``):
-            SGLang's server refuses the command (argparse: "expected one argument").
-    """
-    from sim.model.known_flags import is_option
-
-    if i >= len(tokens) or is_option(tokens[i]):
-        raise UserInputError(source, flag, f"expected a value after {flag} (python -m sglang.launch_server refuses "
-                             "it: expected one argument)")
-    return tokens[i]
 
 
 def _resolve_platform(platform: str, fields: dict, env: dict, notes: list[str]) -> str:

@@ -18,6 +18,7 @@ from packaging.version import InvalidVersion, Version
 
 from sim.engines.vllm.speculative import MAX_SPEC_TOKENS, MODELLED_METHODS
 from sim.errors import UserInputError
+from sim.model.known_flags import value_after
 
 PLATFORMS = ("cuda", "cpu")
 DEFAULT_VERSION = "0.32.0"
@@ -184,21 +185,6 @@ def _convert(kind: str, flag: str, raw: str | None, source: str, name: str = "")
     return raw
 
 
-def _value_after(tokens: list[str], i: int, flag: str, source: str) -> str:
-    """The value of ``flag`` (an option that takes one), ``tokens[i]``.
-
-    Raises:
-        UserInputError: nothing follows ``flag``, or an option does (``--model --tensor-parallel-size
-            2``): vLLM's server refuses the command (argparse: "expected one argument").
-    """
-    from sim.model.known_flags import is_option
-
-    if i >= len(tokens) or is_option(tokens[i]):
-        raise UserInputError(source, flag, f"expected a value after {flag} (vllm serve refuses it: expected one "
-                             "argument)")
-    return tokens[i]
-
-
 def parse_launch_args(args: list[str], platform: str = "cuda", version: str | None = None,
                       source: str = "launch arguments") -> VllmLaunch:
     """Read a vLLM launch command (the launcher prefix, the model and ``NAME=VALUE`` environment
@@ -251,7 +237,7 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
                 raise UserInputError(source, name, f"not a flag of vLLM's server (vllm serve refuses it: unrecognized "
                                      f"arguments; the flags of vLLM {known_flags().version})")
             if raw is None and known[1]:
-                raw = _value_after(tokens, i, name, source)
+                raw = value_after(tokens, i, name, source, "vllm serve")
                 i += 1
             shown = name if raw is None else f"{name} {raw}"
             if (allowed := known_flags().refuses(known[0], raw)) is not None:
@@ -266,7 +252,7 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
             statuses.append((shown, NO_EFFECT))
             continue
         if raw is None and spec[1] != "bool":
-            raw = _value_after(tokens, i, name, source)
+            raw = value_after(tokens, i, name, source, "vllm serve")
             i += 1
         if dot and spec[1] == "json":  # --speculative-config.method ngram
             fields[spec[0]] = {**(fields[spec[0]] or {}), sub: _json_scalar(raw)}

@@ -371,12 +371,12 @@ def test_a_point_where_a_setting_dies_shows_no_ratio(tmp_path, capsys):
     ci = pd.read_csv(out / "ratio_ci.csv")  # every metric's ratio: none at the failed point
     assert ci[ci["point"].isin(failed)][["ratio", "ci_low", "ci_high"]].isna().all().all()
     assert ci[~ci["point"].isin(failed) & (ci["metric"] == "output_throughput")]["ratio"].notna().all()
-    named = ci.assign(failed=ci["failed"].fillna(""))  # the failed setting named where the ratios are missing
+    named = ci.assign(failed=ci["failed_settings"].fillna(""))  # the failed setting named where the ratios are missing
     assert (named[named["point"].isin(failed)]["failed"] == "overlap").all()
     assert (named[~named["point"].isin(failed)]["failed"] == "").all()
     spread_rows = pd.read_csv(out / "spread.csv")  # the dead server's runs counted as failed
-    assert (spread_rows[spread_rows["point"].isin(failed) & (spread_rows["setting"] == "overlap")]["failed"] == 2).all()
-    assert (spread_rows[spread_rows["setting"] == "normal"]["failed"] == 0).all()
+    assert (spread_rows[spread_rows["point"].isin(failed) & (spread_rows["setting"] == "overlap")]["failed_runs"] == 2).all()
+    assert (spread_rows[spread_rows["setting"] == "normal"]["failed_runs"] == 0).all()
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         fig = sweep_lines(table, "workload.concurrency", "kv")

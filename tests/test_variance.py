@@ -105,14 +105,14 @@ def test_spread_and_ratio_ci_of_a_sweep():
     first = pr[pr["point"] == 0]["ratio"]
     assert ci.iloc[0]["ratio"] == pytest.approx(math.exp(np.log(first).mean()))
     assert (ci["ci_low"] <= ci["ratio"]).all() and (ci["ratio"] <= ci["ci_high"]).all()
-    assert list(s["failed"]) == [0, 0, 0, 0] and list(ci["failed"]) == ["", ""]  # every run served its load
+    assert list(s["failed_runs"]) == [0, 0, 0, 0] and list(ci["failed_settings"]) == ["", ""]  # every run served its load
 
 
 def test_failed_runs_are_counted_and_named_where_the_ratio_is_missing():
     """A hand-made table, two points of two repeats: at point 0 normal's server died in one repeat
     (outcome), at point 1 overlap served no request (completed 0) in one, and the gap is 0 under
     normal at both. spread counts the failed runs per point and setting; ratio_ci names the
-    failed setting where it gives no ratio, and leaves ``failed`` empty where a ratio is missing
+    failed setting where it gives no ratio, and leaves ``failed_settings`` empty where a ratio is missing
     only because the metric is 0 (the mean gap)."""
     import pandas as pd
 
@@ -127,14 +127,14 @@ def test_failed_runs_are_counted_and_named_where_the_ratio_is_missing():
                              "completed": 0 if none else 10, "output_throughput": 110.0 if setting == "overlap" else 100.0,
                              "mean_gap_ms": 0.5 if setting == "overlap" else 0.0})
     table = pd.DataFrame(rows)
-    s = spread(table, ["output_throughput"]).set_index(["point", "setting"])["failed"]
+    s = spread(table, ["output_throughput"]).set_index(["point", "setting"])["failed_runs"]
     assert s.to_dict() == {(0, "overlap"): 0, (0, "normal"): 1, (1, "overlap"): 1, (1, "normal"): 0}
     ci = ratio_ci(table).set_index("point")
-    assert ci["failed"].to_dict() == {0: "normal", 1: "overlap"} and ci["ratio"].isna().all()
+    assert ci["failed_settings"].to_dict() == {0: "normal", 1: "overlap"} and ci["ratio"].isna().all()
     gap = ratio_ci(table, "mean_gap_ms")
-    assert gap["ratio"].isna().all() and list(gap["failed"]) == ["normal", "overlap"]
+    assert gap["ratio"].isna().all() and list(gap["failed_settings"]) == ["normal", "overlap"]
     gap_served = ratio_ci(table.drop(columns=["outcome"]).assign(completed=10), "mean_gap_ms")
-    assert gap_served["ratio"].isna().all() and list(gap_served["failed"]) == ["", ""]  # no ratio, none failed
+    assert gap_served["ratio"].isna().all() and list(gap_served["failed_settings"]) == ["", ""]  # no ratio, none failed
 
 
 def test_run_level_noise_is_per_run_and_per_setting():

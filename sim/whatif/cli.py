@@ -27,7 +27,7 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
     p.epilog = ("Exit status: 0 done, also where a setting's server died at some points (a result of the sweep, "
                 "as the kv-pressure scenario's overlap server dies when its KV pool runs out: the table's cells "
                 "say which setting failed, the note under it counts the runs, spread.csv and ratio_ci.csv have a "
-                "failed column); 1 a modelling bug (a point's simulation stalled, as for run); 2 bad input (one "
+                "failed_runs and failed_settings columns); 1 a modelling bug (a point's simulation stalled, as for run); 2 bad input (one "
                 "line on stderr, nothing written); 130 interrupted (a rerun reuses the finished points).")
     p.add_argument("scenario", help="scenario YAML file")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=v1,v2,...",

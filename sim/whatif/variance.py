@@ -45,7 +45,7 @@ def spread(table: pd.DataFrame, metrics: Sequence[str] = DEFAULT_METRICS,
 
     Returns:
         One row per group; columns ``<metric>_mean``, ``_std`` (sample, ddof=1), ``_cv``
-        (std/mean), ``_min``, ``_max``, ``n`` (repeats) and ``failed`` (of them, the runs that did
+        (std/mean), ``_min``, ``_max``, ``n`` (repeats) and ``failed_runs`` (of them, the runs that did
         not serve their load, :func:`served_runs`: a failed run's metrics are a dead server's,
         e.g. a throughput of 0, not a result).
     """
@@ -58,7 +58,7 @@ def spread(table: pd.DataFrame, metrics: Sequence[str] = DEFAULT_METRICS,
         out[f"{m}_cv"] = out[f"{m}_std"] / mean.where(mean != 0)
     out["n"] = grouped.size()
     failed = table.assign(_failed=[not ok for ok in served_runs(table)])
-    out["failed"] = failed.groupby(by, sort=False, dropna=False)["_failed"].sum().astype(int)
+    out["failed_runs"] = failed.groupby(by, sort=False, dropna=False)["_failed"].sum().astype(int)
     return out.reset_index()
 
 
@@ -137,10 +137,10 @@ def ratio_ci(table: pd.DataFrame, metric: str = "output_throughput", num: str = 
     paired repeats (see :func:`log_ratio_interval`).
 
     Returns one row per grid point: ``point``, the grid keys, ``n`` (repeats), ``ratio``
-    (geometric mean), ``ci_low``, ``ci_high``, ``level``, ``method`` and ``failed``: the settings
+    (geometric mean), ``ci_low``, ``ci_high``, ``level``, ``method`` and ``failed_settings``: the settings
     that failed in a repeat there, space-separated (:func:`failed_settings`), where the three are
     NaN (:func:`paired_ratios` gives no ratio there); empty where both served, so a NaN ratio with
-    ``failed`` empty is a metric without a ratio (0 or undefined under a setting: no gap)."""
+    ``failed_settings`` empty is a metric without a ratio (0 or undefined under a setting: no gap)."""
     pr = paired_ratios(table, metric, num, den)  # (NaN where a setting failed: no interval there)
     failed = failed_settings(table, (num, den))
     keys = ["point", *grid_keys(table)]
@@ -150,7 +150,7 @@ def ratio_ci(table: pd.DataFrame, metric: str = "output_throughput", num: str = 
         values = values if isinstance(values, tuple) else (values,)
         row = dict(zip(keys, values))
         rows.append({**row, "n": len(group), "ratio": centre, "ci_low": lo, "ci_high": hi, "level": level,
-                     "method": method, "failed": " ".join(failed.get(row["point"], ()))})
+                     "method": method, "failed_settings": " ".join(failed.get(row["point"], ()))})
     import pandas as pd
 
     return pd.DataFrame(rows)

@@ -66,8 +66,14 @@ class ResultsMixin:
         the clients at ``t``: its finished requests leave, one ITL sample per fresh member and one
         for the members that go on. Returns how many finished. (Its KV slots are
         :meth:`_process_decode`'s.)"""
-        rec = self.recorder
         finished = self.finishing_at.pop(g, None)
+        if not (finished or fresh or overshoot or dropped):  # (most decodes: every member goes on)
+            if num_reqs > num_warmup:
+                self.recorder.itl(t - self.last_decode_delivery_s, num_reqs - num_warmup)
+            self.last_processed_decode = g
+            self.last_decode_delivery_s = t
+            return 0
+        rec = self.recorder
         if finished:
             self.leave_decoded(finished, g, t)
         warm_fresh = 0

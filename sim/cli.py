@@ -97,19 +97,9 @@ def standing(found, scenario, meta: dict | None, summaries: dict[str, dict], sim
     another model than the profile measured ("cannot tell": the server section's
     ``rests_on_another_model``)."""
     from sim.whatif.stated_range import stated_range, stated_uncertainties
-    from sim.whatif.verdict import UNSURE
+    from sim.whatif.verdict import grounded
 
-    pair = [summaries[s] for s in found.pair[:2]]
-    # the share's base is every step of the runs (extrapolated_steps counts warm-up and tail too)
-    steps = sum(int(s.get("run_steps") or s.get("num_steps") or 0) for s in pair)
-    extrapolated = sum(int(s.get("extrapolated_steps") or 0) for s in pair)
-    far = sum(int(s.get("far_steps") or 0) for s in pair)
-    farthest = max(float(s.get("max_extrapolation") or 1.0) for s in pair)
-    caveats = tuple(scenario.server.verdict_caveats(meta))
-    found = replace(found, placeholder=not scenario.costs.profile, caveats=caveats).with_reach(
-        extrapolated / steps if steps else 0.0, far / steps if steps else 0.0, farthest)
-    if scenario.server.rests_on_another_model(meta) and not found.failed:  # (another model's costs: said in caveats)
-        found = replace(found, answer=UNSURE)
+    found = grounded(found, scenario.server, meta, not scenario.costs.profile, [summaries[s] for s in found.pair[:2]])
     if stated := stated_uncertainties(meta):
         if not simulate_range:
             return replace(found, range_skipped=tuple(s.what for s in stated))

@@ -72,6 +72,18 @@ def test_a_run_on_another_models_costs_says_so_in_warnings_and_verdict(run_cli, 
     assert not any("passed over" in w for w in warnings)  # the model is not an argument the rules passed over
 
 
+def test_a_sweep_on_another_models_costs_cannot_tell_as_its_run(run_cli, tmp_path):
+    model = "meta-llama/Llama-3.1-70B-Instruct"
+    code, out, err = run_cli(["sweep", QUICKSTART, "--grid", "workload.concurrency=4", "--set",
+                              "workload.num_requests=16", "--set", f"server.launch_args=[--model-path,{model}]",
+                              "--no-plots", "--out", tmp_path / "s"])
+    assert code == 0, err
+    verdict = next(line for line in out.splitlines() if line.startswith("verdict"))
+    assert verdict.startswith("verdict: cannot tell from what the profile knows")
+    assert f"on another model's costs (--model-path {model}; the profile measured llama-3.2-1b)" in verdict
+    assert "(a sweep runs no corners" in verdict  # the quickstart's stated host range, not simulated
+
+
 def test_inline_costs_name_no_model_and_get_no_model_warning(run_cli, tmp_path):
     # kv-pressure's launch command names DeepSeek-V2-Lite; its costs are the scenario's own terms
     code, out, err = run_cli(["run", ROOT / "scenarios" / "kv-pressure.yaml", "--set", "workload.num_requests=8",

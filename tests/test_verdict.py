@@ -99,6 +99,59 @@ def test_sweep_line_groups_points():
     assert "no difference a single A/B run could see" in line and "beyond 1.057x" in line
 
 
+class _Server:
+    """A server section as grounded reads it: its caveats and whether it serves another model."""
+
+    def __init__(self, caveats=(), other_model=False):
+        self.caveats, self.other_model = list(caveats), other_model
+
+    def verdict_caveats(self, meta):
+        return self.caveats
+
+    def rests_on_another_model(self, meta):
+        return self.other_model
+
+
+def _sweep_rows(points, extrapolated=(0, 0, 0), far=(0, 0, 0), farthest=(1.0, 1.0, 1.0)):
+    rows = []
+    for point, (a, b) in enumerate(points):
+        for repeat in range(2):
+            for setting, thr in (("overlap", a), ("normal", b)):
+                rows.append({"point": point, "workload.concurrency": [1, 8, 64][point], "setting": setting,
+                             "repeat": repeat, "seed": repeat, "output_throughput": thr, "median_tpot_ms": 3.0,
+                             "completed": 10, "outcome": "ok", "run_steps": 100, "num_steps": 90,
+                             "extrapolated_steps": extrapolated[point], "far_steps": far[point],
+                             "max_extrapolation": farthest[point]})
+    return pd.DataFrame(rows)
+
+
+def test_a_sweeps_points_are_grounded_as_runs_are():
+    # three points of 1.10x: by hand, each setting's 2 repeats x 100 steps; point 1 has 30 of its
+    # 400 steps beyond the data (7.5%, up to x2), point 2 has 160 (40%) beyond x4 (FAR_SHARE 10%):
+    # cannot tell there
+    table = _sweep_rows([(110.0, 100.0)] * 3, extrapolated=(0, 15, 80), far=(0, 0, 80), farthest=(1.0, 2.0, 6.5))
+    quiet = SimpleNamespace(run_gpu_cv=0.0, run_cpu_cv=0.0)
+    bare = sweep_verdict_line(table, quiet)  # (no grounds: the ratio alone, as before)
+    assert "cannot tell" not in bare and "beyond" not in bare.split("[")[0]
+    grounds = {i: (_Server(), {"model": {"name": "m"}}, False, []) for i in range(3)}
+    line = sweep_verdict_line(table, quiet, grounds=grounds)
+    assert "keep overlap on (do not pass --disable-overlap-schedule) at workload.concurrency=1 (1.100x), " \
+           "workload.concurrency=8 (1.100x)" in line
+    assert "cannot tell from what the profile knows (keep the default: overlap on) at workload.concurrency=64" in line
+    assert "at 2 of 3 points steps priced beyond the profile's measured data (up to x6.5 its range; at 1, " \
+           "steps beyond x4" in line
+    # placeholders, a caveat, the stated uncertainties not simulated, another model's costs
+    grounds = {i: (_Server(["a caveat"], other_model=i == 0), None, True, ["host phases ±40%"]) for i in range(3)}
+    line = sweep_verdict_line(_sweep_rows([(110.0, 100.0)] * 3), quiet, grounds=grounds)
+    assert "cannot tell from what the profile knows (keep the default: overlap on) at workload.concurrency=1 (1.100x)" \
+        in line
+    assert "; on the scenario's inline cost terms (placeholders" in line and line.count("; a caveat") == 1
+    assert "not simulated over host phases ±40% (a sweep runs no corners: `overlap-sim run` of a point gives its " \
+           "range): the answers' range is unknown" in line
+    one = sweep_verdict_line(_sweep_rows([(110.0, 100.0)]), quiet, grounds={0: grounds[0]})  # one point: a run's line
+    assert one.startswith("verdict: cannot tell") and "(a sweep runs no corners" in one and "; a caveat" in one
+
+
 def test_title_names_card_and_model():
     meta = {"device_name": "NVIDIA H200", "model": {"name": "llama-3.2-1b"}}
     assert run_title("q", 0, "cuda", meta) == "q (seed 0, cuda): NVIDIA H200, llama-3.2-1b"

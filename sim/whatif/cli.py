@@ -124,7 +124,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     max_workers = 4 * (os.cpu_count() or 1)
     if args.workers is not None and not 1 <= args.workers <= max_workers:
         raise UserInputError("--workers", "", f"expected 1 to {max_workers} (4 x this machine's cores; got {args.workers})")
-    plan_sweep(scenario, grid, args.repeats)  # bad keys and values fail here, before the progress bar
+    plan = plan_sweep(scenario, grid, args.repeats)  # bad keys and values fail here, before the progress bar
     from sim.output.report import load_warnings
 
     for line in load_warnings(scenario):  # what the base scenario asks for approximately, as run says
@@ -158,7 +158,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if "first" not in state:  # started
             _stop_progress(progress, failed)
     _print_sweep(table, scenario.name, Console())
-    line = sweep_verdict_line(table, scenario.costs.noise, args.run_cv, scenario.server.device)
+    line = sweep_verdict_line(table, scenario.costs.noise, args.run_cv, scenario.server.device, _grounds(plan))
     if line:
         print(line)
         if note := verdict_platform_note(scenario.server):
@@ -177,6 +177,29 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if failed:
         print(f"note: {failed}", file=sys.stderr)
     return 0
+
+
+def _grounds(plan) -> dict[int, tuple]:
+    """Each grid point's grounds for its verdict (:func:`sim.whatif.verdict.sweep_verdict_line`):
+    (its server section, its profile's metadata or None, whether its costs are placeholders, what
+    its profile's stated uncertainties are), each profile's metadata read once."""
+    from sim.output.report import profile_metadata
+    from sim.whatif.stated_range import stated_uncertainties
+
+    metas: dict = {}
+    out = {}
+    for task in plan:
+        if task.index in out:
+            continue
+        point = task.scenario
+        meta = None
+        if point.costs.profile:
+            path = point.resolve_path(point.costs.profile)
+            if path not in metas:
+                metas[path] = profile_metadata(path)
+            meta = metas[path]
+        out[task.index] = (point.server, meta, not point.costs.profile, [s.what for s in stated_uncertainties(meta)])
+    return out
 
 
 def _failed_runs(table) -> str:

@@ -112,7 +112,8 @@ class Verdict:
     # (lowest ratio, highest ratio, [what each stated uncertainty is]): sim.whatif.stated_range
     stated_range: Optional[tuple] = None
     ttft_ms: tuple = (math.nan, math.nan)  # (overlapping, synchronous) median TTFT in milliseconds
-    range_skipped: tuple = ()  # the stated uncertainties not simulated (run --no-range)
+    range_skipped: tuple = ()  # the stated uncertainties not simulated (run --no-range, a sweep)
+    range_skipped_by: str = "--no-range"  # why they were not: the flag, or "a sweep runs no corners"
     extrapolated_share: float = 0.0  # of the steps (both settings), priced beyond the profile's data
     far_share: float = 0.0  # of the steps, beyond sim.model.reach.FAR of the data (no measurement there)
     max_extrapolation: float = 1.0  # the farthest step's distance from the data (sim.model.reach.distance)
@@ -252,7 +253,8 @@ class Verdict:
                     holds = f"'{words[low]}' at both ends"
                 out += f"; over {'; '.join(what)}: ratio {lo:.3f}-{hi:.3f}x, {holds}"
         if self.range_skipped:
-            out += f"; not simulated over {'; '.join(self.range_skipped)} (--no-range): the answer's range is unknown"
+            out += (f"; not simulated over {'; '.join(self.range_skipped)} ({self.range_skipped_by}): the answer's "
+                    "range is unknown")
         if self.extrapolated_share > 0:
             from sim.model.reach import FAR
 
@@ -301,6 +303,39 @@ def verdict(summaries: dict[str, dict], run_cv: float, cv_source: str) -> Option
     accept = (float(a.get("spec_accept_length", math.nan)), float(b.get("spec_accept_length", math.nan)))
     return Verdict(decide(ratio, run_cv), pair, ratio, tpot, run_cv, cv_source, ttft_ms=ttft,
                    accept_length=accept if "spec_accept_length" in a or "spec_accept_length" in b else None)
+
+
+def grounded(found: Verdict, server, meta: Optional[dict], placeholder: bool, pair: list[dict]) -> Verdict:
+    """``found`` with what it stands on besides the profile's stated range (which
+    :func:`sim.whatif.stated_range.stated_range` simulates): the scenario's placeholder costs
+    (``placeholder``: no profile), the engine's caveats (``server.verdict_caveats(meta)``), the
+    share of the steps priced beyond the profile's data and how far (:meth:`Verdict.with_reach`,
+    from the two settings' summaries ``pair``: ``run_steps`` or ``num_steps``,
+    ``extrapolated_steps``, ``far_steps``, ``max_extrapolation``), and "cannot tell"
+    (:data:`UNSURE`) where the launch command serves another model than the profile measured
+    (``server.rests_on_another_model(meta)``; its caveat says on whose costs). ``run`` and
+    ``sweep`` both ground their verdicts here, so a point of a sweep is as sure as its run."""
+    from dataclasses import replace
+
+    # the share's base is every step of the runs (extrapolated_steps counts warm-up and tail too)
+    steps = sum(int(s.get("run_steps") or s.get("num_steps") or 0) for s in pair)
+    extrapolated = sum(int(s.get("extrapolated_steps") or 0) for s in pair)
+    far = sum(int(s.get("far_steps") or 0) for s in pair)
+    farthest = max(_number_or(s.get("max_extrapolation"), 1.0) for s in pair)
+    found = replace(found, placeholder=placeholder, caveats=tuple(server.verdict_caveats(meta))).with_reach(
+        extrapolated / steps if steps else 0.0, far / steps if steps else 0.0, farthest)
+    if server.rests_on_another_model(meta) and not found.failed:
+        found = replace(found, answer=UNSURE)
+    return found
+
+
+def _number_or(value, default: float) -> float:
+    """``value`` as a float, or ``default`` where it is missing, 0 or NaN (a sweep table's empty cell)."""
+    try:
+        x = float(value or default)
+    except (TypeError, ValueError):
+        return default
+    return x if x == x else default
 
 
 def verdict_platform_note(server) -> Optional[str]:
@@ -358,14 +393,31 @@ def _point_summaries(rows) -> dict[str, dict]:
         out[setting] = {"outcome": "ok" if all_served else "failed", "completed": int(all_served),
                         "output_throughput": float(np.exp(np.log(thr).mean())) if all_served and (thr > 0).all() else 0.0,
                         "median_tpot_ms": float(g["median_tpot_ms"].astype(float).mean())}
+        # the repeats' steps together, for the share priced beyond the profile's data (grounded)
+        for key in ("run_steps", "num_steps", "extrapolated_steps", "far_steps"):
+            if key in g:
+                out[setting][key] = int(np.nansum(g[key].astype(float).to_numpy()))
+        if "max_extrapolation" in g:
+            out[setting]["max_extrapolation"] = float(np.nanmax(g["max_extrapolation"].astype(float).to_numpy(),
+                                                                initial=1.0))
     return out
 
 
-def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device: str = "cuda") -> Optional[str]:
+SWEEP_NO_RANGE = "a sweep runs no corners: `overlap-sim run` of a point gives its range"
+
+
+def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device: str = "cuda",
+                       grounds: Optional[dict] = None) -> Optional[str]:
     """The verdict of a sweep table (:func:`sim.whatif.sweeps.sweep`) as one line: points grouped by
     answer, each with its throughput ratio (geometric mean over repeats). ``noise``: the scenario's
     ``costs.noise``; a grid over ``costs.noise.run_gpu_cv``/``run_cpu_cv`` sets each point's CV.
-    None when the settings hold no pair of :data:`PAIRS`."""
+    ``grounds``: grid point index -> (its server section, its profile's metadata or None, whether
+    its costs are placeholders, what its profile's stated uncertainties are): each point's verdict
+    is then grounded as a run's (:func:`grounded`: placeholders, caveats, steps beyond the
+    profile's data, another model's costs), its stated range said not simulated. None when the
+    settings hold no pair of :data:`PAIRS`."""
+    from dataclasses import replace
+
     from sim.whatif.variance import grid_keys
 
     keys = grid_keys(table)
@@ -375,9 +427,15 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
         point_noise = SimpleNamespace(**{f: float(values.get(f"costs.noise.{f}", getattr(noise, f)))
                                          for f in ("run_gpu_cv", "run_cpu_cv")})
         cv, source = resolve_run_cv(run_cv_flag, point_noise, device)
-        v = verdict(_point_summaries(rows), cv, source)
+        summaries = _point_summaries(rows)
+        v = verdict(summaries, cv, source)
         if v is None:
             return None
+        if grounds is not None and not v.failed:
+            server, meta, placeholder, stated = grounds[int(point)]
+            v = grounded(v, server, meta, placeholder, [summaries[s] for s in v.pair[:2]])
+            if stated:
+                v = replace(v, range_skipped=tuple(stated), range_skipped_by=SWEEP_NO_RANGE)
         found.append((values, v))
     if len(found) == 1:
         return found[0][1].line()
@@ -399,4 +457,29 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
                f"{threshold_ratio(cvs[0]):.3f}x" if len(cvs) == 1 else
                f"run-to-run CV per point ({', '.join(sources)})")
     num, den = found[0][1].pair[:2]
-    return f"verdict ({num}/{den} output throughput): " + "; ".join(parts) + f" [{cv_text}]"
+    return (f"verdict ({num}/{den} output throughput): " + "; ".join(parts) + _sweep_standing([v for _, v in found])
+            + f" [{cv_text}]")
+
+
+def _sweep_standing(found: list[Verdict]) -> str:
+    """What a sweep's answers stand on, over its points (:meth:`Verdict._standing_clause` of one
+    run, gathered): placeholder costs, the engines' caveats, the stated uncertainties a sweep does
+    not simulate, and at how many points steps were priced beyond the profile's data."""
+    from sim.model.reach import FAR
+
+    served = [v for v in found if not v.failed]
+    out = ""
+    if any(v.placeholder for v in served):
+        out += "; on the scenario's inline cost terms (placeholders: no device was measured)"
+    for caveat in dict.fromkeys(c for v in served for c in v.caveats):
+        out += f"; {caveat}"
+    if skipped := list(dict.fromkeys(w for v in served for w in v.range_skipped)):
+        out += f"; not simulated over {'; '.join(skipped)} ({SWEEP_NO_RANGE}): the answers' range is unknown"
+    beyond = [v for v in served if v.extrapolated_share > 0]
+    if beyond:
+        far = sum(1 for v in beyond if v.far_share > 0)
+        out += (f"; at {len(beyond)} of {len(served)} points steps priced beyond the profile's measured data (up to "
+                f"x{max(v.max_extrapolation for v in beyond):.1f} its range"
+                + (f"; at {far}, steps beyond x{FAR:g}, where no measurement stands behind the price" if far else "")
+                + ")")
+    return out

@@ -42,7 +42,8 @@ class Result:
             'retraction_steps', 'retractions' (requests retracted), 'reprefill_tokens',
             'skipped_decodes': ints, 'faults': ids of the release faults that applied,
             'extrapolated_steps', 'far_steps': steps priced beyond the calibration profile's data and
-            beyond sim.model.reach.FAR of it, 'max_extrapolation': the largest distance;
+            beyond sim.model.reach.FAR of it, 'max_extrapolation': the largest distance,
+            'max_extrapolation_at': the curve and axis that put the farthest step there ('' inside);
             'spec_accept_length': with speculative decoding, tokens per verify step per request}.
         metrics: the streamed metrics (tables 'summary'/'none'); None: computed from the tables.
         stats: {'sim_time_s', 'wall_s': seconds, 'steps', 'decode_steps': counts; SGLang runs also
@@ -103,6 +104,7 @@ class Result:
                     "far_steps"):
             out[key] = int(o.get(key, 0))
         out["max_extrapolation"] = float(o.get("max_extrapolation", 1.0))
+        out["max_extrapolation_at"] = str(o.get("max_extrapolation_at", ""))  # the curve and axis (sim.model.reach)
         # every step of the run, warm-up and tail included: what extrapolated_steps counts over
         out["run_steps"] = int(self.stats.get("steps", 0))
         if "spec_accept_length" in o:  # speculative decoding: tokens per verify step per request, as drawn

@@ -225,6 +225,18 @@ def test_kv_pressure_with_retraction_is_unchanged():
             assert_same(scenario, setting)
 
 
+@pytest.mark.parametrize("setting", ["overlap", "normal", "overlap_mlx"])
+def test_the_farthest_step_is_named_alike_with_and_without_the_leap(setting):
+    # contexts beyond the H200 profile's decode data (128-4096 tokens): 6000-token prompts
+    scenario = sim.load_scenario(ROOT / "scenarios" / "quickstart.yaml",
+                                 ["workload.num_requests=24", "workload.input_len=6000", "workload.output_len=300"])
+    assert_same(scenario, setting, "none")
+    summary = sim.simulate(scenario, setting, tables="none").summary()
+    assert summary["max_extrapolation_at"].startswith("forward.decode at ctx 6")
+    assert summary["max_extrapolation_at"].endswith("(measured 128-4096)")
+    assert summary["max_extrapolation"] == pytest.approx((6299 + 1) / 4097, rel=1e-3)  # the last token's context
+
+
 def test_jitter_draws_are_the_step_by_step_ones():
     raw = closed_loop(concurrency=6, num_requests=30)
     raw["costs"] = {"noise": {"gpu_cv": 0.2, "cpu_cv": 0.3}, "cpu": {"after_wait_scale": 1.7},

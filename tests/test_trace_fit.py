@@ -149,9 +149,35 @@ def test_distance_by_hand():
 
 def test_the_meter_counts_steps_beyond_the_data_and_beyond_far():
     m = ReachMeter()
-    for d in (1.0, 1.5, FAR + 1, 1.0):
-        m.step(d)
-    assert m.outcome() == {"extrapolated_steps": 2, "far_steps": 1, "max_extrapolation": FAR + 1}
+    assert [m.step(d) for d in (1.0, 1.5, FAR + 1, 1.0, FAR + 1)] == [False, True, True, False, False]  # new farthest
+    assert m.outcome() == {"extrapolated_steps": 3, "far_steps": 2, "max_extrapolation": FAR + 1}
+    assert m.same_steps(FAR + 1, 3) is False and m.same_steps(FAR + 2, 2) is True and m.same_steps(9.0, 0) is False
+
+
+def test_the_meter_names_the_first_step_at_a_new_farthest_distance():
+    import numpy as np
+
+    m = ReachMeter()
+    assert m.steps(np.array([1.0, 2.0, 3.0, 3.0, 1.0])) == 2  # (the first of the two at 3)
+    assert m.steps(np.array([2.5, 3.0])) == -1  # not farther than 3
+    assert m.steps(np.array([1.0, 1.0])) == -1
+    assert m.steps(np.array([4.0])) == 0
+    assert m.outcome() == {"extrapolated_steps": 6, "far_steps": 0, "max_extrapolation": 4.0}
+
+
+def test_the_farthest_axis_by_hand():
+    from sim.model.reach import farthest_axis
+
+    fwd = ((1.0, 128.0), (256.0, 4096.0))  # forward.decode: num_reqs 1-256 x ctx 128-4096
+    launch = ((1.0,), (256.0,))
+    # ctx 6000: (6001 / 4097) = 1.46; 300 requests: 301 / 257 = 1.17 on both curves
+    points = [("forward.decode", ("num_reqs", "ctx"), fwd, (300, 6000.0)),
+              ("launch.decode", ("num_reqs",), launch, (300,))]
+    assert farthest_axis(points) == "forward.decode at ctx 6000 (measured 128-4096)"
+    points[0] = ("forward.decode", ("num_reqs", "ctx"), fwd, (300, 200.0))
+    assert farthest_axis(points) == "forward.decode at num_reqs 300 (measured 1-256)"  # the first of equals
+    assert farthest_axis([("recv", ("num_reqs",), ((0.0,), (256.0,)), (0,))]) == ""  # inside: nothing to name
+    assert farthest_axis([("recv", ("num_reqs",), ((4.0,), (256.0,)), (1,))]) == "recv at num_reqs 1 (measured 4-256)"
 
 
 @given(st.floats(allow_nan=True, allow_infinity=True), st.floats(0, 1e6), st.floats(0, 1e6))

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from sim.model.costs import DECODE, EXTEND
 from sim.model.profile import load_profile_read_only, profile_curves
-from sim.model.reach import ReachMeter, distance, distances, hulls
+from sim.model.reach import ReachMeter, distance, distances, farthest_axis, hulls
 
 
 class ProfileCostModel:
@@ -83,6 +83,7 @@ class ProfileCostModel:
         self.decode_submits = self._submit[1] is not None  # a decode's launch can block (the leap steps aside)
         self._decode_cpu_seen: dict[int, tuple[float, float, float]] = {}  # batch size -> a decode's CPU phases
         self._decode_reach: dict[int, float] = {}  # batch size -> its distance from the data (count_decode_steps)
+        self._farthest: tuple | None = None  # the farthest step's (kind, num_reqs, forward's point, launch's x)
         h = hulls(profile, c)
         self._hull = tuple((h[f"forward.{k}"], h[f"launch.{k}"], h[f"schedule.{k}"], h[f"process.{k}"])
                            for k in ("extend", "decode"))
@@ -112,8 +113,8 @@ class ProfileCostModel:
             lo, hi = self._decode_ctx_range
             if not lo <= ctx <= hi:  # beyond the data's contexts (rare): the context's own distance
                 d = max(d, distance(((lo,), (hi,)), ctx))
-            if d > 1.0:
-                self.reach.step(d)
+            if d > 1.0 and self.reach.step(d):
+                self._farthest = (DECODE, num_reqs, (num_reqs, ctx), num_reqs)
             return self._forward[DECODE](num_reqs, ctx) * self.gpu_scale
         if self.extend_attended:  # the KV tokens a new token attends: given, else equal shares
             attended = attn_pairs / num_tokens if attn_pairs else sum_ctx / num_reqs
@@ -122,8 +123,9 @@ class ProfileCostModel:
             x, launch_x = (num_tokens, (sum_ctx - num_tokens) / num_reqs), num_tokens
         forward = self._forward[kind]
         hf, hl, hs, hp = self._hull[kind]
-        self.reach.step(max(distance(hf, *x), distance(hl, launch_x), distance(hs, num_reqs),
-                            distance(hp, num_reqs)))
+        if self.reach.step(max(distance(hf, *x), distance(hl, launch_x), distance(hs, num_reqs),
+                               distance(hp, num_reqs))):
+            self._farthest = (kind, num_reqs, x, launch_x)
         if self.extend_attended or num_reqs == 1 or x[1] <= forward.lo[1]:
             return forward(*x) * self.gpu_scale
         p0, share = forward.lo[1], num_tokens / num_reqs
@@ -197,7 +199,23 @@ class ProfileCostModel:
             return
         else:
             d = np.full(len(sum_ctx), size)
-        self.reach.steps(d)
+        if (i := self.reach.steps(d)) >= 0:  # (the context per request as forward_s divides it)
+            self._farthest = (DECODE, num_reqs, (num_reqs, int(sum_ctx[i]) / num_reqs), num_reqs)
+
+    def farthest_at(self) -> str:
+        """Where the run's farthest step from the profile's data lies: the curve and axis
+        (:func:`sim.model.reach.farthest_axis` over the curves that priced it), "" when none lay
+        beyond."""
+        if self._farthest is None:
+            return ""
+        kind, num_reqs, x, launch_x = self._farthest
+        k = ("extend", "decode")[kind]
+        hf, hl, hs, hp = self._hull[kind]
+        c = self.curves
+        return farthest_axis([(f"forward.{k}", c[f"forward.{k}"].axes, hf, x),
+                              (f"launch.{k}", c[f"launch.{k}"].axes, hl, (launch_x,)),
+                              (f"schedule.{k}", c[f"schedule.{k}"].axes, hs, (num_reqs,)),
+                              (f"process.{k}", c[f"process.{k}"].axes, hp, (num_reqs,))])
 
     def _decode_size(self, num_reqs: int) -> float:
         """A decode step's distance from the data at ``num_reqs`` requests over its curves' batch

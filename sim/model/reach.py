@@ -10,7 +10,10 @@ A step's distance is the largest, over the curves that price it and their axes, 
 ``(x + 1) / (hi + 1)`` above the hull and ``(lo + 1) / (x + 1)`` below it (1 inside; the ``+ 1``
 keeps a token axis at 0 finite). :class:`ReachMeter` counts the steps beyond the data (distance
 > 1), those beyond :data:`FAR` (a price there is the form's or the edge segment's guess, not a
-measurement) and the largest distance, for the run's summary and the verdict line.
+measurement) and the largest distance, for the run's summary and the verdict line; the cost
+model keeps the first step at the largest distance (its coordinates), and :func:`farthest_axis`
+names the curve and axis that put it there (``max_extrapolation_at`` in the summary), so a
+reader knows what to measure further.
 """
 
 from __future__ import annotations
@@ -52,6 +55,20 @@ def distances(lo: float, hi: float, x):
     return np.where(x > hi, (x + 1.0) / (hi + 1.0), np.where(x < lo, (lo + 1.0) / (np.maximum(x, 0.0) + 1.0), 1.0))
 
 
+def farthest_axis(points) -> str:
+    """The curve axis farthest from its data among ``points`` (``(curve name, axis names, hull,
+    coordinates)`` each, as the cost model priced one step), in words: ``"vllm.frontend_out at
+    num_reqs 32 (measured 1-4)"``; the first of equals in the order given; "" when every axis lies
+    inside its data."""
+    best, where = 1.0, ""
+    for name, axes, hull, x in points:
+        for axis, xi, lo, hi in zip(axes, x, hull[0], hull[1]):
+            d = distance(((lo,), (hi,)), xi)
+            if d > best:
+                best, where = d, f"{name} at {axis} {xi:.6g} (measured {lo:.6g}-{hi:.6g})"
+    return where
+
+
 class ReachMeter:
     """Counts a run's steps by their distance from the data (:func:`distance`)."""
 
@@ -62,31 +79,43 @@ class ReachMeter:
         self.far_steps = 0  # beyond FAR
         self.max_distance = 1.0
 
-    def step(self, d: float) -> None:
+    def step(self, d: float) -> bool:
+        """Count a step at distance ``d``. Returns whether it is the farthest so far (the cost
+        model then keeps its coordinates)."""
         if d > 1.0:
             self.extrapolated_steps += 1
             if d > FAR:
                 self.far_steps += 1
             if d > self.max_distance:
                 self.max_distance = d
+                return True
+        return False
 
-    def same_steps(self, d: float, k: int) -> None:
+    def same_steps(self, d: float, k: int) -> bool:
         """:meth:`step` of ``k`` steps at the one distance ``d`` (a run of one batch size whose
-        contexts all lie inside the data: only the size is beyond it)."""
+        contexts all lie inside the data: only the size is beyond it); True where the first of
+        them is the farthest so far."""
         if d > 1.0 and k > 0:
             self.extrapolated_steps += k
             if d > FAR:
                 self.far_steps += k
             if d > self.max_distance:
                 self.max_distance = d
+                return True
+        return False
 
-    def steps(self, d) -> None:
-        """:meth:`step` for each distance of the array ``d``."""
+    def steps(self, d) -> int:
+        """:meth:`step` for each distance of the array ``d``. Returns the index of the first step
+        at a new largest distance (the cost model keeps its coordinates), else -1."""
         beyond = d[d > 1.0]
         if len(beyond):
             self.extrapolated_steps += len(beyond)
             self.far_steps += int((beyond > FAR).sum())
-            self.max_distance = max(self.max_distance, float(beyond.max()))
+            top = float(beyond.max())
+            if top > self.max_distance:
+                self.max_distance = top
+                return int((d == top).argmax())
+        return -1
 
     def outcome(self) -> dict:
         """The summary's keys: ``extrapolated_steps``, ``far_steps``, ``max_extrapolation``."""
@@ -95,9 +124,13 @@ class ReachMeter:
 
 
 def reach_outcome(costs) -> dict:
-    """A cost model's reach keys for a run's outcome (inline cost terms: nothing extrapolated)."""
+    """A cost model's reach keys for a run's outcome (inline cost terms: nothing extrapolated), with
+    ``max_extrapolation_at``: where the farthest step lies (the cost model's ``farthest_at()``,
+    :func:`farthest_axis`; "" inside the data)."""
     meter = getattr(costs, "reach", None)
     if isinstance(meter, ReachMeter):
-        return meter.outcome()
+        out = meter.outcome()
+        out["max_extrapolation_at"] = costs.farthest_at() if hasattr(costs, "farthest_at") else ""
+        return out
     return {"extrapolated_steps": int(getattr(costs, "extrapolated_steps", 0)), "far_steps": 0,
-            "max_extrapolation": 1.0}
+            "max_extrapolation": 1.0, "max_extrapolation_at": ""}

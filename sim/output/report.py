@@ -182,9 +182,10 @@ def print_table(title: str, summaries: dict[str, dict], console: Console | None 
     for name, s in summaries.items():
         if s.get("extrapolated_steps"):
             far = f", {s['far_steps']} beyond x{FAR:g}" if s.get("far_steps") else ""
+            at = f", {s['max_extrapolation_at']}" if s.get("max_extrapolation_at") else ""
             console.print(f"[yellow]warning: {name}: {s['extrapolated_steps']} steps (warm-up included) lie "
                           f"outside the calibration profile's measured data (up to x{s.get('max_extrapolation', 1.0):.1f} "
-                          f"its range{far}); their costs are extrapolated[/]")
+                          f"its range{at}{far}); their costs are extrapolated[/]")
         if s.get("outcome", "ok") != "ok":
             usage = s.get("outcome_token_usage")
             at_usage = f", token usage {usage:.2f}" if isinstance(usage, float) and usage == usage else ""

@@ -230,7 +230,9 @@ def sweep_table(tasks: list[PointTask], results: dict[str, dict], grid_keys: lis
             row = {"point": t.index}
             row.update({grid_column(k): _cell(t.values[k]) for k in grid_keys})
             row.update(setting=setting, repeat=t.repeat, seed=t.scenario.seed)
-            row.update({k: (math.nan if v is None else v) for k, v in summ.items()})
+            # (no value, or an empty text such as max_extrapolation_at inside the data: a missing
+            # cell, read back as such from Parquet and CSV alike)
+            row.update({k: (math.nan if v is None or v == "" else v) for k, v in summ.items()})
             rows.append(row)
     return pd.DataFrame(rows)
 

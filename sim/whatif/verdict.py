@@ -117,6 +117,7 @@ class Verdict:
     extrapolated_share: float = 0.0  # of the steps (both settings), priced beyond the profile's data
     far_share: float = 0.0  # of the steps, beyond sim.model.reach.FAR of the data (no measurement there)
     max_extrapolation: float = 1.0  # the farthest step's distance from the data (sim.model.reach.distance)
+    max_extrapolation_at: str = ""  # the curve and axis that put it there (sim.model.reach.farthest_axis)
     placeholder: bool = False  # the scenario's inline cost terms, no measured profile
     # speculative decoding: (overlapping, synchronous) tokens per verify step per request, as
     # drawn from the scenario's given acceptance law; None without speculation
@@ -167,6 +168,7 @@ class Verdict:
         out["extrapolated_share"] = self.extrapolated_share
         out["far_share"] = self.far_share
         out["max_extrapolation"] = self.max_extrapolation
+        out["max_extrapolation_at"] = self.max_extrapolation_at
         out["placeholder"] = self.placeholder
         if self.accept_length is not None:
             out["spec_accept_length"] = [finite(x) for x in self.accept_length]
@@ -260,22 +262,25 @@ class Verdict:
 
             share = f"{self.extrapolated_share:.0%}" if self.extrapolated_share >= 0.005 else "under 1%"
             out += (f"; {share} of the steps priced beyond the profile's measured data (extrapolated, up to "
-                    f"x{self.max_extrapolation:.1f} its range")
+                    f"x{self.max_extrapolation:.1f} its range" + (f", {self.max_extrapolation_at}"
+                                                                  if self.max_extrapolation_at else ""))
             if self.far_share > 0:
                 out += f"; {self.far_share:.0%} beyond x{FAR:g}, where no measurement stands behind the price"
             out += ")"
         return out
 
-    def with_reach(self, extrapolated_share: float, far_share: float, max_extrapolation: float) -> "Verdict":
-        """This verdict with the run's distance from the profile's data (:mod:`sim.model.reach`):
-        the answer becomes :data:`UNSURE` when more than :data:`sim.model.reach.FAR_SHARE` of the
-        steps lie beyond :data:`sim.model.reach.FAR` of the data."""
+    def with_reach(self, extrapolated_share: float, far_share: float, max_extrapolation: float,
+                   max_extrapolation_at: str = "") -> "Verdict":
+        """This verdict with the run's distance from the profile's data (:mod:`sim.model.reach`;
+        ``max_extrapolation_at``: the curve and axis of the farthest step): the answer becomes
+        :data:`UNSURE` when more than :data:`sim.model.reach.FAR_SHARE` of the steps lie beyond
+        :data:`sim.model.reach.FAR` of the data."""
         from dataclasses import replace
 
         from sim.model.reach import FAR_SHARE
 
         new = replace(self, extrapolated_share=extrapolated_share, far_share=far_share,
-                      max_extrapolation=max_extrapolation)
+                      max_extrapolation=max_extrapolation, max_extrapolation_at=max_extrapolation_at)
         if far_share > FAR_SHARE and not self.failed:
             return replace(new, answer=UNSURE)
         return new
@@ -321,9 +326,11 @@ def grounded(found: Verdict, server, meta: Optional[dict], placeholder: bool, pa
     steps = sum(int(s.get("run_steps") or s.get("num_steps") or 0) for s in pair)
     extrapolated = sum(int(s.get("extrapolated_steps") or 0) for s in pair)
     far = sum(int(s.get("far_steps") or 0) for s in pair)
-    farthest = max(_number_or(s.get("max_extrapolation"), 1.0) for s in pair)
+    farthest = max(pair, key=lambda s: _number_or(s.get("max_extrapolation"), 1.0))  # (the first of equals)
+    at = farthest.get("max_extrapolation_at")
     found = replace(found, placeholder=placeholder, caveats=tuple(server.verdict_caveats(meta))).with_reach(
-        extrapolated / steps if steps else 0.0, far / steps if steps else 0.0, farthest)
+        extrapolated / steps if steps else 0.0, far / steps if steps else 0.0,
+        _number_or(farthest.get("max_extrapolation"), 1.0), at if isinstance(at, str) else "")
     if server.rests_on_another_model(meta) and not found.failed:
         found = replace(found, answer=UNSURE)
     return found
@@ -397,9 +404,12 @@ def _point_summaries(rows) -> dict[str, dict]:
         for key in ("run_steps", "num_steps", "extrapolated_steps", "far_steps"):
             if key in g:
                 out[setting][key] = int(np.nansum(g[key].astype(float).to_numpy()))
-        if "max_extrapolation" in g:
-            out[setting]["max_extrapolation"] = float(np.nanmax(g["max_extrapolation"].astype(float).to_numpy(),
-                                                                initial=1.0))
+        if "max_extrapolation" in g:  # the farthest repeat's distance, and where it lay
+            far = g["max_extrapolation"].astype(float).fillna(1.0).to_numpy()
+            out[setting]["max_extrapolation"] = float(far.max(initial=1.0))
+            if "max_extrapolation_at" in g and len(far):
+                at = g["max_extrapolation_at"].iloc[int(far.argmax())]
+                out[setting]["max_extrapolation_at"] = at if isinstance(at, str) else ""
     return out
 
 
@@ -478,8 +488,10 @@ def _sweep_standing(found: list[Verdict]) -> str:
     beyond = [v for v in served if v.extrapolated_share > 0]
     if beyond:
         far = sum(1 for v in beyond if v.far_share > 0)
+        farthest = max(beyond, key=lambda v: v.max_extrapolation)
         out += (f"; at {len(beyond)} of {len(served)} points steps priced beyond the profile's measured data (up to "
-                f"x{max(v.max_extrapolation for v in beyond):.1f} its range"
+                f"x{farthest.max_extrapolation:.1f} its range"
+                + (f", {farthest.max_extrapolation_at}" if farthest.max_extrapolation_at else "")
                 + (f"; at {far}, steps beyond x{FAR:g}, where no measurement stands behind the price" if far else "")
                 + ")")
     return out

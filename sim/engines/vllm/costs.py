@@ -51,7 +51,7 @@ from sim.engines.vllm.structured import GrammarCosts
 from sim.errors import ScenarioError
 from sim.model.costs import DECODE, LinearCostModel
 from sim.model.profile import profile_curves
-from sim.model.reach import ReachMeter, distance, distances, hulls
+from sim.model.reach import ReachMeter, distance, distances, farthest_axis, hulls
 
 PHASES = ("add_request", "schedule", "dispatch", "prepare", "roundtrip", "sample", "collect", "update")
 SPEC_PHASES = ("schedule", "prepare", "sample", "update")  # with a ``vllm.spec_<phase>`` curve
@@ -101,8 +101,11 @@ class VllmProfileCosts:
         # the phases priced at a step's num_reqs, and the API server's output side (frontend_out,
         # frontend_work: a step's tokens for its num_reqs requests; frontend_in is over the requests
         # sent together, not a step's size)
-        self._hull_phases = tuple(h[f"vllm.{name}"] for name in PHASES if name != "add_request") + tuple(
-            h[name] for name in ("vllm.frontend_out", "vllm.frontend_work") if name in h)
+        self._phase_curves = tuple(f"vllm.{name}" for name in PHASES if name != "add_request") + tuple(
+            name for name in ("vllm.frontend_out", "vllm.frontend_work") if name in h)
+        self._hull_phases = tuple(h[name] for name in self._phase_curves)
+        self._hulls = h
+        self._farthest: tuple | None = None  # the farthest step's (forward curve, its points, num_reqs)
         # the largest step the API server's output side was measured at (frontend_s holds it there)
         self._frontend_reach = {k: h[f"vllm.frontend_{k}"][1][0] for k in ("out", "work") if f"vllm.frontend_{k}" in h}
         self._phases_memo: dict[int, float] = {}  # num_reqs -> the phases' distance from the data
@@ -189,16 +192,17 @@ class VllmProfileCosts:
             decode_tokens = decode_tokens or decode_reqs
             parts = ((num_tokens - decode_tokens, (sum_ctx - decode_sum_ctx) / (num_reqs - decode_reqs)),
                      (decode_tokens, decode_sum_ctx / decode_reqs))
-            if count:
-                self.reach.step(max(self._phases_distance(num_reqs),
-                                    *(distance(self._hull_forward, n, c) for n, c in parts)))
+            if count and self.reach.step(max(self._phases_distance(num_reqs),
+                                             *(distance(self._hull_forward, n, c) for n, c in parts))):
+                self._farthest = ("vllm.forward", parts, num_reqs)
             return sum(self._forward(n, c) for n, c in parts) * self.gpu_scale
         ctx = (sum_ctx - self.shared_prefix_saving * shared_kv) / num_reqs
         curve, hull = self._forward, self._hull_forward
         if verify and self._verify_forward is not None:  # a verify step, measured as such
             curve, hull = self._verify_forward, self._hull_verify
-        if count:
-            self.reach.step(max(distance(hull, num_tokens, ctx), self._phases_distance(num_reqs)))
+        if count and self.reach.step(max(distance(hull, num_tokens, ctx), self._phases_distance(num_reqs))):
+            self._farthest = ("vllm.spec_forward" if hull is self._hull_verify else "vllm.forward",
+                              ((num_tokens, ctx),), num_reqs)
         return curve(num_tokens, ctx) * self.gpu_scale
 
     def decode_forward_at(self, num_reqs: int, shared_kv: int):
@@ -228,12 +232,25 @@ class VllmProfileCosts:
         (lo_n, lo_c), (hi_n, hi_c) = self._hull_forward
         size = max(distance(((lo_n,), (hi_n,)), num_reqs), self._phases_distance(num_reqs))
         if lo_c <= first and last <= hi_c:  # every context inside the data: each step at the size's distance
-            self.reach.same_steps(size, steps)
+            if self.reach.same_steps(size, steps):
+                self._farthest = ("vllm.forward", ((num_reqs, first),), num_reqs)
             return
         import numpy as np
 
         ctx = (sum_ctx0 + np.arange(steps, dtype=np.int64) * num_reqs - saving) / num_reqs
-        self.reach.steps(np.maximum(distances(lo_c, hi_c, ctx), size))
+        if (i := self.reach.steps(np.maximum(distances(lo_c, hi_c, ctx), size))) >= 0:
+            self._farthest = ("vllm.forward", ((num_reqs, float(ctx[i])),), num_reqs)
+
+    def farthest_at(self) -> str:
+        """Where the run's farthest step from the profile's data lies: the curve and axis
+        (:func:`sim.model.reach.farthest_axis` over the forward's points and the phases priced at
+        the step's requests), "" when none lay beyond."""
+        if self._farthest is None:
+            return ""
+        name, points, num_reqs = self._farthest
+        c, h = self.curves, self._hulls
+        return farthest_axis([(name, c[name].axes, h[name], x) for x in points]
+                             + [(p, c[p].axes, h[p], (num_reqs,)) for p in self._phase_curves])
 
     def _phases_distance(self, num_reqs: int) -> float:
         # add_request is priced per drained request, not at the step's num_reqs; kept per batch size

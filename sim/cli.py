@@ -99,7 +99,8 @@ def standing(found, scenario, meta: dict | None, summaries: dict[str, dict], sim
     from sim.whatif.stated_range import stated_range, stated_uncertainties
     from sim.whatif.verdict import grounded
 
-    found = grounded(found, scenario.server, meta, not scenario.costs.profile, [summaries[s] for s in found.pair[:2]])
+    found = grounded(found, scenario.server, meta, not scenario.costs.profile, [summaries[s] for s in found.pair[:2]],
+                     open_loop=scenario.workload.arrival != "closed_loop")
     if stated := stated_uncertainties(meta):
         if not simulate_range:
             return replace(found, range_skipped=tuple(s.what for s in stated))
@@ -162,7 +163,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(json.dumps({**out, "warnings": before + after}))
     else:
         print_table(run_title(scenario.name, scenario.seed, scenario.server.device, meta), summaries,
-                    streamed=args.tables != "steps", device=scenario.server.device)
+                    streamed=args.tables != "steps", device=scenario.server.device,
+                    open_loop=scenario.workload.arrival != "closed_loop")
         for line in before:
             print(line)
         if found is not None:

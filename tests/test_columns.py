@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from sim.output.report import atomic_write_frame
 from sim.trace.columns import Columns, matches, values_of
-from sim.trace.metrics import SUMMARY_KEYS, forward_gaps, measured_window, step_gaps, summarize
+from sim.trace.metrics import GROWTH_KEYS, SUMMARY_KEYS, forward_gaps, measured_window, step_gaps, summarize
 from sim.trace.recorder import REQUEST_COLUMNS, STEP_COLUMNS, rows_to_columns
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,7 +112,7 @@ def test_summary_of_columns_is_the_summary_of_the_frames(t):
         warnings.simplefilter("ignore", RuntimeWarning)  # means of empty or infinite values: NaN, as before
         got = summarize(steps, requests, itl)
         want = summarize(steps.to_frame(), requests.to_frame(), itl.to_frame())
-    assert list(got) == SUMMARY_KEYS and _same(got, want)
+    assert list(got) == SUMMARY_KEYS + GROWTH_KEYS and _same(got, want)
 
 
 def test_a_mean_over_infinities_is_numpys():

@@ -133,7 +133,7 @@ def test_a_sweeps_points_are_grounded_as_runs_are():
     quiet = SimpleNamespace(run_gpu_cv=0.0, run_cpu_cv=0.0)
     bare = sweep_verdict_line(table, quiet)  # (no grounds: the ratio alone, as before)
     assert "cannot tell" not in bare and "beyond" not in bare.split("[")[0]
-    grounds = {i: (_Server(), {"model": {"name": "m"}}, False, []) for i in range(3)}
+    grounds = {i: (_Server(), {"model": {"name": "m"}}, False, [], False) for i in range(3)}
     line = sweep_verdict_line(table, quiet, grounds=grounds)
     assert "keep overlap on (do not pass --disable-overlap-schedule) at workload.concurrency=1 (1.100x), " \
            "workload.concurrency=8 (1.100x)" in line
@@ -141,7 +141,7 @@ def test_a_sweeps_points_are_grounded_as_runs_are():
     assert "at 2 of 3 points steps priced beyond the profile's measured data (up to x6.5 its range; at 1, " \
            "steps beyond x4" in line
     # placeholders, a caveat, the stated uncertainties not simulated, another model's costs
-    grounds = {i: (_Server(["a caveat"], other_model=i == 0), None, True, ["host phases ±40%"]) for i in range(3)}
+    grounds = {i: (_Server(["a caveat"], other_model=i == 0), None, True, ["host phases ±40%"], False) for i in range(3)}
     line = sweep_verdict_line(_sweep_rows([(110.0, 100.0)] * 3), quiet, grounds=grounds)
     assert "cannot tell from what the profile knows (keep the default: overlap on) at workload.concurrency=1 (1.100x)" \
         in line
@@ -150,6 +150,20 @@ def test_a_sweeps_points_are_grounded_as_runs_are():
            "range): the answers' range is unknown" in line
     one = sweep_verdict_line(_sweep_rows([(110.0, 100.0)]), quiet, grounds={0: grounds[0]})  # one point: a run's line
     assert one.startswith("verdict: cannot tell") and "(a sweep runs no corners" in one and "; a caveat" in one
+
+
+def test_a_sweep_says_at_which_points_an_open_loops_queue_grew():
+    table = _sweep_rows([(110.0, 100.0)] * 3)
+    table["duration_s"], table["median_ttft_ms"] = 100.0, 500.0
+    table["ttft_growth"] = [0.0] * 4 + [0.3] * 4 + [0.3, 0.0] * 2  # point 1: both settings; point 2: overlap's
+    quiet = SimpleNamespace(run_gpu_cv=0.0, run_cpu_cv=0.0)
+    grounds = {i: (_Server(), None, False, [], True) for i in range(3)}
+    line = sweep_verdict_line(table, quiet, grounds=grounds)
+    assert "; at 2 of 3 points the queue grew through the run (an open loop near or above capacity" in line
+    closed = {i: (_Server(), None, False, [], False) for i in range(3)}  # a closed loop: its arrivals wait
+    assert "queue grew" not in sweep_verdict_line(table, quiet, grounds=closed)
+    one = sweep_verdict_line(table[table["point"] == 2], quiet, grounds=grounds)
+    assert "the queue grew through the run with overlap (TTFT +300 ms per second of arrivals)" in one
 
 
 def test_title_names_card_and_model():

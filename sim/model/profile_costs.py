@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from sim.model.costs import DECODE, EXTEND
+from sim.model.costs import DECODE
 from sim.model.profile import load_profile_read_only, profile_curves
 from sim.model.reach import ReachMeter, distance, distances, farthest_axis, hulls
 

@@ -147,11 +147,15 @@ def console_width() -> int | None:
 
 
 def print_table(title: str, summaries: dict[str, dict], console: Console | None = None, streamed: bool = False,
-                device: str = "cuda") -> None:
+                device: str = "cuda", open_loop: bool = False) -> None:
     """A rich table: one column per setting plus the ratio to ``normal`` (vLLM: ``sync``; latency
     ratios: medians). ``streamed``: the medians and p99s come from a streaming sketch
     (``--tables summary|none``). ``device``: the scenario's ``server.device``; on ``cpu`` the
-    forward runs on a CPU core, and the idle fraction is labelled as that device's."""
+    forward runs on a CPU core, and the idle fraction is labelled as that device's. Warnings
+    follow: steps priced beyond the profile's data, a server that died, and in an open loop
+    (``open_loop``) a queue that grew through the run (:func:`sim.trace.metrics.queue_grew`)."""
+    from sim.trace.metrics import queue_grew
+
     from rich.console import Console
     from rich.table import Table
 
@@ -186,6 +190,12 @@ def print_table(title: str, summaries: dict[str, dict], console: Console | None 
             console.print(f"[yellow]warning: {name}: {s['extrapolated_steps']} steps (warm-up included) lie "
                           f"outside the calibration profile's measured data (up to x{s.get('max_extrapolation', 1.0):.1f} "
                           f"its range{at}{far}); their costs are extrapolated[/]")
+        if open_loop and queue_grew(s):
+            console.print(f"[yellow]warning: {name}: the queue grew through the run: TTFT rose "
+                          f"{s['ttft_growth'] * 1e3:.0f} ms per second of arrivals (median TTFT "
+                          f"{s['median_ttft_ms']:.0f} ms): the arrivals outpace this setting, or nearly, so this open "
+                          "loop's throughput and latency answer for its length (workload.num_requests), not for a "
+                          "steady state[/]")
         if s.get("outcome", "ok") != "ok":
             usage = s.get("outcome_token_usage")
             at_usage = f", token usage {usage:.2f}" if isinstance(usage, float) and usage == usage else ""

@@ -83,6 +83,37 @@ def _stats_ms(values: np.ndarray, prefix: str, out: dict, weights: np.ndarray | 
     out[f"p99_{prefix}_ms"] = weighted_quantile(values, weights, 0.99) * 1e3
 
 
+GROWTH_KEYS = ["ttft_growth"]  # after SUMMARY_KEYS in a summary (not a bench_serving metric: ttft_growth)
+
+
+def ttft_growth(n: int, st: float, stt: float, sy: float, sty: float) -> float:
+    """The least-squares slope of the measured completed requests' TTFT against their arrival
+    time, from the sums over them of t, t², y and ty (t: arrival less the measured window's start,
+    y: TTFT, seconds): seconds of TTFT gained per second of arrivals. In an open loop whose
+    arrivals outpace the server the queue grows and so does every later request's wait: the slope
+    is then about the offered load over the capacity, less 1 (0.25 for arrivals 25% beyond it);
+    a server that keeps up gives about 0. NaN with fewer than 3 requests or every arrival at one
+    time."""
+    den = n * stt - st * st
+    if n < 3 or not den > 0:
+        return math.nan
+    return (n * sty - st * sy) / den
+
+
+GROWTH_WARN = 0.05  # TTFT gained per second of arrivals beyond which an open loop's queue grew
+
+
+def queue_grew(summary: dict) -> bool:
+    """Whether a run's queue grew through it: its TTFT rose more than :data:`GROWTH_WARN` seconds
+    per second of arrivals (``ttft_growth``), and over the measured window by more than its median
+    TTFT (a rise that matters). In an open loop the arrivals then outpace the server, or nearly:
+    its throughput and latency answer for the run's length, not for a steady state."""
+    growth = summary.get("ttft_growth")
+    median_s = (summary.get("median_ttft_ms") or math.nan) / 1e3
+    duration = summary.get("duration_s") or 0.0
+    return (isinstance(growth, float) and growth > GROWTH_WARN and growth * duration > median_s)
+
+
 def measured_window(requests: pd.DataFrame | Columns) -> tuple[float, float]:
     """(start, end) seconds of the measured window: first measured arrival, last measured finish
     (NaN ones skipped; (NaN, NaN) without a measured request)."""
@@ -149,6 +180,9 @@ def summarize(steps: pd.DataFrame | Columns, requests: pd.DataFrame | Columns, i
     multi = output_tokens > 1
     tpot = ((e2e - ttft)[multi] / (output_tokens[multi] - 1))
     _stats_ms(ttft, "ttft", out)
+    t = arrival - start
+    out["ttft_growth"] = ttft_growth(len(t), float((t).sum()), float((t * t).sum()), float(ttft.sum()),
+                                     float((t * ttft).sum())) if len(t) else math.nan
     _stats_ms(tpot, "tpot", out)
     _stats_ms(values_of(itl, "itl_s"), "itl", out, values_of(itl, "weight"))
     _stats_ms(e2e, "e2e_latency", out)
@@ -171,7 +205,7 @@ def summarize(steps: pd.DataFrame | Columns, requests: pd.DataFrame | Columns, i
         out.update(num_steps=0, gpu_idle_fraction=math.nan, mean_gap_ms=math.nan, median_gap_ms=math.nan,
                    p99_gap_ms=math.nan, mean_sync_wait_ms=math.nan, mean_decode_batch_size=math.nan,
                    overshoot_tokens=0)
-    return {k: out[k] for k in SUMMARY_KEYS}
+    return {k: out[k] for k in SUMMARY_KEYS + GROWTH_KEYS}
 
 
 def hidden_cpu_share(steps: pd.DataFrame, start: float = -math.inf, end: float = math.inf) -> float:

@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from sim.model.batch import FINISHED, Batch, Req
-from sim.trace.metrics import SUMMARY_KEYS
+from sim.trace.metrics import GROWTH_KEYS, SUMMARY_KEYS, ttft_growth
 from sim.trace.columns import Columns
 from sim.trace.recorder import FAILURE_KINDS, REQUEST_COLUMNS, TraceRecorder, rows_to_columns
 from sim.trace.sketch import Stat, running_sum
@@ -50,6 +50,9 @@ class StreamingRecorder:
         self.failures = dict.fromkeys(FAILURE_KINDS, 0)
         self.steps = self.decode_steps = self.decode_reqs = self.overshoot = self.sync_count = 0
         self.busy_s = self.sync_wait_s = 0.0
+        # sums over the completed measured requests of t, t², TTFT and t x TTFT (t: the arrival
+        # less the window's start, seconds): the TTFT's growth through the run (metrics.ttft_growth)
+        self._growth = [0.0, 0.0, 0.0, 0.0]
         self.ttft, self.tpot, self.itl_stat, self.e2e, self.gap = Stat(), Stat(), Stat(), Stat(), Stat()
         self.itl = self.itl_stat.add  # :meth:`itl`, without a call in between (several per decode step)
 
@@ -166,6 +169,11 @@ class StreamingRecorder:
         self.completed += 1
         self.input_tokens += r.input_len
         self.output_tokens += out
+        g, t = self._growth, r.arrival_s - self.window_start
+        g[0] += t
+        g[1] += t * t
+        g[2] += ttft
+        g[3] += t * ttft
         self.ttft.add(ttft)
         self.e2e.add(e2e)
         if out > 1:
@@ -197,12 +205,18 @@ class StreamingRecorder:
         (seconds, in order; no TPOT for a request of a single output token)."""
         ttfts, e2es, tpots = [], [], []
         input_tokens = output_tokens = 0
+        g, start = self._growth, self.window_start
         for r in reqs:
             input_tokens += r.input_len
             out = r.output_done
             output_tokens += out
             ttft = r.first_token_s - r.arrival_s
             e2e = r.finish_s - r.arrival_s
+            t = r.arrival_s - start
+            g[0] += t
+            g[1] += t * t
+            g[2] += ttft
+            g[3] += t * ttft
             ttfts.append(ttft)
             e2es.append(e2e)
             if out > 1:
@@ -295,6 +309,7 @@ class StreamingRecorder:
         out["request_throughput"] = self.completed / duration if duration > 0 else 0.0
         out["output_throughput"] = self.output_tokens / duration if duration > 0 else 0.0
         self.ttft.into("ttft", out)
+        out["ttft_growth"] = ttft_growth(self.completed, *self._growth)
         self.tpot.into("tpot", out)
         self.itl_stat.into("itl", out)
         self.e2e.into("e2e_latency", out)
@@ -309,7 +324,7 @@ class StreamingRecorder:
         else:
             out.update(num_steps=0, gpu_idle_fraction=math.nan, mean_sync_wait_ms=math.nan,
                        mean_decode_batch_size=math.nan, overshoot_tokens=0)
-        return {**{k: out[k] for k in SUMMARY_KEYS}, **self.failures}
+        return {**{k: out[k] for k in SUMMARY_KEYS + GROWTH_KEYS}, **self.failures}
 
 
 class _Steps:

@@ -198,7 +198,8 @@ def _grounds(plan) -> dict[int, tuple]:
             if path not in metas:
                 metas[path] = profile_metadata(path)
             meta = metas[path]
-        out[task.index] = (point.server, meta, not point.costs.profile, [s.what for s in stated_uncertainties(meta)])
+        out[task.index] = (point.server, meta, not point.costs.profile, [s.what for s in stated_uncertainties(meta)],
+                           point.workload.arrival != "closed_loop")
     return out
 
 

@@ -126,6 +126,9 @@ class Verdict:
     # ``verdict_caveats``: e.g. vLLM at a tensor-parallel size held against the real server only
     # on a host too small for it)
     caveats: tuple = ()
+    # an open loop whose queue grew through the run (sim.trace.metrics.queue_grew): (setting, its
+    # ttft_growth) each; the answer is then this run length's
+    queue_growth: tuple = ()
 
     def with_range(self, lo: float, hi: float, what: list) -> "Verdict":
         """This verdict over the stated range: the answer becomes :data:`UNSURE` ("cannot tell")
@@ -174,6 +177,8 @@ class Verdict:
             out["spec_accept_length"] = [finite(x) for x in self.accept_length]
         if self.caveats:
             out["caveats"] = list(self.caveats)
+        if self.queue_growth:
+            out["queue_growth"] = {name: g for name, g in self.queue_growth}
         return out
 
     def latency_change(self) -> Optional[float]:
@@ -240,6 +245,11 @@ class Verdict:
             out += "; on the scenario's inline cost terms (placeholders: no device was measured)"
         for caveat in self.caveats:
             out += f"; {caveat}"
+        if self.queue_growth:
+            names = " and ".join(name for name, _ in self.queue_growth)
+            rates = " and ".join(f"+{g * 1e3:.0f}" for _, g in self.queue_growth)
+            out += (f"; the queue grew through the run with {names} (TTFT {rates} ms per second of arrivals): near or "
+                    "above capacity this open loop answers for its length, not for a steady state")
         if self.stated_range is not None:
             lo, hi, what = self.stated_range
             if not (math.isfinite(lo) and math.isfinite(hi)):
@@ -310,7 +320,8 @@ def verdict(summaries: dict[str, dict], run_cv: float, cv_source: str) -> Option
                    accept_length=accept if "spec_accept_length" in a or "spec_accept_length" in b else None)
 
 
-def grounded(found: Verdict, server, meta: Optional[dict], placeholder: bool, pair: list[dict]) -> Verdict:
+def grounded(found: Verdict, server, meta: Optional[dict], placeholder: bool, pair: list[dict],
+             open_loop: bool = False) -> Verdict:
     """``found`` with what it stands on besides the profile's stated range (which
     :func:`sim.whatif.stated_range.stated_range` simulates): the scenario's placeholder costs
     (``placeholder``: no profile), the engine's caveats (``server.verdict_caveats(meta)``), the
@@ -318,8 +329,12 @@ def grounded(found: Verdict, server, meta: Optional[dict], placeholder: bool, pa
     from the two settings' summaries ``pair``: ``run_steps`` or ``num_steps``,
     ``extrapolated_steps``, ``far_steps``, ``max_extrapolation``), and "cannot tell"
     (:data:`UNSURE`) where the launch command serves another model than the profile measured
-    (``server.rests_on_another_model(meta)``; its caveat says on whose costs). ``run`` and
-    ``sweep`` both ground their verdicts here, so a point of a sweep is as sure as its run."""
+    (``server.rests_on_another_model(meta)``; its caveat says on whose costs); in an open loop
+    (``open_loop``), which settings' queue grew through the run
+    (:func:`sim.trace.metrics.queue_grew`: the answer is that run length's). ``run`` and ``sweep``
+    both ground their verdicts here, so a point of a sweep is as sure as its run."""
+    from sim.trace.metrics import queue_grew
+
     from dataclasses import replace
 
     # the share's base is every step of the runs (extrapolated_steps counts warm-up and tail too)
@@ -333,6 +348,9 @@ def grounded(found: Verdict, server, meta: Optional[dict], placeholder: bool, pa
         _number_or(farthest.get("max_extrapolation"), 1.0), at if isinstance(at, str) else "")
     if server.rests_on_another_model(meta) and not found.failed:
         found = replace(found, answer=UNSURE)
+    if open_loop:
+        grew = tuple((name, float(s["ttft_growth"])) for name, s in zip(found.pair[:2], pair) if queue_grew(s))
+        found = replace(found, queue_growth=grew)
     return found
 
 
@@ -400,6 +418,9 @@ def _point_summaries(rows) -> dict[str, dict]:
         out[setting] = {"outcome": "ok" if all_served else "failed", "completed": int(all_served),
                         "output_throughput": float(np.exp(np.log(thr).mean())) if all_served and (thr > 0).all() else 0.0,
                         "median_tpot_ms": float(g["median_tpot_ms"].astype(float).mean())}
+        for key in ("ttft_growth", "median_ttft_ms", "duration_s"):  # the repeats' mean (queue_grew)
+            if key in g:
+                out[setting][key] = float(g[key].astype(float).mean())
         # the repeats' steps together, for the share priced beyond the profile's data (grounded)
         for key in ("run_steps", "num_steps", "extrapolated_steps", "far_steps"):
             if key in g:
@@ -422,7 +443,8 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
     answer, each with its throughput ratio (geometric mean over repeats). ``noise``: the scenario's
     ``costs.noise``; a grid over ``costs.noise.run_gpu_cv``/``run_cpu_cv`` sets each point's CV.
     ``grounds``: grid point index -> (its server section, its profile's metadata or None, whether
-    its costs are placeholders, what its profile's stated uncertainties are): each point's verdict
+    its costs are placeholders, what its profile's stated uncertainties are, whether its load is an
+    open loop): each point's verdict
     is then grounded as a run's (:func:`grounded`: placeholders, caveats, steps beyond the
     profile's data, another model's costs), its stated range said not simulated. None when the
     settings hold no pair of :data:`PAIRS`."""
@@ -442,8 +464,8 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
         if v is None:
             return None
         if grounds is not None and not v.failed:
-            server, meta, placeholder, stated = grounds[int(point)]
-            v = grounded(v, server, meta, placeholder, [summaries[s] for s in v.pair[:2]])
+            server, meta, placeholder, stated, open_loop = grounds[int(point)]
+            v = grounded(v, server, meta, placeholder, [summaries[s] for s in v.pair[:2]], open_loop)
             if stated:
                 v = replace(v, range_skipped=tuple(stated), range_skipped_by=SWEEP_NO_RANGE)
         found.append((values, v))
@@ -485,6 +507,9 @@ def _sweep_standing(found: list[Verdict]) -> str:
         out += f"; {caveat}"
     if skipped := list(dict.fromkeys(w for v in served for w in v.range_skipped)):
         out += f"; not simulated over {'; '.join(skipped)} ({SWEEP_NO_RANGE}): the answers' range is unknown"
+    if grew := sum(1 for v in served if v.queue_growth):
+        out += (f"; at {grew} of {len(served)} points the queue grew through the run (an open loop near or above "
+                "capacity: those answers are for this run's length, not a steady state)")
     beyond = [v for v in served if v.extrapolated_share > 0]
     if beyond:
         far = sum(1 for v in beyond if v.far_share > 0)

@@ -19,7 +19,7 @@ def build_profile(metadata: dict, samples: list[dict], curves: CurveTable = SGLA
     ``samples`` and assemble a profile.
 
     Args:
-        metadata: the ``metadata`` object (keys of :data:`sim.model.profile.REQUIRED_METADATA` and more).
+        metadata: the ``metadata`` object (keys of :data:`sim.model.profile.file.REQUIRED_METADATA` and more).
         samples: ``{"curve", "point": {axis: value}, "times_s": [...]}`` records; a record with
             ``"setting"`` was measured under that event loop only and goes into the profile's
             ``setting_curves`` (:mod:`sim.model.profile`).

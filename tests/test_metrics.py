@@ -102,8 +102,12 @@ def test_the_run_warns_and_the_verdict_says_where_an_open_loops_queue_grew(run_c
     assert "warning: overlap: the queue grew through the run: TTFT rose" in text
     assert "warning: normal: the queue grew through the run" in text
     assert "the queue grew through the run with overlap and normal (TTFT +" in text
-    verdict = json.loads((tmp_path / "r" / "summary.json").read_text())["verdict"]
-    assert set(verdict["queue_growth"]) == {"overlap", "normal"}
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert set(summary["verdict"]["queue_growth"]) == {"overlap", "normal"}
+    assert sum("the queue grew through the run" in w for w in summary["warnings"]) == 2  # as under the table
+    code, out, err = run_cli(["run", path, "--tables", "none", "--json", "--out", tmp_path / "j"])
+    assert code == 0, err
+    assert sum("the queue grew through the run" in w for w in json.loads(out)["warnings"]) == 2
     closed = _open_loop(10.0, arrival="closed_loop", concurrency=4)
     del closed["workload"]["rate_per_s"]
     path.write_text(yaml.safe_dump(closed))

@@ -173,11 +173,11 @@ def test_the_farthest_axis_by_hand():
     # ctx 6000: (6001 / 4097) = 1.46; 300 requests: 301 / 257 = 1.17 on both curves
     points = [("forward.decode", ("num_reqs", "ctx"), fwd, (300, 6000.0)),
               ("launch.decode", ("num_reqs",), launch, (300,))]
-    assert farthest_axis(points) == "forward.decode at ctx 6000 (measured 128-4096)"
+    assert farthest_axis(points) == "forward.decode at ctx 6000, measured 128-4096"
     points[0] = ("forward.decode", ("num_reqs", "ctx"), fwd, (300, 200.0))
-    assert farthest_axis(points) == "forward.decode at num_reqs 300 (measured 1-256)"  # the first of equals
+    assert farthest_axis(points) == "forward.decode at num_reqs 300, measured 1-256"  # the first of equals
     assert farthest_axis([("recv", ("num_reqs",), ((0.0,), (256.0,)), (0,))]) == ""  # inside: nothing to name
-    assert farthest_axis([("recv", ("num_reqs",), ((4.0,), (256.0,)), (1,))]) == "recv at num_reqs 1 (measured 4-256)"
+    assert farthest_axis([("recv", ("num_reqs",), ((4.0,), (256.0,)), (1,))]) == "recv at num_reqs 1, measured 4-256"
 
 
 @given(st.floats(allow_nan=True, allow_infinity=True), st.floats(0, 1e6), st.floats(0, 1e6))
@@ -287,6 +287,25 @@ def test_an_unseen_throughput_difference_with_a_visible_tpot_difference_says_so(
     same = Verdict(UNSEEN, PAIRS[0], 1.003, (5.0, 5.2), 0.02, "test")  # 1.04 < 1.057
     assert same.latency_change() is None and "no difference a single A/B run could see" in same.line()
     assert Verdict(KEEP, PAIRS[0], 1.3, (3.0, 6.0), 0.02, "test").latency_change() is None
+
+
+def test_an_unseen_throughput_difference_with_a_visible_ttft_difference_says_so():
+    """The same rule on the median TTFT: 103.83 against 76.15 ms is a ratio of 1.363, beyond
+    1.057 at a CV of 2%: "median TTFT 36% higher" (103.83 / 76.15 - 1 = 0.3635); with TPOT
+    visible too, both are said; a throughput ratio whose visible CV rounds to 0.0% says no A/B run
+    shows it, with no run count."""
+    from sim.whatif.verdict import PAIRS, UNSEEN, Verdict
+
+    v = Verdict(UNSEEN, PAIRS[0], 1.0, (29.158, 30.046), 0.02, "test", ttft_ms=(103.83, 76.15))
+    assert v.latency_change() is None and v.latency_change("ttft") == pytest.approx(103.83 / 76.15 - 1)
+    line = v.line()
+    assert line.startswith("verdict: no throughput difference a single A/B run could see, but median TTFT 36% higher "
+                           "with overlap on (the default: overlap on)")
+    assert "a difference this small no A/B run shows (assumed 2.0%, test: beyond 1.057x)" in line
+    assert "runs of each setting" not in line and "under 0.0%" not in line
+    assert v.as_json()["ttft_change"] == pytest.approx(0.3635, abs=1e-4) and "tpot_change" not in v.as_json()
+    both = Verdict(UNSEEN, PAIRS[0], 1.003, (3.832, 6.877), 0.02, "test", ttft_ms=(103.83, 76.15))
+    assert "but TPOT 44% lower and median TTFT 36% higher with overlap on" in both.line()
 
 
 @settings(max_examples=100, deadline=None)

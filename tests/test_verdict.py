@@ -138,8 +138,8 @@ def test_a_sweeps_points_are_grounded_as_runs_are():
     assert "keep overlap on (do not pass --disable-overlap-schedule) at workload.concurrency=1 (1.100x), " \
            "workload.concurrency=8 (1.100x)" in line
     assert "cannot tell from what the profile knows (keep the default: overlap on) at workload.concurrency=64" in line
-    assert "at 2 of 3 points steps priced beyond the profile's measured data (up to x6.5 its range; at 1, " \
-           "steps beyond x4" in line
+    assert "at 2 of 3 points steps priced beyond the profile's measured data (up to x6.5 its range, as the ratio " \
+           "of x + 1 and the measured edge + 1; at 1, steps beyond x4" in line
     # placeholders, a caveat, the stated uncertainties not simulated, another model's costs
     grounds = {i: (_Server(["a caveat"], other_model=i == 0), None, True, ["host phases ±40%"], False) for i in range(3)}
     line = sweep_verdict_line(_sweep_rows([(110.0, 100.0)] * 3), quiet, grounds=grounds)
@@ -164,6 +164,9 @@ def test_a_sweep_says_at_which_points_an_open_loops_queue_grew():
     assert "queue grew" not in sweep_verdict_line(table, quiet, grounds=closed)
     one = sweep_verdict_line(table[table["point"] == 2], quiet, grounds=grounds)
     assert "the queue grew through the run with overlap (TTFT +300 ms per second of arrivals)" in one
+    table["ttft_growth"] = 1.25  # beyond a second a second: in seconds
+    assert "(TTFT +1.25 s and +1.25 s per second of arrivals)" in sweep_verdict_line(table[table["point"] == 2], quiet,
+                                                                                    grounds=grounds)
 
 
 def test_title_names_card_and_model():

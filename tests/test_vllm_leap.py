@@ -426,4 +426,4 @@ def test_the_farthest_step_is_named_alike_with_and_without_the_leap():
         leapt = sim.simulate(scenario, setting, tables="none").summary()
         stepped = sim.simulate(scenario, setting, tables="none", leap=False).summary()
         assert leapt == stepped
-        assert leapt["max_extrapolation_at"] == "vllm.frontend_out at num_reqs 32 (measured 1-4)"
+        assert leapt["max_extrapolation_at"] == "vllm.frontend_out at num_reqs 32, measured 1-4"

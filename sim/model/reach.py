@@ -58,14 +58,14 @@ def distances(lo: float, hi: float, x):
 def farthest_axis(points) -> str:
     """The curve axis farthest from its data among ``points`` (``(curve name, axis names, hull,
     coordinates)`` each, as the cost model priced one step), in words: ``"vllm.frontend_out at
-    num_reqs 32 (measured 1-4)"``; the first of equals in the order given; "" when every axis lies
+    num_reqs 32, measured 1-4"``; the first of equals in the order given; "" when every axis lies
     inside its data."""
     best, where = 1.0, ""
     for name, axes, hull, x in points:
         for axis, xi, lo, hi in zip(axes, x, hull[0], hull[1]):
             d = distance(((lo,), (hi,)), xi)
             if d > best:
-                best, where = d, f"{name} at {axis} {xi:.6g} (measured {lo:.6g}-{hi:.6g})"
+                best, where = d, f"{name} at {axis} {xi:.6g}, measured {lo:.6g}-{hi:.6g}"
     return where
 
 

@@ -146,6 +146,33 @@ def console_width() -> int | None:
     return 110
 
 
+def run_warnings(summaries: dict[str, dict], open_loop: bool = False) -> dict[str, list[str]]:
+    """What a run's results warn of, per setting (printed under the table, in ``--json``'s and
+    ``summary.json``'s ``warnings``): steps priced beyond the profile's data (how many, how far by
+    :func:`sim.model.reach.distance`, and the farthest curve and axis), and in an open loop
+    (``open_loop``) a queue that grew through the run (:func:`sim.trace.metrics.queue_grew`)."""
+    from sim.trace.metrics import queue_grew
+
+    out: dict[str, list[str]] = {}
+    for name, s in summaries.items():
+        lines = out.setdefault(name, [])
+        if s.get("extrapolated_steps"):
+            far = f"; {s['far_steps']} beyond x{FAR:g}" if s.get("far_steps") else ""
+            at = f"; the farthest on {s['max_extrapolation_at']}" if s.get("max_extrapolation_at") else ""
+            lines.append(f"warning: {name}: {s['extrapolated_steps']} steps (warm-up included) lie outside the "
+                         f"calibration profile's measured data (up to x{s.get('max_extrapolation', 1.0):.1f} its "
+                         f"range, as the ratio of x + 1 and the measured edge + 1{at}{far}); their costs are extrapolated (measure "
+                         "that curve further: docs/calibration.md)")
+        if open_loop and queue_grew(s):
+            g = s["ttft_growth"]
+            rise = f"{g:.2f} s" if g >= 1 else f"{g * 1e3:.0f} ms"
+            lines.append(f"warning: {name}: the queue grew through the run: TTFT rose {rise} per second of arrivals "
+                         f"(median TTFT {s['median_ttft_ms']:.0f} ms): the arrivals outpace this setting, or nearly, "
+                         "so this open loop's throughput and latency answer for its length (workload.num_requests), "
+                         "not for a steady state")
+    return {name: lines for name, lines in out.items() if lines}
+
+
 def print_table(title: str, summaries: dict[str, dict], console: Console | None = None, streamed: bool = False,
                 device: str = "cuda", open_loop: bool = False) -> None:
     """A rich table: one column per setting plus the ratio to ``normal`` (vLLM: ``sync``; latency
@@ -153,9 +180,7 @@ def print_table(title: str, summaries: dict[str, dict], console: Console | None 
     (``--tables summary|none``). ``device``: the scenario's ``server.device``; on ``cpu`` the
     forward runs on a CPU core, and the idle fraction is labelled as that device's. Warnings
     follow: steps priced beyond the profile's data, a server that died, and in an open loop
-    (``open_loop``) a queue that grew through the run (:func:`sim.trace.metrics.queue_grew`)."""
-    from sim.trace.metrics import queue_grew
-
+    (``open_loop``) a queue that grew through the run (:func:`run_warnings`)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -183,19 +208,10 @@ def print_table(title: str, summaries: dict[str, dict], console: Console | None 
                   for rname, r in rat.items()]
         table.add_row(label, *cells)
     console.print(table)
+    warned = run_warnings(summaries, open_loop)
     for name, s in summaries.items():
-        if s.get("extrapolated_steps"):
-            far = f", {s['far_steps']} beyond x{FAR:g}" if s.get("far_steps") else ""
-            at = f", {s['max_extrapolation_at']}" if s.get("max_extrapolation_at") else ""
-            console.print(f"[yellow]warning: {name}: {s['extrapolated_steps']} steps (warm-up included) lie "
-                          f"outside the calibration profile's measured data (up to x{s.get('max_extrapolation', 1.0):.1f} "
-                          f"its range{at}{far}); their costs are extrapolated[/]")
-        if open_loop and queue_grew(s):
-            console.print(f"[yellow]warning: {name}: the queue grew through the run: TTFT rose "
-                          f"{s['ttft_growth'] * 1e3:.0f} ms per second of arrivals (median TTFT "
-                          f"{s['median_ttft_ms']:.0f} ms): the arrivals outpace this setting, or nearly, so this open "
-                          "loop's throughput and latency answer for its length (workload.num_requests), not for a "
-                          "steady state[/]")
+        for line in warned.get(name, ()):
+            console.print(f"[yellow]{line}[/]", markup=True, highlight=False)
         if s.get("outcome", "ok") != "ok":
             usage = s.get("outcome_token_usage")
             at_usage = f", token usage {usage:.2f}" if isinstance(usage, float) and usage == usage else ""

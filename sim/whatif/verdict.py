@@ -159,6 +159,8 @@ class Verdict:
                "threshold_ratio": finite(self.threshold), "failed": self.failed, "line": self.line()}
         if (change := self.latency_change()) is not None:
             out["tpot_change"] = change
+        if (change := self.latency_change("ttft")) is not None:
+            out["ttft_change"] = change
         if self.stated_range is not None:
             lo, hi, what = self.stated_range
             out["stated_range"] = {"ratio_low": finite(lo), "ratio_high": finite(hi), "sources": what,
@@ -181,13 +183,13 @@ class Verdict:
             out["queue_growth"] = {name: g for name, g in self.queue_growth}
         return out
 
-    def latency_change(self) -> Optional[float]:
+    def latency_change(self, metric: str = "tpot") -> Optional[float]:
         """Where the throughputs show no difference (:data:`UNSEEN`: as in an open loop below the
-        server's capacity, whose arrivals set the throughput of both settings) but the median TPOTs
-        differ by more than one A/B run's noise (their ratio beyond :attr:`threshold`, the same
-        test as the throughput's): the overlapping setting's TPOT over the synchronous one's, less
-        1 (negative: faster tokens with it on); else None."""
-        tn, td = self.tpot_ms
+        server's capacity, whose arrivals set the throughput of both settings) but the medians of
+        ``metric`` (``tpot`` or ``ttft``) differ by more than one A/B run's noise (their ratio
+        beyond :attr:`threshold`, the same test as the throughput's): the overlapping setting's
+        median over the synchronous one's, less 1 (negative: lower with it on); else None."""
+        tn, td = self.tpot_ms if metric == "tpot" else self.ttft_ms
         if self.answer != UNSEEN or not (math.isfinite(tn) and math.isfinite(td) and tn > 0 and td > 0):
             return None
         t = self.threshold
@@ -195,12 +197,14 @@ class Verdict:
 
     def head(self) -> str:
         """The answer in words (the verdict line's first clause); an unseen throughput difference
-        with a visible TPOT difference says so (:meth:`latency_change`)."""
+        with a visible TPOT or TTFT difference says so (:meth:`latency_change`)."""
         _num, _den, loop, flag, keep_note = self.pair
-        change = self.latency_change()
-        if change is not None:
-            return (f"no throughput difference a single A/B run could see, but TPOT {abs(change):.0%} "
-                    f"{'lower' if change < 0 else 'higher'} with {loop} on (the default: {loop} on)")
+        changes = [f"{label} {abs(c):.0%} {'lower' if c < 0 else 'higher'}"
+                   for label, c in (("TPOT", self.latency_change()), ("median TTFT", self.latency_change("ttft")))
+                   if c is not None]
+        if changes:
+            return (f"no throughput difference a single A/B run could see, but {' and '.join(changes)} with {loop} on "
+                    f"(the default: {loop} on)")
         return {KEEP: f"keep {loop} on ({keep_note})", OFF: f"turn {loop} off ({flag})",
                 UNSEEN: f"no difference a single A/B run could see (keep the default: {loop} on)",
                 UNSURE: f"cannot tell from what the profile knows (keep the default: {loop} on)"}[self.answer]
@@ -220,8 +224,10 @@ class Verdict:
         if math.isfinite(fn) and math.isfinite(fd):  # the first token's wait: where overlap can lose
             tpot += f", median TTFT {fn:.2f} vs {fd:.2f} ms"
         gain = f"output throughput {num}/{den} {r:.3f}x ({(r - 1) * 100:+.1f}%){tpot}"
-        see = (f"one A/B run shows it when the run-to-run CV is under {visible_cv(r):.1%}"
-               f" (assumed {self.run_cv:.1%}, {self.cv_source}: beyond {self.threshold:.3f}x)")
+        assumed = f"assumed {self.run_cv:.1%}, {self.cv_source}: beyond {self.threshold:.3f}x"
+        if visible_cv(r) < 0.0005:  # (under 0.05%: no run count worth saying detects it)
+            return f"verdict: {head}: {gain}; a difference this small no A/B run shows ({assumed}){self._standing_clause()}"
+        see = f"one A/B run shows it when the run-to-run CV is under {visible_cv(r):.1%} ({assumed})"
         if self.answer in (UNSEEN, UNSURE) and r != 1.0:
             from sim.whatif.variance import runs_needed  # scipy: only when needed
 
@@ -247,8 +253,8 @@ class Verdict:
             out += f"; {caveat}"
         if self.queue_growth:
             names = " and ".join(name for name, _ in self.queue_growth)
-            rates = " and ".join(f"+{g * 1e3:.0f}" for _, g in self.queue_growth)
-            out += (f"; the queue grew through the run with {names} (TTFT {rates} ms per second of arrivals): near or "
+            rates = " and ".join(f"+{g:.2f} s" if g >= 1 else f"+{g * 1e3:.0f} ms" for _, g in self.queue_growth)
+            out += (f"; the queue grew through the run with {names} (TTFT {rates} per second of arrivals): near or "
                     "above capacity this open loop answers for its length, not for a steady state")
         if self.stated_range is not None:
             lo, hi, what = self.stated_range
@@ -272,8 +278,8 @@ class Verdict:
 
             share = f"{self.extrapolated_share:.0%}" if self.extrapolated_share >= 0.005 else "under 1%"
             out += (f"; {share} of the steps priced beyond the profile's measured data (extrapolated, up to "
-                    f"x{self.max_extrapolation:.1f} its range" + (f", {self.max_extrapolation_at}"
-                                                                  if self.max_extrapolation_at else ""))
+                    f"x{self.max_extrapolation:.1f} its range, as the ratio of x + 1 and the measured edge + 1"
+                    + (f"; the farthest on {self.max_extrapolation_at}" if self.max_extrapolation_at else ""))
             if self.far_share > 0:
                 out += f"; {self.far_share:.0%} beyond x{FAR:g}, where no measurement stands behind the price"
             out += ")"
@@ -515,8 +521,8 @@ def _sweep_standing(found: list[Verdict]) -> str:
         far = sum(1 for v in beyond if v.far_share > 0)
         farthest = max(beyond, key=lambda v: v.max_extrapolation)
         out += (f"; at {len(beyond)} of {len(served)} points steps priced beyond the profile's measured data (up to "
-                f"x{farthest.max_extrapolation:.1f} its range"
-                + (f", {farthest.max_extrapolation_at}" if farthest.max_extrapolation_at else "")
+                f"x{farthest.max_extrapolation:.1f} its range, as the ratio of x + 1 and the measured edge + 1"
+                + (f"; the farthest on {farthest.max_extrapolation_at}" if farthest.max_extrapolation_at else "")
                 + (f"; at {far}, steps beyond x{FAR:g}, where no measurement stands behind the price" if far else "")
                 + ")")
     return out

@@ -105,6 +105,8 @@ class Result:
             out[key] = int(o.get(key, 0))
         out["max_extrapolation"] = float(o.get("max_extrapolation", 1.0))
         out["max_extrapolation_at"] = str(o.get("max_extrapolation_at", ""))  # the curve and axis (sim.model.reach)
+        if self.scenario.workload.arrival == "closed_loop":  # its clients send as answers come: no queue to grow
+            out["ttft_growth"] = math.nan
         # every step of the run, warm-up and tail included: what extrapolated_steps counts over
         out["run_steps"] = int(self.stats.get("steps", 0))
         if "spec_accept_length" in o:  # speculative decoding: tokens per verify step per request, as drawn
@@ -181,7 +183,8 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
     wall0 = time.perf_counter()
     specs = make_requests(scenario)
     warmup = min(scenario.workload.warmup_requests, len(specs) - 1)
-    recorder = TraceRecorder() if tables == "steps" else StreamingRecorder(warmup, keep_requests=tables == "summary")
+    recorder = TraceRecorder() if tables == "steps" else StreamingRecorder(
+        warmup, keep_requests=tables == "summary", open_loop=scenario.workload.arrival != "closed_loop")
     outcome, stats = run(_run_noise_applied(scenario, setting), setting, specs, warmup, recorder, leap)
     stats["wall_s"] = time.perf_counter() - wall0
     return _result(scenario, setting, recorder, tables, outcome, stats)

@@ -114,3 +114,9 @@ def test_the_run_warns_and_the_verdict_says_where_an_open_loops_queue_grew(run_c
     code, out, err = run_cli(["run", path, "--tables", "none", "--no-plots", "--out", tmp_path / "c"])
     assert code == 0, err
     assert "queue grew" not in out  # a closed loop's arrivals wait for its answers
+    import math
+
+    import sim
+
+    for tables in ("none", "steps"):  # not summed there, in either mode
+        assert math.isnan(sim.simulate(sim.load_scenario(closed), "overlap", tables=tables).summary()["ttft_growth"])

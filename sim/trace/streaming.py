@@ -38,7 +38,7 @@ class StreamingRecorder:
     # sync start and process start (1, 2, 6, 8, 17-20); the leap's numpy runs fill only these
     keeps_rows = False
 
-    def __init__(self, warmup_requests: int, keep_requests: bool):
+    def __init__(self, warmup_requests: int, keep_requests: bool, open_loop: bool = True):
         self._first_measured = warmup_requests
         self._rows = TraceRecorder() if keep_requests else None
         self.window_start = math.nan
@@ -51,8 +51,9 @@ class StreamingRecorder:
         self.steps = self.decode_steps = self.decode_reqs = self.overshoot = self.sync_count = 0
         self.busy_s = self.sync_wait_s = 0.0
         # sums over the completed measured requests of t, t², TTFT and t x TTFT (t: the arrival
-        # less the window's start, seconds): the TTFT's growth through the run (metrics.ttft_growth)
-        self._growth = [0.0, 0.0, 0.0, 0.0]
+        # less the window's start, seconds): the TTFT's growth through the run (metrics.ttft_growth);
+        # None in a closed loop, whose clients send as answers come (no queue to grow: not summed)
+        self._growth = [0.0, 0.0, 0.0, 0.0] if open_loop else None
         self.ttft, self.tpot, self.itl_stat, self.e2e, self.gap = Stat(), Stat(), Stat(), Stat(), Stat()
         self.itl = self.itl_stat.add  # :meth:`itl`, without a call in between (several per decode step)
 
@@ -169,11 +170,13 @@ class StreamingRecorder:
         self.completed += 1
         self.input_tokens += r.input_len
         self.output_tokens += out
-        g, t = self._growth, r.arrival_s - self.window_start
-        g[0] += t
-        g[1] += t * t
-        g[2] += ttft
-        g[3] += t * ttft
+        g = self._growth
+        if g is not None:
+            t = r.arrival_s - self.window_start
+            g[0] += t
+            g[1] += t * t
+            g[2] += ttft
+            g[3] += t * ttft
         self.ttft.add(ttft)
         self.e2e.add(e2e)
         if out > 1:
@@ -205,22 +208,27 @@ class StreamingRecorder:
         (seconds, in order; no TPOT for a request of a single output token)."""
         ttfts, e2es, tpots = [], [], []
         input_tokens = output_tokens = 0
-        g, start = self._growth, self.window_start
         for r in reqs:
             input_tokens += r.input_len
             out = r.output_done
             output_tokens += out
             ttft = r.first_token_s - r.arrival_s
             e2e = r.finish_s - r.arrival_s
-            t = r.arrival_s - start
-            g[0] += t
-            g[1] += t * t
-            g[2] += ttft
-            g[3] += t * ttft
             ttfts.append(ttft)
             e2es.append(e2e)
             if out > 1:
                 tpots.append((e2e - ttft) / (out - 1))
+        g = self._growth
+        if g is not None:  # (the growth's sums in locals through the group, in the same order)
+            st, stt, sy, sty = g
+            start = self.window_start
+            for r, ttft in zip(reqs, ttfts):
+                t = r.arrival_s - start
+                st += t
+                stt += t * t
+                sy += ttft
+                sty += t * ttft
+            g[:] = st, stt, sy, sty
         self.completed += len(ttfts)
         self.input_tokens += input_tokens
         self.output_tokens += output_tokens
@@ -309,7 +317,7 @@ class StreamingRecorder:
         out["request_throughput"] = self.completed / duration if duration > 0 else 0.0
         out["output_throughput"] = self.output_tokens / duration if duration > 0 else 0.0
         self.ttft.into("ttft", out)
-        out["ttft_growth"] = ttft_growth(self.completed, *self._growth)
+        out["ttft_growth"] = ttft_growth(self.completed, *self._growth) if self._growth is not None else math.nan
         self.tpot.into("tpot", out)
         self.itl_stat.into("itl", out)
         self.e2e.into("e2e_latency", out)

@@ -161,8 +161,8 @@ def run_warnings(summaries: dict[str, dict], open_loop: bool = False) -> dict[st
             at = f"; the farthest on {s['max_extrapolation_at']}" if s.get("max_extrapolation_at") else ""
             lines.append(f"warning: {name}: {s['extrapolated_steps']} steps (warm-up included) lie outside the "
                          f"calibration profile's measured data (up to x{s.get('max_extrapolation', 1.0):.1f} its "
-                         f"range, as the ratio of x + 1 and the measured edge + 1{at}{far}); their costs are extrapolated (measure "
-                         "that curve further: docs/calibration.md)")
+                         f"range, as the ratio of x + 1 and the measured edge + 1{at}{far}); their costs are "
+                         "extrapolated (measure that curve further: docs/calibration.md)")
         if open_loop and queue_grew(s):
             g = s["ttft_growth"]
             rise = f"{g:.2f} s" if g >= 1 else f"{g * 1e3:.0f} ms"

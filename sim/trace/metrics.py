@@ -181,7 +181,7 @@ def summarize(steps: pd.DataFrame | Columns, requests: pd.DataFrame | Columns, i
     tpot = ((e2e - ttft)[multi] / (output_tokens[multi] - 1))
     _stats_ms(ttft, "ttft", out)
     t = arrival - start
-    out["ttft_growth"] = ttft_growth(len(t), float((t).sum()), float((t * t).sum()), float(ttft.sum()),
+    out["ttft_growth"] = ttft_growth(len(t), float(t.sum()), float((t * t).sum()), float(ttft.sum()),
                                      float((t * ttft).sum())) if len(t) else math.nan
     _stats_ms(tpot, "tpot", out)
     _stats_ms(values_of(itl, "itl_s"), "itl", out, values_of(itl, "weight"))

@@ -182,7 +182,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def _grounds(plan) -> dict[int, tuple]:
     """Each grid point's grounds for its verdict (:func:`sim.whatif.verdict.sweep_verdict_line`):
     (its server section, its profile's metadata or None, whether its costs are placeholders, what
-    its profile's stated uncertainties are), each profile's metadata read once."""
+    its profile's stated uncertainties are, whether its load is an open loop), each profile's
+    metadata read once."""
     from sim.output.report import profile_metadata
     from sim.whatif.stated_range import stated_uncertainties
 

@@ -226,7 +226,8 @@ class Verdict:
         gain = f"output throughput {num}/{den} {r:.3f}x ({(r - 1) * 100:+.1f}%){tpot}"
         assumed = f"assumed {self.run_cv:.1%}, {self.cv_source}: beyond {self.threshold:.3f}x"
         if visible_cv(r) < 0.0005:  # (under 0.05%: no run count worth saying detects it)
-            return f"verdict: {head}: {gain}; a difference this small no A/B run shows ({assumed}){self._standing_clause()}"
+            return f"verdict: {head}: {gain}; a difference this small no A/B run shows ({assumed})" + \
+                self._standing_clause()
         see = f"one A/B run shows it when the run-to-run CV is under {visible_cv(r):.1%} ({assumed})"
         if self.answer in (UNSEEN, UNSURE) and r != 1.0:
             from sim.whatif.variance import runs_needed  # scipy: only when needed
@@ -339,9 +340,9 @@ def grounded(found: Verdict, server, meta: Optional[dict], placeholder: bool, pa
     (``open_loop``), which settings' queue grew through the run
     (:func:`sim.trace.metrics.queue_grew`: the answer is that run length's). ``run`` and ``sweep``
     both ground their verdicts here, so a point of a sweep is as sure as its run."""
-    from sim.trace.metrics import queue_grew
-
     from dataclasses import replace
+
+    from sim.trace.metrics import queue_grew
 
     # the share's base is every step of the runs (extrapolated_steps counts warm-up and tail too)
     steps = sum(int(s.get("run_steps") or s.get("num_steps") or 0) for s in pair)

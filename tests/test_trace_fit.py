@@ -283,7 +283,9 @@ def test_an_unseen_throughput_difference_with_a_visible_tpot_difference_says_so(
                                "lower with overlap on")
     assert v.as_json()["tpot_change"] == pytest.approx(-0.4428, abs=1e-4) and v.as_json()["answer"] == UNSEEN
     slower = Verdict(UNSEEN, PAIRS[0], 0.999, (7.0, 5.0), 0.02, "test")
-    assert "TPOT 40% higher with overlap on" in slower.line()
+    assert "TPOT 40% higher with overlap on (keep the default, overlap on, or turn it off" in slower.line()
+    assert v.line().startswith("verdict: no throughput difference a single A/B run could see, but TPOT 44% lower "
+                               "with overlap on (keep the default: overlap on)")
     same = Verdict(UNSEEN, PAIRS[0], 1.003, (5.0, 5.2), 0.02, "test")  # 1.04 < 1.057
     assert same.latency_change() is None and "no difference a single A/B run could see" in same.line()
     assert Verdict(KEEP, PAIRS[0], 1.3, (3.0, 6.0), 0.02, "test").latency_change() is None
@@ -300,7 +302,8 @@ def test_an_unseen_throughput_difference_with_a_visible_ttft_difference_says_so(
     assert v.latency_change() is None and v.latency_change("ttft") == pytest.approx(103.83 / 76.15 - 1)
     line = v.line()
     assert line.startswith("verdict: no throughput difference a single A/B run could see, but median TTFT 36% higher "
-                           "with overlap on (the default: overlap on)")
+                           "with overlap on (keep the default, overlap on, or turn it off (--disable-overlap-schedule) "
+                           "where that latency matters more)")
     assert "a difference this small no A/B run shows (assumed 2.0%, test: beyond 1.057x)" in line
     assert "runs of each setting" not in line and "under 0.0%" not in line
     assert v.as_json()["ttft_change"] == pytest.approx(0.3635, abs=1e-4) and "tpot_change" not in v.as_json()

@@ -159,10 +159,13 @@ def run_warnings(summaries: dict[str, dict], open_loop: bool = False) -> dict[st
         if s.get("extrapolated_steps"):
             far = f"; {s['far_steps']} beyond x{FAR:g}" if s.get("far_steps") else ""
             at = f"; the farthest on {s['max_extrapolation_at']}" if s.get("max_extrapolation_at") else ""
+            how = ("docs/vllm.md, the vLLM profile" if str(s.get("max_extrapolation_at", "")).startswith("vllm.")
+                   else "docs/calibration.md")
             lines.append(f"warning: {name}: {s['extrapolated_steps']} steps (warm-up included) lie outside the "
                          f"calibration profile's measured data (up to x{s.get('max_extrapolation', 1.0):.1f} its "
                          f"range, as the ratio of x + 1 and the measured edge + 1{at}{far}); their costs are "
-                         "extrapolated (measure that curve further: docs/calibration.md)")
+                         f"extrapolated, or held at the edge where the profile's note says so (measure that curve "
+                         f"further: {how})")
         if open_loop and queue_grew(s):
             g = s["ttft_growth"]
             rise = f"{g:.2f} s" if g >= 1 else f"{g * 1e3:.0f} ms"

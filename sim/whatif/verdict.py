@@ -199,12 +199,13 @@ class Verdict:
         """The answer in words (the verdict line's first clause); an unseen throughput difference
         with a visible TPOT or TTFT difference says so (:meth:`latency_change`)."""
         _num, _den, loop, flag, keep_note = self.pair
-        changes = [f"{label} {abs(c):.0%} {'lower' if c < 0 else 'higher'}"
-                   for label, c in (("TPOT", self.latency_change()), ("median TTFT", self.latency_change("ttft")))
+        changes = [(label, c) for label, c in (("TPOT", self.latency_change()), ("median TTFT", self.latency_change("ttft")))
                    if c is not None]
         if changes:
-            return (f"no throughput difference a single A/B run could see, but {' and '.join(changes)} with {loop} on "
-                    f"(the default: {loop} on)")
+            words = " and ".join(f"{label} {abs(c):.0%} {'lower' if c < 0 else 'higher'}" for label, c in changes)
+            advice = (f"keep the default: {loop} on" if all(c < 0 for _, c in changes) else
+                      f"keep the default, {loop} on, or turn it off ({flag}) where that latency matters more")
+            return f"no throughput difference a single A/B run could see, but {words} with {loop} on ({advice})"
         return {KEEP: f"keep {loop} on ({keep_note})", OFF: f"turn {loop} off ({flag})",
                 UNSEEN: f"no difference a single A/B run could see (keep the default: {loop} on)",
                 UNSURE: f"cannot tell from what the profile knows (keep the default: {loop} on)"}[self.answer]

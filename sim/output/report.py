@@ -171,8 +171,8 @@ def run_warnings(summaries: dict[str, dict], open_loop: bool = False) -> dict[st
             rise = f"{g:.2f} s" if g >= 1 else f"{g * 1e3:.0f} ms"
             lines.append(f"warning: {name}: the queue grew through the run: TTFT rose {rise} per second of arrivals "
                          f"(median TTFT {s['median_ttft_ms']:.0f} ms): the arrivals outpace this setting, or nearly, "
-                         "so this open loop's throughput and latency answer for its length (workload.num_requests; ask: --num-requests), "
-                         "not for a steady state")
+                         "so this open loop's throughput and latency answer for its length (workload.num_requests; "
+                         "ask: --num-requests), not for a steady state")
     return {name: lines for name, lines in out.items() if lines}
 
 

@@ -268,7 +268,10 @@ def default_mode_parts(num_requests: int) -> dict[str, float]:
     tables_mib = sum(values.nbytes + (sum(map(len, values)) if values.dtype == object else 0)
                      for r in results for k in ("steps", "requests", "itl")
                      for values in r.columns(k).data.values()) / 2**20
-    from sim.output.report import write_results
+    try:
+        from sim.output.run_files import write_results
+    except ImportError:  # (a tree before 6 December 2026, --tree: the writers were in report)
+        from sim.output.report import write_results
     with tempfile.TemporaryDirectory() as tmp:
         t = clock()
         write_results(Path(tmp), {"settings": summaries}, results)

@@ -126,8 +126,9 @@ def run_failures(summaries: dict[str, dict]) -> list[str]:
 @command("run", "simulate a scenario under each scheduling setting and compare them", _add_run_args)
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.atomic import check_output_dir, staged_folder
-    from sim.output.report import (atomic_write_text, composed_note, device_mismatch, print_table,
-                                   reimplementation_warning, run_title, run_warnings, stale_run_files, write_tables)
+    from sim.output.report import (composed_note, device_mismatch, print_table, reimplementation_warning, run_title,
+                                   run_warnings)
+    from sim.output.run_files import atomic_write_text, stale_run_files, write_tables
     from sim.scenario import load_scenario
     from sim.simulate import simulate
     from sim.whatif.verdict import check_run_cv
@@ -146,13 +147,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             if plots:
                 kept.append(result)
             del result
-        found, meta, note, warnings = _run_answer(args, scenario, summaries)
+        found, meta, note, load = _run_answer(args, scenario, summaries)
         # what the results warn of (steps beyond the profile's data, a queue that grew): under the
-        # table, and in --json's and summary.json's warnings
-        warned = [line for lines in run_warnings(summaries, scenario.workload.arrival != "closed_loop").values()
-                  for line in lines]
-        warnings = list(warnings) + warned
-        payload = _run_summary_json(scenario, summaries, found, note, warnings)
+        # table (by setting), and in --json's and summary.json's warnings
+        by_setting = run_warnings(summaries, scenario.workload.arrival != "closed_loop")
+        warned = [line for lines in by_setting.values() for line in lines]
+        payload = _run_summary_json(scenario, summaries, found, note, list(load) + warned)
         atomic_write_text(stage / "summary.json", json.dumps(payload, indent=2) + "\n")
         if plots:
             from sim.output.plots import save_run_plots  # matplotlib only when plots are drawn
@@ -162,15 +162,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     # what the table's reader is warned of: the same lines in --json's "warnings" (the results'
     # own, printed under the table by print_table, come first there)
     before = [line for line in (device_mismatch(scenario.server.device, meta), reimplementation_warning(meta))
-              if line] + [line for line in warnings if line not in warned]
+              if line] + list(load)
     after = [line for line in (note, composed_note(meta)) if line]
     if args.json:
         out = {k: payload[k] for k in ("scenario", "seed", "settings", "ratios", "verdict")}
         print(json.dumps({**out, "warnings": warned + before + after}))
     else:
         print_table(run_title(scenario.name, scenario.seed, scenario.server.device, meta), summaries,
-                    streamed=args.tables != "steps", device=scenario.server.device,
-                    open_loop=scenario.workload.arrival != "closed_loop")
+                    streamed=args.tables != "steps", device=scenario.server.device, warned=by_setting)
         for line in before:
             print(line)
         if found is not None:

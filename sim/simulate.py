@@ -68,7 +68,7 @@ class Result:
     def columns(self, name: str) -> Union[Columns, "pd.DataFrame"]:
         """Table ``name`` ('steps', 'requests' or 'itl') as the recorder gave it (:class:`Columns`)
         when no DataFrame of it was built yet, else that DataFrame: what
-        :func:`sim.trace.metrics.summarize` and :func:`sim.output.report.write_tables` read
+        :func:`sim.trace.metrics.summarize` and :func:`sim.output.run_files.write_tables` read
         (either), without importing pandas for a table nobody asked as a DataFrame."""
         table = self._tables[name]
         if callable(table):  # built on first use

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.output.report import atomic_write_frame
+from sim.output.run_files import atomic_write_frame
 from sim.trace.columns import Columns, matches, values_of
 from sim.trace.metrics import GROWTH_KEYS, SUMMARY_KEYS, forward_gaps, measured_window, step_gaps, summarize
 from sim.trace.recorder import REQUEST_COLUMNS, STEP_COLUMNS, rows_to_columns
@@ -152,9 +152,9 @@ def test_forward_gaps_are_pandas_shift_and_clip(pairs):
 @given(tables(), st.sampled_from([1, 3, 65536]))
 def test_parquet_of_columns_reads_back_as_pandas_writes_it(tmp_path, monkeypatch, t, row_group_rows):
     """Also in row groups of 1 and 3 rows (each with its own dictionary for ``kind``)."""
-    import sim.output.report
+    import sim.output.run_files
 
-    monkeypatch.setattr(sim.output.report, "ROW_GROUP_ROWS", row_group_rows)
+    monkeypatch.setattr(sim.output.run_files, "ROW_GROUP_ROWS", row_group_rows)
     for i, table in enumerate(t):
         ours, theirs = tmp_path / f"ours{i}.parquet", tmp_path / f"theirs{i}.parquet"
         atomic_write_frame(table, ours)

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from sim.cli import main
 from sim.output.report import run_title
 from sim.whatif.verdict import (DEFAULT_RUN_CV, KEEP, OFF, UNSEEN, decide, pair_of, resolve_run_cv,
-                                sweep_verdict_line, threshold_ratio, verdict, verdict_platform_note, visible_cv)
+                                threshold_ratio, verdict, verdict_platform_note, visible_cv)
+from sim.whatif.sweep_verdict import sweep_verdict_line
 
 Z = 1.959963984540054
 

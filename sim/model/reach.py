@@ -69,6 +69,15 @@ def farthest_axis(points) -> str:
     return where
 
 
+def reach_words(max_extrapolation: float, at: str = "") -> str:
+    """How far a run's steps lie beyond the data, in the words its warning and verdict use: ``"up
+    to x6.6 its range, as the ratio of x + 1 and the measured edge + 1; the farthest on
+    vllm.frontend_out at num_reqs 32, measured 1-4"`` (``at``: :func:`farthest_axis`'s words, ""
+    for none)."""
+    return (f"up to x{max_extrapolation:.1f} its range, as the ratio of x + 1 and the measured edge + 1"
+            + (f"; the farthest on {at}" if at else ""))
+
+
 class ReachMeter:
     """Counts a run's steps by their distance from the data (:func:`distance`)."""
 

@@ -21,7 +21,7 @@ import pandas as pd
 
 from sim.atomic import atomic_path
 from sim.errors import UserInputError
-from sim.output.report import atomic_write_text
+from sim.output.run_files import atomic_write_text
 from sim.output.run_tables import RunTables
 
 CPU_TID, DEVICE_TID = 1, 2

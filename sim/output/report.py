@@ -1,24 +1,20 @@
-"""Summaries side by side: ratios, JSON, rich tables, and a results folder written atomically."""
+"""Summaries side by side: ratios, JSON, rich tables, titles and warnings (a run's results folder is
+written by :mod:`sim.output.run_files`)."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
-from sim.atomic import atomic_path
 from sim.model.reach import FAR
 from sim.model.schema import MAX_TOKENS, length_bounds
 from sim.trace.metrics import SUMMARY_KEYS, served
 
-if TYPE_CHECKING:  # tables arrive as DataFrames or a run's Columns; a run need not import pandas
-    import pandas as pd
-
-    from sim.trace.columns import Columns
+if TYPE_CHECKING:
     from rich.console import Console  # rich: imported when a table is printed (not by run --json)
 
 RATIO_BASELINE = "normal"
@@ -151,24 +147,22 @@ def run_warnings(summaries: dict[str, dict], open_loop: bool = False) -> dict[st
     ``summary.json``'s ``warnings``): steps priced beyond the profile's data (how many, how far by
     :func:`sim.model.reach.distance`, and the farthest curve and axis), and in an open loop
     (``open_loop``) a queue that grew through the run (:func:`sim.trace.metrics.queue_grew`)."""
-    from sim.trace.metrics import queue_grew
+    from sim.model.reach import reach_words
+    from sim.trace.metrics import growth_words, queue_grew
 
     out: dict[str, list[str]] = {}
     for name, s in summaries.items():
         lines = out.setdefault(name, [])
         if s.get("extrapolated_steps"):
             far = f"; {s['far_steps']} beyond x{FAR:g}" if s.get("far_steps") else ""
-            at = f"; the farthest on {s['max_extrapolation_at']}" if s.get("max_extrapolation_at") else ""
-            how = ("docs/vllm.md, the vLLM profile" if str(s.get("max_extrapolation_at", "")).startswith("vllm.")
-                   else "docs/calibration.md")
+            at = str(s.get("max_extrapolation_at") or "")
+            how = "docs/vllm.md, the vLLM profile" if at.startswith("vllm.") else "docs/calibration.md"
             lines.append(f"warning: {name}: {s['extrapolated_steps']} steps (warm-up included) lie outside the "
-                         f"calibration profile's measured data (up to x{s.get('max_extrapolation', 1.0):.1f} its "
-                         f"range, as the ratio of x + 1 and the measured edge + 1{at}{far}); their costs are "
-                         f"extrapolated, or held at the edge where the profile's note says so (measure that curve "
-                         f"further: {how})")
+                         f"calibration profile's measured data ({reach_words(s.get('max_extrapolation', 1.0), at)}"
+                         f"{far}); their costs are extrapolated, or held at the edge where the profile's note says "
+                         f"so (measure that curve further: {how})")
         if open_loop and queue_grew(s):
-            g = s["ttft_growth"]
-            rise = f"{g:.2f} s" if g >= 1 else f"{g * 1e3:.0f} ms"
+            rise = growth_words(s["ttft_growth"])
             lines.append(f"warning: {name}: the queue grew through the run: TTFT rose {rise} per second of arrivals "
                          f"(median TTFT {s['median_ttft_ms']:.0f} ms): the arrivals outpace this setting, or nearly, "
                          "so this open loop's throughput and latency answer for its length (workload.num_requests; "
@@ -177,13 +171,13 @@ def run_warnings(summaries: dict[str, dict], open_loop: bool = False) -> dict[st
 
 
 def print_table(title: str, summaries: dict[str, dict], console: Console | None = None, streamed: bool = False,
-                device: str = "cuda", open_loop: bool = False) -> None:
+                device: str = "cuda", warned: dict[str, list[str]] | None = None) -> None:
     """A rich table: one column per setting plus the ratio to ``normal`` (vLLM: ``sync``; latency
     ratios: medians). ``streamed``: the medians and p99s come from a streaming sketch
     (``--tables summary|none``). ``device``: the scenario's ``server.device``; on ``cpu`` the
     forward runs on a CPU core, and the idle fraction is labelled as that device's. Warnings
-    follow: steps priced beyond the profile's data, a server that died, and in an open loop
-    (``open_loop``) a queue that grew through the run (:func:`run_warnings`)."""
+    follow, per setting: ``warned`` (:func:`run_warnings` of these summaries, which the caller
+    keeps for its JSON too; None: computed here, as of a closed loop) and a server that died."""
     from rich.console import Console
     from rich.table import Table
 
@@ -211,7 +205,8 @@ def print_table(title: str, summaries: dict[str, dict], console: Console | None 
                   for rname, r in rat.items()]
         table.add_row(label, *cells)
     console.print(table)
-    warned = run_warnings(summaries, open_loop)
+    if warned is None:
+        warned = run_warnings(summaries)
     for name, s in summaries.items():
         for line in warned.get(name, ()):
             console.print(f"[yellow]{line}[/]", markup=True, highlight=False)
@@ -377,96 +372,3 @@ def device_mismatch(device: str, meta: dict | None) -> str | None:
     return (f"warning: costs.profile was measured on {measured} ({meta.get('device_name', 'unknown device')}) but "
             f"server.device is {device}: the forward and CPU phases are that device's and host's, the loop is "
             f"the {device} one")
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (see :func:`sim.atomic.atomic_path`)."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
-
-
-# rows per Parquet row group of a run's table: the writer holds a row group's encoded columns until
-# it is complete (a whole 100,000-request steps table in one held about 40 MiB more), and a group's
-# typed copies are made as it is written (65,536 rows: 14 MiB more than 16,384 at the peak of a
-# 20,000-request run; the file's size and the CPU the same)
-ROW_GROUP_ROWS = 16384
-
-
-def atomic_write_frame(df: pd.DataFrame | Columns, path: Path) -> None:
-    """Write a table, a DataFrame or a run's :class:`sim.trace.columns.Columns`, as CSV or Parquet
-    (by suffix), atomically. Columns go to Parquet through pyarrow alone, a row group of
-    :data:`ROW_GROUP_ROWS` rows at a time (pandas is not imported: ``pandas.read_parquet`` reads
-    back the DataFrame ``Columns.to_frame`` gives, ``kind`` a category); to CSV as that
-    DataFrame."""
-    from sim.trace.columns import Columns
-
-    with atomic_path(path) as tmp:
-        if Path(path).suffix == ".parquet":
-            if isinstance(df, Columns):
-                import pyarrow.parquet
-
-                batches = df.arrow_batches(ROW_GROUP_ROWS)  # a row group's typed copies at a time
-                first = next(batches)
-                # dictionary encoding for the category and text columns only: on the times and
-                # counts (pyarrow's default, what to_parquet did) it built hash tables for
-                # nothing: 2.5x the CPU, 14 MiB more at the peak and a 17% larger steps file
-                text = [name for name in df.names if name in df.categories or df[name].dtype == object]
-                with pyarrow.parquet.ParquetWriter(tmp, first.schema, use_dictionary=text) as writer:
-                    writer.write_table(first)
-                    for batch in batches:
-                        writer.write_table(batch)
-            else:
-                df.to_parquet(tmp, index=False)
-            import pyarrow  # imported by to_parquet
-
-            pyarrow.default_memory_pool().release_unused()  # the Arrow copy's memory back to the system
-        else:
-            from sim.output.csv_writer import write_csv  # to_csv's bytes, faster on long float tables
-
-            write_csv(df.to_frame() if isinstance(df, Columns) else df, tmp)
-
-
-RUN_FILES = re.compile(r"^(?:(?:steps|requests|itl)_[a-z0-9_]+\.(?:csv|parquet)|gaps\.png|metrics\.png|timeline\.png"
-                       r"|trace\.json(?:\.gz)?)$")
-
-
-def stale_run_files(out_dir: Path) -> list[Path]:
-    """What an earlier ``run`` wrote into ``out_dir`` (its tables, plots and default Chrome
-    trace, all derived from that run), which a new run replaces so that no stale file sits
-    beside the new summary (:func:`sim.atomic.staged_folder` moves them aside). Only a folder
-    holding a run's ``summary.json`` has them, and only the file names a run writes
-    (:data:`RUN_FILES`)."""
-    out_dir = Path(out_dir)
-    try:
-        payload = json.loads((out_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return []
-    if not isinstance(payload, dict) or "settings" not in payload:
-        return []
-    return [p for p in out_dir.iterdir() if p.is_file() and RUN_FILES.match(p.name)]
-
-
-def write_tables(out_dir: Path, result, table_format: str = "parquet", tables: str = "steps") -> list[Path]:
-    """Write one run's ``steps_/requests_/itl_<setting>.<fmt>`` into ``out_dir`` (``result``: a
-    :class:`sim.simulate.Result`; ``tables``: which of its tables exist), each file atomically.
-    Returns the paths written."""
-    kinds = {"steps": ("steps", "requests", "itl"), "summary": ("requests",), "none": ()}[tables]
-    written = []
-    for kind in kinds:
-        path = Path(out_dir) / f"{kind}_{result.setting}.{table_format}"
-        atomic_write_frame(result.columns(kind), path)
-        written.append(path)
-    return written
-
-
-def write_results(out_dir: Path, payload: dict, results: Iterable, table_format: str = "parquet",
-                  tables: str = "steps") -> list[Path]:
-    """Write ``summary.json`` and per-setting ``steps_/requests_/itl_<setting>.<fmt>`` into
-    ``out_dir`` (``tables``: which tables exist, see :func:`sim.simulate`), each file
-    atomically. Returns the paths written."""
-    out_dir = Path(out_dir)
-    written = [path for res in results for path in write_tables(out_dir, res, table_format, tables)]
-    path = out_dir / "summary.json"
-    atomic_write_text(path, json.dumps(payload, indent=2) + "\n")
-    written.append(path)
-    return written

@@ -2,7 +2,7 @@
 recorder hands them over, summarised and written as Parquet without pandas.
 
 ``overlap-sim run`` reads a run's tables twice, for the summary (:func:`sim.trace.metrics.summarize`)
-and to write them (:func:`sim.output.report.write_tables`); neither needs a DataFrame, and
+and to write them (:func:`sim.output.run_files.write_tables`); neither needs a DataFrame, and
 importing pandas costs about 0.19 s of CPU and 45 MiB of memory (measured 5 December 2026, issue
 31: the default mode's cost over the streamed one). :class:`Columns` is what both read; a
 :class:`sim.simulate.Result`'s ``steps``, ``requests`` and ``itl`` still give DataFrames, built

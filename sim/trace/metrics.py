@@ -100,6 +100,12 @@ def ttft_growth(n: int, st: float, stt: float, sy: float, sty: float) -> float:
     return (n * sty - st * sy) / den
 
 
+def growth_words(growth: float) -> str:
+    """A TTFT growth (``ttft_growth``, seconds a second of arrivals) in words: ``"1.62 s"`` from a
+    second a second on, else ``"316 ms"``."""
+    return f"{growth:.2f} s" if growth >= 1 else f"{growth * 1e3:.0f} ms"
+
+
 GROWTH_WARN = 0.05  # TTFT gained per second of arrivals beyond which an open loop's queue grew
 
 

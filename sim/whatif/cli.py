@@ -17,7 +17,8 @@ from rich.table import Table
 from sim.commands import add_no_leap_argument, apply_no_leap, command, output_path
 from sim.errors import UserInputError
 from sim.output.report import jsonable, ratio_pair
-from sim.whatif.verdict import add_run_cv_argument, check_run_cv, sweep_verdict_line, verdict_platform_note
+from sim.whatif.sweep_verdict import sweep_verdict_line
+from sim.whatif.verdict import add_run_cv_argument, check_run_cv, verdict_platform_note
 from sim.whatif import transfer_cli  # noqa: F401  registers `overlap-sim transfer`
 
 _err = Console(stderr=True)
@@ -180,7 +181,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _grounds(plan) -> dict[int, tuple]:
-    """Each grid point's grounds for its verdict (:func:`sim.whatif.verdict.sweep_verdict_line`):
+    """Each grid point's grounds for its verdict (:func:`sim.whatif.sweep_verdict.sweep_verdict_line`):
     (its server section, its profile's metadata or None, whether its costs are placeholders, what
     its profile's stated uncertainties are, whether its load is an open loop), each profile's
     metadata read once."""
@@ -227,7 +228,7 @@ def _write_variance(out: Path, table) -> None:
     ratio_ci.csv: overlap/normal (vLLM: async/sync) 95% t-interval of the main metrics per point."""
     import pandas as pd
 
-    from sim.output.report import atomic_write_frame
+    from sim.output.run_files import atomic_write_frame
     from sim.trace.metrics import SUMMARY_KEYS
     from sim.whatif.variance import ratio_ci, spread
 
@@ -303,7 +304,7 @@ def _stop_progress(progress, failed: bool) -> None:
 def _run_inputs(results: Path) -> list[Path]:
     """The files of the run folder ``results`` that ``trace`` reads: its summary and tables (none
     if it is not a folder)."""
-    from sim.output.report import RUN_FILES
+    from sim.output.run_files import RUN_FILES
 
     if not results.is_dir():
         return []
@@ -387,7 +388,7 @@ def _log_args(p: argparse.ArgumentParser) -> None:
 def cmd_log(args: argparse.Namespace) -> int:
     from sim.engines.sglang.server_log import parse_log
     from sim.output.plots import _save
-    from sim.output.report import atomic_write_frame
+    from sim.output.run_files import atomic_write_frame
     from sim.whatif.plots import log_timeline
 
     from sim.atomic import check_output_dir

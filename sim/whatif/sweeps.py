@@ -27,7 +27,8 @@ import pandas as pd
 import yaml
 
 from sim.errors import UserInputError, shown_override
-from sim.output.report import atomic_write_frame, atomic_write_text, jsonable
+from sim.output.report import jsonable
+from sim.output.run_files import atomic_write_frame, atomic_write_text
 from sim.model.schema import MAX_SEED
 from sim.scenario import Scenario, load_scenario
 from sim.simulate import check

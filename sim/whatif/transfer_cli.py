@@ -144,7 +144,7 @@ def cmd_transfer(args: argparse.Namespace) -> int:
     from sim.atomic import check_output_file
     from sim.model.profile import load_profile
     from sim.model.transfer import transfer_profile, vllm_decode_max
-    from sim.output.report import atomic_write_text
+    from sim.output.run_files import atomic_write_text
 
     curves = curve_table(args.profile)
     profile = load_profile(args.profile, curves)

@@ -1,5 +1,6 @@
-"""The verdict line of ``run`` and ``sweep``: keep the overlapping loop on, turn it off, or no
-difference a single A/B run could see, with the predicted gain and the noise that would hide it.
+"""The verdict line of ``run``: keep the overlapping loop on, turn it off, or no difference a
+single A/B run could see, with the predicted gain, the noise that would hide it and what the
+answer stands on (a sweep's line, over its points: :mod:`sim.whatif.sweep_verdict`).
 
 The rule (docs/what-if.md#the-verdict-line). One A/B run is one run of each setting on separately
 started servers. Each run's output throughput carries a multiplicative run-to-run noise: lognormal
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Optional
 
 from sim.trace.metrics import served
@@ -243,6 +243,9 @@ class Verdict:
     def _standing_clause(self) -> str:
         """What the answer stands on: the stated range, the share of extrapolated steps, or
         placeholder costs (empty for a measured profile used inside its grid)."""
+        from sim.model.reach import reach_words
+        from sim.trace.metrics import growth_words
+
         out = ""
         if self.accept_length is not None:
             an, ad = self.accept_length
@@ -250,12 +253,12 @@ class Verdict:
             out += (f"; speculative decoding: {an:.2f} ({num}) and {ad:.2f} ({den}) tokens per verify step per "
                     "request as drawn from the given acceptance (server.speculative, not measured)")
         if self.placeholder:
-            out += "; on the scenario's inline cost terms (placeholders: no device was measured)"
+            out += PLACEHOLDER_CLAUSE
         for caveat in self.caveats:
             out += f"; {caveat}"
         if self.queue_growth:
             names = " and ".join(name for name, _ in self.queue_growth)
-            rates = " and ".join(f"+{g:.2f} s" if g >= 1 else f"+{g * 1e3:.0f} ms" for _, g in self.queue_growth)
+            rates = " and ".join(f"+{growth_words(g)}" for _, g in self.queue_growth)
             out += (f"; the queue grew through the run with {names} (TTFT {rates} per second of arrivals): near or "
                     "above capacity this open loop answers for its length, not for a steady state")
         if self.stated_range is not None:
@@ -273,15 +276,13 @@ class Verdict:
                     holds = f"'{words[low]}' at both ends"
                 out += f"; over {'; '.join(what)}: ratio {lo:.3f}-{hi:.3f}x, {holds}"
         if self.range_skipped:
-            out += (f"; not simulated over {'; '.join(self.range_skipped)} ({self.range_skipped_by}): the answer's "
-                    "range is unknown")
+            out += not_simulated(self.range_skipped, self.range_skipped_by, "answer's")
         if self.extrapolated_share > 0:
             from sim.model.reach import FAR
 
             share = f"{self.extrapolated_share:.0%}" if self.extrapolated_share >= 0.005 else "under 1%"
-            out += (f"; {share} of the steps priced beyond the profile's measured data (extrapolated, up to "
-                    f"x{self.max_extrapolation:.1f} its range, as the ratio of x + 1 and the measured edge + 1"
-                    + (f"; the farthest on {self.max_extrapolation_at}" if self.max_extrapolation_at else ""))
+            out += (f"; {share} of the steps priced beyond the profile's measured data (extrapolated, "
+                    f"{reach_words(self.max_extrapolation, self.max_extrapolation_at)}")
             if self.far_share > 0:
                 out += f"; {self.far_share:.0%} beyond x{FAR:g}, where no measurement stands behind the price"
             out += ")"
@@ -326,6 +327,15 @@ def verdict(summaries: dict[str, dict], run_cv: float, cv_source: str) -> Option
     accept = (float(a.get("spec_accept_length", math.nan)), float(b.get("spec_accept_length", math.nan)))
     return Verdict(decide(ratio, run_cv), pair, ratio, tpot, run_cv, cv_source, ttft_ms=ttft,
                    accept_length=accept if "spec_accept_length" in a or "spec_accept_length" in b else None)
+
+
+PLACEHOLDER_CLAUSE = "; on the scenario's inline cost terms (placeholders: no device was measured)"
+
+
+def not_simulated(what, why: str, whose: str) -> str:
+    """The clause on the stated uncertainties ``what`` that were not simulated, and ``why`` (the
+    flag, or a sweep's reason): ``whose`` range ("answer's", or a sweep's "answers'") is unknown."""
+    return f"; not simulated over {'; '.join(what)} ({why}): the {whose} range is unknown"
 
 
 def grounded(found: Verdict, server, meta: Optional[dict], placeholder: bool, pair: list[dict],
@@ -410,121 +420,3 @@ def check_run_cv(value: Optional[float]) -> None:
         hint = f": a fraction, {value / 100:g} for {value:g}%" if math.isfinite(value) and 1 < value <= 100 else ""
         raise UserInputError("--run-cv", "", f"a coefficient of variation as a fraction from 0 to {MAX_RUN_CV:g} "
                              f"(got {value!r}{hint})")
-
-
-def _point_summaries(rows) -> dict[str, dict]:
-    """One setting -> summary per setting over a sweep point's repeats: throughput the geometric mean
-    (so the ratio of two is the geometric mean of the paired ratios), TPOT the mean, served only if
-    every repeat served."""
-    import numpy as np
-
-    out = {}
-    for setting, g in rows.groupby("setting", sort=False):
-        thr = g["output_throughput"].astype(float).to_numpy()
-        all_served = all(served({"outcome": o, "completed": c}) for o, c in zip(
-            g["outcome"] if "outcome" in g else ["ok"] * len(g), g["completed"]))
-        out[setting] = {"outcome": "ok" if all_served else "failed", "completed": int(all_served),
-                        "output_throughput": float(np.exp(np.log(thr).mean())) if all_served and (thr > 0).all() else 0.0,
-                        "median_tpot_ms": float(g["median_tpot_ms"].astype(float).mean())}
-        for key in ("ttft_growth", "median_ttft_ms", "duration_s"):  # the repeats' mean (queue_grew)
-            if key in g:
-                out[setting][key] = float(g[key].astype(float).mean())
-        # the repeats' steps together, for the share priced beyond the profile's data (grounded)
-        for key in ("run_steps", "num_steps", "extrapolated_steps", "far_steps"):
-            if key in g:
-                out[setting][key] = int(np.nansum(g[key].astype(float).to_numpy()))
-        if "max_extrapolation" in g:  # the farthest repeat's distance, and where it lay
-            far = g["max_extrapolation"].astype(float).fillna(1.0).to_numpy()
-            out[setting]["max_extrapolation"] = float(far.max(initial=1.0))
-            if "max_extrapolation_at" in g and len(far):
-                at = g["max_extrapolation_at"].iloc[int(far.argmax())]
-                out[setting]["max_extrapolation_at"] = at if isinstance(at, str) else ""
-    return out
-
-
-SWEEP_NO_RANGE = "a sweep runs no corners: `overlap-sim run` of a point gives its range"
-
-
-def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device: str = "cuda",
-                       grounds: Optional[dict] = None) -> Optional[str]:
-    """The verdict of a sweep table (:func:`sim.whatif.sweeps.sweep`) as one line: points grouped by
-    answer, each with its throughput ratio (geometric mean over repeats). ``noise``: the scenario's
-    ``costs.noise``; a grid over ``costs.noise.run_gpu_cv``/``run_cpu_cv`` sets each point's CV.
-    ``grounds``: grid point index -> (its server section, its profile's metadata or None, whether
-    its costs are placeholders, what its profile's stated uncertainties are, whether its load is an
-    open loop): each point's verdict
-    is then grounded as a run's (:func:`grounded`: placeholders, caveats, steps beyond the
-    profile's data, another model's costs), its stated range said not simulated. None when the
-    settings hold no pair of :data:`PAIRS`."""
-    from dataclasses import replace
-
-    from sim.whatif.variance import grid_keys
-
-    keys = grid_keys(table)
-    found = []
-    for point, rows in table.groupby("point", sort=True):
-        values = {k: rows[k].iloc[0] for k in keys}
-        point_noise = SimpleNamespace(**{f: float(values.get(f"costs.noise.{f}", getattr(noise, f)))
-                                         for f in ("run_gpu_cv", "run_cpu_cv")})
-        cv, source = resolve_run_cv(run_cv_flag, point_noise, device)
-        summaries = _point_summaries(rows)
-        v = verdict(summaries, cv, source)
-        if v is None:
-            return None
-        if grounds is not None and not v.failed:
-            server, meta, placeholder, stated, open_loop = grounds[int(point)]
-            v = grounded(v, server, meta, placeholder, [summaries[s] for s in v.pair[:2]], open_loop)
-            if stated:
-                v = replace(v, range_skipped=tuple(stated), range_skipped_by=SWEEP_NO_RANGE)
-        found.append((values, v))
-    if len(found) == 1:
-        return found[0][1].line()
-    parts = []
-    for answer in (KEEP, OFF, UNSEEN, UNSURE):
-        mine = [(values, v) for values, v in found if v.answer == answer]
-        if not mine:
-            continue
-        head = mine[0][1].head()
-        where = ", ".join(
-            " ".join(f"{k}={values[k]}" for k in keys) + (f" ({v.throughput_ratio:.3f}x)" if not v.failed
-                                                          else f" ({v.failed} failed)")
-            for values, v in mine[:8])
-        more = len(mine) - 8
-        parts.append(f"{head} at {where}" + (f" and {more} more point{'s' if more > 1 else ''}" if more > 0 else ""))
-    cvs = sorted({round(v.run_cv, 6) for _values, v in found})
-    sources = sorted({v.cv_source for _values, v in found})
-    cv_text = (f"run-to-run CV assumed {cvs[0]:.1%} ({sources[0]}): one A/B run shows a ratio beyond "
-               f"{threshold_ratio(cvs[0]):.3f}x" if len(cvs) == 1 else
-               f"run-to-run CV per point ({', '.join(sources)})")
-    num, den = found[0][1].pair[:2]
-    return (f"verdict ({num}/{den} output throughput): " + "; ".join(parts) + _sweep_standing([v for _, v in found])
-            + f" [{cv_text}]")
-
-
-def _sweep_standing(found: list[Verdict]) -> str:
-    """What a sweep's answers stand on, over its points (:meth:`Verdict._standing_clause` of one
-    run, gathered): placeholder costs, the engines' caveats, the stated uncertainties a sweep does
-    not simulate, and at how many points steps were priced beyond the profile's data."""
-    from sim.model.reach import FAR
-
-    served = [v for v in found if not v.failed]
-    out = ""
-    if any(v.placeholder for v in served):
-        out += "; on the scenario's inline cost terms (placeholders: no device was measured)"
-    for caveat in dict.fromkeys(c for v in served for c in v.caveats):
-        out += f"; {caveat}"
-    if skipped := list(dict.fromkeys(w for v in served for w in v.range_skipped)):
-        out += f"; not simulated over {'; '.join(skipped)} ({SWEEP_NO_RANGE}): the answers' range is unknown"
-    if grew := sum(1 for v in served if v.queue_growth):
-        out += (f"; at {grew} of {len(served)} points the queue grew through the run (an open loop near or above "
-                "capacity: those answers are for this run's length, not a steady state)")
-    beyond = [v for v in served if v.extrapolated_share > 0]
-    if beyond:
-        far = sum(1 for v in beyond if v.far_share > 0)
-        farthest = max(beyond, key=lambda v: v.max_extrapolation)
-        out += (f"; at {len(beyond)} of {len(served)} points steps priced beyond the profile's measured data (up to "
-                f"x{farthest.max_extrapolation:.1f} its range, as the ratio of x + 1 and the measured edge + 1"
-                + (f"; the farthest on {farthest.max_extrapolation_at}" if farthest.max_extrapolation_at else "")
-                + (f"; at {far}, steps beyond x{FAR:g}, where no measurement stands behind the price" if far else "")
-                + ")")
-    return out

@@ -1,0 +1,130 @@
+"""The verdict line of ``sweep``: each grid point's verdict (:mod:`sim.whatif.verdict`'s rule
+over the point's repeats, grounded as a run's by :func:`sim.whatif.verdict.grounded`), the points
+grouped by answer, and what the answers stand on over all points.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Optional
+
+from sim.whatif.verdict import (KEEP, OFF, PLACEHOLDER_CLAUSE, UNSEEN, UNSURE, Verdict, grounded, not_simulated,
+                                resolve_run_cv, threshold_ratio, verdict)
+
+
+def _point_summaries(rows) -> dict[str, dict]:
+    """One setting -> summary per setting over a sweep point's repeats: throughput the geometric mean
+    (so the ratio of two is the geometric mean of the paired ratios), TPOT the mean, served only if
+    every repeat served."""
+    import numpy as np
+
+    from sim.whatif.variance import served_runs
+
+    out = {}
+    for setting, g in rows.groupby("setting", sort=False):
+        thr = g["output_throughput"].astype(float).to_numpy()
+        all_served = all(served_runs(g))
+        out[setting] = {"outcome": "ok" if all_served else "failed", "completed": int(all_served),
+                        "output_throughput": float(np.exp(np.log(thr).mean())) if all_served and (thr > 0).all() else 0.0,
+                        "median_tpot_ms": float(g["median_tpot_ms"].astype(float).mean())}
+        for key in ("ttft_growth", "median_ttft_ms", "duration_s"):  # the repeats' mean (queue_grew)
+            if key in g:
+                out[setting][key] = float(g[key].astype(float).mean())
+        # the repeats' steps together, for the share priced beyond the profile's data (grounded)
+        for key in ("run_steps", "num_steps", "extrapolated_steps", "far_steps"):
+            if key in g:
+                out[setting][key] = int(np.nansum(g[key].astype(float).to_numpy()))
+        if "max_extrapolation" in g:  # the farthest repeat's distance, and where it lay
+            far = g["max_extrapolation"].astype(float).fillna(1.0).to_numpy()
+            out[setting]["max_extrapolation"] = float(far.max(initial=1.0))
+            if "max_extrapolation_at" in g and len(far):
+                at = g["max_extrapolation_at"].iloc[int(far.argmax())]
+                out[setting]["max_extrapolation_at"] = at if isinstance(at, str) else ""
+    return out
+
+
+SWEEP_NO_RANGE = "a sweep runs no corners: `overlap-sim run` of a point gives its range"
+
+
+def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device: str = "cuda",
+                       grounds: Optional[dict] = None) -> Optional[str]:
+    """The verdict of a sweep table (:func:`sim.whatif.sweeps.sweep`) as one line: points grouped by
+    answer, each with its throughput ratio (geometric mean over repeats). ``noise``: the scenario's
+    ``costs.noise``; a grid over ``costs.noise.run_gpu_cv``/``run_cpu_cv`` sets each point's CV.
+    ``grounds``: grid point index -> (its server section, its profile's metadata or None, whether
+    its costs are placeholders, what its profile's stated uncertainties are, whether its load is an
+    open loop): each point's verdict
+    is then grounded as a run's (:func:`grounded`: placeholders, caveats, steps beyond the
+    profile's data, another model's costs), its stated range said not simulated. None when the
+    settings hold no pair of :data:`PAIRS`."""
+    from dataclasses import replace
+
+    from sim.whatif.variance import grid_keys
+
+    keys = grid_keys(table)
+    found = []
+    for point, rows in table.groupby("point", sort=True):
+        values = {k: rows[k].iloc[0] for k in keys}
+        point_noise = SimpleNamespace(**{f: float(values.get(f"costs.noise.{f}", getattr(noise, f)))
+                                         for f in ("run_gpu_cv", "run_cpu_cv")})
+        cv, source = resolve_run_cv(run_cv_flag, point_noise, device)
+        summaries = _point_summaries(rows)
+        v = verdict(summaries, cv, source)
+        if v is None:
+            return None
+        if grounds is not None and not v.failed:
+            server, meta, placeholder, stated, open_loop = grounds[int(point)]
+            v = grounded(v, server, meta, placeholder, [summaries[s] for s in v.pair[:2]], open_loop)
+            if stated:
+                v = replace(v, range_skipped=tuple(stated), range_skipped_by=SWEEP_NO_RANGE)
+        found.append((values, v))
+    if len(found) == 1:
+        return found[0][1].line()
+    parts = []
+    for answer in (KEEP, OFF, UNSEEN, UNSURE):
+        mine = [(values, v) for values, v in found if v.answer == answer]
+        if not mine:
+            continue
+        head = mine[0][1].head()
+        where = ", ".join(
+            " ".join(f"{k}={values[k]}" for k in keys) + (f" ({v.throughput_ratio:.3f}x)" if not v.failed
+                                                          else f" ({v.failed} failed)")
+            for values, v in mine[:8])
+        more = len(mine) - 8
+        parts.append(f"{head} at {where}" + (f" and {more} more point{'s' if more > 1 else ''}" if more > 0 else ""))
+    cvs = sorted({round(v.run_cv, 6) for _values, v in found})
+    sources = sorted({v.cv_source for _values, v in found})
+    cv_text = (f"run-to-run CV assumed {cvs[0]:.1%} ({sources[0]}): one A/B run shows a ratio beyond "
+               f"{threshold_ratio(cvs[0]):.3f}x" if len(cvs) == 1 else
+               f"run-to-run CV per point ({', '.join(sources)})")
+    num, den = found[0][1].pair[:2]
+    return (f"verdict ({num}/{den} output throughput): " + "; ".join(parts) + _sweep_standing([v for _, v in found])
+            + f" [{cv_text}]")
+
+
+def _sweep_standing(found: list[Verdict]) -> str:
+    """What a sweep's answers stand on, over its points (:meth:`Verdict._standing_clause` of one
+    run, gathered): placeholder costs, the engines' caveats, the stated uncertainties a sweep does
+    not simulate, and at how many points steps were priced beyond the profile's data."""
+    from sim.model.reach import FAR, reach_words
+
+    served = [v for v in found if not v.failed]
+    out = ""
+    if any(v.placeholder for v in served):
+        out += PLACEHOLDER_CLAUSE
+    for caveat in dict.fromkeys(c for v in served for c in v.caveats):
+        out += f"; {caveat}"
+    if skipped := list(dict.fromkeys(w for v in served for w in v.range_skipped)):
+        out += not_simulated(skipped, SWEEP_NO_RANGE, "answers'")
+    if grew := sum(1 for v in served if v.queue_growth):
+        out += (f"; at {grew} of {len(served)} points the queue grew through the run (an open loop near or above "
+                "capacity: those answers are for this run's length, not a steady state)")
+    beyond = [v for v in served if v.extrapolated_share > 0]
+    if beyond:
+        far = sum(1 for v in beyond if v.far_share > 0)
+        farthest = max(beyond, key=lambda v: v.max_extrapolation)
+        out += (f"; at {len(beyond)} of {len(served)} points steps priced beyond the profile's measured data ("
+                + reach_words(farthest.max_extrapolation, farthest.max_extrapolation_at)
+                + (f"; at {far}, steps beyond x{FAR:g}, where no measurement stands behind the price" if far else "")
+                + ")")
+    return out

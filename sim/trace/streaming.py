@@ -24,6 +24,9 @@ from sim.trace.columns import Columns
 from sim.trace.recorder import FAILURE_KINDS, REQUEST_COLUMNS, TraceRecorder, rows_to_columns
 from sim.trace.sketch import Stat, running_sum
 
+FLUSH_AT = 1024  # pending steps held before a window end's advance counts them (:meth:`StreamingRecorder._end_at`)
+
+
 class StreamingRecorder:
     """Drop-in for :class:`sim.trace.recorder.TraceRecorder` that keeps no step rows.
 
@@ -152,8 +155,7 @@ class StreamingRecorder:
         if r.warmup:
             return
         if r.finish_s > self.window_end:
-            self.window_end = r.finish_s
-            self._flush_pending()
+            self._end_at(r.finish_s)
         if r.status != FINISHED:
             self.failed += 1
             if r.failure in self.failures:
@@ -195,8 +197,7 @@ class StreamingRecorder:
         if not measured:
             return
         if measured[0].finish_s > self.window_end:  # (one time for all)
-            self.window_end = measured[0].finish_s
-            self._flush_pending()
+            self._end_at(measured[0].finish_s)
         ttfts, e2es, tpots = self._completed(measured)
         self.ttft.add_once_each(ttfts)
         self.e2e.add_once_each(e2es)
@@ -244,6 +245,16 @@ class StreamingRecorder:
             self._pending.append(rec)
         elif rec[1] > start:  # a forward running across the window start: its busy time inside only
             self._pending.append((start,) + rec[1:-1] + (False,))
+
+    def _end_at(self, end: float) -> None:
+        """The measured window now ends at ``end`` (seconds, later than before): the pending steps
+        all count. They are counted here only once :data:`FLUSH_AT` of them are held, or where
+        one's forward ends after ``end`` (its busy time is cut at the window's end as it stands
+        now): until then, each would add the same values in the same order at a later flush (a
+        forward that ended by ``end`` ends by any later end; every later finish is later)."""
+        self.window_end = end
+        if len(self._pending) >= FLUSH_AT or self._prev_forward_end > end:
+            self._flush_pending()
 
     def _flush_pending(self) -> None:
         """Count the pending steps: busy time up to the window end, and for the steps that

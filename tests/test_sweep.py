@@ -53,6 +53,11 @@ def test_unknown_grid_key_names_the_key():
     with pytest.raises(ScenarioError) as err:
         plan_sweep(sim.load_scenario(CLOSED), {"workload.concurency": [1, 2]})
     assert "workload.concurency" in str(err.value) and "unknown key" in str(err.value)
+    # the flag as given, every value: the key is wrong at every point, not at the first
+    assert str(err.value).startswith("--grid workload.concurency=1,2: ")
+    with pytest.raises(ScenarioError) as err:
+        plan_sweep(sim.load_scenario(CLOSED), {"server.setings": [["overlap"], ["normal"]]})
+    assert str(err.value).startswith("--grid server.setings=[overlap],[normal]: ")
 
 
 def test_sweep_matches_closed_form_per_point():

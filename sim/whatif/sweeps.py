@@ -100,6 +100,13 @@ def parse_grid(items: Iterable[str]) -> dict[str, list]:
     return grid
 
 
+def _grid_values(values: list) -> str:
+    """A grid key's values as ``--grid`` takes them (``1,8``; a list or mapping in YAML's flow
+    form): how an error about the key names the flag."""
+    return ",".join(yaml.safe_dump(v, default_flow_style=True, width=10**6).strip().removesuffix("\n...")
+                    if isinstance(v, (list, dict)) else str(v) for v in values)
+
+
 def _refuse_repeats(source: str, key: str, values) -> None:
     """Refuse a grid key's values when one is given twice (compared by ==: values need not hash).
 
@@ -166,8 +173,9 @@ def plan_sweep(scenario: Scenario, grid: dict[str, list], repeats: int = 1) -> l
         except UserInputError as err:
             key = next((k for k in keys if err.field == k or err.field.startswith(k + ".")
                         or k.startswith(err.field + ".")), None)
-            if key is not None:
-                raise type(err)(shown_override("--grid", f"{key}={values[key]}"), err.field, err.expected) from None
+            if key is not None:  # the key itself (every point would fail): the flag with all its values
+                shown = _grid_values(grid[key]) if err.expected.startswith("unknown key") else values[key]
+                raise type(err)(shown_override("--grid", f"{key}={shown}"), err.field, err.expected) from None
             if not values:  # the scenario itself: its own error
                 raise
             point_text = ", ".join(f"{k}={v}" for k, v in values.items())

@@ -152,21 +152,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         # table (by setting), and in --json's and summary.json's warnings
         by_setting = run_warnings(summaries, scenario.workload.arrival != "closed_loop")
         warned = [line for lines in by_setting.values() for line in lines]
-        payload = _run_summary_json(scenario, summaries, found, note, list(load) + warned)
+        # what the table's reader is warned of, in --json's and summary.json's "warnings" alike (the
+        # results' own, printed under the table by print_table, come first there)
+        before = [line for line in (device_mismatch(scenario.server.device, meta), reimplementation_warning(meta))
+                  if line] + list(load)
+        after = [line for line in (note, composed_note(meta)) if line]
+        payload = _run_summary_json(scenario, summaries, found, note, warned + before + after)
         atomic_write_text(stage / "summary.json", json.dumps(payload, indent=2) + "\n")
         if plots:
             from sim.output.plots import save_run_plots  # matplotlib only when plots are drawn
 
             save_run_plots(stage, scenario.name, {r.setting: r.steps for r in kept}, summaries,
                            {r.setting: r.requests for r in kept}, device=scenario.server.device)
-    # what the table's reader is warned of: the same lines in --json's "warnings" (the results'
-    # own, printed under the table by print_table, come first there)
-    before = [line for line in (device_mismatch(scenario.server.device, meta), reimplementation_warning(meta))
-              if line] + list(load)
-    after = [line for line in (note, composed_note(meta)) if line]
     if args.json:
-        out = {k: payload[k] for k in ("scenario", "seed", "settings", "ratios", "verdict")}
-        print(json.dumps({**out, "warnings": warned + before + after}))
+        print(json.dumps({k: payload[k] for k in ("scenario", "seed", "settings", "ratios", "verdict", "warnings")}))
     else:
         print_table(run_title(scenario.name, scenario.seed, scenario.server.device, meta), summaries,
                     streamed=args.tables != "steps", device=scenario.server.device, warned=by_setting)
@@ -207,7 +206,8 @@ def _run_answer(args: argparse.Namespace, scenario, summaries: dict[str, dict]) 
 
 def _run_summary_json(scenario, summaries: dict[str, dict], found, note: str | None, warnings: list[str]) -> dict:
     """summary.json of a run: the summaries and their ratios, the verdict, the scenario as run
-    and the load's warnings."""
+    and every warning the run prints (``warnings``, a list, empty when none: what ``--json``
+    prints under the same key)."""
     from sim.output.report import run_payload
 
     payload = run_payload(scenario.name, scenario.seed, summaries)
@@ -215,8 +215,7 @@ def _run_summary_json(scenario, summaries: dict[str, dict], found, note: str | N
     if note:
         payload["verdict"]["platform_note"] = note
     payload["scenario_config"] = scenario.model_dump(mode="json")
-    if warnings:
-        payload["warnings"] = warnings
+    payload["warnings"] = warnings
     return payload
 
 

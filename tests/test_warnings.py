@@ -54,7 +54,19 @@ def test_approximate_answers_say_so(run_cli, tmp_path, change, words):
 def test_a_plain_scenario_has_no_warnings(run_cli, tmp_path):
     code, out, _ = run_cli(["run", _scenario(tmp_path), "--out", tmp_path / "r", "--no-plots"])
     assert code == 0 and "warning:" not in out
-    assert "warnings" not in json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["warnings"] == []  # as --json gives them
+
+
+def test_summary_json_carries_what_json_prints(run_cli, tmp_path):
+    """The quickstart's profile (CPU phases from the bookkeeping re-implementation) warns under
+    the table: ``--json`` and ``summary.json`` carry the same lines."""
+    quickstart = os.path.join(os.path.dirname(__file__), "..", "scenarios", "quickstart.yaml")
+    args = ["run", quickstart, "--set", "workload.num_requests=12", "--set",
+            "workload.warmup_requests=2", "--no-plots", "--tables", "none", "--no-range"]
+    code, out, err = run_cli(args + ["--json", "--out", tmp_path / "j"])
+    assert code == 0, err
+    printed = json.loads(out)["warnings"]
+    assert printed and printed == json.loads((tmp_path / "j" / "summary.json").read_text())["warnings"]
 
 
 def test_a_cut_log_line_is_named_not_parsed(run_cli, tmp_path):

@@ -135,7 +135,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     if note := other_sweep_note(out, scenario, grid, args.repeats):
         print(note)
-    columns = (TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("points x repeats"),
+    points = len(plan) // args.repeats
+    counted = "points" if args.repeats == 1 else f"runs ({points} points x {args.repeats} repeats)"
+    columns = (TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TextColumn(counted),
                TimeElapsedColumn(), TimeRemainingColumn())
     # the bar starts with the first progress report, once the executor is up (a Dask scheduler
     # that cannot be reached is then one line, with no bar before it)

@@ -44,7 +44,9 @@ class Result:
             'extrapolated_steps', 'far_steps': steps priced beyond the calibration profile's data and
             beyond sim.model.reach.FAR of it, 'max_extrapolation': the largest distance,
             'max_extrapolation_at': the curve and axis that put the farthest step there ('' inside);
-            'spec_accept_length': with speculative decoding, tokens per verify step per request}.
+            'spec_accept_length': with speculative decoding, tokens per verify step per request;
+            'summary_extra': an engine's own summary keys, numbers (vLLM's ``frontend_in_beyond``,
+            ``frontend_in_pool``, ``frontend_in_measured_to``: :mod:`sim.engines.vllm.frontend`)}.
         metrics: the streamed metrics (tables 'summary'/'none'); None: computed from the tables.
         stats: {'sim_time_s', 'wall_s': seconds, 'steps', 'decode_steps': counts; SGLang runs also
             'leapt_steps': the steps taken by the leap over steady decode runs}.
@@ -111,6 +113,7 @@ class Result:
         out["run_steps"] = int(self.stats.get("steps", 0))
         if "spec_accept_length" in o:  # speculative decoding: tokens per verify step per request, as drawn
             out["spec_accept_length"] = float(o["spec_accept_length"])
+        out.update(o.get("summary_extra", {}))  # an engine's own counts (vLLM: frontend_in beyond its data)
         out["outcome"] = o.get("status", "ok")
         if o.get("status") != "ok":
             out["outcome_reason"] = o.get("reason", "")

@@ -14,13 +14,17 @@ from tests.vllm_helpers import CONSTANT, vllm_scenario, write_profile
 
 
 class Costs:
-    """Constant front-end costs: ``L`` latency, ``w`` work per request, ``out`` per step's request."""
+    """Constant front-end costs: ``L`` latency, ``w`` work per request, ``out`` per step's request;
+    ``edge``: the largest burst measured (None: no data, nothing beyond it)."""
 
-    def __init__(self, latency_s: float, work_s: float, out_s: float = 0.0):
-        self.line, self.out = (latency_s, work_s), out_s
+    def __init__(self, latency_s: float, work_s: float, out_s: float = 0.0, edge: int | None = None):
+        self.line, self.out, self.edge = (latency_s, work_s), out_s, edge
 
     def frontend_in_line(self):
         return self.line
+
+    def frontend_in_edge(self):
+        return self.edge
 
     def frontend_s(self, kind: str, num_reqs: int) -> float:
         assert kind in ("out", "work")  # no frontend_work curve: the whole latency is the work
@@ -165,3 +169,57 @@ def test_the_held_output_cost_never_exceeds_the_largest_measured_point(values, n
     assert 0.0 <= got <= max(values) * (1 + 1e-12)
     if num_reqs >= grid[-1]:
         assert got == pytest.approx(values[-1])
+
+
+@pytest.mark.parametrize("edge, beyond", [(None, 0), (8, 0), (5, 3), (1, 7)])
+def test_requests_entering_a_pool_larger_than_the_measured_burst_are_counted(edge, beyond):
+    """8 requests sent together enter the pool one after another: the (edge + 1)-th to the 8th
+    find it holding more than the largest burst measured."""
+    env = simpy.Environment()
+    api = ApiServer(env, Costs(0.004, 0.002, edge=edge), lambda rid, at, sent: None)
+    for rid in range(8):
+        api.ingress(rid, 0.0)
+    env.run()
+    assert (api.entered_beyond, api.most_in_pool) == (beyond, 8)
+
+
+def test_a_run_whose_first_burst_exceeds_frontend_ins_data_says_so(tmp_path):
+    """frontend_in measured at bursts of 1 and 2; 5 clients send at once: 3 requests enter a
+    pool beyond the data, the summary counts them and the run warns; 2 clients: nothing."""
+    import json
+
+    from sim.output.report import run_warnings
+    from tests.vllm_helpers import make_profile
+
+    profile = make_profile(frontend={"in": 0.006})
+    profile["curves"]["vllm.frontend_in"] = {"axes": ["num_reqs"], "grid": [[1, 2]], "values_s": [6e-3, 8e-3]}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile))
+    for c, beyond in ((5, 3), (2, 0)):
+        for setting in ("async", "sync"):
+            summary = sim.simulate(vllm_scenario(profile=str(path), c=c), setting, tables="none").summary()
+            warned = run_warnings({setting: summary}).get(setting, [])
+            if beyond:
+                assert (summary["frontend_in_beyond"], summary["frontend_in_pool"],
+                        summary["frontend_in_measured_to"]) == (beyond, c, 2)
+                assert any("3 requests entered vLLM's API server" in w and "up to 5 at once" in w for w in warned)
+            else:
+                assert "frontend_in_beyond" not in summary and not warned
+
+
+def test_a_sweep_says_at_how_many_points_requests_entered_beyond_frontend_ins_data(tmp_path):
+    import json
+
+    from sim.whatif.sweep_verdict import sweep_verdict_line
+    from tests.vllm_helpers import make_profile
+
+    profile = make_profile(frontend={"in": 0.006})
+    profile["curves"]["vllm.frontend_in"] = {"axes": ["num_reqs"], "grid": [[1, 2]], "values_s": [6e-3, 8e-3]}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile))
+    scenario = sim.load_scenario(vllm_scenario(profile=str(path), c=2, n=10))
+    table = sim.sweep(scenario, {"workload.concurrency": [2, 5]}, workers=1)
+    line = sweep_verdict_line(table, scenario.costs.noise, device="cpu")
+    assert "at 1 of 2 points requests entered vLLM's API server" in line and "(to 2; up to 5 at once)" in line
+    one = sim.sweep(scenario, {"workload.concurrency": [5]}, workers=1)
+    assert "at 1 of 1 points requests entered" in sweep_verdict_line(one, scenario.costs.noise, device="cpu")

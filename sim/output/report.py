@@ -145,8 +145,10 @@ def console_width() -> int | None:
 def run_warnings(summaries: dict[str, dict], open_loop: bool = False) -> dict[str, list[str]]:
     """What a run's results warn of, per setting (printed under the table, in ``--json``'s and
     ``summary.json``'s ``warnings``): steps priced beyond the profile's data (how many, how far by
-    :func:`sim.model.reach.distance`, and the farthest curve and axis), and in an open loop
-    (``open_loop``) a queue that grew through the run (:func:`sim.trace.metrics.queue_grew`)."""
+    :func:`sim.model.reach.distance`, and the farthest curve and axis), requests that entered
+    vLLM's API server in a pool larger than its ``frontend_in`` data (``frontend_in_beyond``),
+    and in an open loop (``open_loop``) a queue that grew through the run
+    (:func:`sim.trace.metrics.queue_grew`)."""
     from sim.model.reach import reach_words
     from sim.trace.metrics import growth_words, queue_grew
 
@@ -161,6 +163,11 @@ def run_warnings(summaries: dict[str, dict], open_loop: bool = False) -> dict[st
                          f"calibration profile's measured data ({reach_words(s.get('max_extrapolation', 1.0), at)}"
                          f"{far}); their costs are extrapolated, or held at the edge where the profile's note says "
                          f"so (measure that curve further: {how})")
+        if s.get("frontend_in_beyond"):  # vLLM's API server (sim.engines.vllm.frontend)
+            lines.append(f"warning: {name}: {s['frontend_in_beyond']} requests entered vLLM's API server while it held "
+                         f"more than the largest burst vllm.frontend_in was measured at ({s['frontend_in_measured_to']}; "
+                         f"up to {s['frontend_in_pool']} at once): their way to the engine extends the curve's line "
+                         "past its data (measure larger bursts: docs/vllm.md, the vLLM profile)")
         if open_loop and queue_grew(s):
             rise = growth_words(s["ttft_growth"])
             lines.append(f"warning: {name}: the queue grew through the run: TTFT rose {rise} per second of arrivals "

@@ -79,7 +79,7 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
                 v = replace(v, range_skipped=tuple(stated), range_skipped_by=SWEEP_NO_RANGE)
         found.append((values, v))
     if len(found) == 1:
-        return found[0][1].line()
+        return found[0][1].line() + _frontend_in_clause(table)
     parts = []
     for answer in (KEEP, OFF, UNSEEN, UNSURE):
         mine = [(values, v) for values, v in found if v.answer == answer]
@@ -99,7 +99,21 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
                f"run-to-run CV per point ({', '.join(sources)})")
     num, den = found[0][1].pair[:2]
     return (f"verdict ({num}/{den} output throughput): " + "; ".join(parts) + _sweep_standing([v for _, v in found])
-            + f" [{cv_text}]")
+            + _frontend_in_clause(table) + f" [{cv_text}]")
+
+
+def _frontend_in_clause(table) -> str:
+    """At how many points requests entered vLLM's API server in a pool larger than the largest
+    burst ``vllm.frontend_in`` was measured at (the summaries' ``frontend_in_beyond``, which a
+    run warns of: :mod:`sim.engines.vllm.frontend`); '' at none."""
+    if "frontend_in_beyond" not in table:
+        return ""
+    beyond = table[table["frontend_in_beyond"].fillna(0) > 0]
+    if beyond.empty:
+        return ""
+    return (f"; at {beyond['point'].nunique()} of {table['point'].nunique()} points requests entered vLLM's API server "
+            f"in a pool beyond the bursts vllm.frontend_in was measured at (to {int(beyond['frontend_in_measured_to'].min())}; "
+            f"up to {int(beyond['frontend_in_pool'].max())} at once): their way in extends the curve's line")
 
 
 def _sweep_standing(found: list[Verdict]) -> str:

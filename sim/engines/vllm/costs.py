@@ -169,6 +169,12 @@ class VllmProfileCosts:
         w = min(w, one)
         return one - w, w
 
+    def frontend_in_edge(self) -> int | None:
+        """The largest burst ``vllm.frontend_in`` was measured at (requests sent together), the
+        end of the data :meth:`frontend_in_line` draws its line through; None without the curve."""
+        curve = self._frontend["in"]
+        return None if curve is None else int(max(curve.grid[0]))
+
     def phase_s(self, name: str, num_reqs: int) -> float:
         """CPU (or latency) time of phase ``name`` (one of :data:`PHASES`) for ``num_reqs`` requests."""
         return self._cpu[name](num_reqs) * self.cpu_scale
@@ -281,6 +287,10 @@ class VllmInlineCosts:
 
     def frontend_in_line(self) -> tuple[float, float]:
         return 0.0, 0.0
+
+    def frontend_in_edge(self) -> None:
+        """The inline terms measured no burst: None."""
+        return None
 
     def pickup_s(self, num_reqs: int) -> float:
         """The inline terms have no RPC pickup: 0."""

@@ -51,6 +51,13 @@ Modelled (:class:`ApiServer`), from what the calibration measured (``vllm.fronte
   1.1-1.3x). Such steps count as priced beyond the data (:mod:`sim.model.reach`, the
   verdict's extrapolated and far shares), so the answer says it rests on them.
 
+  Beyond the largest burst ``frontend_in`` was measured at (``n``), a pool of more requests
+  extends the line ``L + k w`` past its data: :class:`ApiServer` counts the requests that enter
+  a pool of more than ``n`` and the largest pool, and the run warns of them
+  (``frontend_in_beyond``, ``frontend_in_pool`` in its summary; the steps' reach does not count
+  them: they are requests, not steps). A closed loop of more clients than ``n`` starts with such
+  a burst, its first sends.
+
 Simplifications, stated: the two directions do not slow each other (one event loop in the real
 server); the latencies are measured end to end from the client, so they include the trips
 through ZMQ and the loopback HTTP connection; the API server shares a core with the engine core
@@ -76,7 +83,8 @@ class ApiServer:
     Args:
         env: the SimPy environment.
         costs: a vLLM cost model with ``frontend_s(kind, num_reqs)`` (seconds; ``kind`` "in" or
-            "out") and ``frontend_in_line()`` -> ``(L, w)`` seconds.
+            "out"), ``frontend_in_line()`` -> ``(L, w)`` seconds and ``frontend_in_edge()`` -> the
+            largest burst measured (requests; None: none).
         enqueue: ``enqueue(rid, at_engine_s, sent_s)``, called when a request reaches the engine
             core's input queue.
     """
@@ -84,6 +92,10 @@ class ApiServer:
     def __init__(self, env: simpy.Environment, costs, enqueue: Callable[[int, float, float], None]):
         self.env, self.costs, self.enqueue = env, costs, enqueue
         self.latency_s, self.work_s = costs.frontend_in_line()
+        edge = costs.frontend_in_edge()
+        self.measured_to = edge if edge is not None else float("inf")  # the largest burst measured (requests)
+        self.most_in_pool = 0  # the most requests the pool held at once
+        self.entered_beyond = 0  # requests that entered a pool of more than measured_to
         self.free_s = 0.0  # when the output side has finished every step charged so far (s)
         self._left_s = -float("inf")  # when the last request left the API server (s)
         self._jobs: dict[int, list[float]] = {}  # rid -> [work left s, sent s]
@@ -109,6 +121,11 @@ class ApiServer:
         del self._entering[rid]
         self._advance()
         self._jobs[rid] = [self.work_s, send_s]
+        held = len(self._jobs)
+        if held > self.most_in_pool:
+            self.most_in_pool = held
+        if held > self.measured_to:  # its handler shares the loop with more than were measured
+            self.entered_beyond += 1
         self._poke()
 
     def earliest_enqueue_s(self) -> float:

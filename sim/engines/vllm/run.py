@@ -94,6 +94,10 @@ def run_vllm(scenario, setting: str, specs: RequestSpecs, warmup: int, recorder,
                **reach_outcome(costs)}
     if scheduler.accept is not None:  # tokens per verify step per request, as drawn
         outcome["spec_accept_length"] = scheduler.accept.mean_accept_length
+    front = core.frontend
+    if front.entered_beyond:  # requests whose way in extends frontend_in's line past its data
+        outcome["summary_extra"] = {"frontend_in_beyond": front.entered_beyond, "frontend_in_pool": front.most_in_pool,
+                                    "frontend_in_measured_to": int(front.measured_to)}
     stats = {"sim_time_s": env.now, "steps": scheduler.next_step_seq,
              "leapt_steps": core.leap.leapt if core.leap is not None else 0}
     return outcome, stats

@@ -86,6 +86,28 @@ def test_metric_bars_label_values_with_units_and_the_ratio_to_normal():
         assert not any("e+" in t for t in _tick_labels(ax))
 
 
+def test_a_server_that_died_is_said_in_every_plot_not_drawn_as_zero_gaps(tmp_path):
+    """The kv-pressure scenario's overlap server dies (the seed document's OOM): the table says
+    "server died" for its idle share and gaps, and so do the plots (no 0 ms gap bar, no ratio
+    of a setting that stopped serving, no idle share of a window it did not serve through)."""
+    out = tmp_path / "r"
+    assert main(["run", str(ROOT / "scenarios" / "kv-pressure.yaml"), "--out", str(out), "--plots"]) == 3
+    from sim.output.plots import _finding, _gap_finding, died_words
+
+    summaries = json.loads((out / "summary.json").read_text())["settings"]
+    died = died_words(summaries)
+    assert list(died) == ["overlap"] and died["overlap"].startswith("server died at t=0.")
+    texts = _texts(metric_bars(summaries, "t"))
+    assert "server died" in texts  # the gap panel: no bar, the words
+    assert not any("0 ms\n0.00× normal" in t for t in texts)
+    assert _finding(summaries) == f": overlap: {died['overlap']}"
+    assert _gap_finding(summaries, "cuda").endswith(f"under normal, overlap: {died['overlap']}")
+    steps = {s: pd.read_parquet(out / f"steps_{s}.parquet") for s in summaries}
+    title = gap_histogram(steps, "t", summaries=summaries)._suptitle.get_text()
+    assert title.startswith("t: idle ") and f"under normal; overlap: {died['overlap']}" in title
+    assert "under overlap" not in title
+
+
 def test_gap_data_is_the_summarys_measured_window(quick_runs):
     for setting, res in quick_runs.items():
         s = res.summary()

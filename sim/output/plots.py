@@ -35,6 +35,19 @@ MEASURED_COLOR = "#222222"
 ZERO_GAP_MS = 1e-6  # a gap under 1 ns is a forward queued behind the previous one: zero
 
 
+def died_words(summaries: Optional[dict[str, dict]]) -> dict[str, str]:
+    """Setting -> "server died at t=0.803 s" for each setting whose server died (its summary's
+    ``outcome`` not "ok"): the run's table says "server died" for its idle share and gaps, which
+    describe no serving after it, and the plots say so too."""
+    out = {}
+    for name, s in (summaries or {}).items():
+        if s.get("outcome", "ok") != "ok":
+            t = s.get("outcome_time_s")
+            at = f" at t={t:.3f} s" if isinstance(t, (int, float)) and math.isfinite(t) else ""
+            out[name] = f"server died{at}"
+    return out
+
+
 def setting_color(name: str, index: int = 0) -> str:
     """The colour of a setting (the same in every plot); unknown names take the next free colour."""
     if name in SETTING_COLORS:
@@ -166,6 +179,7 @@ def gap_histogram(steps: dict[str, pd.DataFrame], title: str,
     data = {n: measured_gaps(df, (requests or {}).get(n)) for n, df in steps.items()}
     colors = {n: setting_color(n, i) for i, n in enumerate(data)}
     labels = {}
+    died = died_words(summaries)
     for n, d in data.items():
         g = d["gaps_ms"]
         zero = int((g <= ZERO_GAP_MS).sum())
@@ -173,6 +187,8 @@ def gap_histogram(steps: dict[str, pd.DataFrame], title: str,
         mean = fmt_value(float(g.mean())) if len(g) else "n/a"
         share = (summaries or {}).get(n, {}).get("gpu_idle_fraction")
         idle_share = f"; {device_word(device)} idle {share:.1%} of the window" if isinstance(share, float) else ""
+        if n in died:  # (its gaps until then: no idle share of a window it did not serve through)
+            idle_share = f"; {died[n]}: its gaps until then"
         labels[n] = (f"{n}: {len(g):,} gaps, one before each of its {d['forwards']:,} forwards{idle}; {zero:,} back to "
                      f"back; mean {mean} ms{idle_share}")
     draw_gap_panels(fig, {n: d["gaps_ms"] for n, d in data.items()}, colors, labels, word=device_word(device))
@@ -181,8 +197,9 @@ def gap_histogram(steps: dict[str, pd.DataFrame], title: str,
             else "the whole run (no requests table: warm-up included)")
     shares = {n: (summaries or {}).get(n, {}).get("gpu_idle_fraction") for n in data}
     if all(isinstance(v, float) for v in shares.values()) and shares:
-        finding = ", ".join(f"{v:.1%} under {n}" for n, v in shares.items())
-        title = f"{title}: idle {finding}"
+        live = ", ".join(f"{v:.1%} under {n}" for n, v in shares.items() if n not in died)
+        dead = ", ".join(f"{n}: {died[n]}" for n in shares if n in died)
+        title = f"{title}: " + "; ".join(([f"idle {live}"] if live else []) + ([dead] if dead else []))
     fig.suptitle(f"{title}\n{what}", fontsize=9)
     return fig
 
@@ -202,17 +219,22 @@ def metric_bars(summaries: dict[str, dict], title: str, baseline: str | None = N
     names = list(summaries)
     baseline = baseline_of(names) if baseline is None else baseline
     colors = [setting_color(n, i) for i, n in enumerate(names)]
+    died = died_words(summaries)
     for ax, (key, label, unit, better) in zip(axes, SUMMARY_PANELS):
         label = label.replace("GPU", device_word(device))
         raw = [summaries[n].get(key) for n in names]
         vals = [float(v) if v is not None and not (isinstance(v, float) and math.isnan(v)) else math.nan
                 for v in raw]
+        if key == "mean_gap_ms":  # a server that died idles ever after: its gaps describe no serving (as the table)
+            vals = [math.nan if n in died else v for n, v in zip(names, vals)]
         bars = ax.bar(names, [0.0 if math.isnan(v) else v for v in vals], color=colors)
-        base = vals[names.index(baseline)] if baseline in names else math.nan
+        base = math.nan if baseline in died else (vals[names.index(baseline)] if baseline in names else math.nan)
         texts = []
         for n, v in zip(names, vals):
             t = f"{fmt_value(v)} {unit}" if not math.isnan(v) else "n/a"
-            if n != baseline and not math.isnan(v) and not math.isnan(base) and base != 0:
+            if n in died:
+                t = "server died" if math.isnan(v) else f"{t}\nserver died"
+            elif n != baseline and not math.isnan(v) and not math.isnan(base) and base != 0:
                 t += f"\n{v / base:.2f}× {baseline}"
             texts.append(t)
         ax.bar_label(bars, texts, fontsize=8, padding=2)
@@ -291,6 +313,9 @@ def _finding(summaries: dict[str, dict]) -> str:
     pair = ratio_pair(set(summaries))
     if not pair:
         return ""
+    died = died_words(summaries)
+    if any(n in died for n in pair):  # no ratio of a setting that stopped serving
+        return ": " + ", ".join(f"{n}: {died[n]}" for n in pair if n in died)
     a, b = (summaries[n] for n in pair)
     parts = []
     for key, name in (("output_throughput", "throughput"), ("median_tpot_ms", "TPOT")):
@@ -302,10 +327,14 @@ def _finding(summaries: dict[str, dict]) -> str:
 
 def _gap_finding(summaries: dict[str, dict], device: str) -> str:
     """': mean GPU gap 0.057 ms under overlap, 0.724 ms under normal' (or '')."""
-    gaps = {n: s.get("mean_gap_ms") for n, s in summaries.items()}
-    if not gaps or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in gaps.values()):
+    died = died_words(summaries)
+    gaps = {n: s.get("mean_gap_ms") for n, s in summaries.items() if n not in died}
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in gaps.values()):
         return ""
-    return f": mean {device_word(device)} gap " + ", ".join(f"{fmt_value(v)} ms under {n}" for n, v in gaps.items())
+    parts = [f"{fmt_value(v)} ms under {n}" for n, v in gaps.items()] + [f"{n}: {w}" for n, w in died.items()]
+    if not gaps:
+        return ": " + ", ".join(parts) if parts else ""
+    return f": mean {device_word(device)} gap " + ", ".join(parts)
 
 
 def save_run_plots(out_dir: Path, scenario_name: str, steps: dict[str, pd.DataFrame],

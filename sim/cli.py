@@ -134,6 +134,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sim.whatif.verdict import check_run_cv
 
     check_run_cv(args.run_cv)
+    if not args.no_plots and args.tables != "steps":  # (before anything runs or is written)
+        raise UserInputError("--plots", "", f"needs --tables steps: the plots are drawn from the steps tables, "
+                             f"which --tables {args.tables} does not keep")
     apply_no_leap(args)
     scenario = load_scenario(args.scenario, args.overrides)
     out_dir = check_output_dir(args.out or default_run_folder(scenario.name, args.overrides), "--out")
@@ -175,8 +178,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(found.line())
         for line in after:
             print(line)
-        if args.tables != "steps" and not args.no_plots:
-            print("no plots: they are drawn from the steps tables (--tables steps)")
         print(f"results written to {out_dir}/")
         if args.tables == "steps" and args.no_plots:
             print(f"plots: overlap-sim plots {out_dir}/ draws gaps.png, metrics.png and timeline.png from these "

@@ -260,6 +260,16 @@ def _(ctx):
     return ["run", str(ctx.tmp / "nope.yaml"), "--out", ctx.out], ["nope.yaml", "no such scenario file"]
 
 
+def _plots_without_steps(tables: str) -> None:
+    @case(f"run-plots-with-tables-{tables}")  # the plots are drawn from the steps tables
+    def _(ctx):
+        return ["run", ctx.scenario({}), "--tables", tables, "--plots", "--out", ctx.out], ["--plots", f"--tables {tables}"]
+
+
+for _tables in ("none", "summary"):
+    _plots_without_steps(_tables)
+
+
 @case("run-pipe-as-scenario")
 def _(ctx):
     os.mkfifo(ctx.tmp / "p.yaml")

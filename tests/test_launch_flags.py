@@ -61,6 +61,18 @@ def test_a_flag_the_server_refuses_is_an_error_naming_it(parse):
     assert err.value.field == "--frobnicate" and "unrecognized arguments" in str(err.value)
 
 
+@pytest.mark.parametrize("version, words", [
+    ("0.5.23", "the flags of SGLang 0.5.23)"),
+    ("0.5.22", "checked against SGLang 0.5.23's flags, the only release whose flag list is recorded here; "
+               "0.5.22's may differ"),
+])
+def test_a_refused_flag_names_the_release_whose_flags_were_checked(version, words):
+    """The flag list is 0.5.23's, used for every release: a refusal at another says so."""
+    with pytest.raises(UserInputError) as err:
+        sglang_args(["--model-pth", "x"], version=version)
+    assert words in str(err.value)
+
+
 @pytest.mark.parametrize("parse, args, choice", [
     (sglang_args, ["--grammar-backend", "bogus"], "xgrammar"),
     (sglang_args, ["--schedule-policy=lifo"], "fcfs"),

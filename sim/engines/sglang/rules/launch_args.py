@@ -98,6 +98,17 @@ def known_flags():
     return load(str(resources.files("sim.engines.sglang.rules").joinpath(FLAGS_FILE)))
 
 
+def _flags_words(release: Version) -> str:
+    """Which release's flag list a refused flag was checked against: the recorded one
+    (:data:`FLAGS_FILE`, used for every release), and where ``release`` is another, that its own
+    list may differ."""
+    recorded = known_flags().version
+    if str(release) == str(recorded):
+        return f"the flags of SGLang {recorded}"
+    return (f"checked against SGLang {recorded}'s flags, the only release whose flag list is recorded here; "
+            f"{release}'s may differ")
+
+
 def unmodelled(fields: dict) -> dict[str, str]:
     """ServerArgs field -> what it turns on, for each launch setting that changes the timeline in
     a way the simulator does not model (it runs one scheduler on one device decoding one token
@@ -239,15 +250,14 @@ def parse_launch_args(args: list[str], platform: str = "cuda", version: str | No
         if spec is None:
             if known is None:
                 raise UserInputError(source, name, f"not a flag of SGLang's server (python -m sglang.launch_server "
-                                     f"refuses it: unrecognized arguments; the flags of SGLang "
-                                     f"{known_flags().version})")
+                                     f"refuses it: unrecognized arguments; {_flags_words(ver)})")
             if raw is None and known[1]:
                 raw = value_after(tokens, i, name, source, "python -m sglang.launch_server")
                 i += 1
             shown = name if raw is None else f"{name} {raw}"
             if (allowed := known_flags().refuses(known[0], raw)) is not None:
                 raise UserInputError(source, name, f"{raw!r} is not one of {', '.join(allowed)} (SGLang's server "
-                                     f"refuses it: invalid choice; the flags of SGLang {known_flags().version})")
+                                     f"refuses it: invalid choice; {_flags_words(ver)})")
             if known[0] == "--model-path":  # the model: what the costs stand for, not a rule's input
                 model = raw
                 notes.append(f"{shown}: the model served, which the costs stand for (the profile's or the "

@@ -100,6 +100,26 @@ def test_sweep_line_groups_points():
     assert "no difference a single A/B run could see" in line and "beyond 1.057x" in line
 
 
+def test_a_sweep_says_where_its_repeats_interval_includes_1_under_a_definite_answer():
+    """Two repeats of ratios 1.30 and 0.95: the answer (geometric mean 1.111x against a 2% CV)
+    keeps overlap on, while the repeats' 95% t-interval spans 1: the line says both; repeats
+    that agree (1.10 and 1.10) add nothing, nor does a sweep without repeats."""
+    rows = []
+    for point, ratios in enumerate([(1.30, 0.95), (1.10, 1.10)]):
+        for repeat, r in enumerate(ratios):
+            for setting, thr in (("overlap", 100.0 * r), ("normal", 100.0)):
+                rows.append({"point": point, "workload.concurrency": [1, 8][point], "setting": setting,
+                             "repeat": repeat, "seed": repeat, "output_throughput": thr, "median_tpot_ms": 3.0,
+                             "completed": 10, "outcome": "ok"})
+    table = pd.DataFrame(rows)
+    quiet = SimpleNamespace(run_gpu_cv=0.0, run_cpu_cv=0.0)
+    line = sweep_verdict_line(table, quiet)
+    assert "keep overlap on" in line and "workload.concurrency=1 (1.111x)" in line
+    assert "the 95% interval of the ratio over the repeats includes 1 at workload.concurrency=1 (" in line
+    assert "over 2 repeats)" in line and "workload.concurrency=8 (1." not in line.split("includes 1 at")[1]
+    assert "includes 1" not in sweep_verdict_line(table[table["repeat"] == 0], quiet)
+
+
 class _Server:
     """A server section as grounded reads it: its caveats and whether it serves another model."""
 

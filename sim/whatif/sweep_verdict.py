@@ -79,7 +79,7 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
                 v = replace(v, range_skipped=tuple(stated), range_skipped_by=SWEEP_NO_RANGE)
         found.append((values, v))
     if len(found) == 1:
-        return found[0][1].line() + _frontend_in_clause(table)
+        return found[0][1].line() + _frontend_in_clause(table) + _interval_clause(table, found, keys)
     parts = []
     for answer in (KEEP, OFF, UNSEEN, UNSURE):
         mine = [(values, v) for values, v in found if v.answer == answer]
@@ -99,7 +99,33 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
                f"run-to-run CV per point ({', '.join(sources)})")
     num, den = found[0][1].pair[:2]
     return (f"verdict ({num}/{den} output throughput): " + "; ".join(parts) + _sweep_standing([v for _, v in found])
-            + _frontend_in_clause(table) + f" [{cv_text}]")
+            + _frontend_in_clause(table) + _interval_clause(table, found, keys) + f" [{cv_text}]")
+
+
+def _interval_clause(table, found: list, keys: list[str]) -> str:
+    """Where a point's answer is definite (keep or off) but the 95% interval of its ratio over
+    its repeats (``ratio_ci.csv``, :func:`sim.whatif.variance.ratio_ci`) includes 1: the two rules
+    say so together (the answer weighs the ratio against the assumed run-to-run CV; the interval
+    is the repeats' own spread, wide with few of them); '' without repeats or such points."""
+    if table.groupby("point")["repeat"].nunique().max() < 2:
+        return ""
+    from sim.whatif.variance import ratio_ci
+
+    num, den = found[0][1].pair[:2]
+    ci = ratio_ci(table, num=num, den=den).set_index("point")
+    crossing = []
+    for point, (values, v) in zip(sorted(table["point"].unique()), found):
+        if v.failed or v.answer not in (KEEP, OFF) or point not in ci.index:
+            continue
+        lo, hi, n = (float(ci.at[point, "ci_low"]), float(ci.at[point, "ci_high"]), int(ci.at[point, "n"]))
+        if lo <= 1.0 <= hi:
+            crossing.append(" ".join(f"{k}={values[k]}" for k in keys) + f" ({lo:.3f}-{hi:.3f} over {n} repeats)")
+    if not crossing:
+        return ""
+    return (f"; the 95% interval of the ratio over the repeats includes 1 at {', '.join(crossing[:8])}"
+            + (f" and {len(crossing) - 8} more" if len(crossing) > 8 else "")
+            + ": those answers rest on the assumed run-to-run CV, the repeats alone do not settle them "
+              "(more --repeats narrow the interval; ratio_ci.csv)")
 
 
 def _frontend_in_clause(table) -> str:

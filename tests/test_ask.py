@@ -60,6 +60,10 @@ def test_sglang_on_a_mac_runs_the_mlx_loops(run_cli, tmp_path):
     line = _verdict(out)
     assert "keep overlap on" in line and "died" in line
     assert yaml.safe_load((tmp_path / "scenario.yaml").read_text())["server"]["settings"] == ["overlap_mlx", "normal"]
+    # what it assumed of the Mac says so: the memory is the largest M3 Max's, the host its own cores
+    asked = next(line for line in out.splitlines() if line.startswith("asked:"))
+    assert "of 128 GB (the largest configuration's) less" in asked
+    assert "the card's host (its own CPU cores (12 performance + 4 efficiency)) assumed as fast as" in asked
 
 
 def test_an_open_loop_on_the_profiles_own_card_has_only_the_host_range(run_cli, tmp_path):

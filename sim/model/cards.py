@@ -13,7 +13,8 @@ the figures are the vendors', not measured here):
 
 A10G: an AWS-only variant of the A10 with no NVIDIA datasheet; its bandwidth and memory are the
 A10's (AWS's g5 page), its tensor throughput the figure Baseten's comparison gives. Apple's M-series
-share memory between CPU and GPU; ``memory_gb`` is the largest configuration's.
+share memory between CPU and GPU; ``memory_gb`` is the largest configuration's (``memory_largest``: a
+sizing from it says so).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Card:
     host: str
     source: str
     aliases: tuple[str, ...] = ()
+    memory_largest: bool = False  # memory_gb is the largest configuration sold (Apple's unified memory)
 
     @property
     def bandwidth_bytes_s(self) -> float:
@@ -46,6 +48,12 @@ class Card:
     @property
     def memory_bytes(self) -> float:
         return self.memory_gb * 1e9
+
+    @property
+    def memory_words(self) -> str:
+        """The memory a sizing assumes, in words ("80 GB"; "128 GB (the largest configuration's)" where
+        the card is sold with several)."""
+        return f"{self.memory_gb:g} GB" + (" (the largest configuration's)" if self.memory_largest else "")
 
 
 CARDS: dict[str, Card] = {c.key: c for c in (
@@ -80,17 +88,17 @@ CARDS: dict[str, Card] = {c.key: c for c in (
          "tensor with FP32 accumulate 165.2 TFLOPS dense, 1,008 GB/s)", ("nvidia geforce rtx 4090", "4090")),
     Card("m2-max", "Apple M2 Max", 96, 400, None, "its own CPU cores (8 performance + 4 efficiency)",
          "https://www.apple.com/newsroom/2023/01/apple-unveils-m2-pro-and-m2-max-next-generation-chips-for-next-"
-         "level-workflows/ (400 GB/s)"),
+         "level-workflows/ (400 GB/s)", memory_largest=True),
     Card("m2-ultra", "Apple M2 Ultra", 192, 800, None, "its own CPU cores (16 performance + 8 efficiency)",
-         "https://www.apple.com/newsroom/2023/06/apple-introduces-m2-ultra/ (800 GB/s)"),
+         "https://www.apple.com/newsroom/2023/06/apple-introduces-m2-ultra/ (800 GB/s)", memory_largest=True),
     Card("m3-max", "Apple M3 Max", 128, 400, None, "its own CPU cores (12 performance + 4 efficiency)",
          "https://www.apple.com/newsroom/2023/10/apple-unveils-m3-m3-pro-and-m3-max-the-most-advanced-chips-for-a-"
-         "personal-computer/ (up to 400 GB/s; the 14-core CPU version 300 GB/s)"),
+         "personal-computer/ (up to 400 GB/s; the 14-core CPU version 300 GB/s)", memory_largest=True),
     Card("m3-ultra", "Apple M3 Ultra", 512, 819, None, "its own CPU cores (24 performance + 8 efficiency)",
-         "https://www.apple.com/mac-studio/specs/ (819 GB/s)"),
+         "https://www.apple.com/mac-studio/specs/ (819 GB/s)", memory_largest=True),
     Card("m4-max", "Apple M4 Max", 128, 546, None, "its own CPU cores (12 performance + 4 efficiency)",
          "https://www.apple.com/newsroom/2024/10/apple-introduces-m4-pro-and-m4-max/ (up to 546 GB/s; the "
-         "14-core CPU version 410 GB/s)"),
+         "14-core CPU version 410 GB/s)", memory_largest=True),
 )}
 
 

@@ -133,8 +133,8 @@ def _profile(args: argparse.Namespace, card) -> tuple[dict, Path, list[str]]:
                      f"x{t['compute_ratio']:.2f}; ±{t['uncertainty_rel']:.0%} stated)")
     else:  # the profile's own card: only the host phases move (transfer_profile leaves the forward)
         steps.append(f"its forward as measured on {card.name}")
-    steps.append(f"the card's host assumed as fast as the profile's host ({meta.get('host_cpu')}): pass --host-speed "
-                 "to say otherwise" if args.host_speed == 1.0 else
+    steps.append(f"the card's host ({card.host}) assumed as fast as the profile's host ({meta.get('host_cpu')}): pass "
+                 "--host-speed to say otherwise" if args.host_speed == 1.0 else
                  f"the card's host x{args.host_speed:g} the profile's host's speed (--host-speed)")
     return moved, path, steps
 

@@ -147,6 +147,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     def on_progress(done: int, total: int) -> None:
         if state.pop("first", False):
+            sys.stdout.flush()  # (what was printed before the bar, ahead of it where both streams go to one file)
             progress.start()
             if done:
                 progress.console.print(f"resuming: {done} of {total} point runs already in {out}/points/")

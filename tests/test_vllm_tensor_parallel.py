@@ -145,6 +145,9 @@ class _FrontCosts:
     def frontend_in_line(self):
         return 0.0, 0.0
 
+    def frontend_in_edge(self):
+        return None
+
 
 @pytest.mark.parametrize("work", [None, 0.0005])
 def test_the_api_server_takes_only_its_own_work_in_turn(work):

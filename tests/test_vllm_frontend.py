@@ -202,7 +202,7 @@ def test_a_run_whose_first_burst_exceeds_frontend_ins_data_says_so(tmp_path):
             if beyond:
                 assert (summary["frontend_in_beyond"], summary["frontend_in_pool"],
                         summary["frontend_in_measured_to"]) == (beyond, c, 2)
-                assert any("3 requests entered vLLM's API server" in w and "up to 5 at once" in w for w in warned)
+                assert any("3 requests (warm-up included) entered vLLM's API server" in w and "up to 5 at once" in w for w in warned)
             else:
                 assert "frontend_in_beyond" not in summary and not warned
 

@@ -164,8 +164,9 @@ def run_warnings(summaries: dict[str, dict], open_loop: bool = False) -> dict[st
                          f"{far}); their costs are extrapolated, or held at the edge where the profile's note says "
                          f"so (measure that curve further: {how})")
         if s.get("frontend_in_beyond"):  # vLLM's API server (sim.engines.vllm.frontend)
-            lines.append(f"warning: {name}: {s['frontend_in_beyond']} requests entered vLLM's API server while it held "
-                         f"more than the largest burst vllm.frontend_in was measured at ({s['frontend_in_measured_to']}; "
+            lines.append(f"warning: {name}: {s['frontend_in_beyond']} requests (warm-up included) entered vLLM's API server "
+                         f"while it held more than the largest burst vllm.frontend_in was measured at "
+                         f"({s['frontend_in_measured_to']}; "
                          f"up to {s['frontend_in_pool']} at once): their way to the engine extends the curve's line "
                          "past its data (measure larger bursts: docs/vllm.md, the vLLM profile)")
         if open_loop and queue_grew(s):

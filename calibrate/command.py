@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from calibrate.cli import HELP, add_arguments, run
-from sim.commands import command
+from calibrate.shapes import NAMED_SHAPES
+from sim.commands import CALIBRATE_SHAPES, command
 
 command("calibrate", HELP, add_arguments)(run)
+CALIBRATE_SHAPES[:] = list(NAMED_SHAPES)  # (ask's recipe for a model without a shipped profile)
 
 from calibrate.host import compose  # noqa: E402
 

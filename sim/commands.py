@@ -52,6 +52,12 @@ def card_refusal(engine: str):
     return _registrar(CARD_REFUSALS, engine)
 
 
+# the model shapes `overlap-sim calibrate --model` knows by name (registered by calibrate.command
+# when the command line loads it; empty where calibration is not installed): `ask` writes a
+# calibration recipe for a model without a shipped profile from it
+CALIBRATE_SHAPES: list[str] = []
+
+
 def advisor(engine: str):
     """Decorator: register ``run(args) -> exit status`` as ``overlap-sim advise --engine engine``."""
     return _registrar(ADVISORS, engine)

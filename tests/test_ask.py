@@ -87,6 +87,20 @@ def test_an_unknown_model_on_a_card_the_engine_refuses_is_refused_for_the_card_f
     assert code == 2 and "parts/vllm-0.32.0-host-amd-epyc.json" in err and "--host-speed X" not in err
 
 
+def test_the_recipe_for_a_model_without_a_profile_is_a_calibration_calibrate_takes(run_cli, tmp_path):
+    """A shape calibrate knows by name is named; another gets a known shape with each dimension set
+    to the model's (calibrate refuses an unknown --model)."""
+    from sim.commands import CALIBRATE_SHAPES
+
+    args = ["--card", "l4", "--concurrency", "4", "--input-len", "8", "--output-len", "8", "--out", tmp_path / "o"]
+    code, _, err = run_cli(["ask", "--model", "qwen3-8b", *args])
+    assert code == 2 and "--model qwen3-8b --out dev.json" in err
+    assert "qwen3-8b" in CALIBRATE_SHAPES  # (registered by calibrate.command when the parser was built)
+    code, _, err = run_cli(["ask", "--model", "gpt-9", *args])
+    assert code == 2 and "--model gpt-9 " not in err
+    assert f"--model {CALIBRATE_SHAPES[-1]} --layers L --hidden H" in err and "each dimension set to gpt-9's" in err
+
+
 @pytest.mark.parametrize("argv, flag", [
     (["--card", "l4", "--model", "qwen3-8b", "--concurrency", "4", "--input-len", "8", "--output-len", "8"], "--model"),
     (["--card", "tpu", "--model", "llama-3.2-1b", "--concurrency", "4", "--input-len", "8", "--output-len", "8"], "--card"),

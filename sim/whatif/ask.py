@@ -28,7 +28,7 @@ import math
 import re
 from pathlib import Path
 
-from sim.commands import ASKERS, CARD_REFUSALS, COMMANDS, add_plots_arguments, command, output_path
+from sim.commands import ASKERS, CALIBRATE_SHAPES, CARD_REFUSALS, COMMANDS, add_plots_arguments, command, output_path
 from sim.errors import UserInputError
 
 PROFILES = Path(__file__).resolve().parents[2] / "scenarios" / "profiles"
@@ -107,6 +107,10 @@ def _profile(args: argparse.Namespace, card) -> tuple[dict, Path, list[str]]:
         have = ", ".join(m for e, m in sorted(SHIPPED) if e == args.engine)
         m = model_key(args.model)
         device = ("--backend mlx --device gpu" if card.key.startswith("m") else "--backend torch --device cuda")
+        if CALIBRATE_SHAPES and m not in CALIBRATE_SHAPES:  # a shape calibrate does not know by name: its dimensions
+            m = (f"{CALIBRATE_SHAPES[-1]} --layers L --hidden H --heads A --kv-heads K --vocab V --intermediate I "
+                 f"(a shape it knows, each dimension set to {args.model}'s, from its config.json; it knows "
+                 f"{', '.join(CALIBRATE_SHAPES)})")
         recipe = (f"overlap-sim calibrate {device} --model {m} --out dev.json; overlap-sim calibrate --engine sglang "
                   "--host-only --out host.json; overlap-sim compose dev.json host.json --out mine.json"
                   if args.engine == "sglang" else

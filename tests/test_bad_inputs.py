@@ -563,15 +563,15 @@ def _(ctx):
 
 SWEEPS = [
     ("grid-unknown-key", ["--grid", "workload.concurency=1,2"], ["--grid workload.concurency", "did you mean"]),
-    ("grid-bad-value", ["--grid", "workload.concurrency=1,0"], ["--grid workload.concurrency=0", "greater than"]),
+    ("grid-bad-value", ["--grid", "workload.concurrency=1,0"], ["--grid workload.concurrency=1,0 (at 0)", "greater than"]),
     ("grid-nan", ["--grid", "costs.gpu.scale=1,.nan"], ["--grid costs.gpu.scale", "finite"]),
     ("grid-inf", ["--grid", "costs.cpu.scale=.inf"], ["--grid costs.cpu.scale", "finite"]),
     ("grid-no-equals", ["--grid", "workload.concurrency"], ["--grid workload.concurrency", "KEY.PATH"]),
     ("grid-no-values", ["--grid", "workload.concurrency="], ["--grid workload.concurrency=", "at least one value"]),
     ("grid-key-twice", ["--grid", "seed=0,1", "--grid", "seed=2"], ["--grid seed=2", "twice"]),
     ("grid-value-twice", ["--grid", "workload.concurrency=1,2,1"], ["--grid workload.concurrency", "twice"]),
-    ("grid-seed-negative", ["--grid", "seed=0,-1"], ["--grid seed=-1", "seed"]),
-    ("grid-pool-too-small", ["--grid", "server.kv_pool_tokens=4096,8"], ["--grid server.kv_pool_tokens=8",
+    ("grid-seed-negative", ["--grid", "seed=0,-1"], ["--grid seed=0,-1 (at -1)", "seed"]),
+    ("grid-pool-too-small", ["--grid", "server.kv_pool_tokens=4096,8"], ["--grid server.kv_pool_tokens=4096,8 (at 8)",
                                                                             "every request would fail"]),
     ("grid-too-large", ["--grid", "seed=" + ",".join(map(str, range(20))), "--repeats", "100000"],
      ["--grid", "at most"]),

@@ -198,9 +198,10 @@ def test_cli_sweep_writes_table_and_plots(tmp_path, capsys):
     (["--grid", "workload.concurrency=1", "--scheduler", "tcp://127.0.0.1:1"], "--executor dask"),
     (["--grid", "workload.concurrency=1", "--executor", "dask", "--scheduler", "notaurl"], "--scheduler"),
     # combinations the runs check against the profile before their first step: refused before any point runs
-    (["--grid", "server.tp_size=1,2"], "--grid server.tp_size=2: server.tp_size"),
+    (["--grid", "server.tp_size=1,2"], "--grid server.tp_size=1,2 (at 2): server.tp_size"),
     (["--grid", "costs.profile=null"], "null is not a value a grid can take"),
-    (["--grid", "server.structured_output.share=0,1"], "--grid server.structured_output.share=1"),
+    (["--grid", "server.structured_output.share=0,1"], "--grid server.structured_output.share=0,1 (at 1)"),
+    (["--grid", "workload.concurrency=1,x"], "--grid workload.concurrency=1,x (at x): workload.concurrency"),
 ])
 def test_cli_sweep_bad_input_exits_2(tmp_path, capsys, args, needle):
     rc = main(["sweep", str(QUICKSTART), "--out", str(tmp_path / "x"), *args])

@@ -173,9 +173,11 @@ def plan_sweep(scenario: Scenario, grid: dict[str, list], repeats: int = 1) -> l
         except UserInputError as err:
             key = next((k for k in keys if err.field == k or err.field.startswith(k + ".")
                         or k.startswith(err.field + ".")), None)
-            if key is not None:  # the key itself (every point would fail): the flag with all its values
-                shown = _grid_values(grid[key]) if err.expected.startswith("unknown key") else values[key]
-                raise type(err)(shown_override("--grid", f"{key}={shown}"), err.field, err.expected) from None
+            if key is not None:  # the flag as given; a value refused at one point named after it
+                shown = shown_override("--grid", f"{key}={_grid_values(grid[key])}")
+                if not err.expected.startswith("unknown key") and len(grid[key]) > 1:  # (the key: every point)
+                    shown += f" (at {_grid_values([values[key]])})"
+                raise type(err)(shown, err.field, err.expected) from None
             if not values:  # the scenario itself: its own error
                 raise
             point_text = ", ".join(f"{k}={v}" for k, v in values.items())

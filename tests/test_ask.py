@@ -62,7 +62,12 @@ def test_sglang_on_a_mac_runs_the_mlx_loops(run_cli, tmp_path):
     assert yaml.safe_load((tmp_path / "scenario.yaml").read_text())["server"]["settings"] == ["overlap_mlx", "normal"]
     # what it assumed of the Mac says so: the memory is the largest M3 Max's, the host its own cores
     asked = next(line for line in out.splitlines() if line.startswith("asked:"))
-    assert "of 128 GB (the largest configuration's) less" in asked
+    assert "the card's memory 128 GB, the largest configuration's: pass --memory-gb for yours" in asked
+    code, out, err = run_cli(["ask", "--card", "m3-max", "--model", "llama-3.2-1b", "--concurrency", "4", "--input-len",
+                              "500", "--output-len", "100", "--memory-gb", "36", "--out", tmp_path / "m36", "--no-plots"])
+    asked = next(line for line in out.splitlines() if line.startswith("asked:"))
+    assert "the card's memory 36 GB (--memory-gb)" in asked and "(0.88 of 36 GB less" in asked
+    assert "largest configuration" not in asked
     assert "the card's host (its own CPU cores (12 performance + 4 efficiency)) assumed as fast as" in asked
 
 
@@ -111,6 +116,8 @@ def test_the_recipe_for_a_model_without_a_profile_is_a_calibration_calibrate_tak
     (["--card", "l4", "--model", "llama-3.2-1b", "--rate", "nan", "--input-len", "8", "--output-len", "8"], "--rate"),
     (["--card", "l4", "--model", "llama-3.2-1b", "--concurrency", "4", "--input-len", "8", "--output-len", "8",
       "--host-speed", "-1"], "--host-speed"),
+    (["--card", "l4", "--model", "llama-3.2-1b", "--concurrency", "4", "--input-len", "8", "--output-len", "8",
+      "--memory-gb", "nan"], "--memory-gb"),
     (["--engine", "vllm", "--card", "m3-max", "--model", "llama-3.2-1b", "--concurrency", "4", "--input-len", "8",
       "--output-len", "8"], "--card"),
     (["--card", "l4", "--model", "llama-3.2-1b", "--concurrency", "4", "--rate", "2", "--input-len", "8",

@@ -13,8 +13,8 @@ the figures are the vendors', not measured here):
 
 A10G: an AWS-only variant of the A10 with no NVIDIA datasheet; its bandwidth and memory are the
 A10's (AWS's g5 page), its tensor throughput the figure Baseten's comparison gives. Apple's M-series
-share memory between CPU and GPU; ``memory_gb`` is the largest configuration's (``memory_largest``: a
-sizing from it says so).
+share memory between CPU and GPU; ``memory_gb`` is the largest configuration's (``memory_largest``: ``ask``
+says so, and takes ``--memory-gb``).
 """
 
 from __future__ import annotations
@@ -48,12 +48,6 @@ class Card:
     @property
     def memory_bytes(self) -> float:
         return self.memory_gb * 1e9
-
-    @property
-    def memory_words(self) -> str:
-        """The memory a sizing assumes, in words ("80 GB"; "128 GB (the largest configuration's)" where
-        the card is sold with several)."""
-        return f"{self.memory_gb:g} GB" + (" (the largest configuration's)" if self.memory_largest else "")
 
 
 CARDS: dict[str, Card] = {c.key: c for c in (

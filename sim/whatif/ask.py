@@ -7,7 +7,9 @@
    calibration that would answer it.
 2. **The card**: on another card than the profile's, the profile is moved by public specs
    (:func:`sim.model.transfer.transfer_profile`, ±30% stated); ``--host-speed`` says how fast the
-   card's host runs the scheduler against the profile's host (default 1: as fast, stated).
+   card's host runs the scheduler against the profile's host (default 1: as fast, stated);
+   ``--memory-gb`` the card's memory where it is not the public figure (an Apple SoC's
+   configurations: the largest by default, stated).
 3. **The server**: the engine's own defaults for that model on that card (the engine's ``ask``
    module, :data:`sim.commands.ASKERS`: its KV pool and batch limits from the card's memory), no
    cap from a shipped scenario.
@@ -56,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests measured (default 8 per client or 8 s of arrivals, at least 64)")
     p.add_argument("--host-speed", type=float, default=1.0, metavar="X",
                    help="the card's host's single-thread speed over the profile's host's (default 1)")
+    p.add_argument("--memory-gb", type=float, default=None, metavar="GB",
+                   help="the card's memory in GB (10^9 bytes) where yours is not its public figure (an Apple SoC "
+                        "is sold with several: default the largest configuration's)")
     p.add_argument("--out", type=output_path, default=None, help="results folder (default results/ask-<engine>-<card>-<model>-<load>/)")
     add_plots_arguments(p)
     from sim.whatif.verdict import add_run_cv_argument
@@ -85,6 +90,8 @@ def _check(args: argparse.Namespace) -> None:
                              f"{args.cached_len}): the last prompt token is always computed")
     if args.rate is not None and not (math.isfinite(args.rate) and 0 < args.rate <= 1e6):
         raise UserInputError("--rate", "", f"requests per second above 0 and at most 1e6 (got {args.rate!r})")
+    if args.memory_gb is not None and not (math.isfinite(args.memory_gb) and 1 <= args.memory_gb <= 100_000):
+        raise UserInputError("--memory-gb", "", f"GB from 1 to 100,000 (got {args.memory_gb!r})")
     if not (math.isfinite(args.host_speed) and 0 < args.host_speed <= 1000):
         raise UserInputError("--host-speed", "", f"a number above 0 and at most 1000 (got {args.host_speed!r})")
     if args.num_requests is not None and args.concurrency is not None and args.num_requests < args.concurrency:
@@ -213,6 +220,13 @@ def run(args: argparse.Namespace) -> int:
     if args.engine not in ASKERS:
         raise UserInputError("--engine", "", f"one of {', '.join(sorted(ASKERS))}")
     profile, shipped, steps = _profile(args, card)
+    if args.memory_gb is not None:  # the user's own configuration: the sizing below reads it
+        from dataclasses import replace
+
+        card = replace(card, memory_gb=args.memory_gb, memory_largest=False)
+        steps.append(f"the card's memory {args.memory_gb:g} GB (--memory-gb)")
+    elif card.memory_largest:
+        steps.append(f"the card's memory {card.memory_gb:g} GB, the largest configuration's: pass --memory-gb for yours")
     load = {"input_len": args.input_len, "output_len": args.output_len}
     try:
         server, notes = ASKERS[args.engine](card, model_terms(profile["metadata"], str(shipped)), load)

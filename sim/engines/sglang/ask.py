@@ -39,7 +39,7 @@ def server_defaults(card, terms: dict, load: dict) -> tuple[dict, list[str]]:
     server = {"engine": "sglang", "device": "mlx" if apple else "cuda",
               "settings": ["overlap_mlx", "normal"] if apple else ["overlap", "normal"],
               "max_running_requests": max_running, "chunked_prefill_size": 8192, "kv_pool_tokens": pool}
-    notes = [f"KV pool {pool:,} tokens ({MEM_FRACTION_STATIC} of {card.memory_words} less "
+    notes = [f"KV pool {pool:,} tokens ({MEM_FRACTION_STATIC} of {card.memory_gb:g} GB less "
              f"{terms['P'] * terms['w'] / 1e9:.1f} GB of weights)", f"max_running_requests {max_running} "
              "(SGLang's own sizing from the pool)"]
     return server, notes

@@ -58,6 +58,6 @@ def server_defaults(card, terms: dict, load: dict) -> tuple[dict, list[str]]:
               "max_model_len": max(8192, load["input_len"] + load["output_len"]), "max_num_seqs": seqs,
               "max_num_batched_tokens": tokens}
     notes = [f"KV cache {blocks - 1:,} blocks of {BLOCK_SIZE} tokens ({GPU_MEMORY_UTILIZATION} of "
-             f"{card.memory_words} less {terms['P'] * terms['w'] / 1e9:.1f} GB of weights)",
+             f"{card.memory_gb:g} GB less {terms['P'] * terms['w'] / 1e9:.1f} GB of weights)",
              f"max_num_seqs {seqs}, max_num_batched_tokens {tokens} (vLLM's API server defaults on {card.name})"]
     return server, notes

@@ -58,7 +58,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                         "costs.profile or workload.trace path is taken from the working directory)")
     p.add_argument("--out", type=output_path, default=None,
                    help="results folder (default results/<scenario name>/, or results/<scenario name>-<the --set "
-                        "overrides>/ with --set, so variants do not overwrite each other)")
+                        "overrides>/ with --set, so variants do not overwrite each other; overrides longer than 80 "
+                        "characters or with other characters than letters, digits and _.,=+- give "
+                        "results/<scenario name>-set-<a hash of them>/; the run's last line names it)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
     p.add_argument("--format", choices=["parquet", "csv"], default="parquet",
                    help="file format of the tables: parquet (default; typed columns, written in about a sixth "

@@ -176,9 +176,10 @@ def cmd_transfer(args: argparse.Namespace) -> int:
         cells = "; ".join(f"{g[0][i]:g} x {g[1][j]:g}: {old['values_s'][i][j] * 1e3:.3f} -> "
                           f"{moved['values_s'][i][j] * 1e3:.3f} ms" for i, j in dict.fromkeys(corners))
         print(f"  {name} ({' x '.join(old['axes'])}) {cells}")
-    other = "ratio" if rec["method"] == "roofline" else "roofline"
+    other = ("the ratio method (which scales a whole step, its launches and synchronisation too) would differ"
+             if rec["method"] == "roofline" else "the roofline method (the default) would differ")
     print(f"stated uncertainty ±{rec['uncertainty_rel']:.0%} on forward times, stated not measured (docs/transfer.md); "
-          f"the {other} method would differ by up to {rec['method_spread_rel']:.0%} on this grid; written to {out}")
+          f"{other} by up to {rec['method_spread_rel']:.0%} on this grid, most where a measured step is far slower than its roofline; written to {out}")
     if vllm:
         print("a vLLM scenario on it: server.device: cuda (the forward runs on the card while the worker's CPU goes "
               "on; cpu would charge it to the worker's CPU)")

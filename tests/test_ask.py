@@ -118,13 +118,19 @@ def test_the_recipe_for_a_model_without_a_profile_is_a_calibration_calibrate_tak
       "--host-speed", "-1"], "--host-speed"),
     (["--card", "l4", "--model", "llama-3.2-1b", "--concurrency", "4", "--input-len", "8", "--output-len", "8",
       "--memory-gb", "nan"], "--memory-gb"),
+    # weights that do not fit the memory the user gave: that flag, not --card
+    (["--card", "l4", "--model", "llama-3.2-1b", "--concurrency", "4", "--input-len", "8", "--output-len", "8",
+      "--memory-gb", "2"], "--memory-gb"),
+    # beyond the model's context (131,072 tokens: max_position_embeddings): the server would refuse
+    (["--card", "h200", "--model", "llama-3.2-1b", "--concurrency", "4", "--input-len", "131000", "--output-len",
+      "100"], "context of 131,072 tokens"),
     (["--engine", "vllm", "--card", "m3-max", "--model", "llama-3.2-1b", "--concurrency", "4", "--input-len", "8",
       "--output-len", "8"], "--card"),
     (["--card", "l4", "--model", "llama-3.2-1b", "--concurrency", "4", "--rate", "2", "--input-len", "8",
       "--output-len", "8"], "--rate"),
     # a prompt longer than the card's KV pool: refused before anything is written, naming the flags
-    (["--card", "l4", "--model", "llama-3.2-1b", "--concurrency", "8", "--input-len", "1000000", "--output-len",
-      "8"], "--input-len"),
+    (["--card", "l4", "--model", "llama-3.1-8b", "--concurrency", "8", "--input-len", "100000", "--output-len",
+      "8"], "KV pool (38604 tokens) is too small"),
     (["--engine", "vllm", "--card", "l4", "--model", "llama-3.2-1b", "--concurrency", "8", "--input-len", "700000",
       "--output-len", "100"], "--input-len"),
 ])

@@ -37,6 +37,10 @@ PROFILES = Path(__file__).resolve().parents[2] / "scenarios" / "profiles"
 # (engine, model) -> the shipped profile that measured it
 SHIPPED = {("sglang", "llama-3.2-1b"): "h200-llama-3.2-1b.json", ("sglang", "llama-3.1-8b"): "h200-llama-3.1-8b.json",
            ("vllm", "llama-3.2-1b"): "h200-vllm-llama-3.2-1b.json"}
+# the shipped models' context (tokens): max_position_embeddings of their config.json on the Hugging
+# Face hub (meta-llama/Llama-3.2-1B and meta-llama/Llama-3.1-8B: 131,072), what both engines take as
+# the server's context length by default; a load beyond it is one the server refuses
+MODEL_CONTEXT = {"llama-3.2-1b": 131_072, "llama-3.1-8b": 131_072}
 MAX_COUNT = 1_000_000
 MAX_TOKENS = 1_000_000
 
@@ -115,7 +119,8 @@ def _profile(args: argparse.Namespace, card) -> tuple[dict, Path, list[str]]:
         m = model_key(args.model)
         device = ("--backend mlx --device gpu" if card.key.startswith("m") else "--backend torch --device cuda")
         if CALIBRATE_SHAPES and m not in CALIBRATE_SHAPES:  # a shape calibrate does not know by name: its dimensions
-            m = (f"{CALIBRATE_SHAPES[-1]} --layers L --hidden H --heads A --kv-heads K --vocab V --intermediate I "
+            m = (f"{CALIBRATE_SHAPES[-1]} --layers L --hidden H --heads A --kv-heads K --head-dim D --vocab V "
+                 f"--intermediate I "
                  f"(a shape it knows, each dimension set to {args.model}'s, from its config.json; it knows "
                  f"{', '.join(CALIBRATE_SHAPES)})")
         recipe = (f"overlap-sim calibrate {device} --model {m} --out dev.json; overlap-sim calibrate --engine sglang "
@@ -220,6 +225,12 @@ def run(args: argparse.Namespace) -> int:
     if args.engine not in ASKERS:
         raise UserInputError("--engine", "", f"one of {', '.join(sorted(ASKERS))}")
     profile, shipped, steps = _profile(args, card)
+    context = MODEL_CONTEXT.get(model_key(args.model))
+    if context is not None and args.input_len + args.output_len > context:  # (before anything is written)
+        raise UserInputError("--input-len, --output-len", "", f"{args.input_len:,} prompt and {args.output_len:,} output "
+                             f"tokens exceed {model_key(args.model)}'s context of {context:,} tokens (its config.json's "
+                             "max_position_embeddings, the server's default context length): the server refuses or "
+                             "cuts such requests")
     if args.memory_gb is not None:  # the user's own configuration: the sizing below reads it
         from dataclasses import replace
 
@@ -230,8 +241,8 @@ def run(args: argparse.Namespace) -> int:
     load = {"input_len": args.input_len, "output_len": args.output_len}
     try:
         server, notes = ASKERS[args.engine](card, model_terms(profile["metadata"], str(shipped)), load)
-    except ValueError as err:
-        raise UserInputError("--card", "", str(err)) from None
+    except ValueError as err:  # (the weights do not fit: the card's memory, or the one --memory-gb gave)
+        raise UserInputError("--memory-gb" if args.memory_gb is not None else "--card", "", str(err)) from None
     closed = args.concurrency is not None
     n = args.num_requests or max(64, 8 * args.concurrency if closed else int(8 * args.rate))
     workload = {"arrival": "closed_loop" if closed else "poisson", "num_requests": n + (args.concurrency if closed else 0),

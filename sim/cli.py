@@ -291,7 +291,10 @@ def _command(argv: list[str]) -> int:
     try:
         args = parser.parse_args(argv)
     except UsageError as err:
-        print(f"{err}{_set_hint(str(err), argv)}", file=sys.stderr)
+        text = str(err)
+        if "unrecognized arguments" in text and argv and argv[0] in COMMANDS:  # (the top parser finds them:
+            text = text.replace("(see overlap-sim --help)", f"(see overlap-sim {argv[0]} --help)")  # the command's help)
+        print(f"{text}{_set_hint(text, argv)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
         return COMMANDS[args.command][2](args)

@@ -84,6 +84,20 @@ class OneLineParser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: error: {text} (see {self.prog} --help)")
 
 
+def stdout_console(width: int | None = None):
+    """A rich ``Console`` on standard output whose reader going away (``| head``) raises
+    ``BrokenPipeError``, which the command line ends with exit status 0 and no traceback, as it
+    does for plain prints (rich's own handling exits with status 1)."""
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return _Console(width=width)
+
+
 def add_no_leap_argument(p: argparse.ArgumentParser) -> None:
     """``--no-leap``: every simulated step through the event loop (see :func:`apply_no_leap`)."""
     p.add_argument("--no-leap", action="store_true",

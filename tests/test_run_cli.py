@@ -107,18 +107,30 @@ def test_a_profile_given_with_set_is_taken_from_the_working_directory(tmp_path, 
     capsys.readouterr()
 
 
-def test_a_reader_that_goes_away_ends_the_output_without_a_traceback(tmp_path):
-    """``overlap-sim run ... | head -1``: the table is cut, the exit status is 0, stderr is empty."""
+@pytest.mark.parametrize("command", ["run {root}/scenarios/quickstart.yaml --no-plots --set workload.num_requests=16",
+                                     "ask --card l4 --model llama-3.2-1b --concurrency 4 --input-len 64 --output-len 16"])
+def test_a_reader_that_goes_away_ends_the_output_without_a_traceback(tmp_path, command):
+    """``overlap-sim run ... | head -1``: the output is cut, the exit status is 0, stderr is empty
+    (``ask``'s table went through rich's own handling, which exits with status 1)."""
     import subprocess
     import sys
 
     root = Path(__file__).resolve().parents[1]
-    cmd = (f"{sys.executable} -m sim.cli run {root / 'scenarios' / 'quickstart.yaml'} --no-plots "
-           f"--set workload.num_requests=16 --out {tmp_path / 'out'} | head -1")
+    cmd = f"{sys.executable} -m sim.cli {command.format(root=root)} --out {tmp_path / 'out'} | head -1"
     out = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=root, capture_output=True, text=True,
                          timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(root)})
     assert out.stdout.count("\n") == 1
     assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr
+    assert out.returncode == 0, out.stderr
+
+
+def test_the_command_lines_rich_console_hands_a_broken_pipe_to_the_command_line():
+    from sim.commands import stdout_console
+
+    console = stdout_console(80)
+    with pytest.raises(BrokenPipeError):
+        console.on_broken_pipe()
+    assert console.quiet
 
 
 def test_csv_writer_writes_to_csv_bytes(tmp_path):

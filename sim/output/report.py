@@ -186,10 +186,11 @@ def print_table(title: str, summaries: dict[str, dict], console: Console | None 
     forward runs on a CPU core, and the idle fraction is labelled as that device's. Warnings
     follow, per setting: ``warned`` (:func:`run_warnings` of these summaries, which the caller
     keeps for its JSON too; None: computed here, as of a closed loop) and a server that died."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console(width=console_width())
+    from sim.commands import stdout_console
+
+    console = console or stdout_console(console_width())
     rat = ratios(summaries)
     caption = (f"ratios: setting / {baseline_of(summaries)}; on mean / median / p99 rows, the ratio of the medians "
                "(gap: of the means)")

@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from sim.commands import add_no_leap_argument, apply_no_leap, command, output_path
+from sim.commands import add_no_leap_argument, apply_no_leap, command, output_path, stdout_console
 from sim.errors import UserInputError
 from sim.output.report import jsonable, ratio_pair
 from sim.whatif.sweep_verdict import sweep_verdict_line
@@ -161,7 +161,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     finally:
         if "first" not in state:  # started
             _stop_progress(progress, failed)
-    _print_sweep(table, scenario.name, Console())
+    _print_sweep(table, scenario.name, stdout_console())
     line = sweep_verdict_line(table, scenario.costs.noise, args.run_cv, scenario.server.device, _grounds(plan))
     if line:
         print(line)
@@ -377,7 +377,7 @@ def cmd_gaps(args: argparse.Namespace) -> int:
         print(json.dumps(jsonable(out)))
         return 0
     columns = {"measured": res, **{f"predicted: {s}": v for s, v in predicted.items()}}
-    Console().print(_gap_table(f"{args.trace.name}: {res['mode']}", columns))
+    stdout_console().print(_gap_table(f"{args.trace.name}: {res['mode']}", columns))
     return 0
 
 
@@ -430,7 +430,7 @@ def cmd_log(args: argparse.Namespace) -> int:
                                                 if col in sub and sub[col].notna().any() else None)
             cells.append("-" if v is None or (isinstance(v, float) and math.isnan(v)) else f.format(v))
         t.add_row(label, *cells)
-    Console().print(t)
+    stdout_console().print(t)
     if df["t_s"].max() > 0 and not df.attrs.get("t_is_line_order"):
         print(f"time span {df['t_s'].max():.1f} s; table and plot written to {out}/")
     else:

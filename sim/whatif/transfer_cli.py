@@ -8,7 +8,7 @@ import json
 import math
 from pathlib import Path
 
-from sim.commands import command, output_path
+from sim.commands import command, output_path, stdout_console
 from sim.errors import UserInputError
 from sim.jsonio import is_number
 
@@ -37,7 +37,6 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 
 def _print_cards() -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from sim.model.cards import CARDS
@@ -51,7 +50,7 @@ def _print_cards() -> None:
     for c in CARDS.values():
         t.add_row(c.key, c.name, f"{c.memory_gb:g}", f"{c.bandwidth_gb_s:g}",
                   "-" if c.bf16_tflops is None else f"{c.bf16_tflops:g}")
-    console = Console(width=console_width())
+    console = stdout_console(console_width())
     console.print(t)
     for c in CARDS.values():
         console.print(f"{c.key}: host {c.host}; source {c.source}", highlight=False, soft_wrap=False)

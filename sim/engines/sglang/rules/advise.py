@@ -15,7 +15,7 @@ import json
 from rich.console import Console
 from rich.markup import escape
 
-from sim.commands import ADVISORS, command
+from sim.commands import ADVISORS, command, stdout_console
 from sim.model.known_flags import render_flags
 from sim.engines.sglang.rules.launch_args import PLATFORMS
 from sim.engines.sglang.rules.loop_rules import Advice, advise
@@ -71,5 +71,5 @@ def cmd_advise(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(adv.to_dict()))
     else:
-        render(adv, Console())
+        render(adv, stdout_console())
     return 0

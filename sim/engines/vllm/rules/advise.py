@@ -16,7 +16,7 @@ import json
 from rich.console import Console
 from rich.markup import escape
 
-from sim.commands import advisor
+from sim.commands import advisor, stdout_console
 from sim.model.known_flags import render_flags
 from sim.engines.vllm.rules.async_rules import VllmAdvice, advise
 
@@ -53,5 +53,5 @@ def cmd_advise_vllm(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(adv.to_dict()))
     else:
-        render(adv, Console())
+        render(adv, stdout_console())
     return 0

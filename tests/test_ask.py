@@ -106,28 +106,25 @@ def test_the_recipe_for_a_model_without_a_profile_is_a_calibration_calibrate_tak
     assert f"--model {CALIBRATE_SHAPES[-1]} --layers L --hidden H" in err and "each dimension set to gpt-9's" in err
 
 
+L4_LOAD = ["--card", "l4", "--model", "llama-3.2-1b", "--concurrency", "4", "--input-len", "8", "--output-len", "8"]
+
+
 @pytest.mark.parametrize("argv, flag", [
     (["--card", "l4", "--model", "qwen3-8b", "--concurrency", "4", "--input-len", "8", "--output-len", "8"], "--model"),
     (["--card", "tpu", "--model", "llama-3.2-1b", "--concurrency", "4", "--input-len", "8", "--output-len", "8"], "--card"),
     (["--card", "l4", "--model", "llama-3.2-1b", "--concurrency", "0", "--input-len", "8", "--output-len", "8"],
      "--concurrency"),
-    (["--card", "l4", "--model", "llama-3.2-1b", "--concurrency", "4", "--input-len", "8", "--output-len", "8",
-      "--cached-len", "8"], "--cached-len"),
+    ([*L4_LOAD, "--cached-len", "8"], "--cached-len"),
     (["--card", "l4", "--model", "llama-3.2-1b", "--rate", "nan", "--input-len", "8", "--output-len", "8"], "--rate"),
-    (["--card", "l4", "--model", "llama-3.2-1b", "--concurrency", "4", "--input-len", "8", "--output-len", "8",
-      "--host-speed", "-1"], "--host-speed"),
-    (["--card", "l4", "--model", "llama-3.2-1b", "--concurrency", "4", "--input-len", "8", "--output-len", "8",
-      "--memory-gb", "nan"], "--memory-gb"),
-    # weights that do not fit the memory the user gave: that flag, not --card
-    (["--card", "l4", "--model", "llama-3.2-1b", "--concurrency", "4", "--input-len", "8", "--output-len", "8",
-      "--memory-gb", "2"], "--memory-gb"),
+    ([*L4_LOAD, "--host-speed", "-1"], "--host-speed"),
+    ([*L4_LOAD, "--memory-gb", "nan"], "--memory-gb"),
+    ([*L4_LOAD, "--memory-gb", "2"], "--memory-gb"),  # weights that do not fit the memory given: that flag
+    ([*L4_LOAD, "--rate", "2"], "--rate"),
     # beyond the model's context (131,072 tokens: max_position_embeddings): the server would refuse
     (["--card", "h200", "--model", "llama-3.2-1b", "--concurrency", "4", "--input-len", "131000", "--output-len",
       "100"], "context of 131,072 tokens"),
     (["--engine", "vllm", "--card", "m3-max", "--model", "llama-3.2-1b", "--concurrency", "4", "--input-len", "8",
       "--output-len", "8"], "--card"),
-    (["--card", "l4", "--model", "llama-3.2-1b", "--concurrency", "4", "--rate", "2", "--input-len", "8",
-      "--output-len", "8"], "--rate"),
     # a prompt longer than the card's KV pool: refused before anything is written, naming the flags
     (["--card", "l4", "--model", "llama-3.1-8b", "--concurrency", "8", "--input-len", "100000", "--output-len",
       "8"], "KV pool (38604 tokens) is too small"),

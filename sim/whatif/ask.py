@@ -93,11 +93,11 @@ def _check(args: argparse.Namespace) -> None:
         raise UserInputError("--cached-len", "", f"from 0 to --input-len - 1 = {args.input_len - 1} (got "
                              f"{args.cached_len}): the last prompt token is always computed")
     if args.rate is not None and not (math.isfinite(args.rate) and 0 < args.rate <= 1e6):
-        raise UserInputError("--rate", "", f"requests per second above 0 and at most 1e6 (got {args.rate!r})")
+        raise UserInputError("--rate", "", f"requests per second above 0 and at most 1e6 (got {args.rate:g})")
     if args.memory_gb is not None and not (math.isfinite(args.memory_gb) and 1 <= args.memory_gb <= 100_000):
-        raise UserInputError("--memory-gb", "", f"GB from 1 to 100,000 (got {args.memory_gb!r})")
+        raise UserInputError("--memory-gb", "", f"GB from 1 to 100,000 (got {args.memory_gb:g})")
     if not (math.isfinite(args.host_speed) and 0 < args.host_speed <= 1000):
-        raise UserInputError("--host-speed", "", f"a number above 0 and at most 1000 (got {args.host_speed!r})")
+        raise UserInputError("--host-speed", "", f"a number above 0 and at most 1000 (got {args.host_speed:g})")
     if args.num_requests is not None and args.concurrency is not None and args.num_requests < args.concurrency:
         raise UserInputError("--num-requests", "", f"at least --concurrency {args.concurrency} (got "
                              f"{args.num_requests}): a closed loop keeps that many in flight")

@@ -142,7 +142,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     apply_no_leap(args)
     scenario = load_scenario(args.scenario, args.overrides)
     out_dir = check_output_dir(args.out or default_run_folder(scenario.name, args.overrides), "--out")
-    plots = not args.no_plots and args.tables == "steps"
+    plots = not args.no_plots  # (with --tables steps: refused above otherwise)
     with staged_folder(out_dir, stale_run_files, "summary.json") as stage:  # the old run or the new, never a mix
         summaries, kept = {}, []
         for setting in scenario.server.settings:  # each setting's tables written, then let go (memory)
@@ -291,10 +291,7 @@ def _command(argv: list[str]) -> int:
     try:
         args = parser.parse_args(argv)
     except UsageError as err:
-        text = str(err)
-        if "unrecognized arguments" in text and argv and argv[0] in COMMANDS:  # (the top parser finds them:
-            text = text.replace("(see overlap-sim --help)", f"(see overlap-sim {argv[0]} --help)")  # the command's help)
-        print(f"{text}{_set_hint(text, argv)}", file=sys.stderr)
+        print(f"{err}{_set_hint(str(err), argv)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
         return COMMANDS[args.command][2](args)

@@ -9,6 +9,7 @@ It lives apart from :mod:`sim.cli` so that a command module anywhere in the tree
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 from typing import Callable, NoReturn
 
@@ -83,19 +84,35 @@ class OneLineParser(argparse.ArgumentParser):
         text = " ".join(message.split())
         raise UsageError(f"{self.prog}: error: {text} (see {self.prog} --help)")
 
+    def parse_args(self, args=None, namespace=None):
+        """As ``ArgumentParser.parse_args``; flags left over name the subcommand's help (the top
+        parser finds them after its subcommand parsed what it knows)."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = getattr(namespace, "command", None)
+            helped = f"{self.prog} {command}" if command else self.prog
+            raise UsageError(f"{self.prog}: error: unrecognized arguments: {' '.join(extras)} (see {helped} --help)")
+        return namespace
+
 
 def stdout_console(width: int | None = None):
     """A rich ``Console`` on standard output whose reader going away (``| head``) raises
     ``BrokenPipeError``, which the command line ends with exit status 0 and no traceback, as it
     does for plain prints (rich's own handling exits with status 1)."""
+    return _stdout_console_class()(width=width)
+
+
+@functools.cache
+def _stdout_console_class():
+    """:func:`stdout_console`'s class, made on first use (rich is imported then, not with this module)."""
     from rich.console import Console
 
-    class _Console(Console):
+    class StdoutConsole(Console):
         def on_broken_pipe(self) -> None:
             self.quiet = True
             raise BrokenPipeError
 
-    return _Console(width=width)
+    return StdoutConsole
 
 
 def add_no_leap_argument(p: argparse.ArgumentParser) -> None:

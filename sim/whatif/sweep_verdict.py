@@ -62,7 +62,7 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
     from sim.whatif.variance import grid_keys
 
     keys = grid_keys(table)
-    found = []
+    found, points = [], []  # each point's (grid values, verdict), and the point's index, in order
     for point, rows in table.groupby("point", sort=True):
         values = {k: rows[k].iloc[0] for k in keys}
         point_noise = SimpleNamespace(**{f: float(values.get(f"costs.noise.{f}", getattr(noise, f)))
@@ -78,8 +78,9 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
             if stated:
                 v = replace(v, range_skipped=tuple(stated), range_skipped_by=SWEEP_NO_RANGE)
         found.append((values, v))
+        points.append(int(point))
     if len(found) == 1:
-        return found[0][1].line() + _frontend_in_clause(table) + _interval_clause(table, found, keys)
+        return found[0][1].line() + _frontend_in_clause(table) + _interval_clause(table, zip(points, found), keys)
     parts = []
     for answer in (KEEP, OFF, UNSEEN, UNSURE):
         mine = [(values, v) for values, v in found if v.answer == answer]
@@ -99,22 +100,24 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
                f"run-to-run CV per point ({', '.join(sources)})")
     num, den = found[0][1].pair[:2]
     return (f"verdict ({num}/{den} output throughput): " + "; ".join(parts) + _sweep_standing([v for _, v in found])
-            + _frontend_in_clause(table) + _interval_clause(table, found, keys) + f" [{cv_text}]")
+            + _frontend_in_clause(table) + _interval_clause(table, zip(points, found), keys) + f" [{cv_text}]")
 
 
-def _interval_clause(table, found: list, keys: list[str]) -> str:
+def _interval_clause(table, found, keys: list[str]) -> str:
     """Where a point's answer is definite (keep or off) but the 95% interval of its ratio over
     its repeats (``ratio_ci.csv``, :func:`sim.whatif.variance.ratio_ci`) includes 1: the two rules
     say so together (the answer weighs the ratio against the assumed run-to-run CV; the interval
-    is the repeats' own spread, wide with few of them); '' without repeats or such points."""
+    is the repeats' own spread, wide with few of them); '' without repeats or such points.
+    ``found``: (point index, (its grid values, its verdict)) for each point."""
     if table.groupby("point")["repeat"].nunique().max() < 2:
         return ""
     from sim.whatif.variance import ratio_ci
 
-    num, den = found[0][1].pair[:2]
+    found = list(found)
+    num, den = found[0][1][1].pair[:2]
     ci = ratio_ci(table, num=num, den=den).set_index("point")
     crossing = []
-    for point, (values, v) in zip(sorted(table["point"].unique()), found):
+    for point, (values, v) in found:
         if v.failed or v.answer not in (KEEP, OFF) or point not in ci.index:
             continue
         lo, hi, n = (float(ci.at[point, "ci_low"]), float(ci.at[point, "ci_high"]), int(ci.at[point, "n"]))

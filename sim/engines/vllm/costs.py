@@ -162,7 +162,7 @@ class VllmProfileCosts:
         if curve is None:
             return 0.0, 0.0
         one = self.frontend_s("in", 1)
-        n = max(curve.grid[0]) if len(curve.grid[0]) > 1 else 1
+        n = self.frontend_in_edge() if len(curve.grid[0]) > 1 else 1
         if n <= 1:
             return 0.0, one
         w = max(0.0, (self.frontend_s("in", n) - one) / (n - 1))

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import importlib
 import io
 import json
 import math

@@ -16,7 +16,7 @@ from sim.model.costs import Jitter
 from sim.model.workload import make_requests
 from sim.scenario import Scenario, load_scenario
 from sim.trace.columns import Columns, matches, values_of
-from sim.trace.metrics import summarize
+from sim.trace.metrics import probe_times, summarize
 from sim.trace.recorder import FAILURE_KINDS, STEP_COLUMNS, TraceRecorder, rows_to_columns
 from sim.trace.streaming import StreamingRecorder
 
@@ -108,7 +108,7 @@ class Result:
         out["max_extrapolation"] = float(o.get("max_extrapolation", 1.0))
         out["max_extrapolation_at"] = str(o.get("max_extrapolation_at", ""))  # the curve and axis (sim.model.reach)
         if self.scenario.workload.arrival == "closed_loop":  # its clients send as answers come: no queue to grow
-            out["ttft_growth"] = math.nan
+            out["ttft_growth"] = out["in_server_mid"] = out["in_server_last"] = math.nan
         # every step of the run, warm-up and tail included: what extrapolated_steps counts over
         out["run_steps"] = int(self.stats.get("steps", 0))
         if "spec_accept_length" in o:  # speculative decoding: tokens per verify step per request, as drawn
@@ -186,8 +186,10 @@ def simulate(scenario: Scenario | str | dict, setting: str, tables: str = "steps
     wall0 = time.perf_counter()
     specs = make_requests(scenario)
     warmup = min(scenario.workload.warmup_requests, len(specs) - 1)
+    open_loop = specs.arrival_s is not None
     recorder = TraceRecorder() if tables == "steps" else StreamingRecorder(
-        warmup, keep_requests=tables == "summary", open_loop=scenario.workload.arrival != "closed_loop")
+        warmup, keep_requests=tables == "summary", open_loop=open_loop,
+        probes_s=probe_times(specs.arrival_s[warmup:]) if open_loop else (math.nan, math.nan))
     outcome, stats = run(_run_noise_applied(scenario, setting), setting, specs, warmup, recorder, leap)
     stats["wall_s"] = time.perf_counter() - wall0
     return _result(scenario, setting, recorder, tables, outcome, stats)

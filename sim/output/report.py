@@ -148,9 +148,9 @@ def run_warnings(summaries: dict[str, dict], open_loop: bool = False) -> dict[st
     :func:`sim.model.reach.distance`, and the farthest curve and axis), requests that entered
     vLLM's API server in a pool larger than its ``frontend_in`` data (``frontend_in_beyond``),
     and in an open loop (``open_loop``) a queue that grew through the run
-    (:func:`sim.trace.metrics.queue_grew`)."""
+    (:func:`sim.trace.metrics.queue_growth`)."""
     from sim.model.reach import reach_words
-    from sim.trace.metrics import growth_words, queue_grew
+    from sim.trace.metrics import GROWN_TTFT, growth_words, queue_growth, queue_growth_words
 
     out: dict[str, list[str]] = {}
     for name, s in summaries.items():
@@ -169,12 +169,17 @@ def run_warnings(summaries: dict[str, dict], open_loop: bool = False) -> dict[st
                          f"({s['frontend_in_measured_to']}; "
                          f"up to {s['frontend_in_pool']} at once): their way to the engine extends the curve's line "
                          "past its data (measure larger bursts: docs/vllm.md, the vLLM profile)")
-        if open_loop and queue_grew(s):
-            rise = growth_words(s["ttft_growth"])
-            lines.append(f"warning: {name}: the queue grew through the run: TTFT rose {rise} per second of arrivals "
-                         f"(median TTFT {s['median_ttft_ms']:.0f} ms): the arrivals outpace this setting, or nearly, "
-                         "so this open loop's throughput and latency answer for its length (workload.num_requests; "
-                         "ask: --num-requests), not for a steady state")
+        if open_loop and (grown := queue_growth(s)):
+            label, values = grown
+            how = (f"TTFT rose {growth_words(values[0])} per second of arrivals (median TTFT "
+                   f"{s['median_ttft_ms']:.0f} ms): the arrivals outpace this setting, or nearly"
+                   if label == GROWN_TTFT else
+                   f"{queue_growth_words(grown)} (admitted requests wait in a running batch that keeps growing, "
+                   "TTFT may stay flat): the arrivals outpace this setting, or nearly, or the run is short for its "
+                   "latency")
+            lines.append(f"warning: {name}: the queue grew through the run: {how}, so this open loop's throughput "
+                         "and latency answer for its length (workload.num_requests; ask: --num-requests), not for a "
+                         "steady state")
     return {name: lines for name, lines in out.items() if lines}
 
 

@@ -83,21 +83,37 @@ def _stats_ms(values: np.ndarray, prefix: str, out: dict, weights: np.ndarray | 
     out[f"p99_{prefix}_ms"] = weighted_quantile(values, weights, 0.99) * 1e3
 
 
-GROWTH_KEYS = ["ttft_growth"]  # after SUMMARY_KEYS in a summary (not a bench_serving metric: ttft_growth)
+GROWTH_KEYS = ["ttft_growth", "in_server_mid", "in_server_last"]  # after SUMMARY_KEYS (not bench_serving's)
 
 
 def ttft_growth(n: int, st: float, stt: float, sy: float, sty: float) -> float:
-    """The least-squares slope of the measured completed requests' TTFT against their arrival
-    time, from the sums over them of t, t², y and ty (t: arrival less the measured window's start,
-    y: TTFT, seconds): seconds of TTFT gained per second of arrivals. In an open loop whose
-    arrivals outpace the server the queue grows and so does every later request's wait: the slope
-    is then about the offered load over the capacity, less 1 (0.25 for arrivals 25% beyond it);
-    a server that keeps up gives about 0. NaN with fewer than 3 requests or every arrival at one
-    time."""
+    """The least-squares slope of the measured completed requests' TTFT (``ttft_growth``) against
+    their arrival time, from the sums over them of t, t², y and ty (t: arrival less the measured
+    window's start, y: TTFT, seconds): seconds of TTFT gained per second of arrivals. In an open
+    loop whose arrivals outpace the server the waiting queue grows and so does every later
+    request's wait: the slope is then about the offered load over the capacity, less 1 (0.25 for
+    arrivals 25% beyond it); a server that keeps up gives about 0. NaN with fewer than 3 requests
+    or every arrival at one time."""
     den = n * stt - st * st
     if n < 3 or not den > 0:
         return math.nan
     return (n * sty - st * sy) / den
+
+
+def probe_times(arrival_s: np.ndarray) -> tuple[float, float]:
+    """Where an open loop's requests in the server are counted (``in_server_mid``,
+    ``in_server_last``): the midpoint of the measured requests' arrivals (``arrival_s``, seconds,
+    any order) and the last of them; (NaN, NaN) without one."""
+    if not len(arrival_s):
+        return (math.nan, math.nan)
+    first, last = float(np.min(arrival_s)), float(np.max(arrival_s))
+    return (first + (last - first) / 2, last)
+
+
+def in_server(arrival_s: np.ndarray, finish_s: np.ndarray, at_s: float) -> int:
+    """How many requests (arrival and finish or failure times, seconds) were in the server at
+    ``at_s``: arrived at or before it, not finished by it (waiting or running)."""
+    return int(((arrival_s <= at_s) & (at_s < finish_s)).sum())
 
 
 def growth_words(growth: float) -> str:
@@ -107,17 +123,49 @@ def growth_words(growth: float) -> str:
 
 
 GROWTH_WARN = 0.05  # TTFT gained per second of arrivals beyond which an open loop's queue grew
+IN_SERVER_GREW = 1.25  # the requests in the server at the last arrival over those at the midpoint, beyond which
+# (and beyond three standard deviations of the two counts' difference: IN_SERVER_SIGMAS) the backlog grew
+IN_SERVER_SIGMAS = 3.0
+GROWN_TTFT, GROWN_IN_SERVER = "TTFT", "requests in the server"  # what showed it (queue_growth)
 
 
-def queue_grew(summary: dict) -> bool:
-    """Whether a run's queue grew through it: its TTFT rose more than :data:`GROWTH_WARN` seconds
-    per second of arrivals (``ttft_growth``), and over the measured window by more than its median
-    TTFT (a rise that matters). In an open loop the arrivals then outpace the server, or nearly:
-    its throughput and latency answer for the run's length, not for a steady state."""
+def queue_growth(summary: dict) -> tuple[str, tuple] | None:
+    """How a run's backlog grew through it, if it did: (:data:`GROWN_TTFT`, (``ttft_growth``,))
+    where its TTFT rose more than :data:`GROWTH_WARN` seconds per second of arrivals and, over the
+    measured window, by more than its median TTFT (the waiting queue grew); else
+    (:data:`GROWN_IN_SERVER`, (``in_server_mid``, ``in_server_last``)) where the requests in the
+    server at the last arrival exceed those at the arrivals' midpoint by :data:`IN_SERVER_GREW`
+    times and by :data:`IN_SERVER_SIGMAS` standard deviations of the difference of two counts
+    (``sqrt(mid + last + 1)``: two Poisson counts of a server that keeps up, as an infinite-server
+    queue's; near capacity a count spreads more, and the finding reads "or nearly"): the
+    requests were admitted (SGLang's prefill-first admission while the KV pool has room) and the
+    running batch kept growing, each step slower, while TTFT stayed flat, or the run is too
+    short for its own latency to reach a steady state. None: it kept up. Either way the open
+    loop's throughput and latency answer for the run's length, not for a steady state."""
     growth = summary.get("ttft_growth")
     median_s = (summary.get("median_ttft_ms") or math.nan) / 1e3
     duration = summary.get("duration_s") or 0.0
-    return (isinstance(growth, float) and growth > GROWTH_WARN and growth * duration > median_s)
+    if isinstance(growth, float) and growth > GROWTH_WARN and growth * duration > median_s:
+        return GROWN_TTFT, (growth,)
+    mid, last = summary.get("in_server_mid"), summary.get("in_server_last")
+    if (isinstance(mid, (int, float)) and isinstance(last, (int, float)) and mid >= 0
+            and last > IN_SERVER_GREW * mid and last - mid > IN_SERVER_SIGMAS * math.sqrt(mid + last + 1)):
+        return GROWN_IN_SERVER, (mid, last)
+    return None
+
+
+def queue_grew(summary: dict) -> bool:
+    """Whether a run's backlog grew through it (:func:`queue_growth`)."""
+    return queue_growth(summary) is not None
+
+
+def queue_growth_words(grown: tuple[str, tuple]) -> str:
+    """:func:`queue_growth`'s finding in words: ``"TTFT +55 ms per second of arrivals"`` or
+    ``"requests in the server 215 at the arrivals' midpoint, 1,294 at the last"``."""
+    label, values = grown
+    if label == GROWN_TTFT:
+        return f"TTFT +{growth_words(values[0])} per second of arrivals"
+    return f"{label} {values[0]:,.0f} at the arrivals' midpoint, {values[1]:,.0f} at the last"
 
 
 def measured_window(requests: pd.DataFrame | Columns) -> tuple[float, float]:
@@ -188,7 +236,13 @@ def summarize(steps: pd.DataFrame | Columns, requests: pd.DataFrame | Columns, i
     _stats_ms(ttft, "ttft", out)
     t = arrival - start
     out["ttft_growth"] = ttft_growth(len(t), float(t.sum()), float((t * t).sum()), float(ttft.sum()),
-                                     float((t * ttft).sum())) if len(t) else math.nan
+                                      float((t * ttft).sum())) if len(t) else math.nan
+    settled = measured & (matches(requests, "status", "completed") | matches(requests, "status", "failed"))
+    arrived, left = values_of(requests, "arrival_s")[settled], values_of(requests, "finish_s")[settled]
+    probes = probe_times(values_of(requests, "arrival_s")[measured])
+    out["in_server_mid"], out["in_server_last"] = (
+        (in_server(arrived, left, probes[0]), in_server(arrived, left, probes[1])) if settled.any()
+        else (math.nan, math.nan))
     _stats_ms(tpot, "tpot", out)
     _stats_ms(values_of(itl, "itl_s"), "itl", out, values_of(itl, "weight"))
     _stats_ms(e2e, "e2e_latency", out)

@@ -41,7 +41,12 @@ class StreamingRecorder:
     # sync start and process start (1, 2, 6, 8, 17-20); the leap's numpy runs fill only these
     keeps_rows = False
 
-    def __init__(self, warmup_requests: int, keep_requests: bool, open_loop: bool = True):
+    def __init__(self, warmup_requests: int, keep_requests: bool, open_loop: bool = True,
+                 probes_s: tuple[float, float] = (math.nan, math.nan)):
+        """``open_loop``: the TTFT's growth and the requests in the server are followed (a closed
+        loop's clients send as answers come: no backlog to grow); ``probes_s``: the midpoint of
+        the measured arrivals and the last of them (seconds), where the requests in the server
+        are counted (:func:`sim.trace.metrics.probe_times`)."""
         self._first_measured = warmup_requests
         self._rows = TraceRecorder() if keep_requests else None
         self.window_start = math.nan
@@ -57,6 +62,10 @@ class StreamingRecorder:
         # less the window's start, seconds): the TTFT's growth through the run (metrics.ttft_growth);
         # None in a closed loop, whose clients send as answers come (no queue to grow: not summed)
         self._growth = [0.0, 0.0, 0.0, 0.0] if open_loop else None
+        # the measured requests in the server (arrived, not yet finished) at the two probes,
+        # counted as each leaves (metrics.in_server); None in a closed loop
+        self._probes = probes_s if open_loop else None
+        self._in_server = [0, 0]
         self.ttft, self.tpot, self.itl_stat, self.e2e, self.gap = Stat(), Stat(), Stat(), Stat(), Stat()
         self.itl = self.itl_stat.add  # :meth:`itl`, without a call in between (several per decode step)
 
@@ -156,6 +165,8 @@ class StreamingRecorder:
             return
         if r.finish_s > self.window_end:
             self._end_at(r.finish_s)
+        if self._probes is not None:
+            self._count_in_server((r,))
         if r.status != FINISHED:
             self.failed += 1
             if r.failure in self.failures:
@@ -196,6 +207,8 @@ class StreamingRecorder:
         measured = [r for r in reqs if not r.warmup]
         if not measured:
             return
+        if self._probes is not None:
+            self._count_in_server(measured)
         if measured[0].finish_s > self.window_end:  # (one time for all)
             self._end_at(measured[0].finish_s)
         ttfts, e2es, tpots = self._completed(measured)
@@ -234,6 +247,18 @@ class StreamingRecorder:
         self.input_tokens += input_tokens
         self.output_tokens += output_tokens
         return ttfts, e2es, tpots
+
+    def _count_in_server(self, reqs) -> None:
+        """Count each of ``reqs`` (measured, leaving now) that was in the server at either probe:
+        arrived at or before it, finished (or failed) after it."""
+        mid, last = self._probes
+        counts = self._in_server
+        for r in reqs:
+            a, f = r.arrival_s, r.finish_s
+            if a <= mid < f:
+                counts[0] += 1
+            if a <= last < f:
+                counts[1] += 1
 
     def itl(self, value_s: float, weight: int) -> None:
         self.itl_stat.add(value_s, weight)
@@ -329,6 +354,8 @@ class StreamingRecorder:
         out["output_throughput"] = self.output_tokens / duration if duration > 0 else 0.0
         self.ttft.into("ttft", out)
         out["ttft_growth"] = ttft_growth(self.completed, *self._growth) if self._growth is not None else math.nan
+        out["in_server_mid"], out["in_server_last"] = (
+            self._in_server if self._probes is not None and self.completed + self.failed else (math.nan, math.nan))
         self.tpot.into("tpot", out)
         self.itl_stat.into("itl", out)
         self.e2e.into("e2e_latency", out)

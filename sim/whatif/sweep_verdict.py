@@ -27,7 +27,8 @@ def _point_summaries(rows) -> dict[str, dict]:
         out[setting] = {"outcome": "ok" if all_served else "failed", "completed": int(all_served),
                         "output_throughput": float(np.exp(np.log(thr).mean())) if all_served and (thr > 0).all() else 0.0,
                         "median_tpot_ms": float(g["median_tpot_ms"].astype(float).mean())}
-        for key in ("ttft_growth", "median_ttft_ms", "duration_s"):  # the repeats' mean (queue_grew)
+        for key in ("ttft_growth", "median_ttft_ms", "in_server_mid", "in_server_last",
+                    "duration_s"):  # the repeats' mean (queue_growth)
             if key in g:
                 out[setting][key] = float(g[key].astype(float).mean())
         # the repeats' steps together, for the share priced beyond the profile's data (grounded)

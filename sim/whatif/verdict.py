@@ -126,8 +126,8 @@ class Verdict:
     # ``verdict_caveats``: e.g. vLLM at a tensor-parallel size held against the real server only
     # on a host too small for it)
     caveats: tuple = ()
-    # an open loop whose queue grew through the run (sim.trace.metrics.queue_grew): (setting, its
-    # ttft_growth) each; the answer is then this run length's
+    # an open loop whose backlog grew through the run: (setting, what showed it, its numbers) each,
+    # as sim.trace.metrics.queue_growth gives them; the answer is then this run length's
     queue_growth: tuple = ()
 
     def with_range(self, lo: float, hi: float, what: list) -> "Verdict":
@@ -152,6 +152,8 @@ class Verdict:
     def as_json(self) -> dict:
         """The verdict for ``summary.json`` and ``run --json``: answer, settings compared, ratio
         (None when a setting failed), TPOT ms (the two settings), run-to-run CV and its source, threshold, the line."""
+        from sim.trace.metrics import GROWN_TTFT
+
         def finite(x: float):
             return float(x) if math.isfinite(x) else None
         out = {"answer": self.answer, "settings": list(self.pair[:2]), "throughput_ratio": finite(self.throughput_ratio),
@@ -180,7 +182,9 @@ class Verdict:
         if self.caveats:
             out["caveats"] = list(self.caveats)
         if self.queue_growth:
-            out["queue_growth"] = {name: g for name, g in self.queue_growth}
+            out["queue_growth"] = {name: ({"ttft_growth": values[0]} if label == GROWN_TTFT else
+                                          {"in_server_mid": values[0], "in_server_last": values[1]})
+                                   for name, label, values in self.queue_growth}
         return out
 
     def latency_change(self, metric: str = "tpot") -> Optional[float]:
@@ -244,7 +248,7 @@ class Verdict:
         """What the answer stands on: the stated range, the share of extrapolated steps, or
         placeholder costs (empty for a measured profile used inside its grid)."""
         from sim.model.reach import reach_words
-        from sim.trace.metrics import growth_words
+        from sim.trace.metrics import GROWN_TTFT, growth_words, queue_growth_words
 
         out = ""
         if self.accept_length is not None:
@@ -257,10 +261,15 @@ class Verdict:
         for caveat in self.caveats:
             out += f"; {caveat}"
         if self.queue_growth:
-            names = " and ".join(name for name, _ in self.queue_growth)
-            rates = " and ".join(f"+{growth_words(g)}" for _, g in self.queue_growth)
-            out += (f"; the queue grew through the run with {names} (TTFT {rates} per second of arrivals): near or "
-                    "above capacity this open loop answers for its length, not for a steady state")
+            ttft = [(name, values[0]) for name, label, values in self.queue_growth if label == GROWN_TTFT]
+            grown = []  # "overlap and normal (TTFT +55 and +78 ms per second of arrivals)"
+            if ttft:
+                rates = " and ".join(f"+{growth_words(g)}" for _, g in ttft)
+                grown.append(f"{' and '.join(name for name, _ in ttft)} (TTFT {rates} per second of arrivals)")
+            grown += [f"{name} ({queue_growth_words((label, values))})"
+                      for name, label, values in self.queue_growth if label != GROWN_TTFT]
+            out += (f"; the queue grew through the run with {'; '.join(grown)}: near or above capacity this open "
+                    "loop answers for its length, not for a steady state")
         if self.stated_range is not None:
             lo, hi, what = self.stated_range
             if not (math.isfinite(lo) and math.isfinite(hi)):
@@ -349,11 +358,11 @@ def grounded(found: Verdict, server, meta: Optional[dict], placeholder: bool, pa
     (:data:`UNSURE`) where the launch command serves another model than the profile measured
     (``server.rests_on_another_model(meta)``; its caveat says on whose costs); in an open loop
     (``open_loop``), which settings' queue grew through the run
-    (:func:`sim.trace.metrics.queue_grew`: the answer is that run length's). ``run`` and ``sweep``
+    (:func:`sim.trace.metrics.queue_growth`: the answer is that run length's). ``run`` and ``sweep``
     both ground their verdicts here, so a point of a sweep is as sure as its run."""
     from dataclasses import replace
 
-    from sim.trace.metrics import queue_grew
+    from sim.trace.metrics import queue_growth
 
     # the share's base is every step of the runs (extrapolated_steps counts warm-up and tail too)
     steps = sum(int(s.get("run_steps") or s.get("num_steps") or 0) for s in pair)
@@ -367,7 +376,7 @@ def grounded(found: Verdict, server, meta: Optional[dict], placeholder: bool, pa
     if server.rests_on_another_model(meta) and not found.failed:
         found = replace(found, answer=UNSURE)
     if open_loop:
-        grew = tuple((name, float(s["ttft_growth"])) for name, s in zip(found.pair[:2], pair) if queue_grew(s))
+        grew = tuple((name, *grown) for name, s in zip(found.pair[:2], pair) if (grown := queue_growth(s)))
         found = replace(found, queue_growth=grew)
     return found
 

@@ -103,6 +103,8 @@ def standing(found, scenario, meta: dict | None, summaries: dict[str, dict], sim
 
     found = grounded(found, scenario.server, meta, not scenario.costs.profile, [summaries[s] for s in found.pair[:2]],
                      open_loop=scenario.workload.arrival != "closed_loop")
+    if found.failed:  # a server that died: what it stands on is said, no range is run over it
+        return found
     if stated := stated_uncertainties(meta):
         if not simulate_range:
             return replace(found, range_skipped=tuple(s.what for s in stated))
@@ -201,7 +203,7 @@ def _run_answer(args: argparse.Namespace, scenario, summaries: dict[str, dict]) 
 
     found = verdict(summaries, *resolve_run_cv(args.run_cv, scenario.costs.noise, scenario.server.device))
     meta = profile_metadata(scenario.resolve_path(scenario.costs.profile)) if scenario.costs.profile else None
-    if found is not None and not found.failed:
+    if found is not None:
         found = standing(found, scenario, meta, summaries, simulate_range=not getattr(args, "no_range", False))
     note = verdict_platform_note(scenario.server) if found is not None else None
     return found, meta, note, load_warnings(scenario)

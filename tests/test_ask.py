@@ -63,12 +63,24 @@ def test_sglang_on_a_mac_runs_the_mlx_loops(run_cli, tmp_path):
     # what it assumed of the Mac says so: the memory is the largest M3 Max's, the host its own cores
     asked = next(line for line in out.splitlines() if line.startswith("asked:"))
     assert "the card's memory 128 GB, the largest configuration's: pass --memory-gb for yours" in asked
+    # Apple publishes no compute figure: the H200's balance is taken, and the line and the range say so
+    assert "assumed: Apple M3 Max publishes no compute figure, so the other card's compute-to-bandwidth balance " \
+           "is taken, which prices the prefill and TTFT beyond the stated range" in asked
+    # the death is a release rule's prediction, and the line says on what it rests
+    assert "(mlx_normal_futuremap_device_mismatch: batch" in line
+    assert "a release rule's prediction: seed document (observed at v0.5.22" in line
     code, out, err = run_cli(["ask", "--card", "m3-max", "--model", "llama-3.2-1b", "--concurrency", "4", "--input-len",
                               "500", "--output-len", "100", "--memory-gb", "36", "--out", tmp_path / "m36", "--no-plots"])
     asked = next(line for line in out.splitlines() if line.startswith("asked:"))
     assert "the card's memory 36 GB (--memory-gb)" in asked and "(0.88 of 36 GB less" in asked
     assert "largest configuration" not in asked
     assert "the card's host (its own CPU cores (12 performance + 4 efficiency)) assumed as fast as" in asked
+    # one request at a time (no batch of two: normal serves): the range over the forward says what it left out
+    code, out, err = run_cli(["ask", "--card", "m3-max", "--model", "llama-3.2-1b", "--concurrency", "1", "--input-len",
+                              "500", "--output-len", "100", "--out", tmp_path / "c1", "--no-plots"])
+    assert code == 0, err
+    assert "forward ±30%: moved from NVIDIA H200 by public specs (one card publishes no compute figure: the other's " \
+           "compute-to-bandwidth balance assumed, which prices the prefill, outside this range)" in _verdict(out)
 
 
 def test_an_open_loop_on_the_profiles_own_card_has_only_the_host_range(run_cli, tmp_path):

@@ -248,6 +248,11 @@ def test_cli_run_reports_the_failure_as_an_outcome(tmp_path, capsys):
     assert out["settings"]["normal"]["outcome"] == "ok"
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["settings"]["overlap"]["could_not_connect"] == 56
+    # the verdict says why the server died and, on inline costs, that no device was measured
+    line = out["verdict"]["line"]
+    assert "with overlap the server died or all its measured requests failed in this prediction (KV allocation " \
+           "failed: decode batch needs" in line
+    assert line.endswith("; on the scenario's inline cost terms (placeholders: no device was measured)")
 
 
 @pytest.mark.parametrize("context, truncate, outcome", [

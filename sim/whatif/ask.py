@@ -145,8 +145,13 @@ def _profile(args: argparse.Namespace, card) -> tuple[dict, Path, list[str]]:
     moved = transfer_profile(profile, card.key, source=str(path), host_speed=args.host_speed, curves=table)
     t = moved["metadata"]["transfer"]
     if t["from_card"] != t["to_card"]:
-        steps.append(f"moved to {card.name} by public specs (bandwidth x{t['bandwidth_ratio']:.2f}, compute "
-                     f"x{t['compute_ratio']:.2f}; ±{t['uncertainty_rel']:.0%} stated)")
+        silent = card.name if card.bf16_tflops is None else "the profile's card"  # (the one without a figure)
+        compute = (f"compute x{t['compute_ratio']:.2f}" if t.get("compute_published", True) else
+                   f"compute x{t['compute_ratio']:.2f} assumed: {silent} publishes no compute figure, so the other "
+                   "card's compute-to-bandwidth balance is taken, which prices the prefill and TTFT beyond the stated "
+                   "range")
+        steps.append(f"moved to {card.name} by public specs (bandwidth x{t['bandwidth_ratio']:.2f}, {compute}; "
+                     f"±{t['uncertainty_rel']:.0%} stated)")
     else:  # the profile's own card: only the host phases move (transfer_profile leaves the forward)
         steps.append(f"its forward as measured on {card.name}")
     steps.append(f"the card's host ({card.host}) assumed as fast as the profile's host ({meta.get('host_cpu')}): pass "

@@ -66,8 +66,11 @@ def stated_uncertainties(meta: Optional[dict]) -> list[Stated]:
                                    "the server log measured it"))
     moved = meta.get("transfer")
     if isinstance(moved, dict) and (u := _u(moved.get("uncertainty_rel"))) is not None:
+        assumed = ("" if moved.get("compute_published") is not False else
+                   " (one card publishes no compute figure: the other's compute-to-bandwidth balance assumed, "
+                   "which prices the prefill, outside this range)")
         out.append(Stated("gpu", u, f"forward ±{u:.0%}: moved from {moved.get('from_device_name', 'another card')} "
-                                    "by public specs"))
+                                    f"by public specs{assumed}"))
     return out
 
 

@@ -109,6 +109,7 @@ class Verdict:
     run_cv: float
     cv_source: str
     failed: str = ""
+    failed_reason: str = ""  # why it failed, as its summary's outcome_reason gives it (e.g. a release rule's fault)
     # (lowest ratio, highest ratio, [what each stated uncertainty is]): sim.whatif.stated_range
     stated_range: Optional[tuple] = None
     ttft_ms: tuple = (math.nan, math.nan)  # (overlapping, synchronous) median TTFT in milliseconds
@@ -220,8 +221,9 @@ class Verdict:
         head = self.head()
         if self.failed:
             which = f"{flag} ({den})" if self.failed == den else num
+            why = f" ({self.failed_reason})" if self.failed_reason else ""
             return (f"verdict: {head}: with {which} the server died or all its measured requests failed in this "
-                    "prediction")
+                    f"prediction{why}{self._standing_clause()}")
         r = self.throughput_ratio
         tn, td = self.tpot_ms
         tpot = f", TPOT {tn:.3f} vs {td:.3f} ms" if math.isfinite(tn) and math.isfinite(td) else ""
@@ -326,8 +328,9 @@ def verdict(summaries: dict[str, dict], run_cv: float, cv_source: str) -> Option
     if not (ok_a and ok_b):
         if not (ok_a or ok_b):
             return None
-        return Verdict(KEEP if ok_a else OFF, pair, math.nan, tpot, run_cv, cv_source,
-                       failed=pair[1] if ok_a else pair[0])
+        failed = pair[1] if ok_a else pair[0]
+        return Verdict(KEEP if ok_a else OFF, pair, math.nan, tpot, run_cv, cv_source, failed=failed,
+                       failed_reason=str(summaries[failed].get("outcome_reason") or ""))
     ta, tb = float(a["output_throughput"]), float(b["output_throughput"])
     if not (ta > 0 and tb > 0):
         return None

@@ -333,8 +333,9 @@ class Phases:
         """
         f = self._die_fault
         if f is not None and batch.num_reqs >= f.sim["die_on_batch_min_reqs"]:
-            raise ServerDied(f"{f.id}: batch {batch.seq} ({batch.num_reqs} requests): {f.sim.get('message', f.text)}",
-                             self.env.now if at is None else at)
+            grounds = f"; a release rule's prediction: {f.source}" if f.source else ""
+            raise ServerDied(f"{f.id}: batch {batch.seq} ({batch.num_reqs} requests): {f.sim.get('message', f.text)}"
+                             f"{grounds}", self.env.now if at is None else at)
 
     def idle(self) -> simpy.Event:
         """Nothing to run: an event that fires when the next request arrives."""

@@ -249,6 +249,28 @@ def test_sweep_lines_with_repeats_draw_a_band_that_never_goes_below_the_data():
         assert low >= table[metric].min() - 1e-12 >= 0
 
 
+def test_sweep_lines_draw_the_verdicts_noise_and_title_the_points_ratios():
+    import re
+
+    table = _sweep_table(3)
+    fig = sweep_lines(table, "costs.gpu.scale", "t", run_cv=0.05)
+    ratio = fig.axes[-1]
+    assert "noise at 5.0% CV" in ratio.get_title()
+    # the verdict's threshold at 5%: exp(1.645 x sqrt(2) x 5%)
+    from sim.whatif.verdict import threshold_ratio
+
+    levels = {round(ln.get_ydata()[0], 4) for ln in ratio.get_lines() if len(ln.get_xdata()) == 2}
+    assert round(threshold_ratio(0.05), 4) in levels and round(1 / threshold_ratio(0.05), 4) in levels
+    # the title's range is over the points (each the geometric mean of its repeats), as the table's
+    from sim.whatif.variance import paired_ratios
+
+    pr = paired_ratios(table, "output_throughput")
+    means = np.exp(np.log(pr["ratio"]).groupby(pr["point"]).mean())
+    low, high = re.search(r"output throughput ([\d.]+)x to ([\d.]+)x", fig._suptitle.get_text()).groups()
+    assert (low, high) == (f"{means.min():.2f}", f"{means.max():.2f}")
+    assert "noise at 2.0% CV" in sweep_lines(table, "costs.gpu.scale", "t").axes[-1].get_title()  # the default
+
+
 def test_heatmap_break_even_in_the_title_not_over_a_value():
     table = _sweep_table(1)
     table.loc[(table["setting"] == "overlap") & (table["costs.gpu.scale"] == 2.0), "output_throughput"] *= 0.8

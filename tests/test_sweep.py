@@ -190,6 +190,26 @@ def test_cli_sweep_writes_table_and_plots(tmp_path, capsys):
                                                          "sweep_costs.cpu.scale.png", "sweep_costs.gpu.scale.png"]
 
 
+def test_a_sweep_warns_at_a_point_what_a_run_of_it_would(tmp_path, capsys):
+    out = tmp_path / "sw"
+    rc = main(["sweep", str(QUICKSTART), "--grid", "workload.concurrency=2,16", "--set", "workload.num_requests=12",
+               "--set", "workload.output_len=8", "--set", "workload.warmup_requests=0", "--workers", "1",
+               "--run-cv", "0.05", "--no-plots", "--out", str(out)])
+    assert rc == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "at workload.concurrency=16: warning: workload.concurrency 16 exceeds workload.num_requests 12" in text
+    assert "workload.concurrency=2: warning" not in text
+    # the plots drawn again from the folder take the verdict's CV (--run-cv, kept in the manifest)
+    from sim.whatif.sweeps import manifest_run_cv
+
+    manifest = json.loads((out / "sweep.json").read_text())
+    assert manifest["run_cv"] == 0.05 and manifest_run_cv(manifest) == 0.05
+    assert manifest_run_cv({**manifest, "run_cv": None}) == 0.02  # the quickstart states no run-level noise
+    assert manifest_run_cv({"scenario_config": {"costs": {"noise": {"run_gpu_cv": 0.03, "run_cpu_cv": 0.04}}}}) \
+        == pytest.approx(0.05)  # the scenario's: sqrt(0.03² + 0.04²)
+    assert manifest_run_cv({"scenario_config": "bad", "run_cv": "x"}) == 0.02
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--grid", "workload.nope=1,2"], "workload.nope"),
     (["--grid", "workload.concurrency=0,1"], "workload.concurrency"),

@@ -215,7 +215,7 @@ def cmd_plots(args: argparse.Namespace) -> int:
     from sim.output.plots import save_run_plots
     from sim.output.run_tables import is_run_folder, load_run_tables
     from sim.whatif.plots import save_sweep_plots
-    from sim.whatif.sweeps import MANIFEST, load_sweep
+    from sim.whatif.sweeps import MANIFEST, load_sweep, manifest_run_cv
 
     from sim.atomic import check_output_dir
 
@@ -225,7 +225,8 @@ def cmd_plots(args: argparse.Namespace) -> int:
     check_output_dir(args.results, "results")
     if (args.results / MANIFEST).is_file():
         table, manifest = load_sweep(args.results)
-        paths = save_sweep_plots(args.results, table, manifest.get("scenario", args.results.name))
+        paths = save_sweep_plots(args.results, table, manifest.get("scenario", args.results.name),
+                                 manifest_run_cv(manifest))
     elif is_run_folder(args.results) or (args.results / "summary.json").is_file():
         run = load_run_tables(args.results)  # a run that kept no steps table is named as such
         paths = save_run_plots(args.results, run.scenario_name, run.steps, run.summaries, run.requests)

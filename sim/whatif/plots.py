@@ -72,10 +72,13 @@ def num_repeats(table: pd.DataFrame) -> int:
     return int(table.groupby(by, dropna=False).size().max()) if len(table) else 0
 
 
-def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
+def sweep_lines(table: pd.DataFrame, key: str, scenario: str, run_cv: float | None = None):
     """Metrics (:data:`LINE_METRICS`) against grid ``key``: a line per setting (its colour) and per
     value of the other grid keys (line style and marker; never averaged over them). With repeats,
-    the line is their mean and a band spans their min to max (no band with one run per point)."""
+    the line is their mean and a band spans their min to max (no band with one run per point).
+    The ratio panel's dotted lines are one A/B run's noise at ``run_cv`` (the verdict's run-to-run
+    CV; None: :data:`sim.whatif.verdict.DEFAULT_RUN_CV`); the title's range is over the points'
+    ratios, each the geometric mean of its repeats' (as the sweep's table gives them)."""
     others = [k for k in grid_keys(table) if k != key]
     combos = list(table[others].drop_duplicates().sort_values(others).itertuples(index=False, name=None)) \
         if others else [()]
@@ -87,7 +90,7 @@ def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
     panels = len(LINE_METRICS) + (1 if pair else 0)
     fig, axes = plt.subplots(1, panels, figsize=(3.7 * panels, 3.6))
     if pair:
-        _ratio_panel(axes[-1], table, key, others, combos, numeric, xs_all, pair)
+        _ratio_panel(axes[-1], table, key, others, combos, numeric, xs_all, pair, run_cv)
     # a setting that failed at a point (its server died, or it served nothing, in some repeat) has no
     # values there: a gap in its lines, and an x at the foot of each panel
     failed = failed_settings(table, settings)
@@ -139,14 +142,16 @@ def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
     per = f"; a line per setting and per {', '.join(_short(k) for k in others)}" if others else ""
     finding = ""
     if pair:
-        r = paired_ratios(table, "output_throughput", *pair)["ratio"]
-        lost = int((~(r > 0)).sum())  # runs with no ratio: a setting's server died or served nothing
+        pr = paired_ratios(table, "output_throughput", *pair)
+        lost = int((~(pr["ratio"] > 0)).sum())  # runs with no ratio: a setting's server died or served nothing
+        # each point's ratio: the geometric mean of its repeats' (NaN where a setting failed in one)
+        r = np.exp(_log_ratio(pr["ratio"]).groupby(pr["point"]).agg(lambda s: s.mean(skipna=False)))
         r = r[r > 0]
         if len(r):
             low, high = f"{r.min():.2f}x", f"{r.max():.2f}x"
             finding = f": {pair[0]}/{pair[1]} output throughput {low if low == high else f'{low} to {high}'}"
         if lost:
-            finding += (f"{',' if finding else ':'} no ratio in {lost} of {lost + len(r)} paired runs (a setting "
+            finding += (f"{',' if finding else ':'} no ratio in {lost} of {len(pr)} paired runs (a setting "
                         "failed: an x at the foot of the metrics' panels)")
     title = f"{scenario}: sweep over {key}{finding}{per} ({runs})"
     if len(title) > 160:  # (two lines where one would run wider than the panels)
@@ -156,11 +161,13 @@ def sweep_lines(table: pd.DataFrame, key: str, scenario: str):
 
 
 def _ratio_panel(ax, table: pd.DataFrame, key: str, others: list, combos: list, numeric: bool, xs_all: list,
-                 pair: tuple) -> None:
+                 pair: tuple, run_cv: float | None = None) -> None:
     """The pair's output-throughput ratio against ``key`` (geometric mean over repeats), with the
-    verdict's thresholds: the ratio one A/B run shows beyond noise at the default run-to-run CV
-    (:func:`sim.whatif.verdict.threshold_ratio`), above and below break-even."""
+    verdict's thresholds: the ratio one A/B run shows beyond noise at run-to-run CV ``run_cv``
+    (None: the default; :func:`sim.whatif.verdict.threshold_ratio`), above and below break-even."""
     from sim.whatif.verdict import DEFAULT_RUN_CV, threshold_ratio
+
+    run_cv = DEFAULT_RUN_CV if run_cv is None else run_cv
 
     pr = paired_ratios(table, "output_throughput", *pair)
     pr["log"] = _log_ratio(pr["ratio"])
@@ -174,11 +181,11 @@ def _ratio_panel(ax, table: pd.DataFrame, key: str, others: list, combos: list, 
         x = stats.index.to_numpy() if numeric else np.array([xs_all.index(v) for v in stats.index])
         ax.plot(x, stats.to_numpy(), color="#333333", linestyle=_style(ci), marker=MARKERS[ci % len(MARKERS)],
                 ms=3.5, linewidth=1.3)
-    t = threshold_ratio(DEFAULT_RUN_CV)
+    t = threshold_ratio(run_cv)
     ax.axhline(1.0, color="black", linewidth=0.8)
     for level in (t, 1 / t):
         ax.axhline(level, color="#888888", linewidth=0.8, linestyle=":")
-    ax.set_title(f"{pair[0]}/{pair[1]} output throughput\n(dotted: one A/B run's noise at {DEFAULT_RUN_CV:.0%} CV)",
+    ax.set_title(f"{pair[0]}/{pair[1]} output throughput\n(dotted: one A/B run's noise at {run_cv:.1%} CV)",
                  fontsize=9)
     ax.grid(alpha=0.3)
 
@@ -194,10 +201,11 @@ def _pretty(metric: str) -> str:
 
 
 def ratio_heatmap(table: pd.DataFrame, x_key: str, y_key: str, scenario: str, metric: str = "output_throughput",
-                  num: str = "overlap", den: str = "normal"):
+                  num: str = "overlap", den: str = "normal", run_cv: float | None = None):
     """Heatmap of the ``num``/``den`` ratio of ``metric`` (geometric mean over repeats and other
     grid keys) over two grid keys, with the break-even contour (ratio = 1) explained in the title
-    (no label on the map, which would cover a value)."""
+    (no label on the map, which would cover a value), and dotted where one A/B run's noise at
+    ``run_cv`` ends (None: the default CV)."""
     pr = paired_ratios(table, metric, num, den)
     pr["log_ratio"] = _log_ratio(pr["ratio"])
     grid = (pr.groupby([y_key, x_key])["log_ratio"].agg(lambda s: s.mean(skipna=False)).unstack(x_key)
@@ -213,7 +221,8 @@ def ratio_heatmap(table: pd.DataFrame, x_key: str, y_key: str, scenario: str, me
         ax.contour(logs, levels=[0.0], colors="black", linewidths=1.5, zorder=2)
     from sim.whatif.verdict import DEFAULT_RUN_CV, threshold_ratio
 
-    lt = math.log(threshold_ratio(DEFAULT_RUN_CV))
+    run_cv = DEFAULT_RUN_CV if run_cv is None else run_cv
+    lt = math.log(threshold_ratio(run_cv))
     levels = [v for v in (-lt, lt) if z.shape[0] > 1 and z.shape[1] > 1 and low < v < high]
     if levels:
         ax.contour(logs, levels=levels, colors="black", linewidths=1.0, linestyles=":", zorder=2)
@@ -237,7 +246,7 @@ def ratio_heatmap(table: pd.DataFrame, x_key: str, y_key: str, scenario: str, me
     better = ">1" if "throughput" in metric else "<1"
     line = "; black line: break-even (ratio 1)" if contour else ""
     if levels:
-        line += f"; dotted: beyond one A/B run's noise at {DEFAULT_RUN_CV:.0%} CV ({math.exp(lt):.3f}x)"
+        line += f"; dotted: beyond one A/B run's noise at {run_cv:.1%} CV ({math.exp(lt):.3f}x)"
     ax.set_title(f"{scenario}: {num}/{den} {_pretty(metric)}\n({better}: {num} better{line})", fontsize=9)
     fig.tight_layout()
     return fig
@@ -277,16 +286,18 @@ def ratio_ci_plot(table: pd.DataFrame, scenario: str, metric: str = "output_thro
     return fig
 
 
-def save_sweep_plots(out_dir: Path, table: pd.DataFrame, scenario: str) -> list[Path]:
-    """Write every sweep plot that applies into ``out_dir``; returns the paths."""
+def save_sweep_plots(out_dir: Path, table: pd.DataFrame, scenario: str, run_cv: float | None = None) -> list[Path]:
+    """Write every sweep plot that applies into ``out_dir``; returns the paths. ``run_cv``: the
+    run-to-run CV the sweep's verdict assumed (None: the default), where the plots draw one A/B
+    run's noise."""
     out_dir = Path(out_dir)
     keys = grid_keys(table)
-    paths = [_save(sweep_lines(table, k, scenario), out_dir / f"sweep_{k}.png") for k in keys]
+    paths = [_save(sweep_lines(table, k, scenario, run_cv), out_dir / f"sweep_{k}.png") for k in keys]
     pair = ratio_pair(set(table["setting"]))  # overlap/normal (SGLang) or async/sync (vLLM)
     if pair:
         if len(keys) >= 2:
-            paths.append(_save(ratio_heatmap(table, keys[0], keys[1], scenario, num=pair[0], den=pair[1]),
-                               out_dir / "ratio_heatmap.png"))
+            heatmap = ratio_heatmap(table, keys[0], keys[1], scenario, num=pair[0], den=pair[1], run_cv=run_cv)
+            paths.append(_save(heatmap, out_dir / "ratio_heatmap.png"))
         if table["repeat"].max() >= 1:
             paths.append(_save(ratio_ci_plot(table, scenario, num=pair[0], den=pair[1]), out_dir / "ratio_ci.png"))
     return paths

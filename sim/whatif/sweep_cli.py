@@ -18,7 +18,7 @@ from sim.commands import add_no_leap_argument, apply_no_leap, command, output_pa
 from sim.errors import UserInputError
 from sim.output.report import ratio_pair
 from sim.whatif.sweep_verdict import sweep_verdict_line
-from sim.whatif.verdict import add_run_cv_argument, check_run_cv, verdict_platform_note
+from sim.whatif.verdict import add_run_cv_argument, check_run_cv, resolve_run_cv, verdict_platform_note
 
 _err = Console(stderr=True)  # the progress bar's stream
 
@@ -126,8 +126,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     plan = plan_sweep(scenario, grid, args.repeats)  # bad keys and values fail here, before the progress bar
     from sim.output.report import load_warnings
 
-    for line in load_warnings(scenario):  # what the base scenario asks for approximately, as run says
+    said = load_warnings(scenario)
+    for line in said:  # what the base scenario asks for approximately, as run says
         print(line)
+    for task in plan:  # and what a point asks for beyond it (a concurrency above num_requests...), once each
+        if task.repeat == 0:
+            at = ", ".join(f"{k}={v}" for k, v in task.values.items())
+            for line in load_warnings(task.scenario):
+                if line not in said:
+                    said.append(line)
+                    print(f"at {at}: {line}")
     out = check_output_dir(args.out or default_sweep_folder(scenario.name, args.grid, args.overrides), "--out")
     from sim.whatif.sweeps import other_sweep_note
 
@@ -154,7 +162,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     failed = True
     try:
         table = sweep(scenario, grid, args.repeats, out=out, executor=args.executor, workers=args.workers,
-                      scheduler=args.scheduler, on_progress=on_progress)
+                      scheduler=args.scheduler, on_progress=on_progress, run_cv=args.run_cv)
         failed = False
     finally:
         if "first" not in state:  # started
@@ -165,7 +173,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(line)
         if note := verdict_platform_note(scenario.server):
             print(note)
-    drawn = save_sweep_plots(out, table, scenario.name) if not args.no_plots else []
+    run_cv = resolve_run_cv(args.run_cv, scenario.costs.noise, scenario.server.device)[0]  # (the verdict's)
+    drawn = save_sweep_plots(out, table, scenario.name, run_cv) if not args.no_plots else []
     print(f"{len(table)} rows written to {out}/sweep.parquet and sweep.csv")
     if drawn:
         print(f"plots: {', '.join(Path(p).name for p in drawn)} drawn in {out}/")

@@ -271,7 +271,7 @@ def _check_arguments(grid, repeats, workers, on_progress) -> None:
 def sweep(scenario: Union[Scenario, str, Path, dict], grid: dict[str, list], repeats: int = 1,
           out: Optional[Union[str, Path]] = None, executor: str = "local", workers: Optional[int] = None,
           scheduler: Optional[str] = None, client=None, overrides: Optional[list[str]] = None,
-          on_progress: Optional[Callable[[int, int], None]] = None) -> pd.DataFrame:
+          on_progress: Optional[Callable[[int, int], None]] = None, run_cv: Optional[float] = None) -> pd.DataFrame:
     """Run a sweep and return its tidy table (see :func:`sweep_table`).
 
     Args:
@@ -285,6 +285,8 @@ def sweep(scenario: Union[Scenario, str, Path, dict], grid: dict[str, list], rep
             the usual ``if __name__ == "__main__":`` guard of Python multiprocessing) or ``"dask"`` (``dask.distributed``: ``client``, or
             a Client for ``scheduler`` such as ``tcp://host:8786``, or a LocalCluster of ``workers``).
         on_progress: called as ``on_progress(done, total)`` after each point task (resumed ones first).
+        run_cv: the ``--run-cv`` its verdict assumes (None: the scenario's or the default), kept
+            in the manifest for the plots drawn again from the folder (:func:`manifest_run_cv`).
 
     Raises:
         ScenarioError / UserInputError: bad scenario, grid key or value, executor or scheduler.
@@ -300,7 +302,7 @@ def sweep(scenario: Union[Scenario, str, Path, dict], grid: dict[str, list], rep
     tasks = plan_sweep(scenario, grid, repeats)
     manifest = {"scenario": scenario.name, "scenario_config": scenario.model_dump(mode="json"), "grid": grid,
                 "repeats": repeats, "settings": list(scenario.server.settings), "seed_rule": SEED_RULE,
-                "point_tasks": len(tasks)}
+                "point_tasks": len(tasks), "run_cv": run_cv}
     store = PointStore(Path(out)) if out is not None else None
     results: dict[str, dict] = {}
     for t in tasks:
@@ -340,6 +342,29 @@ def sweep(scenario: Union[Scenario, str, Path, dict], grid: dict[str, list], rep
         # scheduler) leaves the folder's manifest and table as they were, describing each other
         atomic_write_text(Path(out) / MANIFEST, json.dumps(jsonable({**manifest, "resumed": resumed}), indent=2) + "\n")
     return table
+
+
+def manifest_run_cv(manifest: dict) -> float:
+    """The run-to-run CV a sweep's verdict assumed, from its manifest (``sweep.json``): its
+    ``--run-cv``, else its scenario's ``costs.noise``, else the default
+    (:func:`sim.whatif.verdict.resolve_run_cv`; a manifest from before 6 December 2026 kept no
+    ``--run-cv``)."""
+    from types import SimpleNamespace
+
+    from sim.whatif.verdict import resolve_run_cv
+
+    config = manifest.get("scenario_config") if isinstance(manifest.get("scenario_config"), dict) else {}
+    noise = (config.get("costs") or {}).get("noise") or {}
+    try:
+        stated = SimpleNamespace(run_gpu_cv=float(noise.get("run_gpu_cv") or 0.0),
+                                 run_cpu_cv=float(noise.get("run_cpu_cv") or 0.0))
+        flag = manifest.get("run_cv")
+        return resolve_run_cv(None if flag is None else float(flag), stated,
+                              str((config.get("server") or {}).get("device", "cuda")))[0]
+    except (TypeError, ValueError, AttributeError):  # (a hand-edited manifest: the default)
+        from sim.whatif.verdict import DEFAULT_RUN_CV
+
+        return DEFAULT_RUN_CV
 
 
 def _check_outputs(out: Path, store: PointStore, pending: list[PointTask]) -> None:

@@ -84,6 +84,28 @@ def test_metric_bars_label_values_with_units_and_the_ratio_to_normal():
     assert not any("e+" in t or "e-0" in t for t in texts)
     for ax in fig.axes:
         assert not any("e+" in t for t in _tick_labels(ax))
+    # a ratio under 0.005 is not "0.00×": back-to-back forwards against a synchronous loop's gaps
+    summaries["overlap"]["mean_gap_ms"] = 0.001  # 0.0026x
+    assert any(t.endswith(" ms\n<0.01× normal") for t in _texts(metric_bars(summaries, "t")))
+
+
+def test_the_timeline_hatches_where_a_launched_forward_waits_for_host_work():
+    from sim.output.plots import _launched_idle, timeline
+
+    # step 0: launched at 1, starts at 3 (2 s of host work); step 1: launched at 4 while the device
+    # runs step 0 until 5, starts at 5 (no wait); step 2: launched at 9, device free since 7, starts at 9.5
+    steps = pd.DataFrame({"launch_end": [1.0, 4.0, 9.0], "forward_start": [3.0, 5.0, 9.5],
+                          "forward_end": [5.0, 7.0, 10.0]})
+    assert _launched_idle(steps) == [(1.0, 2.0), (9.0, 0.5)]
+    run = simulate(load_scenario(ROOT / "scenarios" / "vllm-h200.yaml",
+                                 ["workload.num_requests=24", "workload.warmup_requests=0"]), "sync")
+    fig = timeline({"sync": run.steps}, "t")
+    assert "device idle, step launched: host work before its forward starts" in \
+        [t.get_text() for t in fig.legends[0].get_texts()]
+    quick = simulate(load_scenario(ROOT / "scenarios" / "quickstart.yaml",
+                                   ["workload.num_requests=24", "workload.warmup_requests=0"]), "overlap")
+    assert _launched_idle(quick.steps) == []  # SGLang's launch enqueues the forward: no such wait
+    assert not any("host work" in t.get_text() for t in timeline({"overlap": quick.steps}, "t").legends[0].get_texts())
 
 
 def test_a_server_that_died_is_said_in_every_plot_not_drawn_as_zero_gaps(tmp_path):
@@ -99,6 +121,7 @@ def test_a_server_that_died_is_said_in_every_plot_not_drawn_as_zero_gaps(tmp_pat
     assert list(died) == ["overlap"] and died["overlap"].startswith("server died at t=0.")
     texts = _texts(metric_bars(summaries, "t"))
     assert "server died" in texts  # the gap panel: no bar, the words
+    assert any(t.endswith("ms\nuntil it died") for t in texts)  # its p99 ITL: the samples until then, faded
     assert not any("0 ms\n0.00× normal" in t for t in texts)
     assert _finding(summaries) == f": overlap: {died['overlap']}"
     assert _gap_finding(summaries, "cuda").endswith(f"under normal, overlap: {died['overlap']}")

@@ -28,6 +28,7 @@ from sim.trace.metrics import measured_window, step_gaps  # noqa: E402
 PHASE_COLORS = {"recv": "#9e9e9e", "schedule": "#1f77b4", "launch": "#ff7f0e", "sync wait": "#d62728",
                 "process": "#2ca02c"}
 KIND_COLORS = {"extend": "#9467bd", "decode": "#17becf"}
+LAUNCHED_COLOR = "#7f7f7f"  # the hatch of a launched step's wait for host work (timeline)
 # one colour per setting in every plot (sweeps, runs, validation)
 SETTING_COLORS = {"overlap": "C0", "normal": "C1", "thread_overlap": "C2", "overlap_mlx": "C3",
                   "async": "C0", "sync": "C1"}  # vLLM's settings in the colours of SGLang's overlap / normal
@@ -150,19 +151,22 @@ def draw_gap_panels(fig, series: dict[str, np.ndarray], colors: dict[str, str], 
             ax1.bar(left[m], counts[m], width=(right - left)[m], align="edge", color=colors[n],
                     edgecolor=colors[n], linewidth=0.6)
         ax1.set_xscale("log")
-        ax1.set_xlim(edges[0], edges[-1])
+        ax1.set_xlim(edges[0] / 1.08, edges[-1] * 1.08)  # (a margin: the edge bins' bars stand clear of the frame)
         plain_log_ticks(ax1.xaxis, edges[-1] / edges[0])
     else:
         ax1.text(0.5, 0.5, "every gap is zero" if any(len(g) for g in series.values()) else "no gaps",
                  transform=ax1.transAxes, ha="center", va="center")
-    ax1.set_xlabel(f"{word} gap between consecutive forwards (ms, log scale)")
+        ax1.set_xticks([])  # (no axis to read on an empty panel)
+    scale = ", log scale" if len(positive) else ""
+    ax1.set_xlabel(f"{word} gap between consecutive forwards (ms{scale})")
     ax1.grid(axis="y", alpha=0.3)
     ax0.set_ylim(bottom=floor, top=top * 3)  # before the log scale: no autoscale over an empty panel
     ax0.set_yscale("log")
     plain_log_ticks(ax0.yaxis)
     ax0.set_ylabel("share of gaps (log scale)" if share else "gaps (log scale)")
     handles = [plt.Rectangle((0, 0), 1, 1, facecolor=colors[n]) for n in names]
-    fig.subplots_adjust(bottom=0.22 + 0.045 * len(names))
+    longest = max((len(n.split(": ")[-1]) for n in names), default=0)  # the rotated tick names' depth, and the
+    fig.subplots_adjust(bottom=0.22 + 0.045 * len(names) + 0.012 * max(0, longest - 6))  # panel's label under them
     fig.legend(handles, [labels[n] for n in names], loc="lower center", bbox_to_anchor=(0.5, 0.0), fontsize=8,
                ncol=1, frameon=False)
     return ax0, ax1
@@ -228,14 +232,19 @@ def metric_bars(summaries: dict[str, dict], title: str, baseline: str | None = N
         if key == "mean_gap_ms":  # a server that died idles ever after: its gaps describe no serving (as the table)
             vals = [math.nan if n in died else v for n, v in zip(names, vals)]
         bars = ax.bar(names, [0.0 if math.isnan(v) else v for v in vals], color=colors)
+        for bar, n in zip(bars, names):  # a dead server's values are until it died: faded, hatched, apart
+            if n in died:
+                bar.set_alpha(0.35)
+                bar.set_hatch("xx")
         base = math.nan if baseline in died else (vals[names.index(baseline)] if baseline in names else math.nan)
         texts = []
         for n, v in zip(names, vals):
             t = f"{fmt_value(v)} {unit}" if not math.isnan(v) else "n/a"
             if n in died:
-                t = "server died" if math.isnan(v) else f"{t}\nserver died"
+                t = "server died" if math.isnan(v) else f"{t}\nuntil it died"
             elif n != baseline and not math.isnan(v) and not math.isnan(base) and base != 0:
-                t += f"\n{v / base:.2f}× {baseline}"
+                r = v / base
+                t += f"\n{'<0.01' if 0 <= r < 0.005 else f'{r:.2f}'}× {baseline}"  # (not "0.00×" of a tiny ratio)
             texts.append(t)
         ax.bar_label(bars, texts, fontsize=8, padding=2)
         finite = [v for v in vals if not math.isnan(v)]
@@ -259,6 +268,18 @@ def _phase_spans(df: pd.DataFrame) -> dict[str, list[tuple[float, float]]]:
         spans["sync wait"].append((r.sync_start, r.process_start - r.sync_start))
         spans["process"].append((r.process_start, r.process_end - r.process_start))
     return spans
+
+
+def _launched_idle(df: pd.DataFrame) -> list[tuple[float, float]]:
+    """(start, duration) seconds where the device sits idle after a step's launch ended and
+    before its forward starts: the host work the forward waits for beyond the scheduler's own
+    phases (vLLM's worker preparing the inputs and the call that reaches it; none where a
+    launch enqueues the forward at once, as SGLang's)."""
+    launched, start = df["launch_end"].to_numpy(dtype=float), df["forward_start"].to_numpy(dtype=float)
+    before = np.concatenate(([-np.inf], df["forward_end"].to_numpy(dtype=float)[:-1]))  # the device's previous end
+    idle_from = np.maximum(launched, before)
+    keep = start - idle_from > 1e-9
+    return list(zip(idle_from[keep].tolist(), (start - idle_from)[keep].tolist()))
 
 
 def _decode_window_start(df: pd.DataFrame) -> float:
@@ -295,12 +316,21 @@ def timeline(steps: dict[str, pd.DataFrame], title: str, window_s: float = 0.03,
             k = sel[sel["kind"] == kind]
             spans = [((s - t0) * 1e3, (e - s) * 1e3) for s, e in zip(k["forward_start"], k["forward_end"])]
             ax.broken_barh(spans, (0, 8), facecolors=color, edgecolor="white", linewidth=0.5, label=f"device: {kind}")
+        waits = [(s, d) for s, d in _launched_idle(df) if s <= t1 and s + d >= t0]  # (over the whole table: a
+        # step's wait starts at its previous forward's end, which may lie before the strip)
+        if waits:  # (drawn, and in the legend, only where a forward waits so)
+            ax.broken_barh([((s - t0) * 1e3, d * 1e3) for s, d in waits], (0, 8), facecolors="none",
+                           edgecolor=LAUNCHED_COLOR, hatch="////", linewidth=0.0,
+                           label="device idle, step launched: host work before its forward starts")
         ax.set_xlim(0, window_s * 1e3)
         ax.set_yticks([4, 14], ["device", "CPU"])
         ax.set_title(f"{name}", fontsize=10, loc="left")
     axes[-1, 0].set_xlabel(f"time (ms) from t = {t0:.3f} s")
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, bbox_to_anchor=(0.5, -0.02))
+    legend: dict = {}  # label -> handle, over every strip (a wait drawn in one strip only is still named)
+    for ax in axes[:, 0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=4, fontsize=8, bbox_to_anchor=(0.5, -0.02))
     fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig

@@ -32,6 +32,13 @@ class RunTables:
         return {k: v for k, v in self.payload.get("settings", {}).items() if k in self.steps}
 
     @property
+    def device(self) -> str:
+        """The run's ``server.device`` (what its forwards ran on: the gaps' name), ``cuda`` when
+        summary.json does not say."""
+        device = self.payload.get("scenario_config", {}).get("server", {}).get("device")
+        return device if isinstance(device, str) else "cuda"
+
+    @property
     def kv_pool_tokens(self) -> Optional[int]:
         return self.payload.get("scenario_config", {}).get("server", {}).get("kv_pool_tokens")
 

@@ -229,7 +229,8 @@ def cmd_plots(args: argparse.Namespace) -> int:
                                  manifest_run_cv(manifest))
     elif is_run_folder(args.results) or (args.results / "summary.json").is_file():
         run = load_run_tables(args.results)  # a run that kept no steps table is named as such
-        paths = save_run_plots(args.results, run.scenario_name, run.steps, run.summaries, run.requests)
+        paths = save_run_plots(args.results, run.scenario_name, run.steps, run.summaries, run.requests,
+                               device=run.device)
     else:
         raise UserInputError(str(args.results), "", "not a run or sweep folder (expected summary.json + steps_<setting>.csv "
                                                     "or .parquet, or sweep.json + sweep.parquet)")

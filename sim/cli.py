@@ -130,8 +130,8 @@ def run_failures(summaries: dict[str, dict]) -> list[str]:
 @command("run", "simulate a scenario under each scheduling setting and compare them", _add_run_args)
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.atomic import check_output_dir, staged_folder
-    from sim.output.report import (composed_note, device_mismatch, print_table, reimplementation_warning, run_title,
-                                   run_warnings)
+    from sim.output.report import (attention_note, composed_note, device_mismatch, print_table, reimplementation_warning,
+                                   run_title, run_warnings)
     from sim.output.run_files import atomic_write_text, stale_run_files, write_tables
     from sim.scenario import load_scenario
     from sim.simulate import simulate
@@ -163,7 +163,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # results' own, printed under the table by print_table, come first there)
         before = [line for line in (device_mismatch(scenario.server.device, meta), reimplementation_warning(meta))
                   if line] + list(load)
-        after = [line for line in (note, composed_note(meta)) if line]
+        after = [line for line in (note, composed_note(meta), attention_note(scenario, meta, summaries)) if line]
         payload = _run_summary_json(scenario, summaries, found, note, warned + before + after)
         atomic_write_text(stage / "summary.json", json.dumps(payload, indent=2) + "\n")
         if plots:

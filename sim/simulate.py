@@ -135,6 +135,19 @@ RUNNERS = {"sglang": "sim.engines.sglang.run:run_sglang", "vllm": "sim.engines.v
 # (the cost model from the profile, and what the profile must say for the scenario's server):
 # ``check(scenario, setting) -> None``, raising as the runner would; a sweep checks every point so.
 CHECKS = {"sglang": "sim.engines.sglang.run:check_sglang", "vllm": "sim.engines.vllm.run:check_vllm"}
+# server.engine -> "module:function" that makes the cost model a run of a setting prices its steps
+# with: ``costs(scenario, setting)``, whose ``forward_s(kind, num_reqs, num_tokens, sum_ctx)`` is a
+# forward's seconds (what a note on the run reads of the profile, :func:`cost_model`).
+COST_MODELS = {"sglang": "sim.model.costs:make_cost_model", "vllm": "sim.engines.vllm.costs:make_vllm_costs"}
+
+
+def cost_model(scenario: Scenario, setting: str):
+    """The cost model ``scenario``'s engine prices ``setting``'s steps with (:data:`COST_MODELS`).
+
+    Raises:
+        ProfileError, ScenarioError: as the engine's runner would.
+    """
+    return _registered(COST_MODELS, scenario.server.engine)(scenario, setting)
 
 
 def check(scenario: Scenario, setting: str) -> None:

@@ -20,6 +20,7 @@ from sim.whatif.verdict import (DEFAULT_RUN_CV, KEEP, OFF, UNSEEN, decide, pair_
 from sim.whatif.sweep_verdict import sweep_verdict_line
 
 Z = 1.959963984540054
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _summ(thr, tpot=3.0, completed=56, outcome="ok"):
@@ -272,3 +273,29 @@ def test_vllm_on_cpu_says_the_flag_is_ignored_there(tmp_path, capsys):
 def test_a_percentage_given_as_run_cv_is_refused_with_the_fraction(run_cli, tmp_path):
     code, _, err = run_cli(["run", "scenarios/quickstart.yaml", "--out", tmp_path / "r", "--run-cv", "10"])
     assert code == 2 and "0.1 for 10%" in err and err.count("\n") == 1
+
+
+def test_a_ttft_tail_the_medians_hide_is_said():
+    from sim.whatif.verdict import TAIL_RATIO
+
+    a, b = _summ(1016.0), _summ(1000.0)
+    a.update(median_ttft_ms=22.06, p99_ttft_ms=102.7)
+    b.update(median_ttft_ms=22.08, p99_ttft_ms=25.91)
+    line = verdict({"async": a, "sync": b}, 0.02, "t").line()
+    assert ", median TTFT 22.06 vs 22.08 ms, p99 TTFT 102.70 vs 25.91 ms;" in line
+    assert verdict({"async": a, "sync": b}, 0.02, "t").as_json()["ttft_p99_ms"] == [102.7, 25.91]
+    a["p99_ttft_ms"] = 25.91 * TAIL_RATIO  # at the ratio: not beyond it
+    assert "p99 TTFT" not in verdict({"async": a, "sync": b}, 0.02, "t").line()
+    del a["p99_ttft_ms"]
+    assert "p99 TTFT" not in verdict({"async": a, "sync": b}, 0.02, "t").line()
+
+
+def test_speculative_decoding_without_its_host_curves_is_outside_the_range(run_cli, tmp_path):
+    code, out, err = run_cli(["run", ROOT / "scenarios" / "vllm-h200-eagle.yaml", "--tables", "none", "--no-plots",
+                              "--set", "workload.num_requests=24", "--set", "workload.warmup_requests=0",
+                              "--out", tmp_path / "e"])
+    assert code == 0, err
+    line = next(ln for ln in out.splitlines() if ln.startswith("verdict:"))
+    assert "the drafter's own host work per step is not modelled (the profile has no speculative curves; " \
+           "against vLLM's CPU server with a draft model that left throughput 36% high and TPOT 29% low): " \
+           "outside any range below; over host phases" in line

@@ -109,6 +109,7 @@ class Verdict:
     run_cv: float
     cv_source: str
     failed: str = ""
+    ttft_p99_ms: tuple = (math.nan, math.nan)  # (overlapping, synchronous) p99 TTFT, said where they differ (TAIL_RATIO)
     failed_reason: str = ""  # why it failed, as its summary's outcome_reason gives it (e.g. a release rule's fault)
     # (lowest ratio, highest ratio, [what each stated uncertainty is]): sim.whatif.stated_range
     stated_range: Optional[tuple] = None
@@ -158,7 +159,8 @@ class Verdict:
         def finite(x: float):
             return float(x) if math.isfinite(x) else None
         out = {"answer": self.answer, "settings": list(self.pair[:2]), "throughput_ratio": finite(self.throughput_ratio),
-               "tpot_ms": [finite(t) for t in self.tpot_ms], "ttft_ms": [finite(t) for t in self.ttft_ms], "run_cv": self.run_cv, "cv_source": self.cv_source,
+               "tpot_ms": [finite(t) for t in self.tpot_ms], "ttft_ms": [finite(t) for t in self.ttft_ms],
+               "ttft_p99_ms": [finite(t) for t in self.ttft_p99_ms], "run_cv": self.run_cv, "cv_source": self.cv_source,
                "threshold_ratio": finite(self.threshold), "failed": self.failed, "line": self.line()}
         if (change := self.latency_change()) is not None:
             out["tpot_change"] = change
@@ -230,6 +232,9 @@ class Verdict:
         fn, fd = self.ttft_ms
         if math.isfinite(fn) and math.isfinite(fd):  # the first token's wait: where overlap can lose
             tpot += f", median TTFT {fn:.2f} vs {fd:.2f} ms"
+        pn, pd_ = self.ttft_p99_ms
+        if pn > 0 and pd_ > 0 and max(pn / pd_, pd_ / pn) > TAIL_RATIO:  # a tail the medians hide
+            tpot += f", p99 TTFT {pn:.2f} vs {pd_:.2f} ms"
         gain = f"output throughput {num}/{den} {r:.3f}x ({(r - 1) * 100:+.1f}%){tpot}"
         assumed = f"assumed {self.run_cv:.1%}, {self.cv_source}: beyond {self.threshold:.3f}x"
         if visible_cv(r) < 0.0005:  # (under 0.05%: no run count worth saying detects it)
@@ -336,12 +341,14 @@ def verdict(summaries: dict[str, dict], run_cv: float, cv_source: str) -> Option
         return None
     ratio = ta / tb
     ttft = (float(a.get("median_ttft_ms") or math.nan), float(b.get("median_ttft_ms") or math.nan))
+    tail = (float(a.get("p99_ttft_ms") or math.nan), float(b.get("p99_ttft_ms") or math.nan))
     accept = (float(a.get("spec_accept_length", math.nan)), float(b.get("spec_accept_length", math.nan)))
-    return Verdict(decide(ratio, run_cv), pair, ratio, tpot, run_cv, cv_source, ttft_ms=ttft,
+    return Verdict(decide(ratio, run_cv), pair, ratio, tpot, run_cv, cv_source, ttft_ms=ttft, ttft_p99_ms=tail,
                    accept_length=accept if "spec_accept_length" in a or "spec_accept_length" in b else None)
 
 
 PLACEHOLDER_CLAUSE = "; on the scenario's inline cost terms (placeholders: no device was measured)"
+TAIL_RATIO = 1.5  # p99 TTFTs further apart than this are said beside the medians (a tail they hide)
 
 
 def not_simulated(what, why: str, whose: str) -> str:

@@ -245,6 +245,54 @@ def test_transfer_refuses_bad_metadata(tmp_path, capsys, profile, meta, field):
     _refused(capsys, ["transfer", path, "--to", "l4", "--out", out], f"{path}: {field}: ", written=out)
 
 
+@pytest.mark.parametrize("edit, field", [
+    (lambda m: m.update(note=float("inf")), "metadata.note"),  # any field: strict JSON has no infinity
+    (lambda m: m["machine"].update(x=float("nan")) if isinstance(m.get("machine"), dict) else m.update(machine=[float("nan")]),
+     "metadata.machine"),
+    (lambda m: m["composed"]["move"].update(uncertainty_rel=float("nan")), "metadata.composed.move.uncertainty_rel"),
+    (lambda m: m["composed"]["move"].update(uncertainty_rel=-0.5), "metadata.composed.move.uncertainty_rel"),
+    (lambda m: m["composed"]["move"].update(uncertainty_rel="42%"), "metadata.composed.move.uncertainty_rel"),
+    (lambda m: m["composed"]["move"].update(uncertainty_rel=1e4), "metadata.composed.move.uncertainty_rel"),
+])
+def test_a_stated_uncertainty_or_a_non_finite_metadata_value_is_refused(tmp_path, capsys, edit, field):
+    """A corrupt stated uncertainty dropped the verdict's range in silence (the title read "±nan%");
+    a NaN anywhere in the metadata crashed transfer and compose on writing it back (strict JSON)."""
+    p = copy.deepcopy(SGLANG)
+    edit(p["metadata"])
+    path = _write(tmp_path, p)
+    _refused(capsys, _run(path, tmp_path), f"{path}: {field}", written=tmp_path / "r")
+    _refused(capsys, ["transfer", path, "--to", "l4", "--out", tmp_path / "o.json"], f"{path}: {field}",
+             written=tmp_path / "o.json")
+
+
+def test_a_moved_profiles_own_card_and_an_unknown_uncertainty_are_taken():
+    from sim.model.profile.file import validate_profile
+
+    for u in (0.0, None, 23.6):  # a profile moved to its own card; compose --host-speed; a wide method spread
+        p = copy.deepcopy(SGLANG)
+        p["metadata"]["composed"]["move"]["uncertainty_rel"] = u
+        validate_profile(p, "<p>")
+
+
+@pytest.mark.parametrize("yardstick, field", [
+    (1.0, "metadata.yardstick"),
+    ({"version": "x", "readings": 5}, "metadata.yardstick.readings"),
+    ({"version": "x", "readings": [5]}, "metadata.yardstick.readings[0]"),
+    ({"version": "x", "readings": [{"curve": "recv", "point": {"num_reqs": 1}, "median_s": float("inf")}]},
+     "metadata.yardstick"),  # (the metadata's own check: no infinity)
+])
+def test_compose_refuses_a_host_files_bad_yardstick(tmp_path, capsys, yardstick, field):
+    parts = ROOT / "scenarios" / "profiles" / "parts"
+    host = json.loads((parts / "sglang-0.5.23-host-amd-epyc.json").read_text())
+    if isinstance(yardstick, dict):
+        yardstick["version"] = host["metadata"]["yardstick"]["version"]
+    host["metadata"]["yardstick"] = yardstick
+    path = _write(tmp_path, host, "host.json")
+    out = tmp_path / "c.json"
+    _refused(capsys, ["compose", parts / "h200-llama-3.2-1b.device.json", path, "--out", out], f"{path}: {field}",
+             written=out)
+
+
 def test_transfer_tp_keys_are_the_engines():
     from sim.engines.sglang.server import TP_PRICING as SGLANG_TP
     from sim.engines.vllm.server import TP_PRICING as VLLM_TP

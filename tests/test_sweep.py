@@ -142,6 +142,14 @@ def test_corrupt_point_file_is_rerun(tmp_path):
     sweep(NOISY, {"costs.cpu.scale": [1]}, out=tmp_path, workers=1, on_progress=lambda d, t: progress.append(d))
     assert progress[0] == 0
     assert "overlap" in json.loads(path.read_text())["summaries"]
+    # valid JSON of the wrong shape (a file edited by hand) is rerun too, not a traceback
+    for summaries in ("x", {"overlap": "x"}, {"overlap": {"output_throughput": "abc"}}, {"overlap": {"x": [1]}}, {}):
+        saved = json.loads(path.read_text())
+        path.write_text(json.dumps({**saved, "summaries": summaries}))
+        progress.clear()
+        sweep(NOISY, {"costs.cpu.scale": [1]}, out=tmp_path, workers=1, on_progress=lambda d, t: progress.append(d))
+        assert progress[0] == 0, summaries
+        assert isinstance(json.loads(path.read_text())["summaries"]["overlap"]["output_throughput"], float)
 
 
 def test_local_process_pool_equals_in_process():

@@ -77,7 +77,14 @@ def _host_move(device: dict, host: dict, host_speed: float | None, host_yardstic
     else:
         target = yardstick.profile_readings(device)
         ruler = host_yardstick or hmeta.get("yardstick") or {}
+        if not isinstance(ruler, dict):  # (a hand-edited host file)
+            raise ProfileError(host_source, "metadata.yardstick", f"an object with the host's readings (got "
+                               f"{type(ruler).__name__})")
         source = ruler.get("readings") or []
+        if not isinstance(source, list):
+            raise ProfileError(*(("--host-yardstick", "readings") if host_yardstick is not None else
+                                 (host_source, "metadata.yardstick.readings")),
+                               f"a list of readings (got {type(source).__name__})")
         want = dmeta.get("yardstick_version")
         # the host file's own readings must be of the device profile's code; readings given with
         # --host-yardstick are the caller's word that they are
@@ -96,6 +103,13 @@ def _host_move(device: dict, host: dict, host_speed: float | None, host_yardstic
         if not source:
             where = given or (host_source, "metadata.yardstick")
             raise ProfileError(*where, "the host's yardstick readings (none there); pass --host-speed")
+        where = given or (host_source, "metadata.yardstick.readings")
+        for i, r in enumerate(source):  # (a hand-edited file: each reading as yardstick.measure writes it)
+            point = r.get("point") if isinstance(r, dict) else None
+            if not (isinstance(point, dict) and isinstance(r.get("curve"), str)
+                    and isinstance(point.get("num_reqs"), int) and is_number(r.get("median_s"), 0.0, 3600.0)):
+                raise ProfileError(where[0], f"{where[1]}[{i}]", "a reading {curve, point: {num_reqs}, median_s} "
+                                   "with a time from 0 to 3600 seconds")
         try:
             got = yardstick.host_speed(source, target)
         except ValueError as err:

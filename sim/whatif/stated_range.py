@@ -27,7 +27,7 @@ import itertools
 import math
 from typing import NamedTuple, Optional
 
-MAX_U = 10.0  # a stated uncertainty above this is not a bound but a corrupt value
+from sim.model.profile.file import MAX_STATED_U as MAX_U  # (a profile with a larger one is refused on loading)
 
 
 class Stated(NamedTuple):

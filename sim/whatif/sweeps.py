@@ -214,14 +214,34 @@ class PointStore:
         cut short by a crash is rerun, not trusted)."""
         path = self.path(point_id)
         try:
-            return json.loads(path.read_text())["summaries"]
+            summaries = json.loads(path.read_text())["summaries"]
         except (OSError, ValueError, KeyError, TypeError):
             return None
+        return summaries if _saved_summaries(summaries) else None  # (one edited by hand is rerun too)
 
     def save(self, task: PointTask, summaries: dict) -> None:
         payload = {"point_id": task.point_id, "scenario": task.scenario.name, "seed": task.scenario.seed,
                    "values": jsonable(task.values), "summaries": summaries}
         atomic_write_text(self.path(task.point_id), json.dumps(payload) + "\n")
+
+
+def _saved_summaries(summaries) -> bool:
+    """Whether a point file's ``summaries`` are as :meth:`PointStore.save` writes them: setting ->
+    summary, each summary's values JSON scalars, its metrics (:data:`sim.trace.metrics.SUMMARY_KEYS`)
+    numbers or null."""
+    from sim.trace.metrics import SUMMARY_KEYS
+
+    if not isinstance(summaries, dict) or not summaries:
+        return False
+    for summary in summaries.values():
+        if not isinstance(summary, dict):
+            return False
+        for key, value in summary.items():
+            if not (value is None or isinstance(value, (str, int, float))):
+                return False
+            if key in SUMMARY_KEYS and (isinstance(value, (str, bool))):
+                return False
+    return True
 
 
 def _cell(value: Any) -> Any:

@@ -108,6 +108,11 @@ EXTEND_AXES = ("prefix", "attended")
 # optional metadata times the simulator reads (seconds)
 TIME_METADATA = ("sync_latency_s", "device_gap_s")
 MAX_STEP_S = 3600.0  # no phase or forward of one step takes an hour: a larger time is a corrupt value
+MAX_STATED_U = 1000.0  # a stated relative uncertainty above this is not a bound but a corrupt value (a transfer's
+# method spread can state 20x: the range is then simulated over it, factors (1 + u) and 1 / (1 + u))
+# where a profile states an uncertainty the verdict's range is simulated over (sim.whatif.stated_range)
+STATED_UNCERTAINTIES = (("composed", "move", "uncertainty_rel"), ("trace", "slowdown", "uncertainty_rel"),
+                        ("transfer", "uncertainty_rel"))
 MIN_FORWARD_S = 1.0e-9  # a forward takes at least this long (else simulated time would not advance)
 # a curve's or a sample's coordinate (requests, tokens of a step or a context) is at most the
 # largest KV pool a scenario may give (sim.model.schema.MAX_POOL_TOKENS): a larger one is a
@@ -220,6 +225,9 @@ def validate_profile(data, source: str, curves: CurveTable = SGLANG_CURVES) -> N
     for key in TIME_METADATA:
         if key in meta:
             _check_time(meta[key], source, f"metadata.{key}")
+    _check_finite(meta, source, "metadata")
+    for path in STATED_UNCERTAINTIES:
+        _check_stated(meta, path, source)
     if meta.get("extend_axis", EXTEND_AXES[0]) not in EXTEND_AXES:
         raise ProfileError(source, "metadata.extend_axis", f"one of {', '.join(EXTEND_AXES)} "
                            f"(got {meta['extend_axis']!r})")
@@ -292,6 +300,45 @@ def _times_ok(times: list) -> bool:
         return True
     return (set(map(type, times)) <= {float, int} and min(times) >= 0 and max(times) <= MAX_STEP_S
             and math.isfinite(sum(times)))
+
+
+def _check_finite(value, source: str, field: str) -> None:
+    """No NaN or infinity anywhere in ``value`` (a JSON value: the metadata's objects and lists,
+    walked), which strict JSON cannot write back (``transfer``, ``compose``) and no field means.
+
+    Raises:
+        ProfileError: naming the first such field.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ProfileError(source, field, f"a finite number or another JSON value (got {shown(value)}): NaN and "
+                           "infinity are not JSON")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(item, source, f"{field}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_finite(item, source, f"{field}[{i}]")
+
+
+def _check_stated(meta: dict, path: tuple, source: str) -> None:
+    """A stated uncertainty at ``metadata.<path>``, where its objects are there: None (not known)
+    or a number from 0 (none: a profile moved to its own card) to :data:`MAX_STATED_U` (a
+    relative size; the verdict's range is simulated over it).
+
+    Raises:
+        ProfileError: naming the field.
+    """
+    node = meta
+    for key in path[:-1]:
+        node = node.get(key) if isinstance(node, dict) else None
+    if not isinstance(node, dict) or path[-1] not in node:
+        return
+    u = node[path[-1]]
+    if u is None:  # (stated as unknown: no range is simulated over it)
+        return
+    if not (isinstance(u, (int, float)) and not isinstance(u, bool) and math.isfinite(u) and 0 <= u <= MAX_STATED_U):
+        raise ProfileError(source, "metadata." + ".".join(path), f"a relative uncertainty from 0 to "
+                           f"{MAX_STATED_U:g} (0.42 for ±42%; got {shown(u)})")
 
 
 def _check_time(t, source: str, field: str) -> None:

@@ -396,7 +396,9 @@ def _check_files(scenario: Scenario) -> None:
     if profile:
         path = scenario.resolve_path(profile)
         if not path.is_file():
-            what = "a folder, not a calibration profile" if Path(path).is_dir() else "no such calibration profile"
+            what = ("a folder, not a calibration profile" if Path(path).is_dir() else
+                    "not a regular file, not a calibration profile" if Path(path).exists() else
+                    "no such calibration profile")
             raise ScenarioError(scenario.source, "costs.profile", f"{what}: {path}{_read_from(scenario, profile)}")
         try:
             if isinstance(srv, VllmServer):

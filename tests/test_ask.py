@@ -15,9 +15,10 @@ def _verdict(out: str) -> str:
 
 
 def test_sglang_on_an_l4_is_one_command_with_a_range(run_cli, tmp_path):
-    code, out, err = run_cli(["ask", "--engine", "sglang", "--card", "l4", "--model", "llama-3.1-8b", "--concurrency",
+    code, out, err = run_cli(["ask", "--engine", "sglang", "--card", "L4", "--model", "Llama-3.1-8B", "--concurrency",
                               "16", "--input-len", "1000", "--output-len", "300", "--out", tmp_path, "--no-plots"])
     assert code == 0, err
+    assert load_scenario(tmp_path / "scenario.yaml").name == "ask-sglang-l4-llama-3.1-8b-c16-1000-300"  # (any case)
     line = _verdict(out)
     assert "overlap/normal" in line and "forward ±30%" in line and "host phases ±" in line
     summary = json.loads((tmp_path / "summary.json").read_text())

@@ -623,6 +623,11 @@ def _(ctx):
     return ["trace", str(ctx.tmp / "nothing")], ["nothing", "no such folder"]
 
 
+@case("trace-results-a-file")
+def _(ctx):
+    return ["trace", ctx.file("afile", "x")], ["afile", "a file, not a folder"]  # (not --out's fault)
+
+
 @case("trace-results-not-a-run")
 def _(ctx):
     (ctx.tmp / "empty").mkdir()
@@ -808,6 +813,12 @@ for _id, _v in (("nan", "nan"), ("negative", "-1"), ("inf", "inf"), ("text", "wi
                                                      "--split-gap-us", v], ["--split-gap-us"]))
 
 
+@case("gaps-against-a-file")
+def _(ctx):
+    return ["gaps", ctx.chrome(kernels((0, 5), (100, 105))), "--against", ctx.file("afile", "x")], \
+        ["afile", "a file, not a folder"]
+
+
 @case("gaps-against-not-a-run")
 def _(ctx):
     (ctx.tmp / "empty").mkdir()
@@ -955,6 +966,18 @@ def _(ctx):
 def _(ctx):
     (ctx.tmp / "p.json").mkdir()
     return ["transfer", str(ctx.tmp / "p.json"), "--to", "l4", "--out", str(ctx.tmp / "o.json")], ["p.json", "a folder"]
+
+
+@case("transfer-host-probe-missing")
+def _(ctx):  # the flag given is named first, not what the profile lacks
+    return (["transfer", str(REPO / "scenarios/profiles/h200-llama-3.2-1b.json"), "--to", "l4", "--host-probe",
+             str(ctx.tmp / "nope.json"), "--out", str(ctx.tmp / "o.json")], ["--host-probe", "nope.json: no such file"])
+
+
+@case("profile-a-device-file")
+def _(ctx):
+    return ["run", ctx.scenario({"costs.profile": "/dev/null"}), "--out", ctx.out], \
+        ["costs.profile", "not a regular file, not a calibration profile: /dev/null"]
 
 
 @case("transfer-host-speed-and-probe")

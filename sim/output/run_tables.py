@@ -64,7 +64,8 @@ def load_run_tables(folder: Path, settings: Optional[list[str]] = None) -> RunTa
     """
     folder = Path(folder)
     if not folder.is_dir():
-        raise UserInputError(str(folder), "", "no such folder; expected a results folder written by 'overlap-sim run'")
+        what = "a file, not a folder" if folder.exists() else "no such folder"
+        raise UserInputError(str(folder), "", f"{what}; expected a results folder written by 'overlap-sim run'")
     try:
         payload = json.loads((folder / "summary.json").read_text())
     except (OSError, ValueError) as err:

@@ -255,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
                 "cached_len": args.cached_len, "output_len": args.output_len, "finish": "length"}
     workload.update({"concurrency": args.concurrency} if closed else {"rate_per_s": args.rate})
     shape = f"c{args.concurrency}" if closed else f"r{args.rate:g}"
-    name = _slug(f"ask-{args.engine}-{card.key}-{args.model}-{shape}-{args.input_len}-{args.output_len}")
+    name = _slug(f"ask-{args.engine}-{card.key}-{args.model.lower()}-{shape}-{args.input_len}-{args.output_len}")
     out = check_output_dir(args.out or Path("results") / name, "--out")
     scenario = {"name": name, "seed": 0, "workload": workload, "server": server,
                 "costs": {"profile": "profile.json"}}

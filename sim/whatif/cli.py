@@ -36,6 +36,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from sim.atomic import check_output_file
 
     window = parse_window(args.window)
+    if not args.results.is_dir():  # (before --out's check, which would blame --out for a results path that is a file)
+        load_run_tables(args.results)
     inputs = _run_inputs(args.results)  # the run's own files: the trace may not overwrite what it reads
     out = check_output_file(args.out or args.results / "trace.json", "--out", (".json", ".json.gz", ".gz"), inputs)
     if args.preview:

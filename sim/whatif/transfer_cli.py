@@ -70,6 +70,9 @@ def host_speed_from_probe(profile: dict, profile_path: Path, reading_path: Path)
             key twice or has no ``python_s`` above 0 and up to :data:`MAX_PROBE_S` (ratios outside
             0.01..100 too).
     """
+    if not Path(reading_path).is_file():  # (said first: the flag the user gave, before what the profile lacks)
+        what = "a folder" if Path(reading_path).is_dir() else "no such file"
+        raise UserInputError("--host-probe", "", f"a host speed probe's reading, a JSON file ({reading_path}: {what})")
     ref = (profile.get("metadata") or {}).get("host_speed") or {}
     ref_s = ref.get("python_s") if isinstance(ref, dict) else None
     if not is_number(ref_s, 0, MAX_PROBE_S, above=True):

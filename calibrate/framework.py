@@ -139,6 +139,10 @@ def sized_config(cfg, args: argparse.Namespace, console):
     sized = size_grid(cfg.shape, dtype_bytes(cfg), cfg.grid, available, share, source,
                       flag="--device-memory-gib" if args.device_memory_gib is not None else "--model")
     cfg = replace(cfg, grid=sized.grid)
+    if not args.dry_run and getattr(args, "out", None) is not None:  # (a resumed run's bad sidecar: one line, first)
+        from calibrate.measure import Sidecar
+
+        Sidecar.check(Path(args.out), cfg.identity(), bool(getattr(args, "fresh", False)))
     if args.quiet and not args.dry_run:
         return cfg, backend
     g = cfg.grid

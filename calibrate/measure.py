@@ -123,6 +123,11 @@ def check_host_memory(cfg: CalibrationConfig) -> None:
                                     "--extend-tokens/--prefixes)")
 
 
+def sidecar_path(out: Path) -> Path:
+    """The sidecar of a calibration writing ``out``: ``<out>.samples.jsonl``."""
+    return out.with_name(out.name + ".samples.jsonl")
+
+
 class Sidecar:
     """The append-only file of raw samples of one calibration run."""
 
@@ -137,24 +142,61 @@ class Sidecar:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._write_line({"sidecar": "overlap-sim calibration samples", "identity": identity})
 
+    @staticmethod
+    def check(out: Path, identity: dict, fresh: bool) -> None:
+        """What :class:`Sidecar` would refuse of ``out``'s sidecar on resuming, said before the plan
+        is printed (a bad input is one line), writing nothing.
+
+        Raises:
+            CalibrationInputError: as the constructor would.
+        """
+        path = sidecar_path(Path(out))
+        if not fresh and path.exists():
+            Sidecar._records(path, identity)
+
     def _read(self) -> None:
-        lines = self.path.read_text().splitlines()
+        self.done.update(self._records(self.path, self.identity))
+        text = self.path.read_text()
+        if text and not text.endswith("\n"):  # (the next sample goes on a line of its own)
+            with self.path.open("a") as fh:
+                fh.write("\n")
+
+    @staticmethod
+    def _records(path: Path, identity: dict) -> dict[str, list[dict]]:
+        """The samples a sidecar holds, by task; a last line cut short is left to be measured again.
+
+        Raises:
+            CalibrationInputError: another calibration's sidecar, or a line of the wrong shape.
+        """
+        lines = path.read_text().splitlines()
         try:
             head = json.loads(lines[0]) if lines else {}
         except json.JSONDecodeError:
             head = {}
-        if head.get("identity") != self.identity:
-            raise CalibrationInputError(str(self.path), "", "holds samples of a different calibration (backend, "
+        if not isinstance(head, dict) or head.get("identity") != identity:
+            raise CalibrationInputError(str(path), "", "holds samples of a different calibration (backend, "
                                         "device, model, dtype or grid differ); pass --fresh to discard them")
-        for line in lines[1:]:
+        from sim.errors import ProfileError
+        from sim.model.profile import SGLANG_CURVES
+        from sim.model.profile.file import check_samples
+
+        done: dict[str, list[dict]] = {}
+        for n, line in enumerate(lines[1:], start=2):
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:  # a line cut short by an interruption: measured again
                 continue
-            self.done[rec["task"]] = rec["samples"]
-        if lines and not self.path.read_text().endswith("\n"):
-            with self.path.open("a") as fh:
-                fh.write("\n")
+            # a line edited or corrupted otherwise is said now, naming this file, not after the rest is measured
+            if not (isinstance(rec, dict) and isinstance(rec.get("task"), str) and isinstance(rec.get("samples"), list)):
+                raise CalibrationInputError(str(path), f"line {n}", "a task's samples ({task, samples}); pass "
+                                            "--fresh to discard them")
+            try:
+                check_samples(rec["samples"], SGLANG_CURVES.all, str(path), f"line {n}: samples")
+            except ProfileError as err:
+                raise CalibrationInputError(str(path), err.field, f"{err.expected}; pass --fresh to discard "
+                                            "them") from None
+            done[rec["task"]] = rec["samples"]
+        return done
 
     def _write_line(self, obj: dict) -> None:
         with self.path.open("a") as fh:
@@ -372,7 +414,7 @@ def calibrate(cfg: CalibrationConfig, out: Path, *, fresh: bool = False,
     out = Path(out)
     backend = backend or make_backend(cfg)  # a missing framework or device fails before any file is written
     check_host_memory(cfg)
-    sidecar = Sidecar(out.with_name(out.name + ".samples.jsonl"), cfg.identity(), fresh)
+    sidecar = Sidecar(sidecar_path(out), cfg.identity(), fresh)
     tasks = plan(cfg)
     measurer = Measurer(cfg, backend)
     done = sum(t.key in sidecar.done for t in tasks)

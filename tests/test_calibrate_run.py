@@ -234,3 +234,39 @@ def test_the_bookkeeping_bench_holds_the_yardsticks_batches():
 
     assert bench_max_batch((1, 4, 16)) == bench_max_batch((1, 128)) == max(YARDSTICK_BATCH_SIZES) == 256
     assert bench_max_batch((1, 512)) == 512
+
+
+@pytest.mark.parametrize("line, field", [
+    ({"task": "d1", "samples": [{"curve": "forward.decode", "point": {"num_reqs": 1, "ctx": 8},
+                                 "times_s": [float("nan")]}]}, "line 2: samples[0].times_s[0]"),
+    ({"task": "d1", "samples": [{"curve": "forward.decode", "point": {"num_reqs": 1, "ctx": 8},
+                                 "times_s": ["abc"]}]}, "line 2: samples[0].times_s[0]"),
+    ({"task": "d1", "samples": [{"curve": "nope", "point": {}, "times_s": []}]}, "line 2: samples[0]"),
+    ({"task": "d1"}, "line 2"),
+    ([1, 2], "line 2"),
+])
+def test_a_corrupt_sidecar_line_is_refused_at_once_naming_the_file(tmp_path, line, field):
+    """An interrupted calibration resumes from its sidecar: a line edited or corrupted (not cut
+    short) is said before anything is measured, naming the sidecar, not the profile built later."""
+    from calibrate.errors import CalibrationInputError
+
+    path = tmp_path / "p.json.samples.jsonl"
+    identity = {"backend": "torch", "model": "tiny"}
+    path.write_text(json.dumps({"sidecar": "overlap-sim calibration samples", "identity": identity}) + "\n"
+                    + json.dumps(line) + "\n" + '{"task": "cut sh')  # (a last line cut short: measured again)
+    with pytest.raises(CalibrationInputError) as err:
+        measure.Sidecar(path, identity, fresh=False)
+    assert err.value.source == str(path) and err.value.field == field and "pass --fresh" in str(err.value)
+    good = {"task": "d1", "samples": [{"curve": "forward.decode", "point": {"num_reqs": 1, "ctx": 8}, "times_s": [0.01]}]}
+    path.write_text(json.dumps({"sidecar": "x", "identity": identity}) + "\n" + json.dumps(good) + "\n")
+    assert measure.Sidecar(path, identity, fresh=False).done == {"d1": good["samples"]}
+
+
+def test_a_bad_sidecar_is_the_only_line_before_any_plan(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    measure.sidecar_path(out).write_text('{"sidecar": "x", "identity": {}}\n')  # another calibration's
+    assert main(["calibrate", "--backend", "torch", "--device", "cpu", "--model", "tiny", "--quick",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "samples.jsonl: holds samples of a different calibration" in err, err
+    assert not out.exists()

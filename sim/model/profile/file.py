@@ -262,8 +262,19 @@ def validate_profile(data, source: str, curves: CurveTable = SGLANG_CURVES) -> N
     samples = data.get("samples")
     if not isinstance(samples, list):
         raise ProfileError(source, "samples", "a list of raw timing samples")
+    check_samples(samples, known, source)
+
+
+def check_samples(samples: list, known: dict, source: str, field: str = "samples") -> None:
+    """Raw timing samples as a profile (and a calibration's sidecar) holds them: each an object
+    with a known ``curve`` (``known``: curve name -> its axes), a ``point`` giving each axis a number
+    and ``times_s``, each time a number from 0 to :data:`MAX_STEP_S`.
+
+    Raises:
+        ProfileError: naming ``field[k]`` (and the key) of ``source``.
+    """
     for k, s in enumerate(samples):
-        where = f"samples[{k}]"
+        where = f"{field}[{k}]"
         if not isinstance(s, dict) or s.get("curve") not in known or not isinstance(s.get("point"), dict) \
                 or not isinstance(s.get("times_s"), list):
             raise ProfileError(source, where, "an object with curve (a known curve), point and times_s")

@@ -766,6 +766,18 @@ def _(ctx):
     return ["gaps", ctx.chrome([*kernels((0, 5)), {**KERNEL, "ts": 10, "dur": 5, "pid": [1]}])], ["traceEvents", "pid"]
 
 
+@case("gaps-span-without-dur")
+def _(ctx):  # a complete event has a dur: without it the kernel split a step in silence
+    events = kernels((0, 5), (10, 15), (100, 105))
+    del events[1]["dur"]
+    return ["gaps", ctx.chrome(events)], ["traceEvents[1].dur", "corrupt"]
+
+
+@case("gaps-event-not-an-object")
+def _(ctx):
+    return ["gaps", ctx.chrome([*kernels((0, 5)), "x", *kernels((100, 105))])], ["traceEvents[1]", "an event object"]
+
+
 @case("gaps-span-negative-dur")
 def _(ctx):
     return ["gaps", ctx.chrome([*kernels((0, 5)), {**KERNEL, "ts": 10, "dur": -3}])], ["traceEvents", "not negative"]

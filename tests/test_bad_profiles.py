@@ -253,6 +253,9 @@ def test_transfer_refuses_bad_metadata(tmp_path, capsys, profile, meta, field):
     (lambda m: m["composed"]["move"].update(uncertainty_rel=-0.5), "metadata.composed.move.uncertainty_rel"),
     (lambda m: m["composed"]["move"].update(uncertainty_rel="42%"), "metadata.composed.move.uncertainty_rel"),
     (lambda m: m["composed"]["move"].update(uncertainty_rel=1e4), "metadata.composed.move.uncertainty_rel"),
+    (lambda m: m.update(device_name=None), "metadata.device_name"),  # (the title printed "None")
+    (lambda m: m.update(device=5), "metadata.device"),
+    (lambda m: m.update(model="llama"), "metadata.model"),
 ])
 def test_a_stated_uncertainty_or_a_non_finite_metadata_value_is_refused(tmp_path, capsys, edit, field):
     """A corrupt stated uncertainty dropped the verdict's range in silence (the title read "±nan%");

@@ -99,9 +99,12 @@ def _check_span_times(events: list, source: str) -> None:
     bad = []  # (index, field) of each span whose ts or dur is out
     reach: dict = {}  # pid -> [min start, index, max end, index, sum of starts, count]
     for i, e in enumerate(events):
-        if not isinstance(e, dict) or e.get("ph") != "X":
+        if not isinstance(e, dict):  # (an event is a JSON object in the trace event format)
+            raise UserInputError(source, f"traceEvents[{i}]", f"an event object (got {type(e).__name__} {e!r:.40}); "
+                                 "the trace is corrupt")
+        if e.get("ph") != "X":
             continue
-        ts, dur = e.get("ts"), e.get("dur", 0.0)
+        ts, dur = e.get("ts"), e.get("dur")  # (a complete event, ph X, has both: without dur it is corrupt)
         if type(ts) is not float:  # the common case first: the rest (int, str, bool, None) checked
             ts = _number(ts)
         elif ts - ts != 0:  # nan, inf

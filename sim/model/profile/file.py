@@ -222,6 +222,12 @@ def validate_profile(data, source: str, curves: CurveTable = SGLANG_CURVES) -> N
     for key in REQUIRED_METADATA:
         if key not in meta:
             raise ProfileError(source, f"metadata.{key}", "missing")
+    for key in ("backend", "device", "device_name", "host_cpu"):  # (printed in every title and note)
+        if not isinstance(meta[key], str):
+            raise ProfileError(source, f"metadata.{key}", f"a string (got {shown(meta[key])})")
+    model = meta["model"]
+    if not isinstance(model, dict) or not isinstance(model.get("name"), str):
+        raise ProfileError(source, "metadata.model", f"an object with the model's name (got {shown(model)})")
     for key in TIME_METADATA:
         if key in meta:
             _check_time(meta[key], source, f"metadata.{key}")

@@ -130,8 +130,9 @@ def run_failures(summaries: dict[str, dict]) -> list[str]:
 @command("run", "simulate a scenario under each scheduling setting and compare them", _add_run_args)
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.atomic import check_output_dir, staged_folder
-    from sim.output.report import (attention_note, composed_note, device_mismatch, print_table, reimplementation_warning,
-                                   run_title, run_warnings)
+    from sim.output.report import (composed_note, device_mismatch, print_table, reimplementation_warning, run_title,
+                                   run_warnings)
+    from sim.whatif.attention import attention_note
     from sim.output.run_files import atomic_write_text, stale_run_files, write_tables
     from sim.scenario import load_scenario
     from sim.simulate import simulate

@@ -169,6 +169,15 @@ def test_parse_maps_flags_onto_scenario_fields():
                           "disable_consecutive_prefill_overlap": True}
 
 
+def test_sglang_use_mlx_off_the_mps_device_is_said_to_be_passed_over():
+    said = "SGLANG_USE_MLX is set, but the device is cuda: MLX runs on Apple's MPS device only"
+    assert parse_launch_args(["SGLANG_USE_MLX=1", "--model-path", "X"]).platform == "cuda"
+    assert any(n.startswith(said) for n in parse_launch_args(["SGLANG_USE_MLX=1", "--model-path", "X"]).notes)
+    assert not any("MLX runs" in n for n in parse_launch_args(["SGLANG_USE_MLX=0", "--model-path", "X"]).notes)
+    assert parse_launch_args(["SGLANG_USE_MLX=1"], platform="mps").platform == "mlx"  # read there: no note
+    assert not any("MLX runs" in n for n in parse_launch_args(["SGLANG_USE_MLX=1"], platform="mps").notes)
+
+
 # --- scenarios with launch_args ------------------------------------------------------------
 
 

@@ -221,7 +221,7 @@ def test_an_answer_resting_on_the_harness_attention_says_so():
     share, the note says the device's time is overstated against a production backend."""
     import sim
     from sim.model.profile import load_profile
-    from sim.output.report import ATTENTION_SHARE_NOTE, attention_note
+    from sim.whatif.attention import ATTENTION_SHARE_NOTE, attention_note
 
     scenarios = Path(__file__).resolve().parents[1] / "scenarios"
     quickstart = sim.load_scenario(scenarios / "quickstart.yaml")

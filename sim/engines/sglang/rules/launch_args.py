@@ -320,4 +320,7 @@ def _resolve_platform(platform: str, fields: dict, env: dict, notes: list[str]) 
         return "mps"
     if platform == "mlx" and device != "mps":
         env.pop("SGLANG_USE_MLX", None)
+    elif env_truthy(env.get("SGLANG_USE_MLX")):  # (SGLang reads it on the MPS device only)
+        notes.append(f"SGLANG_USE_MLX is set, but the device is {device}: MLX runs on Apple's MPS device only, so "
+                     "it has no effect here (passed over)")
     return device if device in PLATFORMS else platform

@@ -132,10 +132,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sim.atomic import check_output_dir, staged_folder
     from sim.output.report import (composed_note, device_mismatch, print_table, reimplementation_warning, run_title,
                                    run_warnings)
-    from sim.whatif.attention import attention_note
     from sim.output.run_files import atomic_write_text, stale_run_files, write_tables
     from sim.scenario import load_scenario
     from sim.simulate import simulate
+    from sim.whatif.attention import attention_note
     from sim.whatif.verdict import check_run_cv
 
     check_run_cv(args.run_cv)

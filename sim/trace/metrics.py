@@ -236,7 +236,7 @@ def summarize(steps: pd.DataFrame | Columns, requests: pd.DataFrame | Columns, i
     _stats_ms(ttft, "ttft", out)
     t = arrival - start
     out["ttft_growth"] = ttft_growth(len(t), float(t.sum()), float((t * t).sum()), float(ttft.sum()),
-                                      float((t * ttft).sum())) if len(t) else math.nan
+                                     float((t * ttft).sum())) if len(t) else math.nan
     settled = measured & (matches(requests, "status", "completed") | matches(requests, "status", "failed"))
     arrived, left = values_of(requests, "arrival_s")[settled], values_of(requests, "finish_s")[settled]
     probes = probe_times(values_of(requests, "arrival_s")[measured])

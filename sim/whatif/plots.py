@@ -168,7 +168,6 @@ def _ratio_panel(ax, table: pd.DataFrame, key: str, others: list, combos: list, 
     from sim.whatif.verdict import DEFAULT_RUN_CV, threshold_ratio
 
     run_cv = DEFAULT_RUN_CV if run_cv is None else run_cv
-
     pr = paired_ratios(table, "output_throughput", *pair)
     pr["log"] = _log_ratio(pr["ratio"])
     for ci, combo in enumerate(combos):

@@ -98,11 +98,14 @@ def standing(found, scenario, meta: dict | None, summaries: dict[str, dict], sim
     far (:meth:`Verdict.with_reach`), the scenario's placeholder costs, or a launch command serving
     another model than the profile measured ("cannot tell": the server section's
     ``rests_on_another_model``)."""
+    from sim.whatif.attention import attention_caveat
     from sim.whatif.stated_range import stated_range, stated_uncertainties
     from sim.whatif.verdict import grounded
 
     found = grounded(found, scenario.server, meta, not scenario.costs.profile, [summaries[s] for s in found.pair[:2]],
                      open_loop=scenario.workload.arrival != "closed_loop")
+    if caveat := attention_caveat(scenario, meta, {s: summaries[s] for s in found.pair[:2]}):
+        found = replace(found, caveats=found.caveats + (caveat,))
     if found.failed:  # a server that died: what it stands on is said, no range is run over it
         return found
     if stated := stated_uncertainties(meta):
@@ -135,7 +138,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sim.output.run_files import atomic_write_text, stale_run_files, write_tables
     from sim.scenario import load_scenario
     from sim.simulate import simulate
-    from sim.whatif.attention import attention_note
     from sim.whatif.verdict import check_run_cv
 
     check_run_cv(args.run_cv)
@@ -164,7 +166,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # results' own, printed under the table by print_table, come first there)
         before = [line for line in (device_mismatch(scenario.server.device, meta), reimplementation_warning(meta))
                   if line] + list(load)
-        after = [line for line in (note, composed_note(meta), attention_note(scenario, meta, summaries)) if line]
+        after = [line for line in (note, composed_note(meta)) if line]
         payload = _run_summary_json(scenario, summaries, found, note, warned + before + after)
         atomic_write_text(stage / "summary.json", json.dumps(payload, indent=2) + "\n")
         if plots:

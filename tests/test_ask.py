@@ -80,8 +80,12 @@ def test_sglang_on_a_mac_runs_the_mlx_loops(run_cli, tmp_path):
     code, out, err = run_cli(["ask", "--card", "m3-max", "--model", "llama-3.2-1b", "--concurrency", "1", "--input-len",
                               "500", "--output-len", "100", "--out", tmp_path / "c1", "--no-plots"])
     assert code == 0, err
+    line = _verdict(out)
     assert "forward ±30%: moved from NVIDIA H200 by public specs (one card publishes no compute figure: the other's " \
-           "compute-to-bandwidth balance assumed, which prices the prefill, outside this range)" in _verdict(out)
+           "compute-to-bandwidth balance assumed, which prices the prefill, outside this range)" in line
+    # the host and the noise are the Mac's as assumed, not the H200's host or a card's clocks
+    assert "moved to the NVIDIA H200's host (" in line and "moved to the device's host" not in line
+    assert "(assumed 2.0%, as for a clock-locked card on a quiet host (not measured on an Apple SoC)" in line
 
 
 def test_an_open_loop_on_the_profiles_own_card_has_only_the_host_range(run_cli, tmp_path):

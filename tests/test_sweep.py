@@ -207,6 +207,7 @@ def test_a_sweep_warns_at_a_point_what_a_run_of_it_would(tmp_path, capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "at workload.concurrency=16: warning: workload.concurrency 16 exceeds workload.num_requests 12" in text
     assert "workload.concurrency=2: warning" not in text
+    assert "; at workload.concurrency=16 the load is answered approximately (the warning above)" in text  # the verdict
     # the plots drawn again from the folder take the verdict's CV (--run-cv, kept in the manifest)
     from sim.whatif.sweeps import manifest_run_cv
 

@@ -215,28 +215,35 @@ def test_no_range_says_the_range_was_not_simulated(run_cli, tmp_path):
     assert "(--no-range): the answer's range is unknown" in verdict["line"]
 
 
-def test_an_answer_resting_on_the_harness_attention_says_so():
+def test_an_answer_resting_on_the_harness_attention_says_so(run_cli, tmp_path):
     """The shipped H200 profiles' decode attention is calibrate's plain torch (keys gathered
     through req_to_token): where the part of a decode forward that grows with context is a large
-    share, the note says the device's time is overstated against a production backend."""
+    share, the verdict says the device's time is overstated against a production backend."""
     import sim
     from sim.model.profile import load_profile
-    from sim.whatif.attention import ATTENTION_SHARE_NOTE, attention_note
+    from sim.whatif.attention import ATTENTION_SHARE_NOTE, attention_caveat
 
     scenarios = Path(__file__).resolve().parents[1] / "scenarios"
     quickstart = sim.load_scenario(scenarios / "quickstart.yaml")
     meta = load_profile(quickstart.resolve_path(quickstart.costs.profile))["metadata"]
     assert meta["attention"] == "scaled_dot_product_attention" and ATTENTION_SHARE_NOTE == 0.25
     # the quickstart: 8 requests at 512 + 256 / 2 = 640 tokens: 13% of the forward (no note)
-    assert attention_note(quickstart, meta, {"overlap": {"mean_decode_batch_size": 8.0}}) is None
+    assert attention_caveat(quickstart, meta, {"overlap": {"mean_decode_batch_size": 8.0}}) is None
     long = sim.load_scenario(scenarios / "quickstart.yaml", ["workload.input_len=4000", "workload.output_len=500"])
-    note = attention_note(long, meta, {"overlap": {"mean_decode_batch_size": 7.6}, "normal": {}})
-    assert note.startswith("note: at this load (decode batches of about 8 requests, about 4,250 tokens of context")
-    assert "FlashInfer, FA3" in note
-    assert attention_note(long, {**meta, "attention": "flashinfer"}, {"overlap": {"mean_decode_batch_size": 8.0}}) is None
-    assert attention_note(long, {**meta, "device": "cpu"}, {"overlap": {"mean_decode_batch_size": 8.0}}) is None
-    assert attention_note(long, meta, {"overlap": {"mean_decode_batch_size": float("nan")}}) is None
-    assert attention_note(long, None, {"overlap": {"mean_decode_batch_size": 8.0}}) is None
+    note = attention_caveat(long, meta, {"overlap": {"mean_decode_batch_size": 7.6}, "normal": {}})
+    assert "of a decode forward at this load (batches of up to about 8 requests, about 4,250 tokens of context " \
+           "each)" in note and note.startswith("the profile's decode attention is calibrate's plain torch")
+    assert "FlashInfer, FA3" in note and "outside any range below" in note
+    assert attention_caveat(long, {**meta, "attention": "flashinfer"}, {"overlap": {"mean_decode_batch_size": 8.0}}) is None
+    assert attention_caveat(long, {**meta, "device": "cpu"}, {"overlap": {"mean_decode_batch_size": 8.0}}) is None
+    assert attention_caveat(long, meta, {"overlap": {"mean_decode_batch_size": float("nan")}}) is None
+    assert attention_caveat(long, None, {"overlap": {"mean_decode_batch_size": 8.0}}) is None
     vllm = sim.load_scenario(scenarios / "vllm-h200.yaml", ["workload.input_len=4000", "workload.output_len=500"])
     vmeta = json.loads(vllm.resolve_path(vllm.costs.profile).read_text())["metadata"]
-    assert attention_note(vllm, vmeta, {"async": {"mean_decode_batch_size": 8.0}}) is not None  # its engine's model
+    assert attention_caveat(vllm, vmeta, {"async": {"mean_decode_batch_size": 8.0}}) is not None  # its engine's model
+    code, out, err = run_cli(["run", scenarios / "quickstart.yaml", "--set", "workload.input_len=4000", "--set",
+                              "workload.output_len=64", "--set", "workload.num_requests=24", "--tables", "none",
+                              "--no-plots", "--out", tmp_path / "r"])
+    assert code == 0, err
+    line = next(ln for ln in out.splitlines() if ln.startswith("verdict:"))
+    assert "; the profile's decode attention is calibrate's plain torch" in line

@@ -240,8 +240,8 @@ def metric_bars(summaries: dict[str, dict], title: str, baseline: str | None = N
         texts = []
         for n, v in zip(names, vals):
             t = f"{fmt_value(v)} {unit}" if not math.isnan(v) else "n/a"
-            if n in died:
-                t = "server died" if math.isnan(v) else f"{t}\nuntil it died"
+            if n in died:  # (nothing, or 0 of a request it never completed, is no value: the words alone)
+                t = "server died" if math.isnan(v) or v == 0 else f"{t}\nuntil it died"
             elif n != baseline and not math.isnan(v) and not math.isnan(base) and base != 0:
                 r = v / base
                 t += f"\n{'<0.01' if 0 <= r < 0.005 else f'{r:.2f}'}× {baseline}"  # (not "0.00×" of a tiny ratio)

@@ -1,7 +1,8 @@
-"""The note a run carries where its answer rests on the profile's attention: calibrate's torch
-harness prices decode attention with plain ``scaled_dot_product_attention`` over keys gathered
-through ``req_to_token`` (docs/calibration.md), slower than the engines' production backends on
-a card; where that part of a decode forward is large at the run's load, the run says so."""
+"""The caveat a run's verdict carries where its answer rests on the profile's attention:
+calibrate's torch harness prices decode attention with plain ``scaled_dot_product_attention``
+over keys gathered through ``req_to_token`` (docs/calibration.md), slower than the engines'
+production backends on a card; where that part of a decode forward is large at the run's load,
+the verdict says so."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ ATTENTION_SHARE_NOTE = 0.25  # the share of a decode forward that grows with con
 PLAIN_ATTENTION = "scaled_dot_product_attention"  # calibrate's torch harness (metadata.attention)
 
 
-def attention_note(scenario, meta: dict | None, summaries: dict[str, dict]) -> str | None:
-    """A line where the answer rests mostly on the profile's attention: a forward measured by
+def attention_caveat(scenario, meta: dict | None, summaries: dict[str, dict]) -> str | None:
+    """A clause where the answer rests mostly on the profile's attention: a forward measured by
     calibrate's torch harness on a card (``metadata.attention`` plain ``scaled_dot_product_attention``,
     its decode gathering the keys through ``req_to_token`` as SGLang's ``torch_native`` backend
     does, docs/calibration.md), at a load where more than :data:`ATTENTION_SHARE_NOTE` of a
@@ -41,9 +42,9 @@ def attention_note(scenario, meta: dict | None, summaries: dict[str, dict]) -> s
     share = (full - short) / full if full > 0 else 0.0
     if not share > ATTENTION_SHARE_NOTE:
         return None
-    return (f"note: at this load (decode batches of about {n} requests, about {context:,.0f} tokens of context "
-            f"each) {share:.0%} of a decode step's forward is the part that grows with context, and the profile's "
-            "attention is calibrate's plain torch (the keys gathered through req_to_token, as SGLang's torch_native "
-            "backend: about 6 passes over them at half the card's peak, where a production kernel makes one): a "
-            "production backend (FlashInfer, FA3: the engines' defaults on CUDA) reads the KV cache faster, so the "
-            "device's time is overstated here and the host's share understated (docs/calibration.md)")
+    return (f"the profile's decode attention is calibrate's plain torch (the keys gathered through req_to_token, "
+            "as SGLang's torch_native backend: about 6 passes over them at half the card's peak, where a production "
+            f"kernel makes one), {share:.0%} of a decode forward at this load (batches of up to about {n} requests, "
+            f"about {context:,.0f} tokens of context each): a production backend (FlashInfer, FA3: the engines' "
+            "defaults on CUDA) reads the KV cache faster, so the device's time, TPOT and throughput are overstated "
+            "here and the host's share understated, outside any range below (docs/calibration.md)")

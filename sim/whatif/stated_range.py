@@ -56,8 +56,11 @@ def stated_uncertainties(meta: Optional[dict]) -> list[Stated]:
             engine = composed.get("host_engine") or "the engine"
             src = composed.get("host_cpu") or "another host"
             dst = meta.get("host_cpu") or "the profile's host"
+            moved = meta.get("transfer") if isinstance(meta.get("transfer"), dict) else None
+            card = moved.get("from_device_name") if moved else None  # (a profile moved on to another card)
+            host = f"the {card}'s host ({dst})" if card else f"the device's host ({dst})"
             out.append(Stated("cpu", u, f"host phases ±{u:.0%}: {engine}'s own functions timed on {src}, moved to "
-                                        f"the device's host ({dst}) by a yardstick"))
+                                        f"{host} by a yardstick"))
     slow = (meta.get("trace") or {}).get("slowdown") if isinstance(meta.get("trace"), dict) else None
     if isinstance(slow, dict) and slow.get("removed") and (u := _u(slow.get("uncertainty_rel"))) is not None:
         axis = "both" if meta.get("device") == "cpu" else "cpu"

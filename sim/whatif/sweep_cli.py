@@ -129,6 +129,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     said = load_warnings(scenario)
     for line in said:  # what the base scenario asks for approximately, as run says
         print(line)
+    warned_at = []  # the points whose load is answered approximately beyond the base's (the verdict says so too)
     for task in plan:  # and what a point asks for beyond it (a concurrency above num_requests...), once each
         if task.repeat == 0:
             at = ", ".join(f"{k}={v}" for k, v in task.values.items())
@@ -136,6 +137,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 if line not in said:
                     said.append(line)
                     print(f"at {at}: {line}")
+                    warned_at += [at] if at not in warned_at else []
     out = check_output_dir(args.out or default_sweep_folder(scenario.name, args.grid, args.overrides), "--out")
     from sim.whatif.sweeps import other_sweep_note
 
@@ -170,6 +172,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     _print_sweep(table, scenario.name, stdout_console())
     line = sweep_verdict_line(table, scenario.costs.noise, args.run_cv, scenario.server.device, _grounds(plan))
     if line:
+        if warned_at:
+            line += f"; at {'; '.join(warned_at)} the load is answered approximately (the warning above)"
         print(line)
         if note := verdict_platform_note(scenario.server):
             print(note)

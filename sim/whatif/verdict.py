@@ -297,7 +297,7 @@ class Verdict:
             from sim.model.reach import FAR
 
             share = f"{self.extrapolated_share:.0%}" if self.extrapolated_share >= 0.005 else "under 1%"
-            out += (f"; {share} of the steps priced beyond the profile's measured data (extrapolated, "
+            out += (f"; {share} of the two settings' steps priced beyond the profile's measured data (extrapolated, "
                     f"{reach_words(self.max_extrapolation, self.max_extrapolation_at)}")
             if self.far_share > 0:
                 out += f"; {self.far_share:.0%} beyond x{FAR:g}, where no measurement stands behind the price"
@@ -421,6 +421,8 @@ def resolve_run_cv(flag: Optional[float], noise, device: str = "cuda") -> tuple[
         return stated, "the scenario's costs.noise"
     if device == "cpu":
         return DEFAULT_RUN_CV, "a dedicated CPU host with nothing else running"
+    if device in ("mlx", "mps"):  # (an Apple SoC: no clocks to lock; not measured either)
+        return DEFAULT_RUN_CV, "as for a clock-locked card on a quiet host (not measured on an Apple SoC)"
     return DEFAULT_RUN_CV, "a clock-locked card on a quiet host"
 
 

@@ -39,6 +39,8 @@ def _scenario(tmp_path, **server) -> str:
     ({"server": {"version": "0.0.1"}}, "server.version 0.0.1 is older than any release checked (0.5.3)"),
     ({"workload": {"output_len": 4100}}, "reach 4116 tokens, beyond the 4094 that server.kv_pool_tokens"),
     ({"server": {"context_length": 20}}, "beyond the 18 that server.context_length lets one request reach"),
+    ({"workload": {"num_requests": 3}}, "workload.concurrency 2 with 3 measured requests: each client sends fewer "
+                                        "than 2 of them, so the run is about one wave"),
 ])
 def test_approximate_answers_say_so(run_cli, tmp_path, change, words):
     path = _scenario(tmp_path, **change)

@@ -339,9 +339,14 @@ def _client_warnings(w, server) -> list[str]:
     if getattr(w, "arrival", None) != "closed_loop" or not isinstance(n, int):
         return []
     out = []
+    measured = w.num_requests - min(w.warmup_requests, w.num_requests)
     if n > w.num_requests:
         out.append(f"warning: workload.concurrency {n} exceeds workload.num_requests {w.num_requests}: at most "
                    f"{w.num_requests} requests are ever in flight")
+    elif measured < 2 * n and not getattr(w, "trace", None):  # (fewer than two measured requests a client)
+        out.append(f"warning: workload.concurrency {n} with {measured} measured requests: each client sends fewer "
+                   "than 2 of them, so the run is about one wave from an empty server, its throughput and latency "
+                   "a burst's, not a steady state (raise workload.num_requests)")
     name, cap = server.running_cap  # each engine's own cap
     if min(n, w.num_requests) > cap:
         out.append(f"warning: workload.concurrency {n} exceeds {name} {cap}: at most {cap} requests run at once, "

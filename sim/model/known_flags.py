@@ -30,7 +30,11 @@ def is_option(token: str) -> bool:
     (``ArgumentParser._parse_optional``, Python 3.11, which both engines' launchers use): it starts
     with ``-`` and is not ``-`` alone, a negative number or a string with a space. An option that
     takes a value and is followed by such a token (or by nothing) is refused by the engine's
-    server: "expected one argument"."""
+    server: "expected one argument". A token of ``--=`` and anything after it is an option too,
+    spaces or not: argparse splits at ``=`` first, and the empty long name before it is a prefix
+    of every long option (an abbreviation, or an ambiguous one: refused either way)."""
+    if token.startswith("--="):
+        return True
     return (len(token) > 1 and token[0] == "-" and not _NEGATIVE_NUMBER.match(token) and " " not in token)
 
 

@@ -161,7 +161,7 @@ def test_a_sweeps_points_are_grounded_as_runs_are():
            "workload.concurrency=8 (1.100x)" in line
     assert "cannot tell from what the profile knows (keep the default: overlap on) at workload.concurrency=64" in line
     assert "at 2 of 3 points steps priced beyond the profile's measured data (up to x6.5 its range, as the ratio " \
-           "of x + 1 and the measured edge + 1; at 1, steps beyond x4" in line
+           "of x + 1 and the measured edge + 1; at 1 of them, steps beyond x4" in line
     # placeholders, a caveat, the stated uncertainties not simulated, another model's costs
     grounds = {i: (_Server(["a caveat"], other_model=i == 0), None, True, ["host phases ±40%"], False) for i in range(3)}
     line = sweep_verdict_line(_sweep_rows([(110.0, 100.0)] * 3), quiet, grounds=grounds)

@@ -107,8 +107,8 @@ def _host_move(device: dict, host: dict, host_speed: float | None, host_yardstic
         where = given or (host_source, "metadata.yardstick.readings")
         for i, r in enumerate(source):  # (a hand-edited file: each reading as yardstick.measure writes it)
             point = r.get("point") if isinstance(r, dict) else None
-            if not (isinstance(point, dict) and isinstance(r.get("curve"), str)
-                    and isinstance(point.get("num_reqs"), int) and is_number(r.get("median_s"), 0.0, sys.float_info.max)):
+            if not (isinstance(point, dict) and isinstance(r.get("curve"), str) and isinstance(point.get("num_reqs"), int)
+                    and is_number(r.get("median_s"), 0.0, sys.float_info.max)):
                 raise ProfileError(where[0], f"{where[1]}[{i}]", "a reading {curve, point: {num_reqs}, median_s} "
                                    "with a finite time of 0 or more seconds")
         try:

@@ -169,6 +169,7 @@ def _sweep_standing(found: list[Verdict]) -> str:
         farthest = max(beyond, key=lambda v: v.max_extrapolation)
         out += (f"; at {len(beyond)} of {len(served)} points steps priced beyond the profile's measured data ("
                 + reach_words(farthest.max_extrapolation, farthest.max_extrapolation_at)
-                + (f"; at {far}, steps beyond x{FAR:g}, where no measurement stands behind the price" if far else "")
+                + (f"; at {far} of them, steps beyond x{FAR:g}, where no measurement stands behind the price"
+                   if far else "")
                 + ")")
     return out

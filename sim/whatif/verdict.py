@@ -109,7 +109,7 @@ class Verdict:
     run_cv: float
     cv_source: str
     failed: str = ""
-    ttft_p99_ms: tuple = (math.nan, math.nan)  # (overlapping, synchronous) p99 TTFT, said where they differ (TAIL_RATIO)
+    ttft_p99_ms: tuple = (math.nan, math.nan)  # (overlapping, synchronous) p99 TTFT, said apart (TAIL_RATIO)
     failed_reason: str = ""  # why it failed, as its summary's outcome_reason gives it (e.g. a release rule's fault)
     # (lowest ratio, highest ratio, [what each stated uncertainty is]): sim.whatif.stated_range
     stated_range: Optional[tuple] = None
@@ -160,7 +160,8 @@ class Verdict:
             return float(x) if math.isfinite(x) else None
         out = {"answer": self.answer, "settings": list(self.pair[:2]), "throughput_ratio": finite(self.throughput_ratio),
                "tpot_ms": [finite(t) for t in self.tpot_ms], "ttft_ms": [finite(t) for t in self.ttft_ms],
-               "ttft_p99_ms": [finite(t) for t in self.ttft_p99_ms], "run_cv": self.run_cv, "cv_source": self.cv_source,
+               "ttft_p99_ms": [finite(t) for t in self.ttft_p99_ms], "run_cv": self.run_cv,
+               "cv_source": self.cv_source,
                "threshold_ratio": finite(self.threshold), "failed": self.failed, "line": self.line()}
         if (change := self.latency_change()) is not None:
             out["tpot_change"] = change
@@ -297,8 +298,8 @@ class Verdict:
             from sim.model.reach import FAR
 
             share = f"{self.extrapolated_share:.0%}" if self.extrapolated_share >= 0.005 else "under 1%"
-            out += (f"; {share} of the two settings' steps priced beyond the profile's measured data (extrapolated, "
-                    f"{reach_words(self.max_extrapolation, self.max_extrapolation_at)}")
+            out += (f"; {share} of the two settings' steps (warm-up included) priced beyond the profile's measured "
+                    f"data (extrapolated, {reach_words(self.max_extrapolation, self.max_extrapolation_at)}")
             if self.far_share > 0:
                 out += f"; {self.far_share:.0%} beyond x{FAR:g}, where no measurement stands behind the price"
             out += ")"

@@ -223,12 +223,12 @@ def test_an_answer_resting_on_the_harness_attention_says_so(run_cli, tmp_path):
     share, the verdict says the device's time is overstated against a production backend."""
     import sim
     from sim.model.profile import load_profile
-    from sim.whatif.attention import ATTENTION_SHARE_NOTE, attention_caveat
+    from sim.whatif.attention import ATTENTION_SHARE_CAVEAT, attention_caveat
 
     scenarios = Path(__file__).resolve().parents[1] / "scenarios"
     quickstart = sim.load_scenario(scenarios / "quickstart.yaml")
     meta = load_profile(quickstart.resolve_path(quickstart.costs.profile))["metadata"]
-    assert meta["attention"] == "scaled_dot_product_attention" and ATTENTION_SHARE_NOTE == 0.25
+    assert meta["attention"] == "scaled_dot_product_attention" and ATTENTION_SHARE_CAVEAT == 0.25
     # the quickstart: 8 requests at 512 + 256 / 2 = 640 tokens: 13% of the forward (no note)
     assert attention_caveat(quickstart, meta, {"overlap": {"mean_decode_batch_size": 8.0}}) is None
     long = sim.load_scenario(scenarios / "quickstart.yaml", ["workload.input_len=4000", "workload.output_len=500"])

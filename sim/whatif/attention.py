@@ -6,7 +6,11 @@ the verdict says so."""
 
 from __future__ import annotations
 
-ATTENTION_SHARE_NOTE = 0.25  # the share of a decode forward that grows with context beyond which the note is said
+from sim.model.costs import DECODE
+from sim.model.workload import make_requests
+from sim.simulate import cost_model
+
+ATTENTION_SHARE_CAVEAT = 0.25  # the share of a decode forward that grows with context, beyond which it is said
 PLAIN_ATTENTION = "scaled_dot_product_attention"  # calibrate's torch harness (metadata.attention)
 
 
@@ -14,7 +18,7 @@ def attention_caveat(scenario, meta: dict | None, summaries: dict[str, dict]) ->
     """A clause where the answer rests mostly on the profile's attention: a forward measured by
     calibrate's torch harness on a card (``metadata.attention`` plain ``scaled_dot_product_attention``,
     its decode gathering the keys through ``req_to_token`` as SGLang's ``torch_native`` backend
-    does, docs/calibration.md), at a load where more than :data:`ATTENTION_SHARE_NOTE` of a
+    does, docs/calibration.md), at a load where more than :data:`ATTENTION_SHARE_CAVEAT` of a
     decode step's forward is the part that grows with context: the forward at the run's mean
     decode batch (the largest over ``summaries``) and the load's mean context (prompt plus half
     the output) against the same batch at 128 tokens of context. A production attention backend
@@ -26,10 +30,6 @@ def attention_caveat(scenario, meta: dict | None, summaries: dict[str, dict]) ->
     batches = [float(b) for b in batches if isinstance(b, (int, float)) and b == b and b >= 1]
     if not batches or not scenario.costs.profile:
         return None
-    from sim.model.costs import DECODE
-    from sim.model.workload import make_requests
-    from sim.simulate import cost_model
-
     try:
         specs = make_requests(scenario)
         context = float(specs.input_len.mean() + specs.output_len.mean() / 2)
@@ -37,10 +37,10 @@ def attention_caveat(scenario, meta: dict | None, summaries: dict[str, dict]) ->
         n = max(1, round(max(batches)))
         full = costs.forward_s(DECODE, n, n, round(n * context))
         short = costs.forward_s(DECODE, n, n, round(n * min(context, 128.0)))
-    except Exception:  # (a profile or cost model that cannot price it: no note rather than a wrong one)
+    except Exception:  # (a profile or cost model that cannot price it: no caveat rather than a wrong one)
         return None
     share = (full - short) / full if full > 0 else 0.0
-    if not share > ATTENTION_SHARE_NOTE:
+    if not share > ATTENTION_SHARE_CAVEAT:
         return None
     return (f"the profile's decode attention is calibrate's plain torch (the keys gathered through req_to_token, "
             "as SGLang's torch_native backend: about 6 passes over them at half the card's peak, where a production "

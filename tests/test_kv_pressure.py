@@ -292,3 +292,21 @@ def test_context_length_weighs_the_cap_the_client_sends():
                                       "server.context_length=200"])
     assert sim.simulate(capped, "overlap").summary()["too_long"] == 16
     assert any("input_len + max_new_tokens reach 201" in w for w in load_warnings(capped))
+
+
+def test_the_table_says_a_dead_servers_values_are_until_it_died():
+    from rich.console import Console
+
+    from sim.output.report import print_table
+
+    import sim
+
+    run = sim.simulate(sim.load_scenario(SCENARIOS / "kv-pressure.yaml"), "normal", tables="none").summary()
+    alive = {**run, "outcome": "ok"}
+    dead = {**run, "outcome": "server_died", "outcome_time_s": 0.8, "outcome_reason": "KV allocation failed"}
+    console = Console(record=True, width=200)
+    print_table("t", {"overlap": dead, "normal": alive}, console=console)
+    assert "overlap: values until its server died" in console.export_text()
+    console = Console(record=True, width=200)
+    print_table("t", {"overlap": alive, "normal": alive}, console=console)
+    assert "values until" not in console.export_text()

@@ -201,13 +201,15 @@ def print_table(title: str, summaries: dict[str, dict], console: Console | None 
                "(gap: of the means)")
     if streamed:
         caption += "; medians and p99s streamed (DDSketch, within 0.5%)"
-    table = Table(title=title, caption=caption if rat or streamed else None)
+    died = [name for name, s in summaries.items() if s.get("outcome", "ok") != "ok"]
+    if died:  # (its values are until then: ITL and sync wait of the steps it ran, no idle share after)
+        caption += f"; {' and '.join(died)}: values until {'its server' if len(died) == 1 else 'their servers'} died"
+    table = Table(title=title, caption=caption if rat or streamed or died else None)
     table.add_column("metric")
     for name in summaries:  # (a name too long for a narrow terminal folds, not cut to "thread_overl…")
         table.add_column(name, justify="right", overflow="fold")
     for rname in rat:
         table.add_column(rname, justify="right", overflow="fold")
-    died = {name for name, s in summaries.items() if s.get("outcome", "ok") != "ok"}
     for label, key, fmt in TABLE_ROWS:
         if key == "gpu_idle_fraction" and device_word(device) != "GPU":
             label = CPU_IDLE_LABEL

@@ -140,7 +140,7 @@ def sized_config(cfg, args: argparse.Namespace, console):
                       flag="--device-memory-gib" if args.device_memory_gib is not None else "--model")
     cfg = replace(cfg, grid=sized.grid)
     if not args.dry_run and getattr(args, "out", None) is not None:  # (a resumed run's bad sidecar: one line, first)
-        from calibrate.measure import Sidecar
+        from calibrate.sidecar import Sidecar
 
         Sidecar.check(Path(args.out), cfg.identity(), bool(getattr(args, "fresh", False)))
     if args.quiet and not args.dry_run:

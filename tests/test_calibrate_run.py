@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from calibrate import measure
+from calibrate import measure, sidecar
 from sim.cli import main
 from sim.model.profile import CURVE_AXES, load_profile
 
@@ -255,16 +255,16 @@ def test_a_corrupt_sidecar_line_is_refused_at_once_naming_the_file(tmp_path, lin
     path.write_text(json.dumps({"sidecar": "overlap-sim calibration samples", "identity": identity}) + "\n"
                     + json.dumps(line) + "\n" + '{"task": "cut sh')  # (a last line cut short: measured again)
     with pytest.raises(CalibrationInputError) as err:
-        measure.Sidecar(path, identity, fresh=False)
+        sidecar.Sidecar(path, identity, fresh=False)
     assert err.value.source == str(path) and err.value.field == field and "pass --fresh" in str(err.value)
     good = {"task": "d1", "samples": [{"curve": "forward.decode", "point": {"num_reqs": 1, "ctx": 8}, "times_s": [0.01]}]}
     path.write_text(json.dumps({"sidecar": "x", "identity": identity}) + "\n" + json.dumps(good) + "\n")
-    assert measure.Sidecar(path, identity, fresh=False).done == {"d1": good["samples"]}
+    assert sidecar.Sidecar(path, identity, fresh=False).done == {"d1": good["samples"]}
 
 
 def test_a_bad_sidecar_is_the_only_line_before_any_plan(tmp_path, capsys):
     out = tmp_path / "p.json"
-    measure.sidecar_path(out).write_text('{"sidecar": "x", "identity": {}}\n')  # another calibration's
+    sidecar.sidecar_path(out).write_text('{"sidecar": "x", "identity": {}}\n')  # another calibration's
     assert main(["calibrate", "--backend", "torch", "--device", "cpu", "--model", "tiny", "--quick",
                  "--out", str(out)]) == 2
     err = capsys.readouterr().err

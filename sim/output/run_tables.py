@@ -55,6 +55,14 @@ def is_run_folder(folder: Path) -> bool:
     return (folder / "summary.json").is_file() and any(folder.glob("steps_*.*"))
 
 
+def check_run_folder(folder: Path) -> None:
+    """Raise :class:`UserInputError` naming ``folder`` unless it is a folder (a file, or nothing,
+    said as such: where a run's results were expected)."""
+    if not folder.is_dir():
+        what = "a file, not a folder" if folder.exists() else "no such folder"
+        raise UserInputError(str(folder), "", f"{what}; expected a results folder written by 'overlap-sim run'")
+
+
 def load_run_tables(folder: Path, settings: Optional[list[str]] = None) -> RunTables:
     """Load ``summary.json`` and the ``steps_/requests_<setting>.{csv,parquet}`` tables of a run.
 
@@ -63,9 +71,7 @@ def load_run_tables(folder: Path, settings: Optional[list[str]] = None) -> RunTa
             this needs, or a requested setting the folder does not have.
     """
     folder = Path(folder)
-    if not folder.is_dir():
-        what = "a file, not a folder" if folder.exists() else "no such folder"
-        raise UserInputError(str(folder), "", f"{what}; expected a results folder written by 'overlap-sim run'")
+    check_run_folder(folder)
     try:
         payload = json.loads((folder / "summary.json").read_text())
     except (OSError, ValueError) as err:

@@ -30,14 +30,13 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
 def cmd_trace(args: argparse.Namespace) -> int:
     from sim.output.chrome_trace import chrome_trace, parse_window, write_chrome_trace
     from sim.output.plots import _save
-    from sim.output.run_tables import load_run_tables
+    from sim.output.run_tables import check_run_folder, load_run_tables
     from sim.whatif.plots import trace_preview
 
     from sim.atomic import check_output_file
 
     window = parse_window(args.window)
-    if not args.results.is_dir():  # (before --out's check, which would blame --out for a results path that is a file)
-        load_run_tables(args.results)
+    check_run_folder(args.results)  # (before --out's check, which would blame --out for a results path that is a file)
     inputs = _run_inputs(args.results)  # the run's own files: the trace may not overwrite what it reads
     out = check_output_file(args.out or args.results / "trace.json", "--out", (".json", ".json.gz", ".gz"), inputs)
     if args.preview:

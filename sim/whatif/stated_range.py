@@ -27,6 +27,7 @@ import itertools
 import math
 from typing import NamedTuple, Optional
 
+from sim.jsonio import is_number
 from sim.model.profile.file import MAX_STATED_U as MAX_U  # (a profile with a larger one is refused on loading)
 
 
@@ -41,8 +42,8 @@ class Stated(NamedTuple):
 
 
 def _u(value) -> Optional[float]:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0 < value <= MAX_U
-    return float(value) if ok else None
+    """A stated relative uncertainty to simulate over, or None (none stated, 0, or out of range)."""
+    return float(value) if is_number(value, 0.0, MAX_U, above=True) else None
 
 
 def stated_uncertainties(meta: Optional[dict]) -> list[Stated]:

@@ -239,7 +239,7 @@ def _saved_summaries(summaries) -> bool:
         for key, value in summary.items():
             if not (value is None or isinstance(value, (str, int, float))):
                 return False
-            if key in SUMMARY_KEYS and (isinstance(value, (str, bool))):
+            if key in SUMMARY_KEYS and isinstance(value, (str, bool)):
                 return False
     return True
 
@@ -371,7 +371,7 @@ def manifest_run_cv(manifest: dict) -> float:
     ``--run-cv``)."""
     from types import SimpleNamespace
 
-    from sim.whatif.verdict import resolve_run_cv
+    from sim.whatif.verdict import DEFAULT_RUN_CV, resolve_run_cv
 
     config = manifest.get("scenario_config") if isinstance(manifest.get("scenario_config"), dict) else {}
     noise = (config.get("costs") or {}).get("noise") or {}
@@ -382,8 +382,6 @@ def manifest_run_cv(manifest: dict) -> float:
         return resolve_run_cv(None if flag is None else float(flag), stated,
                               str((config.get("server") or {}).get("device", "cuda")))[0]
     except (TypeError, ValueError, AttributeError):  # (a hand-edited manifest: the default)
-        from sim.whatif.verdict import DEFAULT_RUN_CV
-
         return DEFAULT_RUN_CV
 
 

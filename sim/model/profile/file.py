@@ -353,7 +353,7 @@ def _check_stated(meta: dict, path: tuple, source: str) -> None:
     u = node[path[-1]]
     if u is None:  # (stated as unknown: no range is simulated over it)
         return
-    if not (isinstance(u, (int, float)) and not isinstance(u, bool) and math.isfinite(u) and 0 <= u <= MAX_STATED_U):
+    if not is_number(u, 0.0, MAX_STATED_U):
         raise ProfileError(source, "metadata." + ".".join(path), f"a relative uncertainty from 0 to "
                            f"{MAX_STATED_U:g} (0.42 for ±42%; got {shown(u)})")
 

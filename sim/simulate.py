@@ -44,6 +44,9 @@ class Result:
             'extrapolated_steps', 'far_steps': steps priced beyond the calibration profile's data and
             beyond sim.model.reach.FAR of it, 'max_extrapolation': the largest distance,
             'max_extrapolation_at': the curve and axis that put the farthest step there ('' inside);
+            'bounded_steps': steps priced below the data's contexts within sim.model.reach.BOUNDED_MAX
+            of the price there (not counted as extrapolated), 'max_bounded_share': the largest such
+            bound, 'max_bounded_at': where it lay ('' for none);
             'spec_accept_length': with speculative decoding, tokens per verify step per request;
             'summary_extra': an engine's own summary keys, numbers (vLLM's ``frontend_in_beyond``,
             ``frontend_in_pool``, ``frontend_in_measured_to``: :mod:`sim.engines.vllm.frontend`)}.
@@ -103,10 +106,12 @@ class Result:
         out["peak_token_usage"] = o.get("peak_token_usage", math.nan)
         out.update(failures)
         for key in ("retractions", "retraction_steps", "reprefill_tokens", "skipped_decodes", "extrapolated_steps",
-                    "far_steps"):
+                    "far_steps", "bounded_steps"):
             out[key] = int(o.get(key, 0))
         out["max_extrapolation"] = float(o.get("max_extrapolation", 1.0))
         out["max_extrapolation_at"] = str(o.get("max_extrapolation_at", ""))  # the curve and axis (sim.model.reach)
+        out["max_bounded_share"] = float(o.get("max_bounded_share", 0.0))  # below the data's contexts, bounded
+        out["max_bounded_at"] = str(o.get("max_bounded_at", ""))
         if self.scenario.workload.arrival == "closed_loop":  # its clients send as answers come: no queue to grow
             out["ttft_growth"] = out["in_server_mid"] = out["in_server_last"] = math.nan
         # every step of the run, warm-up and tail included: what extrapolated_steps counts over

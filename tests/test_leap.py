@@ -657,12 +657,21 @@ def test_profile_counts_a_numpy_run_as_its_steps(num_reqs, ctx0, k, growth):
         stepwise.forward_s(DECODE, num_reqs, num_reqs, c)
     vector.count_decode_steps(num_reqs, np.array(ctx, dtype=np.float64))
     assert vector.reach.outcome() == stepwise.reach.outcome()
-    # both as the definition (sim.model.reach): the largest distance over the curves that price a step
-    from sim.model.reach import ReachMeter, distance
+    # both as the definition (sim.model.reach): the largest distance over the curves that price a step;
+    # below the data's contexts, where the price lies within BOUNDED_MAX of the edge's, the context
+    # counts as inside and the step, if nothing else lies beyond, as bounded
+    from sim.model.reach import BOUNDED_MAX, ReachMeter, below_share, distance
 
     hf, hl, hs, hp = stepwise._hull[DECODE]
+    curve, lo = stepwise.curves["forward.decode"], hf[0][1]
     meter = ReachMeter()
     for c in ctx:
-        meter.step(max(distance(hf, num_reqs, c / num_reqs), distance(hl, num_reqs), distance(hs, num_reqs),
-                       distance(hp, num_reqs)))
+        x = c / num_reqs
+        share = below_share(curve(num_reqs, x), curve(num_reqs, lo)) if x < lo else math.inf
+        d = max(distance(hf, num_reqs, max(x, lo) if share <= BOUNDED_MAX else x), distance(hl, num_reqs),
+                distance(hs, num_reqs), distance(hp, num_reqs))
+        if d == 1.0 and share <= BOUNDED_MAX:
+            meter.bounded(share)
+        else:
+            meter.step(d)
     assert meter.outcome() == stepwise.reach.outcome()

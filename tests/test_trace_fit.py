@@ -150,7 +150,8 @@ def test_distance_by_hand():
 def test_the_meter_counts_steps_beyond_the_data_and_beyond_far():
     m = ReachMeter()
     assert [m.step(d) for d in (1.0, 1.5, FAR + 1, 1.0, FAR + 1)] == [False, True, True, False, False]  # new farthest
-    assert m.outcome() == {"extrapolated_steps": 3, "far_steps": 2, "max_extrapolation": FAR + 1}
+    assert m.outcome() == {"extrapolated_steps": 3, "far_steps": 2, "max_extrapolation": FAR + 1, "bounded_steps": 0,
+                           "max_bounded_share": 0.0}
     assert m.same_steps(FAR + 1, 3) is False and m.same_steps(FAR + 2, 2) is True and m.same_steps(9.0, 0) is False
 
 
@@ -162,7 +163,8 @@ def test_the_meter_names_the_first_step_at_a_new_farthest_distance():
     assert m.steps(np.array([2.5, 3.0])) == -1  # not farther than 3
     assert m.steps(np.array([1.0, 1.0])) == -1
     assert m.steps(np.array([4.0])) == 0
-    assert m.outcome() == {"extrapolated_steps": 6, "far_steps": 0, "max_extrapolation": 4.0}
+    assert m.outcome() == {"extrapolated_steps": 6, "far_steps": 0, "max_extrapolation": 4.0, "bounded_steps": 0,
+                           "max_bounded_share": 0.0}
 
 
 def test_the_farthest_axis_by_hand():

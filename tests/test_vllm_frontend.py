@@ -148,7 +148,8 @@ def test_a_step_beyond_the_output_curves_data_is_priced_as_the_largest_measured_
     assert costs.frontend_s("out", 8) == costs.frontend_s("out", 256) == pytest.approx(3e-3)
     assert costs.frontend_s("in", 1) == pytest.approx(0.006)  # (a burst's curve: not held)
     costs.forward_s(1, 4, 4, 400)
-    assert costs.reach.outcome() == {"extrapolated_steps": 0, "far_steps": 0, "max_extrapolation": 1.0}
+    assert costs.reach.outcome() == {"extrapolated_steps": 0, "far_steps": 0, "max_extrapolation": 1.0,
+                                     "bounded_steps": 0, "max_bounded_share": 0.0}
     costs.forward_s(1, 8, 8, 800)
     costs.forward_s(1, 256, 256, 25600)
     out = costs.reach.outcome()

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from sim.model.costs import DECODE
 from sim.model.profile import load_profile_read_only, profile_curves
-from sim.model.reach import ReachMeter, distance, distances, farthest_axis, hulls
+from sim.model.reach import BOUNDED_MAX, ReachMeter, below_share, distance, distances, farthest_axis, hulls
 
 
 class ProfileCostModel:
@@ -84,6 +84,7 @@ class ProfileCostModel:
         self._decode_cpu_seen: dict[int, tuple[float, float, float]] = {}  # batch size -> a decode's CPU phases
         self._decode_reach: dict[int, float] = {}  # batch size -> its distance from the data (count_decode_steps)
         self._farthest: tuple | None = None  # the farthest step's (kind, num_reqs, forward's point, launch's x)
+        self._bounded: tuple | None = None  # the bounded decode of the largest share's (num_reqs, ctx)
         h = hulls(profile, c)
         self._hull = tuple((h[f"forward.{k}"], h[f"launch.{k}"], h[f"schedule.{k}"], h[f"process.{k}"])
                            for k in ("extend", "decode"))
@@ -111,11 +112,21 @@ class ProfileCostModel:
             if d is None:
                 d = self._decode_size(num_reqs)
             lo, hi = self._decode_ctx_range
-            if not lo <= ctx <= hi:  # beyond the data's contexts (rare): the context's own distance
-                d = max(d, distance(((lo,), (hi,)), ctx))
+            price = self._forward[DECODE](num_reqs, ctx)
+            if not lo <= ctx <= hi:  # beyond the data's contexts (rare): the context's own distance,
+                # or below them a price bounded by the edge's (sim.model.reach: not extrapolated)
+                share = below_share(price, self._forward[DECODE](num_reqs, lo)) if ctx < lo else math.inf
+                if share > BOUNDED_MAX:
+                    d = max(d, distance(((lo,), (hi,)), ctx))
+                elif d == 1.0:
+                    if self.reach.bounded(share):
+                        self._bounded = (num_reqs, ctx)
+                    return price * self.gpu_scale
+                else:  # beyond the data on its batch size only (the step's point: the context bounded)
+                    ctx = lo
             if d > 1.0 and self.reach.step(d):
                 self._farthest = (DECODE, num_reqs, (num_reqs, ctx), num_reqs)
-            return self._forward[DECODE](num_reqs, ctx) * self.gpu_scale
+            return price * self.gpu_scale
         if self.extend_attended:  # the KV tokens a new token attends: given, else equal shares
             attended = attn_pairs / num_tokens if attn_pairs else sum_ctx / num_reqs
             x, launch_x = (num_tokens, attended), num_tokens
@@ -195,12 +206,24 @@ class ProfileCostModel:
                     return  # every step inside the data: nothing to count
             x = sum_ctx.astype(np.float64) / num_reqs
             d = np.maximum(distances(lo, hi, x), size)
+            below = np.flatnonzero(x < lo)
+            if len(below):  # below the data's contexts: bounded where the price is near the edge's
+                curve = self._forward[DECODE]
+                edge = curve(num_reqs, lo)
+                shares = (np.abs(curve.along(num_reqs, x[below]) - edge) / edge if edge > 0.0
+                          else np.full(len(below), math.inf))
+                near = below[shares <= BOUNDED_MAX]
+                d[near] = size  # the context's distance not counted (the bounded steps' is 1)
+                if size == 1.0 and (i := self.reach.bounded_many(shares[shares <= BOUNDED_MAX])) >= 0:
+                    self._bounded = (num_reqs, float(x[near[i]]))
+                x[near] = lo  # (where such a step is the farthest, it lies beyond on its batch size only)
         elif size == 1.0:
             return
         else:
             d = np.full(len(sum_ctx), size)
         if (i := self.reach.steps(d)) >= 0:  # (the context per request as forward_s divides it)
-            self._farthest = (DECODE, num_reqs, (num_reqs, int(sum_ctx[i]) / num_reqs), num_reqs)
+            ctx = float(x[i]) if len(hf[0]) > 1 else int(sum_ctx[i]) / num_reqs
+            self._farthest = (DECODE, num_reqs, (num_reqs, ctx), num_reqs)
 
     def farthest_at(self) -> str:
         """Where the run's farthest step from the profile's data lies: the curve and axis
@@ -216,6 +239,13 @@ class ProfileCostModel:
                               (f"launch.{k}", c[f"launch.{k}"].axes, hl, (launch_x,)),
                               (f"schedule.{k}", c[f"schedule.{k}"].axes, hs, (num_reqs,)),
                               (f"process.{k}", c[f"process.{k}"].axes, hp, (num_reqs,))])
+
+    def bounded_at(self) -> str:
+        """Where the run's bounded step of the largest share lies (:mod:`sim.model.reach`), in
+        words: ``"forward.decode at ctx 17, measured from 128"``; "" when none was bounded."""
+        if self._bounded is None:
+            return ""
+        return f"forward.decode at ctx {self._bounded[1]:.6g}, measured from {self._decode_ctx_range[0]:.6g}"
 
     def _decode_size(self, num_reqs: int) -> float:
         """A decode step's distance from the data at ``num_reqs`` requests over its curves' batch

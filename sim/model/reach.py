@@ -14,12 +14,27 @@ measurement) and the largest distance, for the run's summary and the verdict lin
 model keeps the first step at the largest distance (its coordinates), and :func:`farthest_axis`
 names the curve and axis that put it there (``max_extrapolation_at`` in the summary), so a
 reader knows what to measure further.
+
+Below the data's lowest context a forward's price is bounded, not a guess: a step's cost grows
+with the context it reads (a decode reads its weights whatever its context, then its KV cache),
+and falls no faster below the data than the edge segment the curve extends (the cost is an
+affine term in the context above a floor), so the true price lies between the curve's value
+there and its value at the lowest measured context. A step whose only excursion is such a
+context, with the two prices within :data:`BOUNDED_MAX` of each other (:func:`below_share`),
+is counted as *bounded* (``bounded_steps``, ``max_bounded_share``, ``max_bounded_at`` in the
+summary) instead of extrapolated: the verdict states the share and says "cannot tell" only where
+it could carry the ratio across 1 (:mod:`sim.whatif.verdict`). Measured on the H200 profiles, a
+decode of 8 requests at 17 tokens of context against 128 is bounded within 3.3%, where the
+distance above called it x7.2 its range, 23% of a short-prompt run's steps beyond :data:`FAR`.
 """
 
 from __future__ import annotations
 
+import math
+
 FAR = 4.0  # beyond this factor from the data a price is not a measurement (the verdict's limit)
 FAR_SHARE = 0.10  # more of a run's steps than this beyond FAR: the verdict cannot stand on them
+BOUNDED_MAX = 0.25  # below the data's contexts, prices this close to the edge's are bounded (module docstring)
 
 
 def hulls(profile: dict, curves: dict) -> dict[str, tuple[tuple[float, ...], tuple[float, ...]]]:
@@ -55,6 +70,20 @@ def distances(lo: float, hi: float, x):
     return np.where(x > hi, (x + 1.0) / (hi + 1.0), np.where(x < lo, (lo + 1.0) / (np.maximum(x, 0.0) + 1.0), 1.0))
 
 
+def below_share(price: float, edge_price: float) -> float:
+    """How far a price below the data's lowest context may be off, as a share of the measured
+    edge's price ``edge_price`` (module docstring): ``|price - edge_price| / edge_price``; inf where
+    the edge's price is not positive."""
+    return abs(price - edge_price) / edge_price if edge_price > 0.0 else math.inf
+
+
+def bounded_words(share: float, at: str = "") -> str:
+    """A bounded price in the words the report and the verdict use: ``"within 3.4% of the price at
+    the lowest measured context (forward.decode at ctx 17, measured from 128) (a step's cost ..."``."""
+    return (f"within {share:.1%} of the price at the lowest measured context" + (f" ({at})" if at else "")
+            + " (a step's cost grows with its context from a floor its weights set)")
+
+
 def farthest_axis(points) -> str:
     """The curve axis farthest from its data among ``points`` (``(curve name, axis names, hull,
     coordinates)`` each, as the cost model priced one step), in words: ``"vllm.frontend_out at
@@ -81,12 +110,36 @@ def reach_words(max_extrapolation: float, at: str = "") -> str:
 class ReachMeter:
     """Counts a run's steps by their distance from the data (:func:`distance`)."""
 
-    __slots__ = ("extrapolated_steps", "far_steps", "max_distance")
+    __slots__ = ("extrapolated_steps", "far_steps", "max_distance", "bounded_steps", "max_bounded_share")
 
     def __init__(self) -> None:
         self.extrapolated_steps = 0  # beyond the data
         self.far_steps = 0  # beyond FAR
         self.max_distance = 1.0
+        self.bounded_steps = 0  # below the data's contexts only, the price bounded (module docstring)
+        self.max_bounded_share = 0.0  # their largest below_share
+
+    def bounded(self, share: float) -> bool:
+        """Count a step whose only excursion is a context below the data, its price within
+        ``share`` of the edge's (:func:`below_share`). Returns whether its share is the largest so
+        far (the cost model then keeps its coordinates)."""
+        self.bounded_steps += 1
+        if share > self.max_bounded_share:
+            self.max_bounded_share = share
+            return True
+        return False
+
+    def bounded_many(self, shares) -> int:
+        """:meth:`bounded` of each share of the array ``shares``. Returns the index of the first at
+        a new largest share, else -1."""
+        if not len(shares):
+            return -1
+        self.bounded_steps += len(shares)
+        top = float(shares.max())
+        if top > self.max_bounded_share:
+            self.max_bounded_share = top
+            return int((shares == top).argmax())
+        return -1
 
     def step(self, d: float) -> bool:
         """Count a step at distance ``d``. Returns whether it is the farthest so far (the cost
@@ -127,19 +180,24 @@ class ReachMeter:
         return -1
 
     def outcome(self) -> dict:
-        """The summary's keys: ``extrapolated_steps``, ``far_steps``, ``max_extrapolation``."""
+        """The summary's keys: ``extrapolated_steps``, ``far_steps``, ``max_extrapolation``,
+        ``bounded_steps``, ``max_bounded_share``."""
         return {"extrapolated_steps": self.extrapolated_steps, "far_steps": self.far_steps,
-                "max_extrapolation": self.max_distance}
+                "max_extrapolation": self.max_distance, "bounded_steps": self.bounded_steps,
+                "max_bounded_share": self.max_bounded_share}
 
 
 def reach_outcome(costs) -> dict:
     """A cost model's reach keys for a run's outcome (inline cost terms: nothing extrapolated), with
     ``max_extrapolation_at``: where the farthest step lies (the cost model's ``farthest_at()``,
-    :func:`farthest_axis`; "" inside the data)."""
+    :func:`farthest_axis`; "" inside the data), and ``max_bounded_at``: where the bounded step of
+    the largest share lies (its ``bounded_at()``; "" for none)."""
     meter = getattr(costs, "reach", None)
     if isinstance(meter, ReachMeter):
         out = meter.outcome()
         out["max_extrapolation_at"] = costs.farthest_at() if hasattr(costs, "farthest_at") else ""
+        out["max_bounded_at"] = costs.bounded_at() if hasattr(costs, "bounded_at") else ""
         return out
     return {"extrapolated_steps": int(getattr(costs, "extrapolated_steps", 0)), "far_steps": 0,
-            "max_extrapolation": 1.0, "max_extrapolation_at": ""}
+            "max_extrapolation": 1.0, "max_extrapolation_at": "", "bounded_steps": 0, "max_bounded_share": 0.0,
+            "max_bounded_at": ""}

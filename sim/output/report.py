@@ -149,7 +149,7 @@ def run_warnings(summaries: dict[str, dict], open_loop: bool = False) -> dict[st
     vLLM's API server in a pool larger than its ``frontend_in`` data (``frontend_in_beyond``),
     and in an open loop (``open_loop``) a queue that grew through the run
     (:func:`sim.trace.metrics.queue_growth`)."""
-    from sim.model.reach import reach_words
+    from sim.model.reach import bounded_words, reach_words
     from sim.trace.metrics import GROWN_TTFT, growth_words, queue_growth, queue_growth_words
 
     out: dict[str, list[str]] = {}
@@ -163,6 +163,10 @@ def run_warnings(summaries: dict[str, dict], open_loop: bool = False) -> dict[st
                          f"calibration profile's measured data ({reach_words(s.get('max_extrapolation', 1.0), at)}"
                          f"{far}); their costs are extrapolated, or held at the edge where the profile's note says "
                          f"so (measure that curve further: {how})")
+        if s.get("bounded_steps"):
+            lines.append(f"note: {name}: {s['bounded_steps']} steps (warm-up included) are priced below the calibration "
+                         f"profile's measured contexts, bounded there, not extrapolated: "
+                         f"{bounded_words(float(s.get('max_bounded_share') or 0.0), str(s.get('max_bounded_at') or ''))}")
         if s.get("frontend_in_beyond"):  # vLLM's API server (sim.engines.vllm.frontend)
             lines.append(f"warning: {name}: {s['frontend_in_beyond']} requests (warm-up included) entered vLLM's API server "
                          f"while it held more than the largest burst vllm.frontend_in was measured at "

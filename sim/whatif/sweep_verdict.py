@@ -32,7 +32,7 @@ def _point_summaries(rows) -> dict[str, dict]:
             if key in g:
                 out[setting][key] = float(g[key].astype(float).mean())
         # the repeats' steps together, for the share priced beyond the profile's data (grounded)
-        for key in ("run_steps", "num_steps", "extrapolated_steps", "far_steps"):
+        for key in ("run_steps", "num_steps", "extrapolated_steps", "far_steps", "bounded_steps"):
             if key in g:
                 out[setting][key] = int(np.nansum(g[key].astype(float).to_numpy()))
         if "max_extrapolation" in g:  # the farthest repeat's distance, and where it lay
@@ -41,6 +41,12 @@ def _point_summaries(rows) -> dict[str, dict]:
             if "max_extrapolation_at" in g and len(far):
                 at = g["max_extrapolation_at"].iloc[int(far.argmax())]
                 out[setting]["max_extrapolation_at"] = at if isinstance(at, str) else ""
+        if "max_bounded_share" in g:  # the widest bound of a repeat, and where it lay
+            wide = g["max_bounded_share"].astype(float).fillna(0.0).to_numpy()
+            out[setting]["max_bounded_share"] = float(wide.max(initial=0.0))
+            if "max_bounded_at" in g and len(wide):
+                at = g["max_bounded_at"].iloc[int(wide.argmax())]
+                out[setting]["max_bounded_at"] = at if isinstance(at, str) else ""
     return out
 
 
@@ -150,7 +156,7 @@ def _sweep_standing(found: list[Verdict]) -> str:
     """What a sweep's answers stand on, over its points (:meth:`Verdict._standing_clause` of one
     run, gathered): placeholder costs, the engines' caveats, the stated uncertainties a sweep does
     not simulate, and at how many points steps were priced beyond the profile's data."""
-    from sim.model.reach import FAR, reach_words
+    from sim.model.reach import FAR, bounded_words, reach_words
 
     served = [v for v in found if not v.failed]
     out = ""
@@ -172,4 +178,8 @@ def _sweep_standing(found: list[Verdict]) -> str:
                 + (f"; at {far} of them, steps beyond x{FAR:g}, where no measurement stands behind the price"
                    if far else "")
                 + ")")
+    if bounded := [v for v in served if v.bounded_share > 0]:
+        widest = max(bounded, key=lambda v: v.max_bounded_share)
+        out += (f"; at {len(bounded)} of {len(served)} points steps priced below the profile's measured contexts, "
+                f"bounded there: {bounded_words(widest.max_bounded_share, widest.max_bounded_at)}")
     return out

@@ -120,6 +120,9 @@ class Verdict:
     far_share: float = 0.0  # of the steps, beyond sim.model.reach.FAR of the data (no measurement there)
     max_extrapolation: float = 1.0  # the farthest step's distance from the data (sim.model.reach.distance)
     max_extrapolation_at: str = ""  # the curve and axis that put it there (sim.model.reach.farthest_axis)
+    bounded_share: float = 0.0  # of the steps, priced below the data's contexts within a bound (sim.model.reach)
+    max_bounded_share: float = 0.0  # the largest such bound, a share of the price
+    max_bounded_at: str = ""  # where it lay, in words (the cost model's bounded_at)
     placeholder: bool = False  # the scenario's inline cost terms, no measured profile
     # speculative decoding: (overlapping, synchronous) tokens per verify step per request, as
     # drawn from the scenario's given acceptance law; None without speculation
@@ -180,6 +183,9 @@ class Verdict:
         out["far_share"] = self.far_share
         out["max_extrapolation"] = self.max_extrapolation
         out["max_extrapolation_at"] = self.max_extrapolation_at
+        out["bounded_share"] = self.bounded_share
+        out["max_bounded_share"] = self.max_bounded_share
+        out["max_bounded_at"] = self.max_bounded_at
         out["placeholder"] = self.placeholder
         if self.accept_length is not None:
             out["spec_accept_length"] = [finite(x) for x in self.accept_length]
@@ -303,22 +309,55 @@ class Verdict:
             if self.far_share > 0:
                 out += f"; {self.far_share:.0%} beyond x{FAR:g}, where no measurement stands behind the price"
             out += ")"
+        if self.bounded_share > 0:
+            from sim.model.reach import bounded_words
+
+            share = f"{self.bounded_share:.0%}" if self.bounded_share >= 0.005 else "under 1%"
+            out += (f"; {share} of the two settings' steps (warm-up included) priced below the profile's measured "
+                    f"contexts, bounded there, not extrapolated: {bounded_words(self.max_bounded_share, self.max_bounded_at)}"
+                    f", {self._bounded_holds()}")
         return out
 
+    def bounded_ends(self) -> tuple[float, float]:
+        """The throughput ratio's ends where every step priced below the data's contexts is off by
+        its bound in the direction that moves the ratio most: each setting's throughput by the
+        bounded steps' share of the steps times the largest bound, one up, the other down."""
+        e = min(self.bounded_share * self.max_bounded_share, 0.5)
+        r = self.throughput_ratio
+        return r * (1.0 - e) / (1.0 + e), r * (1.0 + e) / (1.0 - e)
+
+    def _bounded_holds(self) -> str:
+        """Whether the answer holds across :meth:`bounded_ends`, in words."""
+        lo, hi = self.bounded_ends()
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return "a setting served nothing"
+        return (f"ratio {lo:.3f}-{hi:.3f}x at the bound: "
+                + ("the answer holds across it" if decide(lo, self.run_cv) == decide(hi, self.run_cv)
+                   else "the answer may differ across it"))
+
     def with_reach(self, extrapolated_share: float, far_share: float, max_extrapolation: float,
-                   max_extrapolation_at: str = "") -> "Verdict":
+                   max_extrapolation_at: str = "", bounded: tuple = (0.0, 0.0, "")) -> "Verdict":
         """This verdict with the run's distance from the profile's data (:mod:`sim.model.reach`;
-        ``max_extrapolation_at``: the curve and axis of the farthest step): the answer becomes
-        :data:`UNSURE` when more than :data:`sim.model.reach.FAR_SHARE` of the steps lie beyond
-        :data:`sim.model.reach.FAR` of the data."""
+        ``max_extrapolation_at``: the curve and axis of the farthest step; ``bounded``: the share
+        of the steps priced below the data's contexts within a bound, the largest bound and where
+        it lay): the answer becomes :data:`UNSURE` when more than
+        :data:`sim.model.reach.FAR_SHARE` of the steps lie beyond :data:`sim.model.reach.FAR` of
+        the data, or where the bound could change it (:meth:`bounded_ends`)."""
         from dataclasses import replace
 
         from sim.model.reach import FAR_SHARE
 
         new = replace(self, extrapolated_share=extrapolated_share, far_share=far_share,
-                      max_extrapolation=max_extrapolation, max_extrapolation_at=max_extrapolation_at)
-        if far_share > FAR_SHARE and not self.failed:
+                      max_extrapolation=max_extrapolation, max_extrapolation_at=max_extrapolation_at,
+                      bounded_share=bounded[0], max_bounded_share=bounded[1], max_bounded_at=bounded[2])
+        if self.failed:
+            return new
+        if far_share > FAR_SHARE:
             return replace(new, answer=UNSURE)
+        if new.bounded_share > 0 and math.isfinite(self.throughput_ratio):
+            lo, hi = new.bounded_ends()
+            if decide(lo, self.run_cv) != decide(hi, self.run_cv):
+                return replace(new, answer=UNSURE)
         return new
 
 
@@ -381,9 +420,14 @@ def grounded(found: Verdict, server, meta: Optional[dict], placeholder: bool, pa
     far = sum(int(s.get("far_steps") or 0) for s in pair)
     farthest = max(pair, key=lambda s: _number_or(s.get("max_extrapolation"), 1.0))  # (the first of equals)
     at = farthest.get("max_extrapolation_at")
+    bounded = sum(int(s.get("bounded_steps") or 0) for s in pair)  # priced below the data's contexts
+    widest = max(pair, key=lambda s: _number_or(s.get("max_bounded_share"), 0.0))
+    bounded_at = widest.get("max_bounded_at")
     found = replace(found, placeholder=placeholder, caveats=tuple(server.verdict_caveats(meta))).with_reach(
         extrapolated / steps if steps else 0.0, far / steps if steps else 0.0,
-        _number_or(farthest.get("max_extrapolation"), 1.0), at if isinstance(at, str) else "")
+        _number_or(farthest.get("max_extrapolation"), 1.0), at if isinstance(at, str) else "",
+        (bounded / steps if steps else 0.0, _number_or(widest.get("max_bounded_share"), 0.0),
+         bounded_at if isinstance(bounded_at, str) else ""))
     if server.rests_on_another_model(meta) and not found.failed:
         found = replace(found, answer=UNSURE)
     if open_loop:

@@ -51,7 +51,7 @@ from sim.engines.vllm.structured import GrammarCosts
 from sim.errors import ScenarioError
 from sim.model.costs import DECODE, LinearCostModel
 from sim.model.profile import profile_curves
-from sim.model.reach import ReachMeter, distance, distances, farthest_axis, hulls
+from sim.model.reach import BOUNDED_MAX, ReachMeter, below_share, distance, distances, farthest_axis, hulls
 
 PHASES = ("add_request", "schedule", "dispatch", "prepare", "roundtrip", "sample", "collect", "update")
 SPEC_PHASES = ("schedule", "prepare", "sample", "update")  # with a ``vllm.spec_<phase>`` curve
@@ -106,6 +106,7 @@ class VllmProfileCosts:
         self._hull_phases = tuple(h[name] for name in self._phase_curves)
         self._hulls = h
         self._farthest: tuple | None = None  # the farthest step's (forward curve, its points, num_reqs)
+        self._bounded: tuple | None = None  # the bounded step of the largest share's (forward curve, points, lowest context)
         # the largest step the API server's output side was measured at (frontend_s holds it there)
         self._frontend_reach = {k: h[f"vllm.frontend_{k}"][1][0] for k in ("out", "work") if f"vllm.frontend_{k}" in h}
         self._phases_memo: dict[int, float] = {}  # num_reqs -> the phases' distance from the data
@@ -198,18 +199,41 @@ class VllmProfileCosts:
             decode_tokens = decode_tokens or decode_reqs
             parts = ((num_tokens - decode_tokens, (sum_ctx - decode_sum_ctx) / (num_reqs - decode_reqs)),
                      (decode_tokens, decode_sum_ctx / decode_reqs))
-            if count and self.reach.step(max(self._phases_distance(num_reqs),
-                                             *(distance(self._hull_forward, n, c) for n, c in parts))):
-                self._farthest = ("vllm.forward", parts, num_reqs)
+            if count:
+                self._count(("vllm.forward", self._forward, self._hull_forward), parts, num_reqs)
             return sum(self._forward(n, c) for n, c in parts) * self.gpu_scale
         ctx = (sum_ctx - self.shared_prefix_saving * shared_kv) / num_reqs
-        curve, hull = self._forward, self._hull_forward
+        curve, hull, name = self._forward, self._hull_forward, "vllm.forward"
         if verify and self._verify_forward is not None:  # a verify step, measured as such
-            curve, hull = self._verify_forward, self._hull_verify
-        if count and self.reach.step(max(distance(hull, num_tokens, ctx), self._phases_distance(num_reqs))):
-            self._farthest = ("vllm.spec_forward" if hull is self._hull_verify else "vllm.forward",
-                              ((num_tokens, ctx),), num_reqs)
+            curve, hull, name = self._verify_forward, self._hull_verify, "vllm.spec_forward"
+        if count:
+            if ctx < hull[0][1]:  # below the data's contexts (rare): perhaps bounded
+                self._count((name, curve, hull), ((num_tokens, ctx),), num_reqs)
+            elif self.reach.step(max(distance(hull, num_tokens, ctx), self._phases_distance(num_reqs))):
+                self._farthest = (name, ((num_tokens, ctx),), num_reqs)
         return curve(num_tokens, ctx) * self.gpu_scale
+
+    def _count(self, forward: tuple, points, num_reqs: int) -> None:
+        """Count a step in :attr:`reach`: its forward (``(name, curve, hull)``) at each of
+        ``points`` (tokens, context per request) and its phases at ``num_reqs``. A context below
+        the data whose price lies within :data:`sim.model.reach.BOUNDED_MAX` of the lowest
+        measured context's is bounded, not extrapolated (:mod:`sim.model.reach`): such a step
+        counts as bounded where nothing else lies beyond the data, else at its other distances."""
+        name, curve, hull = forward
+        lo_c = hull[0][1]
+        d, share, kept = self._phases_distance(num_reqs), -1.0, []
+        for n, c in points:
+            if c < lo_c:
+                s = below_share(curve(n, c), curve(n, lo_c))
+                if s <= BOUNDED_MAX:
+                    share, c = max(share, s), lo_c  # (the point's context taken as the edge's)
+            kept.append((n, c))
+            d = max(d, distance(hull, n, c))
+        if d > 1.0:
+            if self.reach.step(d):
+                self._farthest = (name, tuple(kept), num_reqs)
+        elif share >= 0.0 and self.reach.bounded(share):
+            self._bounded = (name, points, lo_c)
 
     def decode_forward_at(self, num_reqs: int, shared_kv: int):
         """:meth:`forward_s` of decode steps of ``num_reqs`` single-token requests (``shared_kv``
@@ -244,7 +268,18 @@ class VllmProfileCosts:
         import numpy as np
 
         ctx = (sum_ctx0 + np.arange(steps, dtype=np.int64) * num_reqs - saving) / num_reqs
-        if (i := self.reach.steps(np.maximum(distances(lo_c, hi_c, ctx), size))) >= 0:
+        d = np.maximum(distances(lo_c, hi_c, ctx), size)
+        below = np.flatnonzero(ctx < lo_c)
+        if len(below):  # below the data's contexts: bounded where the price is near the edge's (_count)
+            edge = self._forward(num_reqs, lo_c)
+            shares = (np.abs(self._forward.along(num_reqs, ctx[below]) - edge) / edge if edge > 0.0
+                      else np.full(len(below), math.inf))
+            near = below[shares <= BOUNDED_MAX]
+            d[near] = size
+            if size == 1.0 and (i := self.reach.bounded_many(shares[shares <= BOUNDED_MAX])) >= 0:
+                self._bounded = ("vllm.forward", ((num_reqs, float(ctx[near[i]])),), lo_c)
+            ctx[near] = lo_c
+        if (i := self.reach.steps(d)) >= 0:
             self._farthest = ("vllm.forward", ((num_reqs, float(ctx[i])),), num_reqs)
 
     def farthest_at(self) -> str:
@@ -257,6 +292,15 @@ class VllmProfileCosts:
         c, h = self.curves, self._hulls
         return farthest_axis([(name, c[name].axes, h[name], x) for x in points]
                              + [(p, c[p].axes, h[p], (num_reqs,)) for p in self._phase_curves])
+
+    def bounded_at(self) -> str:
+        """Where the run's bounded step of the largest share lies (:mod:`sim.model.reach`), in
+        words: ``"vllm.forward at ctx 16, measured from 128"``; "" when none was bounded."""
+        if self._bounded is None:
+            return ""
+        name, points, lo_c = self._bounded
+        ctx = min(c for _, c in points)
+        return f"{name} at ctx {ctx:.6g}, measured from {lo_c:.6g}"
 
     def _phases_distance(self, num_reqs: int) -> float:
         # add_request is priced per drained request, not at the step's num_reqs; kept per batch size

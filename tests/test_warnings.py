@@ -249,3 +249,22 @@ def test_an_answer_resting_on_the_harness_attention_says_so(run_cli, tmp_path):
     assert code == 0, err
     line = next(ln for ln in out.splitlines() if ln.startswith("verdict:"))
     assert "; the profile's decode attention is calibrate's plain torch" in line
+
+
+def test_a_sweep_says_at_which_points_its_answers_rest_on_the_harness_attention(run_cli, tmp_path):
+    """A sweep's verdict says, over its points, where the run's attention caveat would be said:
+    how many, and the largest share with its point (each point's share as a run computes it)."""
+    from sim.whatif.attention import attention_sweep_clause
+
+    assert attention_sweep_clause([(0.1, "a=1"), (0.2, "a=2")], 2) == ""
+    clause = attention_sweep_clause([(0.1, "a=1"), (0.89, "a=3"), (0.3, "a=2")], 3)
+    assert clause.startswith("; at 2 of 3 points the profile's decode attention is calibrate's plain torch")
+    assert "over 25% of a decode forward (up to 89%, at a=3): there a production backend" in clause
+    scenarios = Path(__file__).resolve().parents[1] / "scenarios"
+    code, out, err = run_cli(["sweep", scenarios / "quickstart.yaml", "--grid", "workload.input_len=256,4000",
+                              "--set", "workload.output_len=64", "--set", "workload.num_requests=24",
+                              "--set", "workload.cached_len=0", "--no-plots", "--out", tmp_path / "s"])
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "at 1 of 2 points the profile's decode attention is calibrate's plain torch" in text
+    assert "(up to " in text and "at workload.input_len=4000)" in text

@@ -197,8 +197,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def _grounds(plan) -> dict[int, tuple]:
     """Each grid point's grounds for its verdict (:func:`sim.whatif.sweep_verdict.sweep_verdict_line`):
     (its server section, its profile's metadata or None, whether its costs are placeholders, what
-    its profile's stated uncertainties are, whether its load is an open loop), each profile's
-    metadata read once."""
+    its profile's stated uncertainties are, whether its load is an open loop, its scenario), each
+    profile's metadata read once."""
     from sim.output.report import profile_metadata
     from sim.whatif.stated_range import stated_uncertainties
 
@@ -215,7 +215,7 @@ def _grounds(plan) -> dict[int, tuple]:
                 metas[path] = profile_metadata(path)
             meta = metas[path]
         out[task.index] = (point.server, meta, not point.costs.profile, [s.what for s in stated_uncertainties(meta)],
-                           point.workload.arrival != "closed_loop")
+                           point.workload.arrival != "closed_loop", point)
     return out
 
 

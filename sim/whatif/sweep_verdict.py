@@ -27,8 +27,8 @@ def _point_summaries(rows) -> dict[str, dict]:
         out[setting] = {"outcome": "ok" if all_served else "failed", "completed": int(all_served),
                         "output_throughput": float(np.exp(np.log(thr).mean())) if all_served and (thr > 0).all() else 0.0,
                         "median_tpot_ms": float(g["median_tpot_ms"].astype(float).mean())}
-        for key in ("ttft_growth", "median_ttft_ms", "in_server_mid", "in_server_last",
-                    "duration_s"):  # the repeats' mean (queue_growth)
+        for key in ("ttft_growth", "median_ttft_ms", "in_server_mid", "in_server_last", "duration_s",
+                    "mean_decode_batch_size"):  # the repeats' mean (queue_growth, attention_share)
             if key in g:
                 out[setting][key] = float(g[key].astype(float).mean())
         # the repeats' steps together, for the share priced beyond the profile's data (grounded)
@@ -60,16 +60,19 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
     ``costs.noise``; a grid over ``costs.noise.run_gpu_cv``/``run_cpu_cv`` sets each point's CV.
     ``grounds``: grid point index -> (its server section, its profile's metadata or None, whether
     its costs are placeholders, what its profile's stated uncertainties are, whether its load is an
-    open loop): each point's verdict
+    open loop, its scenario or None): each point's verdict
     is then grounded as a run's (:func:`grounded`: placeholders, caveats, steps beyond the
-    profile's data, another model's costs), its stated range said not simulated. None when the
+    profile's data, another model's costs, a decode forward mostly the profile's plain attention:
+    :mod:`sim.whatif.attention`), its stated range said not simulated. None when the
     settings hold no pair of :data:`PAIRS`."""
     from dataclasses import replace
 
+    from sim.whatif.attention import attention_caveat, attention_share, attention_sweep_clause
     from sim.whatif.variance import grid_keys
 
     keys = grid_keys(table)
     found, points = [], []  # each point's (grid values, verdict), and the point's index, in order
+    attention = []  # each grounded point's (share of its decode forward that grows with context, its values)
     for point, rows in table.groupby("point", sort=True):
         values = {k: rows[k].iloc[0] for k in keys}
         point_noise = SimpleNamespace(**{f: float(values.get(f"costs.noise.{f}", getattr(noise, f)))
@@ -80,10 +83,17 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
         if v is None:
             return None
         if grounds is not None and not v.failed:
-            server, meta, placeholder, stated, open_loop = grounds[int(point)]
-            v = grounded(v, server, meta, placeholder, [summaries[s] for s in v.pair[:2]], open_loop)
+            server, meta, placeholder, stated, open_loop, *scenario = grounds[int(point)]
+            pair = {s: summaries[s] for s in v.pair[:2]}
+            v = grounded(v, server, meta, placeholder, list(pair.values()), open_loop)
             if stated:
                 v = replace(v, range_skipped=tuple(stated), range_skipped_by=SWEEP_NO_RANGE)
+            if scenario and scenario[0] is not None:
+                if len(table["point"].unique()) == 1:  # one point: its caveat as a run says it
+                    if caveat := attention_caveat(scenario[0], meta, pair):
+                        v = replace(v, caveats=v.caveats + (caveat,))
+                elif share := attention_share(scenario[0], meta, pair):
+                    attention.append((share[0], " ".join(f"{k}={values[k]}" for k in keys)))
         found.append((values, v))
         points.append(int(point))
     if len(found) == 1:
@@ -107,7 +117,7 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
                f"run-to-run CV per point ({', '.join(sources)})")
     num, den = found[0][1].pair[:2]
     return (f"verdict ({num}/{den} output throughput): " + "; ".join(parts) + _sweep_standing([v for _, v in found])
-            + _frontend_in_clause(table) + _interval_clause(table, zip(points, found), keys) + f" [{cv_text}]")
+            + attention_sweep_clause(attention, sum(1 for _, v in found if not v.failed)) + _frontend_in_clause(table) + _interval_clause(table, zip(points, found), keys) + f" [{cv_text}]")
 
 
 def _interval_clause(table, found, keys: list[str]) -> str:

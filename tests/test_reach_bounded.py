@@ -25,7 +25,7 @@ def test_below_share_by_hand():
     assert below_share(1.2, 1.0) == pytest.approx(0.2)  # (an edge segment falling: the same size of doubt)
     assert below_share(1.0, 1.0) == 0.0
     assert below_share(0.5, 0.0) == math.inf and below_share(0.0, -1.0) == math.inf
-    assert "within 3.4% of the price at the lowest measured context (x)" in bounded_words(0.034, "x")
+    assert bounded_words(0.034, "x").startswith("within 3.4% of the price at the lowest measured context (x; a step")
 
 
 def test_the_meter_counts_bounded_steps_apart():

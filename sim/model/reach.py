@@ -78,10 +78,10 @@ def below_share(price: float, edge_price: float) -> float:
 
 
 def bounded_words(share: float, at: str = "") -> str:
-    """A bounded price in the words the report and the verdict use: ``"within 3.4% of the price at
-    the lowest measured context (forward.decode at ctx 17, measured from 128) (a step's cost ..."``."""
-    return (f"within {share:.1%} of the price at the lowest measured context" + (f" ({at})" if at else "")
-            + " (a step's cost grows with its context from a floor its weights set)")
+    """A bounded price in the words the report and the verdict use: ``"within 3.3% of the price at
+    the lowest measured context (forward.decode at ctx 17, measured from 128; a step's cost ...)"``."""
+    return (f"within {share:.1%} of the price at the lowest measured context ("
+            + (f"{at}; " if at else "") + "a step's cost grows with its context from a floor its weights set)")
 
 
 def farthest_axis(points) -> str:

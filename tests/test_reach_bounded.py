@@ -1,5 +1,5 @@
-"""A forward priced below the profile's lowest measured context is bounded, not extrapolated
-(sim.model.reach): the share by hand, the meter's counts, the cost models' counting (SGLang's and
+"""A forward priced below the profile's lowest measured context is bounded, not counted as
+extrapolated (sim.model.reach): the share by hand, the meter's counts, the cost models' counting (SGLang's and
 vLLM's profiles, step by step and over a run's arrays), the verdict's ends, and `ask` on a short
 prompt, which said "cannot tell" on a clear answer before."""
 
@@ -25,7 +25,9 @@ def test_below_share_by_hand():
     assert below_share(1.2, 1.0) == pytest.approx(0.2)  # (an edge segment falling: the same size of doubt)
     assert below_share(1.0, 1.0) == 0.0
     assert below_share(0.5, 0.0) == math.inf and below_share(0.0, -1.0) == math.inf
-    assert bounded_words(0.034, "x").startswith("within 3.4% of the price at the lowest measured context (x; a step")
+    words = bounded_words(0.034, "x")
+    assert words.startswith("by the curve's edge segment (x): the true price lies between that and the price at")
+    assert words.endswith("at most 3.4% apart")
 
 
 def test_the_meter_counts_bounded_steps_apart():
@@ -133,7 +135,7 @@ def test_the_verdict_holds_or_not_across_the_bound_by_hand():
     holds = _verdict(1.2, (1.0, 0.05, "forward.decode at ctx 17, measured from 128"))
     assert holds.answer == KEEP
     assert holds.bounded_ends() == pytest.approx((1.2 * 0.95 / 1.05, 1.2 * 1.05 / 0.95))
-    assert "ratio 1.086-1.326x at the bound: the answer holds across it" in holds.line()
+    assert "one setting up and the other down, the ratio would be 1.086-1.326x: the answer holds" in holds.line()
     assert holds.as_json()["max_bounded_at"] == "forward.decode at ctx 17, measured from 128"
     assert _verdict(1.2, (1.0, 0.10, "")).answer == UNSURE
     assert _verdict(1.2, (0.5, 0.10, "")).answer == KEEP  # half the steps: 5% at most
@@ -161,6 +163,7 @@ def test_ask_answers_a_short_prompt_on_the_h200_profile(run_cli, tmp_path):
     assert code == 0, err
     text = " ".join((out + err).split())
     assert "verdict: keep overlap on" in text
-    assert "priced below the profile's measured contexts, bounded there, not extrapolated" in text
+    assert "priced below the profile's measured contexts by the curve's edge segment" in text
+    assert "at most 3.3% apart, not counted as extrapolated" in text
     assert "forward.decode at ctx 17, measured from 128" in text
     assert f"beyond x{FAR:g}" not in text

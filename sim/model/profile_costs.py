@@ -245,7 +245,7 @@ class ProfileCostModel:
         words: ``"forward.decode at ctx 17, measured from 128"``; "" when none was bounded."""
         if self._bounded is None:
             return ""
-        return f"forward.decode at ctx {self._bounded[1]:.6g}, measured from {self._decode_ctx_range[0]:.6g}"
+        return f"forward.decode at ctx {self._bounded[1]:.4g}, measured from {self._decode_ctx_range[0]:.6g}"
 
     def _decode_size(self, num_reqs: int) -> float:
         """A decode step's distance from the data at ``num_reqs`` requests over its curves' batch

@@ -78,10 +78,13 @@ def below_share(price: float, edge_price: float) -> float:
 
 
 def bounded_words(share: float, at: str = "") -> str:
-    """A bounded price in the words the report and the verdict use: ``"within 3.3% of the price at
-    the lowest measured context (forward.decode at ctx 17, measured from 128; a step's cost ...)"``."""
-    return (f"within {share:.1%} of the price at the lowest measured context ("
-            + (f"{at}; " if at else "") + "a step's cost grows with its context from a floor its weights set)")
+    """A bounded price in the words the report and the verdict use (``at``: where the bounded
+    step of the largest share lay, the cost model's ``bounded_at``): ``"by the curve's edge
+    segment (forward.decode at ctx 17, measured from 128): the true price lies between that and
+    the price at the lowest measured context (...), at most 3.3% apart"``."""
+    return ("by the curve's edge segment" + (f" ({at})" if at else "") + ": the true price lies between that and "
+            "the price at the lowest measured context (a step's cost grows with its context from a floor its "
+            f"weights set), at most {share:.1%} apart")
 
 
 def farthest_axis(points) -> str:

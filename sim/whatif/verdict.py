@@ -314,8 +314,8 @@ class Verdict:
 
             share = f"{self.bounded_share:.0%}" if self.bounded_share >= 0.005 else "under 1%"
             out += (f"; {share} of the two settings' steps (warm-up included) priced below the profile's measured "
-                    f"contexts, bounded there, not extrapolated: {bounded_words(self.max_bounded_share, self.max_bounded_at)}"
-                    f", {self._bounded_holds()}")
+                    f"contexts {bounded_words(self.max_bounded_share, self.max_bounded_at)}, not counted as "
+                    f"extrapolated; {self._bounded_holds()}")
         return out
 
     def bounded_ends(self) -> tuple[float, float]:
@@ -331,9 +331,10 @@ class Verdict:
         lo, hi = self.bounded_ends()
         if not (math.isfinite(lo) and math.isfinite(hi)):
             return "a setting served nothing"
-        return (f"ratio {lo:.3f}-{hi:.3f}x at the bound: "
-                + ("the answer holds across it" if decide(lo, self.run_cv) == decide(hi, self.run_cv)
-                   else "the answer may differ across it"))
+        return (f"were each such step off by that much, one setting up and the other down, the ratio would be "
+                f"{lo:.3f}-{hi:.3f}x: "
+                + ("the answer holds" if decide(lo, self.run_cv) == decide(hi, self.run_cv)
+                   else "the answer may differ"))
 
     def with_reach(self, extrapolated_share: float, far_share: float, max_extrapolation: float,
                    max_extrapolation_at: str = "", bounded: tuple = (0.0, 0.0, "")) -> "Verdict":

@@ -300,7 +300,7 @@ class VllmProfileCosts:
             return ""
         name, points, lo_c = self._bounded
         ctx = min(c for _, c in points)
-        return f"{name} at ctx {ctx:.6g}, measured from {lo_c:.6g}"
+        return f"{name} at ctx {ctx:.4g}, measured from {lo_c:.6g}"
 
     def _phases_distance(self, num_reqs: int) -> float:
         # add_request is priced per drained request, not at the step's num_reqs; kept per batch size

@@ -145,6 +145,7 @@ class Leap:
             # tested the rest, _leaps_on)
         deferred = last is not None
         costs, stream, rec, kv = p.costs, p.stream, p.recorder, s.kv
+        itl = s.recorder.itl  # (deliver_decode's ITL sample of the members that go on)
         cpu_j = p.cpu_jitter if p._cpu_noisy else None
         gpu_j = p.gpu_jitter if p._gpu_noisy else None
         lat, extra, wait_scale = costs.sync_latency_s, p.forward_extra_s, p.after_wait_scale
@@ -330,7 +331,12 @@ class Leap:
             process_s *= cold
             done = process_start + process_s
             if not deferred:
-                finished = s.deliver_decode(g, n, warm, fresh, (), (), done)
+                if fresh or g in finishing_at:
+                    finished = s.deliver_decode(g, n, warm, fresh, (), (), done)
+                else:  # deliver_decode's common path (every member goes on), without the call
+                    if n > warm:
+                        itl(done - s.last_decode_delivery_s, n - warm)
+                    s.last_processed_decode, s.last_decode_delivery_s, finished = g, done, 0
                 rec.decode_row(head, finished, mid, after, process_start, done)
             elif prev is None:  # the batch the loop had in flight (a prefill, fresh members): the policy's own path
                 last.sync_start, last.process_start, last.process_end = after, process_start, done
@@ -338,7 +344,12 @@ class Leap:
                 rec.step(last)
                 finished = last.finished
             else:
-                finished = s.deliver_decode(g - 1, prev[1], prev[2], prev[3], prev[5], (), done)
+                if prev[3] or prev[5] or g - 1 in finishing_at:
+                    finished = s.deliver_decode(g - 1, prev[1], prev[2], prev[3], prev[5], (), done)
+                else:  # deliver_decode's common path (every member goes on), without the call
+                    if prev[1] > prev[2]:
+                        itl(done - s.last_decode_delivery_s, prev[1] - prev[2])
+                    s.last_processed_decode, s.last_decode_delivery_s, finished = g - 1, done, 0
                 rec.decode_row(prev[0], finished, prev[4], after, process_start, done)
             if overshoot_pages:  # _process_decode of g-1 releases the slots its finishers took in g
                 kv.used_pages -= overshoot_pages

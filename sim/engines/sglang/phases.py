@@ -13,7 +13,7 @@ import simpy
 
 from sim.engines.sglang.policy.scheduler import Scheduler, ServerDied
 from sim.model.batch import Batch
-from sim.model.costs import DECODE, CostModel, Jitter
+from sim.model.costs import DECODE, EXTEND, CostModel, Jitter
 from sim.model.device import DeviceStream
 from sim.model.workload import PulledArrivals
 from sim.trace.recorder import TraceRecorder
@@ -228,6 +228,20 @@ class Phases:
         """:meth:`recv` then :meth:`schedule` from ``at`` (default: now); returns (batch or None,
         their CPU time)."""
         at = self.env.now if at is None else at
+        if not self._cpu_noisy and (batch := self.scheduler.admit_lone_arrival(at)) is not None:
+            # one request admitted whole at an empty queue (the policy's admit_lone_arrival): recv
+            # and schedule priced as :meth:`recv` and :meth:`schedule` price them, the same floats
+            c, cold = self.costs, self._cold
+            self._recv_start = batch.recv_start = at
+            self._recv_s = recv_s = c.recv_s(1) * cold
+            batch.schedule_start = start = at + recv_s
+            sched_s = c.schedule_s(EXTEND, 1, batch.num_tokens, batch.sum_ctx) * cold
+            batch.schedule_end = batch.launch_start = start + sched_s
+            batch.after_idle = self._was_idle
+            batch.num_running = self.scheduler.n_running
+            batch.num_queued = 0
+            self._was_idle = False
+            return batch, recv_s + sched_s
         recv_s = self.recv(at)
         batch, sched_s = self.schedule(at + recv_s)
         return batch, recv_s + sched_s

@@ -76,6 +76,32 @@ def test_an_open_loop_below_capacity_admits_its_arrivals_the_short_way(setting, 
     assert_same(scenario, setting, monkeypatch)
 
 
+def test_an_arrival_right_after_a_prefill_merges_it_first(monkeypatch):
+    """Arrivals every few steps at 200 requests/s: one often comes while the last prefill's
+    request waits to be merged into the running batch (``get_next_batch_to_run`` merges it first,
+    whatever it then schedules); the short way merges it too, and the outputs are the same."""
+    raw = open_loop()
+    raw["workload"].update(rate_per_s=200.0, output_len=60)
+    scenario = sim.load_scenario(raw)
+    merged = [0]
+    original = admission.AdmissionMixin.admit_lone_arrival
+
+    def counted(self, now):
+        pending = bool(self.pending_merge)
+        batch = original(self, now)
+        merged[0] += pending and batch is not None
+        return batch
+
+    for setting in ("overlap", "normal"):
+        merged[0] = 0
+        monkeypatch.setattr(admission, "LONE_ARRIVAL", True)
+        monkeypatch.setattr(admission.AdmissionMixin, "admit_lone_arrival", counted)
+        sim.simulate(scenario, setting, tables="none")
+        monkeypatch.setattr(admission.AdmissionMixin, "admit_lone_arrival", original)
+        assert merged[0] >= 5
+        assert_same(scenario, setting, monkeypatch)
+
+
 def test_where_anything_else_could_happen_the_general_pass_runs(monkeypatch):
     """A chunk budget below the prompt (300 tokens in chunks of 64): no arrival is admitted the
     short way. A pool of 6,000 tokens, too small for the reserve's bound (up to 4,096 tokens for

@@ -46,25 +46,22 @@ class AdmissionMixin:
         plain request arriving at an empty waiting queue and admitted whole into a prefill batch of
         its own (an open loop below capacity, most arrivals): the same state and batch as
         :meth:`Scheduler.recv` then :meth:`Scheduler.get_next_batch` give, without the general
-        pass. Returns that batch, or None (nothing changed) where anything else could happen:
-        another request due, requests waiting, a chunk pending or a prefill not yet merged,
-        admission latched shut or the running batch full, a grammar or a context length, a
-        prompt the pool cannot hold, a prompt the chunk
-        budget cuts, or a KV pool where the running batch's reserve could refuse it. The
-        reserve is not summed: each running request reserves at most ``CLIP_MAX_NEW_TOKENS``
-        times the larger of 1 and the new-token ratio (:class:`RunningReserve.total`), so a
-        pool with room for the request beyond that bound admits it, and is not latched full
-        after it, whatever the reserve is."""
+        pass. Returns that batch, or None where anything else could happen: another request due,
+        requests waiting, a chunk pending, admission latched shut or the running batch full, a
+        grammar or a context length, a prompt the pool cannot hold, a prompt the chunk budget
+        cuts, or a KV pool where the running batch's reserve could refuse it. Nothing has changed
+        then but, possibly, the last prefill's merge into the running batch, which
+        ``get_next_batch_to_run`` makes first whatever it schedules and which neither reads nor
+        changes what ``recv_requests`` does. The reserve is not summed: each running request
+        reserves at most ``CLIP_MAX_NEW_TOKENS`` times the larger of 1 and the new-token ratio
+        (:meth:`RunningReserve.total`), so a pool with room for the request beyond that bound
+        admits it, and is not latched full after it, whatever the reserve is."""
         if not LONE_ARRIVAL:
             return None
         inbox, srv, kv = self.inbox, self.server, self.kv
         horizon = now + TIME_EPS_S
         if (not inbox or inbox[0][0] > horizon or (len(inbox) > 1 and inbox[1][0] <= horizon) or self.waiting
-                or self.chunked_req is not None or self.pending_merge or self._chunk_in_last_prefill
-                or self.grammar is not None or srv.context_length is not None):
-            return None
-        running = self.n_running + len(self.unmerged_finishers)
-        if (self.batch_is_full and self.n_running) or running >= srv.max_running_requests or srv.max_prefill_tokens <= 0:
+                or self.chunked_req is not None or self.grammar is not None or srv.context_length is not None):
             return None
         arrival, rid = inbox[0]
         input_len, cached_len, output_len = self._lengths
@@ -77,7 +74,7 @@ class AdmissionMixin:
             max_new = out if by_length or out > clip else clip
         fit = cap - page - 1 + (inp // -page) * page
         max_new = max_new if max_new < fit else fit
-        if inp >= cap - 6 or max_new < 1:
+        if inp >= cap - 6 or max_new < 1 or srv.max_prefill_tokens <= 0:
             return None  # (it fails: recv's path)
         cached = cached_len[rid]
         prefix = (cached if cached < inp - 1 else inp - 1) // page * page  # init_next_round_input
@@ -86,6 +83,11 @@ class AdmissionMixin:
         chunk = srv.chunked_prefill_size
         if chunk > 0 and whole > chunk:
             return None  # chunked: the general pass
+        if self.pending_merge or self._chunk_in_last_prefill:  # get_next_batch_to_run merges the last prefill
+            self._merge_prefilled()  # first, whatever it then schedules (recv neither reads nor changes it)
+        running = self.n_running + len(self.unmerged_finishers)
+        if (self.batch_is_full and self.n_running) or running >= srv.max_running_requests:
+            return None
         future = max_new if max_new < clip else clip
         per_req = page if self.admission_rules == "v0.5.22" else 0
         bound = running * clip * (self.new_token_ratio if self.new_token_ratio > 1.0 else 1.0)

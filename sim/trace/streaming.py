@@ -163,10 +163,16 @@ class StreamingRecorder:
         failure's kind or the completed request's latencies."""
         if r.warmup:
             return
-        if r.finish_s > self.window_end:
-            self._end_at(r.finish_s)
-        if self._probes is not None:
-            self._count_in_server((r,))
+        finish = r.finish_s
+        if finish > self.window_end:
+            self._end_at(finish)
+        if self._probes is not None:  # (_count_in_server of one, without the call)
+            mid, last = self._probes
+            arrival = r.arrival_s
+            if arrival <= mid < finish:
+                self._in_server[0] += 1
+            if arrival <= last < finish:
+                self._in_server[1] += 1
         if r.status != FINISHED:
             self.failed += 1
             if r.failure in self.failures:

@@ -222,7 +222,9 @@ class Leap:
                 g = s.next_decode_seq
                 if vector and g >= vector_after and not s.pending_merge and not s.fresh and (
                         not deferred or (prev is not None and not prev[3] and not prev[5])):
-                    run = self._vector(now, g, prev, prev_proc if deferred else 0.0, step_s, chain)
+                    # (_vector's first test without the call: too few steps before the next arrival)
+                    near = step_s > 0.0 and (p.horizon - now) / step_s * 1.25 < MIN_RUN - 8
+                    run = None if near else self._vector(now, g, prev, prev_proc if deferred else 0.0, step_s, chain)
                     if run is not None:
                         k, k_max, now, prev, prev_proc, prev_fe = run
                         leapt += k

@@ -13,23 +13,16 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import sim
 from sim.engines.sglang.policy import admission
 from tests.test_leap import SGLANG_SETTINGS, scenarios
+from tests.test_leap import outputs as leap_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def outputs(scenario, setting: str, tables: str, lone: bool, monkeypatch) -> dict:
-    """What a run gives a user (summary, outcome, stats and, with tables, the tables as CSV) with
-    the short way on (``lone``) or off."""
-    import json
-
+    """What a run gives a user (``tests/test_leap.py``'s outputs, the leap on) with the short way
+    on (``lone``) or off."""
     monkeypatch.setattr(admission, "LONE_ARRIVAL", lone)
-    res = sim.simulate(scenario, setting, tables=tables)
-    out = {"summary": json.dumps(res.summary(), sort_keys=True, default=str),
-           "outcome": json.dumps(res.outcome, sort_keys=True, default=str),
-           "stats": (res.stats["steps"], res.stats.get("decode_steps"), repr(res.stats["sim_time_s"]))}
-    if tables == "steps":
-        out.update(steps=res.steps.to_csv(), requests=res.requests.to_csv(), itl=res.itl.to_csv())
-    return out
+    return leap_outputs(scenario, setting, tables, True)
 
 
 def assert_same(scenario, setting: str, monkeypatch, tables: str = "steps") -> None:

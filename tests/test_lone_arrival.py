@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import sim
-from sim.engines.sglang.policy import admission
+from sim.engines.sglang.policy import scheduler as policy
 from tests.test_leap import SGLANG_SETTINGS, scenarios
 from tests.test_leap import outputs as leap_outputs
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def outputs(scenario, setting: str, tables: str, lone: bool, monkeypatch) -> dict:
     """What a run gives a user (``tests/test_leap.py``'s outputs, the leap on) with the short way
     on (``lone``) or off."""
-    monkeypatch.setattr(admission, "LONE_ARRIVAL", lone)
+    monkeypatch.setattr(policy, "LONE_ARRIVAL", lone)
     return leap_outputs(scenario, setting, tables, True)
 
 
@@ -34,8 +34,8 @@ def assert_same(scenario, setting: str, monkeypatch, tables: str = "steps") -> N
 def taken(scenario, setting: str, monkeypatch) -> tuple[int, int]:
     """(times the scheduler asked, times the short way admitted a request) in one run."""
     counts = [0, 0]
-    original = admission.AdmissionMixin.admit_lone_arrival
-    monkeypatch.setattr(admission, "LONE_ARRIVAL", True)
+    original = policy.Scheduler.admit_lone_arrival
+    monkeypatch.setattr(policy, "LONE_ARRIVAL", True)
 
     def counted(self, now):
         batch = original(self, now)
@@ -43,9 +43,9 @@ def taken(scenario, setting: str, monkeypatch) -> tuple[int, int]:
         counts[1] += batch is not None
         return batch
 
-    monkeypatch.setattr(admission.AdmissionMixin, "admit_lone_arrival", counted)
+    monkeypatch.setattr(policy.Scheduler, "admit_lone_arrival", counted)
     sim.simulate(scenario, setting, tables="none")
-    monkeypatch.setattr(admission.AdmissionMixin, "admit_lone_arrival", original)
+    monkeypatch.setattr(policy.Scheduler, "admit_lone_arrival", original)
     return counts[0], counts[1]
 
 
@@ -77,7 +77,7 @@ def test_an_arrival_right_after_a_prefill_merges_it_first(monkeypatch):
     raw["workload"].update(rate_per_s=200.0, output_len=60)
     scenario = sim.load_scenario(raw)
     merged = [0]
-    original = admission.AdmissionMixin.admit_lone_arrival
+    original = policy.Scheduler.admit_lone_arrival
 
     def counted(self, now):
         pending = bool(self.pending_merge)
@@ -87,10 +87,10 @@ def test_an_arrival_right_after_a_prefill_merges_it_first(monkeypatch):
 
     for setting in ("overlap", "normal"):
         merged[0] = 0
-        monkeypatch.setattr(admission, "LONE_ARRIVAL", True)
-        monkeypatch.setattr(admission.AdmissionMixin, "admit_lone_arrival", counted)
+        monkeypatch.setattr(policy, "LONE_ARRIVAL", True)
+        monkeypatch.setattr(policy.Scheduler, "admit_lone_arrival", counted)
         sim.simulate(scenario, setting, tables="none")
-        monkeypatch.setattr(admission.AdmissionMixin, "admit_lone_arrival", original)
+        monkeypatch.setattr(policy.Scheduler, "admit_lone_arrival", original)
         assert merged[0] >= 5
         assert_same(scenario, setting, monkeypatch)
 

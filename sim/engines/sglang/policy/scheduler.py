@@ -51,6 +51,7 @@ from sim.engines.sglang.policy.results import ResultsMixin
 from sim.engines.sglang.policy.retraction import RetractionMixin
 from sim.engines.sglang.server import Server
 from sim.model.batch import RUNNING, Batch, Req
+from sim.model.costs import EXTEND
 from sim.model.workload import RequestSpecs
 
 # NewTokenRatioTracker (0.5.22): min = init x SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR, reached after
@@ -63,6 +64,7 @@ NEW_TOKEN_RATIO_DECAY_STEPS = 600
 # different orders, and a request sent at the instant a token was delivered must not depend on
 # rounding to be seen by the next recv.
 TIME_EPS_S = 1e-9
+LONE_ARRIVAL = True  # Scheduler.admit_lone_arrival takes its case (tests turn it off to compare)
 
 
 class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
@@ -292,6 +294,89 @@ class Scheduler(AdmissionMixin, DecodeMixin, ResultsMixin, RetractionMixin):
                 self.new_token_ratio = self.init_ratio
         else:
             self._idle_calls = 0
+        return batch
+
+    def admit_lone_arrival(self, now: float) -> Batch | None:
+        """``recv_requests`` and ``get_next_batch_to_run`` at ``now`` where they reduce to one
+        plain request arriving at an empty waiting queue and admitted whole into a prefill batch of
+        its own (an open loop below capacity, most arrivals): the same state and batch as
+        :meth:`Scheduler.recv` then :meth:`Scheduler.get_next_batch` give, without the general
+        pass. Returns that batch, or None where anything else could happen: another request due,
+        requests waiting, a chunk pending, admission latched shut or the running batch full, a
+        grammar or a context length, a prompt the pool cannot hold, a prompt the chunk budget
+        cuts, or a KV pool where the running batch's reserve could refuse it. Nothing has changed
+        then but, possibly, the last prefill's merge into the running batch, which
+        ``get_next_batch_to_run`` makes first whatever it schedules and which neither reads nor
+        changes what ``recv_requests`` does. The reserve is not summed: each running request
+        reserves at most ``CLIP_MAX_NEW_TOKENS`` times the larger of 1 and the new-token ratio
+        (:meth:`sim.engines.sglang.policy.reserve.RunningReserve.total`), so a pool with room for the request beyond that bound
+        admits it, and is not latched full after it, whatever the reserve is."""
+        if not LONE_ARRIVAL:
+            return None
+        inbox, srv, kv = self.inbox, self.server, self.kv
+        horizon = now + TIME_EPS_S
+        if (not inbox or inbox[0][0] > horizon or (len(inbox) > 1 and inbox[1][0] <= horizon) or self.waiting
+                or self.chunked_req is not None or self.grammar is not None or srv.context_length is not None):
+            return None
+        arrival, rid = inbox[0]
+        input_len, cached_len, output_len = self._lengths
+        inp, out, by_length = input_len[rid], output_len[rid], self.finish_by_length
+        cap, page, clip = kv.size_tokens, kv.page_size, CLIP_MAX_NEW_TOKENS
+        given_max, given_eos = self._caps
+        if given_max is not None:  # (Scheduler.recv's max_new_tokens)
+            max_new = given_max[rid]
+        else:
+            max_new = out if by_length or out > clip else clip
+        fit = cap - page - 1 + (inp // -page) * page
+        max_new = max_new if max_new < fit else fit
+        if inp >= cap - 6 or max_new < 1 or srv.max_prefill_tokens <= 0:
+            return None  # (it fails: recv's path)
+        cached = cached_len[rid]
+        prefix = (cached if cached < inp - 1 else inp - 1) // page * page  # init_next_round_input
+        extend = inp - prefix
+        whole = -(-extend // page) * page
+        chunk = srv.chunked_prefill_size
+        if chunk > 0 and whole > chunk:
+            return None  # chunked: the general pass
+        if self.pending_merge or self._chunk_in_last_prefill:  # get_next_batch_to_run merges the last prefill
+            self._merge_prefilled()  # first, whatever it then schedules (recv neither reads nor changes it)
+        running = self.n_running + len(self.unmerged_finishers)
+        if (self.batch_is_full and self.n_running) or running >= srv.max_running_requests:
+            return None
+        future = max_new if max_new < clip else clip
+        per_req = page if self.admission_rules == "v0.5.22" else 0
+        bound = running * clip * (self.new_token_ratio if self.new_token_ratio > 1.0 else 1.0)
+        kv_free = kv.free_pages * page
+        if not (extend + future + per_req + 1 < kv_free - bound
+                and kv_free - whole - (bound + per_req + future) > 1):
+            return None
+        # --- recv: the request reaches the waiting queue (Scheduler.recv's plain case) ----------
+        inbox.popleft()
+        self.now = now
+        req = Req(rid, arrival, inp, cached, out, by_length, rid < self.warmup_requests)
+        if given_max is None and given_eos is None:
+            if not by_length:
+                req.ignore_eos = False
+        else:
+            req.ignore_eos = by_length if given_eos is None else given_eos[rid]
+        req.max_new_tokens = max_new
+        if out > max_new:
+            req.output_len = out = max_new
+        req.finish_by_length = out >= max_new
+        # --- get_next_batch_to_run: the pass admits it whole (_admit_whole_prompts' case) -------
+        if self.n_running == 0:
+            self.batch_is_full = False
+        req.prefill_target = inp
+        req.shared_len = prefix
+        req.prefix_len = inp
+        req.kv_held = extend
+        finishes = 1 >= out
+        (self.unmerged_finishers if finishes else self.pending_merge).append(req)
+        kv.alloc(whole // page)
+        batch = Batch(self._take_seq(), EXTEND, 1, extend, inp, num_warmup=0 + req.warmup,
+                      chunks=[(req, extend, True, finishes, 0)], attn_pairs=extend * inp)
+        batch.kv_used_after_alloc = kv.used_pages * page
+        self._idle_calls = 0
         return batch
 
     def _merge_prefilled(self) -> None:

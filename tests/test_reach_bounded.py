@@ -164,6 +164,6 @@ def test_ask_answers_a_short_prompt_on_the_h200_profile(run_cli, tmp_path):
     text = " ".join((out + err).split())
     assert "verdict: keep overlap on" in text
     assert "priced below the profile's measured contexts by the curve's edge segment" in text
-    assert "at most 3.3% apart, not counted as extrapolated" in text
+    assert "at most 3.3% apart, counted apart from the steps beyond the data" in text
     assert "forward.decode at ctx 17, measured from 128" in text
     assert f"beyond x{FAR:g}" not in text

@@ -306,7 +306,7 @@ def test_an_unseen_throughput_difference_with_a_visible_ttft_difference_says_so(
     line = v.line()
     assert line.startswith("verdict: no throughput difference a single A/B run could see, but median TTFT 36% higher "
                            "with overlap on (keep the default, overlap on, or turn it off (--disable-overlap-schedule) "
-                           "where that latency matters more)")
+                           "where median TTFT matters more)")
     assert "a difference this small no A/B run shows (assumed 2.0%, test: beyond 1.057x)" in line
     assert "runs of each setting" not in line and "under 0.0%" not in line
     assert v.as_json()["ttft_change"] == pytest.approx(0.3635, abs=1e-4) and "tpot_change" not in v.as_json()
@@ -324,3 +324,32 @@ def test_same_steps_counts_as_step_does_k_times(d, k):
         one.step(d)
     many.same_steps(d, k)
     assert one.outcome() == many.outcome()
+
+
+def test_a_latency_answer_names_the_latency_gives_no_run_count_and_a_p99_that_goes_the_other_way():
+    """The open loop of ``ask --card h200 --model llama-3.2-1b --rate 4 --input-len 512
+    --output-len 128``: throughputs 1.006x apart (the arrivals set them), TPOT 22% lower and median
+    TTFT 6% higher with overlap on (19.37 / 18.30 = 1.058, beyond 1.057), p99 TTFT 14% lower
+    (28.62 / 33.32). The advice names the latency overlap costs, the line gives no count of runs
+    to detect the throughput's 0.6%, and it gives the p99s (below the 1.5x tail rule, but the
+    other way than the medians)."""
+    from sim.whatif.verdict import PAIRS, UNSEEN, Verdict
+
+    v = Verdict(UNSEEN, PAIRS[0], 1.006, (2.905, 3.712), 0.02, "test", ttft_ms=(19.37, 18.30),
+                ttft_p99_ms=(28.62, 33.32))
+    line = v.line()
+    assert "turn it off (--disable-overlap-schedule) where median TTFT matters more)" in line
+    assert ", median TTFT 19.37 vs 18.30 ms, p99 TTFT 28.62 vs 33.32 ms;" in line
+    assert "runs of each setting" not in line
+    same_way = Verdict(UNSEEN, PAIRS[0], 1.006, (2.905, 3.712), 0.02, "test", ttft_ms=(19.37, 18.30),
+                       ttft_p99_ms=(34.0, 33.32))
+    assert "p99 TTFT" not in same_way.line()  # (the same way as the medians, and under 1.5x apart)
+    plain = Verdict(UNSEEN, PAIRS[0], 1.02, (3.0, 3.01), 0.02, "test", ttft_ms=(18.3, 18.30))
+    assert "runs of each setting detect it (80% power)" in plain.line()  # no latency answer: the count stays
+
+
+def test_reach_words_do_not_round_a_step_beyond_the_data_to_x1_0():
+    from sim.model.reach import reach_words
+
+    assert reach_words((4255 + 1) / (4096 + 1)).startswith("up to x1.04 its range")
+    assert reach_words(2.5).startswith("up to x2.5 its range") and reach_words(1.05).startswith("up to x1.1 ")

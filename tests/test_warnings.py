@@ -260,6 +260,7 @@ def test_a_sweep_says_at_which_points_its_answers_rest_on_the_harness_attention(
     clause = attention_sweep_clause([(0.1, "a=1"), (0.89, "a=3"), (0.3, "a=2")], 3)
     assert clause.startswith("; at 2 of 3 points the profile's decode attention is calibrate's plain torch")
     assert "over 25% of a decode forward (up to 89%, at a=3): there a production backend" in clause
+    assert "the device's time and TPOT are overstated and throughput and the host's share understated" in clause
     scenarios = Path(__file__).resolve().parents[1] / "scenarios"
     code, out, err = run_cli(["sweep", scenarios / "quickstart.yaml", "--grid", "workload.input_len=256,4000",
                               "--set", "workload.output_len=64", "--set", "workload.num_requests=24",

@@ -106,7 +106,8 @@ def reach_words(max_extrapolation: float, at: str = "") -> str:
     to x6.6 its range, as the ratio of x + 1 and the measured edge + 1; the farthest on
     vllm.frontend_out at num_reqs 32, measured 1-4"`` (``at``: :func:`farthest_axis`'s words, ""
     for none)."""
-    return (f"up to x{max_extrapolation:.1f} its range, as the ratio of x + 1 and the measured edge + 1"
+    far = f"{max_extrapolation:.2f}" if max_extrapolation < 1.05 else f"{max_extrapolation:.1f}"  # (not "x1.0")
+    return (f"up to x{far} its range, as the ratio of x + 1 and the measured edge + 1"
             + (f"; the farthest on {at}" if at else ""))
 
 

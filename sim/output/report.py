@@ -167,7 +167,7 @@ def run_warnings(summaries: dict[str, dict], open_loop: bool = False) -> dict[st
             lines.append(f"note: {name}: {s['bounded_steps']} steps (warm-up included) are priced below the calibration "
                          f"profile's measured contexts "
                          f"{bounded_words(float(s.get('max_bounded_share') or 0.0), str(s.get('max_bounded_at') or ''))}"
-                         "; not counted as extrapolated")
+                         "; counted apart from the steps beyond the data (whose price has no such bound)")
         if s.get("frontend_in_beyond"):  # vLLM's API server (sim.engines.vllm.frontend)
             lines.append(f"warning: {name}: {s['frontend_in_beyond']} requests (warm-up included) entered vLLM's API server "
                          f"while it held more than the largest burst vllm.frontend_in was measured at "

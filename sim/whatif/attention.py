@@ -76,4 +76,5 @@ PLAIN_WORDS = ("the profile's decode attention is calibrate's plain torch (the k
 def overstated_words(where: str = "") -> str:
     """What a production attention backend would change, in words (``where``: "here " or "")."""
     return ("a production backend (FlashInfer, FA3: the engines' defaults on CUDA) reads the KV cache faster, "
-            f"so the device's time, TPOT and throughput are overstated {where}and the host's share understated")
+            f"so the device's time and TPOT are overstated {where}and throughput and the host's share understated "
+            "(and with them, where the device is the slower side, what overlapping the host is worth)")

@@ -191,5 +191,6 @@ def _sweep_standing(found: list[Verdict]) -> str:
     if bounded := [v for v in served if v.bounded_share > 0]:
         widest = max(bounded, key=lambda v: v.max_bounded_share)
         out += (f"; at {len(bounded)} of {len(served)} points steps priced below the profile's measured contexts "
-                f"{bounded_words(widest.max_bounded_share, widest.max_bounded_at)}, not counted as extrapolated")
+                f"{bounded_words(widest.max_bounded_share, widest.max_bounded_at)}, counted apart from the steps "
+                "beyond the data")
     return out

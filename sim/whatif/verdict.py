@@ -217,8 +217,9 @@ class Verdict:
                    if c is not None]
         if changes:
             words = " and ".join(f"{label} {abs(c):.0%} {'lower' if c < 0 else 'higher'}" for label, c in changes)
-            advice = (f"keep the default: {loop} on" if all(c < 0 for _, c in changes) else
-                      f"keep the default, {loop} on, or turn it off ({flag}) where that latency matters more")
+            higher = " and ".join(label for label, c in changes if c > 0)  # the latencies overlapping costs
+            advice = (f"keep the default: {loop} on" if not higher else
+                      f"keep the default, {loop} on, or turn it off ({flag}) where {higher} matters more")
             return f"no throughput difference a single A/B run could see, but {words} with {loop} on ({advice})"
         return {KEEP: f"keep {loop} on ({keep_note})", OFF: f"turn {loop} off ({flag})",
                 UNSEEN: f"no difference a single A/B run could see (keep the default: {loop} on)",
@@ -240,16 +241,19 @@ class Verdict:
         if math.isfinite(fn) and math.isfinite(fd):  # the first token's wait: where overlap can lose
             tpot += f", median TTFT {fn:.2f} vs {fd:.2f} ms"
         pn, pd_ = self.ttft_p99_ms
-        if pn > 0 and pd_ > 0 and max(pn / pd_, pd_ / pn) > TAIL_RATIO:  # a tail the medians hide
-            tpot += f", p99 TTFT {pn:.2f} vs {pd_:.2f} ms"
+        median_ttft = self.latency_change("ttft")  # (a visible difference the head weighs)
+        if pn > 0 and pd_ > 0 and (max(pn / pd_, pd_ / pn) > TAIL_RATIO  # a tail the medians hide,
+                                   or (median_ttft is not None and (pn / pd_ - 1.0) * median_ttft < 0)):
+            tpot += f", p99 TTFT {pn:.2f} vs {pd_:.2f} ms"  # or one that goes the other way than the median
         gain = f"output throughput {num}/{den} {r:.3f}x ({(r - 1) * 100:+.1f}%){tpot}"
         assumed = f"assumed {self.run_cv:.1%}, {self.cv_source}: beyond {self.threshold:.3f}x"
         if visible_cv(r) < 0.0005:  # (under 0.05%: no run count worth saying detects it)
             return f"verdict: {head}: {gain}; a difference this small no A/B run shows ({assumed})" + \
                 self._standing_clause()
         see = f"one A/B run shows it when the run-to-run CV is under {visible_cv(r):.1%} ({assumed})"
-        if self.answer in (UNSEEN, UNSURE) and r != 1.0:
-            from sim.whatif.variance import runs_needed  # scipy: only when needed
+        latency_answer = self.latency_change() is not None or median_ttft is not None
+        if self.answer in (UNSEEN, UNSURE) and r != 1.0 and not latency_answer:  # (where the head answers by
+            from sim.whatif.variance import runs_needed  # latency, arrivals set the throughputs: no run count)
 
             try:
                 n = runs_needed(self.run_cv, r)
@@ -314,8 +318,8 @@ class Verdict:
 
             share = f"{self.bounded_share:.0%}" if self.bounded_share >= 0.005 else "under 1%"
             out += (f"; {share} of the two settings' steps (warm-up included) priced below the profile's measured "
-                    f"contexts {bounded_words(self.max_bounded_share, self.max_bounded_at)}, not counted as "
-                    f"extrapolated; {self._bounded_holds()}")
+                    f"contexts {bounded_words(self.max_bounded_share, self.max_bounded_at)}, counted apart from "
+                    f"the steps beyond the data (whose price has no such bound); {self._bounded_holds()}")
         return out
 
     def bounded_ends(self) -> tuple[float, float]:

@@ -218,8 +218,10 @@ class Verdict:
         if changes:
             words = " and ".join(f"{label} {abs(c):.0%} {'lower' if c < 0 else 'higher'}" for label, c in changes)
             higher = " and ".join(label for label, c in changes if c > 0)  # the latencies overlapping costs
+            pn, pd_ = self.ttft_p99_ms  # a TTFT tail the other way than the median (line() gives both)
+            tail = f", though the p99 TTFT is lower with {loop} on" if "TTFT" in higher and 0 < pn < pd_ else ""
             advice = (f"keep the default: {loop} on" if not higher else
-                      f"keep the default, {loop} on, or turn it off ({flag}) where {higher} matters more")
+                      f"keep the default, {loop} on, or turn it off ({flag}) where {higher} matters more{tail}")
             return f"no throughput difference a single A/B run could see, but {words} with {loop} on ({advice})"
         return {KEEP: f"keep {loop} on ({keep_note})", OFF: f"turn {loop} off ({flag})",
                 UNSEEN: f"no difference a single A/B run could see (keep the default: {loop} on)",

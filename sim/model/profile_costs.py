@@ -37,7 +37,8 @@ from pathlib import Path
 
 from sim.model.costs import DECODE
 from sim.model.profile import load_profile_read_only, profile_curves
-from sim.model.reach import BOUNDED_MAX, ReachMeter, below_share, distance, distances, farthest_axis, hulls
+from sim.model.reach import (BOUNDED_MAX, ReachMeter, below_share, bound_below, distance, distances,
+                             farthest_axis, hulls)
 
 
 class ProfileCostModel:
@@ -206,17 +207,9 @@ class ProfileCostModel:
                     return  # every step inside the data: nothing to count
             x = sum_ctx.astype(np.float64) / num_reqs
             d = np.maximum(distances(lo, hi, x), size)
-            below = np.flatnonzero(x < lo)
-            if len(below):  # below the data's contexts: bounded where the price is near the edge's
-                curve = self._forward[DECODE]
-                edge = curve(num_reqs, lo)
-                shares = (np.abs(curve.along(num_reqs, x[below]) - edge) / edge if edge > 0.0
-                          else np.full(len(below), math.inf))
-                near = below[shares <= BOUNDED_MAX]
-                d[near] = size  # the context's distance not counted (the bounded steps' is 1)
-                if size == 1.0 and (i := self.reach.bounded_many(shares[shares <= BOUNDED_MAX])) >= 0:
-                    self._bounded = (num_reqs, float(x[near[i]]))
-                x[near] = lo  # (where such a step is the farthest, it lies beyond on its batch size only)
+            # below the data's contexts: bounded where the price is near the edge's
+            if (widest := bound_below(self.reach, self._forward[DECODE], num_reqs, x, lo, d, size)) is not None:
+                self._bounded = (num_reqs, widest)
         elif size == 1.0:
             return
         else:

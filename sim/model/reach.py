@@ -77,6 +77,31 @@ def below_share(price: float, edge_price: float) -> float:
     return abs(price - edge_price) / edge_price if edge_price > 0.0 else math.inf
 
 
+def bound_below(meter: "ReachMeter", curve, x0: float, x, lo: float, d, size: float) -> float | None:
+    """A numpy run's steps below the data's lowest context ``lo`` (the run's contexts ``x``, a
+    float64 array, at ``x0`` on the curve's first axis; ``d`` their distances, ``size`` the
+    distance of everything else they are priced at): where the price is within
+    :data:`BOUNDED_MAX` of the price at ``lo`` (:func:`below_share`), the context's distance is
+    dropped from ``d`` and the context set to ``lo`` in ``x`` (both in place), and where nothing
+    else lies beyond the data (``size`` 1) the steps are counted as bounded in ``meter``. Returns
+    the context of the first step at a new largest share, else None (the cost models' scalar path
+    counts the same, one step at a time)."""
+    import numpy as np  # the scalar path imports no numpy
+
+    below = np.flatnonzero(x < lo)
+    if not len(below):
+        return None
+    edge = curve(x0, lo)
+    shares = np.abs(curve.along(x0, x[below]) - edge) / edge if edge > 0.0 else np.full(len(below), math.inf)
+    kept = shares <= BOUNDED_MAX
+    near = below[kept]
+    d[near] = size
+    i = meter.bounded_many(shares[kept]) if size == 1.0 else -1
+    widest = float(x[near[i]]) if i >= 0 else None
+    x[near] = lo  # (where such a step is the farthest, it lies beyond on its batch size only)
+    return widest
+
+
 def bounded_words(share: float, at: str = "") -> str:
     """A bounded price in the words the report and the verdict use (``at``: where the bounded
     step of the largest share lay, the cost model's ``bounded_at``): ``"by the curve's edge

@@ -71,6 +71,7 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
     from sim.whatif.variance import grid_keys
 
     keys = grid_keys(table)
+    one_point = table["point"].nunique() == 1  # (its attention caveat as a run says it)
     found, points = [], []  # each point's (grid values, verdict), and the point's index, in order
     attention = []  # each grounded point's (share of its decode forward that grows with context, its values)
     for point, rows in table.groupby("point", sort=True):
@@ -83,16 +84,17 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
         if v is None:
             return None
         if grounds is not None and not v.failed:
-            server, meta, placeholder, stated, open_loop, *scenario = grounds[int(point)]
+            server, meta, placeholder, stated, open_loop, *rest = grounds[int(point)]
+            scenario = rest[0] if rest else None  # (grounds from before the point's scenario was kept)
             pair = {s: summaries[s] for s in v.pair[:2]}
             v = grounded(v, server, meta, placeholder, list(pair.values()), open_loop)
             if stated:
                 v = replace(v, range_skipped=tuple(stated), range_skipped_by=SWEEP_NO_RANGE)
-            if scenario and scenario[0] is not None:
-                if len(table["point"].unique()) == 1:  # one point: its caveat as a run says it
-                    if caveat := attention_caveat(scenario[0], meta, pair):
+            if scenario is not None:
+                if one_point:
+                    if caveat := attention_caveat(scenario, meta, pair):
                         v = replace(v, caveats=v.caveats + (caveat,))
-                elif share := attention_share(scenario[0], meta, pair):
+                elif share := attention_share(scenario, meta, pair):
                     attention.append((share[0], " ".join(f"{k}={values[k]}" for k in keys)))
         found.append((values, v))
         points.append(int(point))
@@ -117,7 +119,8 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
                f"run-to-run CV per point ({', '.join(sources)})")
     num, den = found[0][1].pair[:2]
     return (f"verdict ({num}/{den} output throughput): " + "; ".join(parts) + _sweep_standing([v for _, v in found])
-            + attention_sweep_clause(attention, sum(1 for _, v in found if not v.failed)) + _frontend_in_clause(table) + _interval_clause(table, zip(points, found), keys) + f" [{cv_text}]")
+            + attention_sweep_clause(attention, sum(1 for _, v in found if not v.failed)) + _frontend_in_clause(table)
+            + _interval_clause(table, zip(points, found), keys) + f" [{cv_text}]")
 
 
 def _interval_clause(table, found, keys: list[str]) -> str:

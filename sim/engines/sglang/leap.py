@@ -332,10 +332,12 @@ class Leap:
                 process_s *= cpu_j()
             process_s *= cold
             done = process_start + process_s
+            # (deliver_decode's common path, every member going on, is taken without the call in both
+            # branches below: one written out per branch, as a shared block costs its tuple a step)
             if not deferred:
                 if fresh or g in finishing_at:
                     finished = s.deliver_decode(g, n, warm, fresh, (), (), done)
-                else:  # deliver_decode's common path (every member goes on), without the call
+                else:
                     if n > warm:
                         itl(done - s.last_decode_delivery_s, n - warm)
                     s.last_processed_decode, s.last_decode_delivery_s, finished = g, done, 0
@@ -348,7 +350,7 @@ class Leap:
             else:
                 if prev[3] or prev[5] or g - 1 in finishing_at:
                     finished = s.deliver_decode(g - 1, prev[1], prev[2], prev[3], prev[5], (), done)
-                else:  # deliver_decode's common path (every member goes on), without the call
+                else:
                     if prev[1] > prev[2]:
                         itl(done - s.last_decode_delivery_s, prev[1] - prev[2])
                     s.last_processed_decode, s.last_decode_delivery_s, finished = g - 1, done, 0

@@ -228,7 +228,8 @@ class Phases:
         """:meth:`recv` then :meth:`schedule` from ``at`` (default: now); returns (batch or None,
         their CPU time)."""
         at = self.env.now if at is None else at
-        if not self._cpu_noisy and (batch := self.scheduler.admit_lone_arrival(at)) is not None:
+        sched = self.scheduler
+        if sched.inbox and not self._cpu_noisy and (batch := sched.admit_lone_arrival(at)) is not None:
             # one request admitted whole at an empty queue (the policy's admit_lone_arrival): recv
             # and schedule priced as :meth:`recv` and :meth:`schedule` price them, the same floats
             c, cold = self.costs, self._cold
@@ -238,7 +239,7 @@ class Phases:
             sched_s = c.schedule_s(EXTEND, 1, batch.num_tokens, batch.sum_ctx) * cold
             batch.schedule_end = batch.launch_start = start + sched_s
             batch.after_idle = self._was_idle
-            batch.num_running = self.scheduler.n_running
+            batch.num_running = sched.n_running
             batch.num_queued = 0
             self._was_idle = False
             return batch, recv_s + sched_s

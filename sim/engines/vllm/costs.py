@@ -51,7 +51,8 @@ from sim.engines.vllm.structured import GrammarCosts
 from sim.errors import ScenarioError
 from sim.model.costs import DECODE, LinearCostModel
 from sim.model.profile import profile_curves
-from sim.model.reach import BOUNDED_MAX, ReachMeter, below_share, distance, distances, farthest_axis, hulls
+from sim.model.reach import (BOUNDED_MAX, ReachMeter, below_share, bound_below, distance, distances,
+                             farthest_axis, hulls)
 
 PHASES = ("add_request", "schedule", "dispatch", "prepare", "roundtrip", "sample", "collect", "update")
 SPEC_PHASES = ("schedule", "prepare", "sample", "update")  # with a ``vllm.spec_<phase>`` curve
@@ -106,7 +107,8 @@ class VllmProfileCosts:
         self._hull_phases = tuple(h[name] for name in self._phase_curves)
         self._hulls = h
         self._farthest: tuple | None = None  # the farthest step's (forward curve, its points, num_reqs)
-        self._bounded: tuple | None = None  # the bounded step of the largest share's (forward curve, points, lowest context)
+        # the bounded step of the largest share's (forward curve, points, lowest context)
+        self._bounded: tuple | None = None
         # the largest step the API server's output side was measured at (frontend_s holds it there)
         self._frontend_reach = {k: h[f"vllm.frontend_{k}"][1][0] for k in ("out", "work") if f"vllm.frontend_{k}" in h}
         self._phases_memo: dict[int, float] = {}  # num_reqs -> the phases' distance from the data
@@ -269,16 +271,9 @@ class VllmProfileCosts:
 
         ctx = (sum_ctx0 + np.arange(steps, dtype=np.int64) * num_reqs - saving) / num_reqs
         d = np.maximum(distances(lo_c, hi_c, ctx), size)
-        below = np.flatnonzero(ctx < lo_c)
-        if len(below):  # below the data's contexts: bounded where the price is near the edge's (_count)
-            edge = self._forward(num_reqs, lo_c)
-            shares = (np.abs(self._forward.along(num_reqs, ctx[below]) - edge) / edge if edge > 0.0
-                      else np.full(len(below), math.inf))
-            near = below[shares <= BOUNDED_MAX]
-            d[near] = size
-            if size == 1.0 and (i := self.reach.bounded_many(shares[shares <= BOUNDED_MAX])) >= 0:
-                self._bounded = ("vllm.forward", ((num_reqs, float(ctx[near[i]])),), lo_c)
-            ctx[near] = lo_c
+        # below the data's contexts: bounded where the price is near the edge's (_count)
+        if (widest := bound_below(self.reach, self._forward, num_reqs, ctx, lo_c, d, size)) is not None:
+            self._bounded = ("vllm.forward", ((num_reqs, widest),), lo_c)
         if (i := self.reach.steps(d)) >= 0:
             self._farthest = ("vllm.forward", ((num_reqs, float(ctx[i])),), num_reqs)
 

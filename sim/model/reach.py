@@ -22,8 +22,8 @@ affine term in the context above a floor), so the true price lies between the cu
 there and its value at the lowest measured context. A step whose only excursion is such a
 context, with the two prices within :data:`BOUNDED_MAX` of each other (:func:`below_share`),
 is counted as *bounded* (``bounded_steps``, ``max_bounded_share``, ``max_bounded_at`` in the
-summary) instead of extrapolated: the verdict states the share and says "cannot tell" only where
-it could carry the ratio across 1 (:mod:`sim.whatif.verdict`). Measured on the H200 profiles, a
+summary) instead of extrapolated: the verdict states the share and the ratio at the bound, and
+whether the answer holds there (:mod:`sim.whatif.verdict`; a bound does not turn it). Measured on the H200 profiles, a
 decode of 8 requests at 17 tokens of context against 128 is bounded within 3.3%, where the
 distance above called it x7.2 its range, 23% of a short-prompt run's steps beyond :data:`FAR`.
 """

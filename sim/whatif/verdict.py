@@ -295,14 +295,13 @@ class Verdict:
             if not (math.isfinite(lo) and math.isfinite(hi)):
                 out += f"; over {'; '.join(what)}: a setting served nothing at a corner of that range"
             else:
-                words = {KEEP: "keep on", OFF: "turn off", UNSEEN: "no difference one A/B run could see"}
                 low, high = decide(lo, self.run_cv), decide(hi, self.run_cv)
                 if low != high:
-                    holds = f"it spans '{words[low]}' to '{words[high]}'"
+                    holds = f"it spans '{_ANSWER_WORDS[low]}' to '{_ANSWER_WORDS[high]}'"
                 elif self.answer != UNSURE:
                     holds = "the answer holds across it"
                 else:  # (the range agrees; what is not known is said after it: steps beyond the data)
-                    holds = f"'{words[low]}' at both ends"
+                    holds = f"'{_ANSWER_WORDS[low]}' at both ends"
                 out += f"; over {'; '.join(what)}: ratio {lo:.3f}-{hi:.3f}x, {holds}"
         if self.range_skipped:
             out += not_simulated(self.range_skipped, self.range_skipped_by, "answer's")
@@ -337,10 +336,10 @@ class Verdict:
         lo, hi = self.bounded_ends()
         if not (math.isfinite(lo) and math.isfinite(hi)):
             return "a setting served nothing"
-        return (f"were each such step off by that much, one setting up and the other down, the ratio would be "
-                f"{lo:.3f}-{hi:.3f}x: "
-                + ("the answer holds" if decide(lo, self.run_cv) == decide(hi, self.run_cv)
-                   else "the answer may differ"))
+        low, high = decide(lo, self.run_cv), decide(hi, self.run_cv)
+        return (f"were each such step off by that much, one setting up and the other down (a loose bound: both "
+                f"settings price their forwards on the same curve), the ratio would be {lo:.3f}-{hi:.3f}x: "
+                + ("the answer holds" if low == high else f"it spans '{_ANSWER_WORDS[low]}' to '{_ANSWER_WORDS[high]}'"))
 
     def with_reach(self, extrapolated_share: float, far_share: float, max_extrapolation: float,
                    max_extrapolation_at: str = "", bounded: tuple = (0.0, 0.0, "")) -> "Verdict":
@@ -349,7 +348,9 @@ class Verdict:
         of the steps priced below the data's contexts within a bound, the largest bound and where
         it lay): the answer becomes :data:`UNSURE` when more than
         :data:`sim.model.reach.FAR_SHARE` of the steps lie beyond :data:`sim.model.reach.FAR` of
-        the data, or where the bound could change it (:meth:`bounded_ends`)."""
+        the data. Bounded steps do not turn it, as extrapolated ones within ``FAR`` do not: their
+        clause gives the ratio at the bound (:meth:`bounded_ends`, loose: both settings price their
+        forwards on the same curve) and whether the answer holds there."""
         from dataclasses import replace
 
         from sim.model.reach import FAR_SHARE
@@ -357,14 +358,8 @@ class Verdict:
         new = replace(self, extrapolated_share=extrapolated_share, far_share=far_share,
                       max_extrapolation=max_extrapolation, max_extrapolation_at=max_extrapolation_at,
                       bounded_share=bounded[0], max_bounded_share=bounded[1], max_bounded_at=bounded[2])
-        if self.failed:
-            return new
-        if far_share > FAR_SHARE:
+        if far_share > FAR_SHARE and not self.failed:
             return replace(new, answer=UNSURE)
-        if new.bounded_share > 0 and math.isfinite(self.throughput_ratio):
-            lo, hi = new.bounded_ends()
-            if decide(lo, self.run_cv) != decide(hi, self.run_cv):
-                return replace(new, answer=UNSURE)
         return new
 
 
@@ -395,6 +390,7 @@ def verdict(summaries: dict[str, dict], run_cv: float, cv_source: str) -> Option
 
 
 PLACEHOLDER_CLAUSE = "; on the scenario's inline cost terms (placeholders: no device was measured)"
+_ANSWER_WORDS = {KEEP: "keep on", OFF: "turn off", UNSEEN: "no difference one A/B run could see"}  # a range's ends
 TAIL_RATIO = 1.5  # p99 TTFTs further apart than this are said beside the medians (a tail they hide)
 
 

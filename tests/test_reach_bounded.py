@@ -140,7 +140,14 @@ def test_the_verdict_says_whether_it_holds_at_the_bound_by_hand():
     assert holds.as_json()["max_bounded_at"] == "forward.decode at ctx 17, measured from 128"
     wide = _verdict(1.2, (1.0, 0.10, ""))
     assert wide.answer == KEEP
-    assert "the ratio would be 0.982-1.467x: it spans 'no difference one A/B run could see' to 'keep on'" in wide.line()
+    assert ("the ratio would be 0.982-1.467x: it spans 'no difference one A/B run could see' to 'keep on' (the answer "
+            "above stands on the curve's prices)") in wide.line()
+    from sim.whatif.verdict import PAIRS, UNSEEN, Verdict  # an open loop's latency answer: no ratio range
+
+    latency = Verdict(UNSEEN, PAIRS[0], 1.005, (20.362, 29.905), 0.02, "test", ttft_ms=(89.35, 69.34)).with_reach(
+        0.0, 0.0, 1.0, "", (0.75, 0.117, ""))
+    assert "the arrivals set both throughputs, so the bound moves the latencies only" in latency.line()
+    assert "the ratio would be" not in latency.line()
     assert "the answer holds" in _verdict(1.2, (0.5, 0.10, "")).line()  # half the steps: 5% at most
     assert _verdict(1.2, (0.0, 0.0, "")).line().count("bounded") == 0
 

@@ -332,14 +332,20 @@ class Verdict:
         return r * (1.0 - e) / (1.0 + e), r * (1.0 + e) / (1.0 - e)
 
     def _bounded_holds(self) -> str:
-        """Whether the answer holds across :meth:`bounded_ends`, in words."""
+        """Whether the answer holds across :meth:`bounded_ends`, in words; where the answer is a
+        latency's (:meth:`latency_change`: the arrivals set both throughputs, which a forward's
+        price does not move), that the bound leaves the throughputs as they are."""
+        if self.latency_change() is not None or self.latency_change("ttft") is not None:
+            return "the arrivals set both throughputs, so the bound moves the latencies only"
         lo, hi = self.bounded_ends()
         if not (math.isfinite(lo) and math.isfinite(hi)):
             return "a setting served nothing"
         low, high = decide(lo, self.run_cv), decide(hi, self.run_cv)
         return (f"were each such step off by that much, one setting up and the other down (a loose bound: both "
                 f"settings price their forwards on the same curve), the ratio would be {lo:.3f}-{hi:.3f}x: "
-                + ("the answer holds" if low == high else f"it spans '{_ANSWER_WORDS[low]}' to '{_ANSWER_WORDS[high]}'"))
+                + ("the answer holds" if low == high else
+                   f"it spans '{_ANSWER_WORDS[low]}' to '{_ANSWER_WORDS[high]}' (the answer above stands on the "
+                   "curve's prices)"))
 
     def with_reach(self, extrapolated_share: float, far_share: float, max_extrapolation: float,
                    max_extrapolation_at: str = "", bounded: tuple = (0.0, 0.0, "")) -> "Verdict":

@@ -13,6 +13,11 @@ from calibrate.shapes import ModelShape
 YARDSTICK_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 BACKEND_DEVICES = {"torch": ("cpu", "cuda"), "mlx": ("cpu", "gpu")}
+# the CUDA harness holds the stream (torch.cuda._sleep) before each timed step so the whole step is
+# queued before its first event fires (calibrate.forward.torch_backend); the hold's cycles, and the
+# clock they are counted at (H100/H200 boost ~1.98 GHz): 1 ms .. 30 ms
+SLEEP_CLOCK_HZ = 2.0e9
+SLEEP_MIN_CYCLES, SLEEP_MAX_CYCLES = 2_000_000, 60_000_000
 
 
 @dataclass(frozen=True)

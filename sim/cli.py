@@ -98,7 +98,7 @@ def standing(found, scenario, meta: dict | None, summaries: dict[str, dict], sim
     far (:meth:`Verdict.with_reach`), the scenario's placeholder costs, or a launch command serving
     another model than the profile measured ("cannot tell": the server section's
     ``rests_on_another_model``)."""
-    from sim.whatif.attention import attention_caveat
+    from sim.whatif.harness import attention_caveat, launch_floor_clause, launch_floor_json, prefill_launch_floor
     from sim.whatif.stated_range import stated_range, stated_uncertainties
     from sim.whatif.verdict import grounded
 
@@ -108,6 +108,9 @@ def standing(found, scenario, meta: dict | None, summaries: dict[str, dict], sim
         found = replace(found, caveats=found.caveats + (caveat,))
     if found.failed:  # a server that died: what it stands on is said, no range is run over it
         return found
+    if (floor := prefill_launch_floor(scenario, meta, found.pair, simulate_range)) is not None:
+        if clause := launch_floor_clause(floor, found, summaries):
+            found = replace(found, caveats=found.caveats + (clause,), launch_floor=launch_floor_json(floor, found.pair))
     if stated := stated_uncertainties(meta):
         if not simulate_range:
             return replace(found, range_skipped=tuple(s.what for s in stated))

@@ -223,7 +223,7 @@ def test_an_answer_resting_on_the_harness_attention_says_so(run_cli, tmp_path):
     share, the verdict says the device's time is overstated against a production backend."""
     import sim
     from sim.model.profile import load_profile
-    from sim.whatif.attention import ATTENTION_SHARE_CAVEAT, attention_caveat
+    from sim.whatif.harness import ATTENTION_SHARE_CAVEAT, attention_caveat
 
     scenarios = Path(__file__).resolve().parents[1] / "scenarios"
     quickstart = sim.load_scenario(scenarios / "quickstart.yaml")
@@ -254,7 +254,7 @@ def test_an_answer_resting_on_the_harness_attention_says_so(run_cli, tmp_path):
 def test_a_sweep_says_at_which_points_its_answers_rest_on_the_harness_attention(run_cli, tmp_path):
     """A sweep's verdict says, over its points, where the run's attention caveat would be said:
     how many, and the largest share with its point (each point's share as a run computes it)."""
-    from sim.whatif.attention import attention_sweep_clause
+    from sim.whatif.harness import attention_sweep_clause
 
     assert attention_sweep_clause([(0.1, "a=1"), (0.2, "a=2")], 2) == ""
     clause = attention_sweep_clause([(0.1, "a=1"), (0.89, "a=3"), (0.3, "a=2")], 3)

@@ -24,14 +24,12 @@ import numpy as np
 import torch
 
 from calibrate.bookkeeping.bookkeeper import StepInputs
-from calibrate.config import CalibrationConfig
+from calibrate.config import SLEEP_CLOCK_HZ, SLEEP_MAX_CYCLES, SLEEP_MIN_CYCLES, CalibrationConfig
 from calibrate.errors import CalibrationInputError
 from calibrate.forward.torch_model import CudaGraphDecode, TorchLlama
 from calibrate.shapes import ModelShape
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-SLEEP_CLOCK_HZ = 2.0e9  # cycles per second assumed for torch.cuda._sleep (H100/H200 boost ~1.98 GHz)
-SLEEP_MIN_CYCLES, SLEEP_MAX_CYCLES = 2_000_000, 60_000_000  # 1 ms .. 30 ms at 2 GHz
 
 
 class TorchBackend:
@@ -55,6 +53,8 @@ class TorchBackend:
         self.dev = torch.device(cfg.device)
         self.graphs = self.cuda and cfg.cuda_graph
         self.eager_points: list[str] = []  # decode points where capture failed
+        self.outlived_hold: list[str] = []  # points whose launch outlived the stream hold (this process's)
+        self._outlived = False  # whether the last timed CUDA step's launch outlived its hold
         self.attention = "not run"
 
     def describe(self) -> dict:
@@ -68,7 +68,8 @@ class TorchBackend:
         mode = "cuda_graph" if self.graphs else "eager"
         return {"device_name": name, "libraries": libs, "dtype": self.cfg.resolved_dtype,
                 "decode_mode": mode, "extend_mode": "eager", "torch_threads": torch.get_num_threads(),
-                "graph_capture_failures": self.eager_points, "attention": self.attention, "machine": platform.machine()}
+                "graph_capture_failures": self.eager_points, "attention": self.attention, "machine": platform.machine(),
+                **({"launch_outlived_hold": self.outlived_hold} if self.cuda else {})}
 
     def create_model(self, shape: ModelShape) -> TorchLlama:
         model = TorchLlama(shape, self.cfg.device, self.dtype, seed=self.cfg.seed)
@@ -104,21 +105,37 @@ class TorchBackend:
         host.copy_(out, non_blocking=True)
         end.record()
         t1 = time.perf_counter()
+        self._outlived = start.query()  # the hold ended (the step began) before the launch did
         end.synchronize()
         tokens = host.tolist()
         return start.elapsed_time(end) / 1e3, t1 - t0, tokens
 
-    def _repeat(self, make_inputs, launch, n_out, warmup, repeats) -> tuple[list[float], list[float]]:
-        fwd, lau = [], []
+    def _repeat(self, make_inputs, launch, n_out, warmup, repeats, label="") -> tuple[list[float], list[float]]:
+        """(forward, launch) samples of ``repeats`` steps after ``warmup``. On CUDA a launch that
+        outlives the stream's hold (the step's start event already passed when the launch returns)
+        is counted: the device then ran during the launch, and a launch that filled CUDA's queue of
+        pending kernels waited for it (its time counts device time; docs/calibration.md). Points
+        where any did are said on stderr and kept in :attr:`outlived_hold` (``label``: the point,
+        in words, or a callable giving them once the point has run), for the profile's metadata
+        (the points this process measured: a resumed calibration's earlier points are judged by
+        ``overlap-sim compose`` from their times, :func:`calibrate.host.compose.launches_outliving_hold`)."""
+        fwd, lau, outlived = [], [], 0
         cycles = SLEEP_MAX_CYCLES  # until this point's launch time is known
         for k in range(warmup + repeats):
+            self._outlived = False
             f, la, _ = self._timed(make_inputs, launch, n_out, cycles)
+            outlived += k >= warmup and bool(self._outlived)
             lau.append(la)
             fwd.append(f)
             # hold the stream ~4x the median launch so far (at a 2 GHz clock), within bounds: a
             # low idle clock only lengthens the hold, a slow outlier launch cannot blow it up
             est = sorted(lau)[len(lau) // 2]
             cycles = int(min(max(4 * est * SLEEP_CLOCK_HZ, SLEEP_MIN_CYCLES), SLEEP_MAX_CYCLES))
+        if outlived:
+            label = label() if callable(label) else label
+            self.outlived_hold.append(f"{label}: {outlived} of {repeats}")
+            print(f"the launch outlived the stream hold at {label} in {outlived} of {repeats} samples: it may count "
+                  "time the CPU waited for the device (docs/calibration.md)", file=sys.stderr)
         return fwd[warmup:], lau[warmup:]
 
     def measure_decode(self, model: TorchLlama, make_inputs: Callable[[], StepInputs], batch_size: int, ctx: int,
@@ -142,7 +159,7 @@ class TorchBackend:
             return model.decode(*args, ctx)
 
         try:
-            return self._repeat(make_inputs, launch, batch_size, warmup, repeats)
+            return self._repeat(make_inputs, launch, batch_size, warmup, repeats, f"decode {batch_size} x ctx {ctx}")
         finally:
             del runner
 
@@ -150,9 +167,12 @@ class TorchBackend:
                        repeats: int) -> tuple[list[float], list[float]]:
         """(forward seconds, launch seconds) samples of one prefill batch (eager)."""
 
+        seen = {}
+
         def launch(inp: StepInputs) -> torch.Tensor:
+            seen["tokens"] = sum(inp.extend_lens)
             prefix = [self.to_device(a) for a in inp.prefix_indices] if inp.prefix_indices else None
             return model.extend(self.to_device(inp.input_ids), inp.slots.tolist(), inp.prefix_lens, inp.extend_lens,
                                 self.to_device(inp.out_cache_loc), prefix)
 
-        return self._repeat(make_inputs, launch, 1, warmup, repeats)
+        return self._repeat(make_inputs, launch, 1, warmup, repeats, lambda: f"extend {seen.get('tokens')} tokens")

@@ -36,6 +36,7 @@ import math
 import sys
 from pathlib import Path
 
+from calibrate.config import SLEEP_CLOCK_HZ, SLEEP_MAX_CYCLES
 from sim.commands import output_path
 from sim.errors import ProfileError
 from sim.jsonio import is_number
@@ -43,6 +44,7 @@ from sim.jsonio import is_number
 DEVICE_CURVES = ("forward.decode", "forward.extend", "submit.decode", "submit.extend")
 HOST_CURVES = ("recv", "schedule.extend", "schedule.decode", "process.extend", "process.decode")
 LAUNCH_CURVES = ("launch.decode", "launch.extend")
+DEVICE_LAUNCH = "device_launch.extend"  # the device part of launch.extend, kept apart (sim.model.profile)
 GRAMMAR_CURVES = ("grammar.mask", "grammar.process")  # a host file's structured-output curves, when it has them
 
 
@@ -54,6 +56,33 @@ def _curve_at(c: dict, x: float) -> float:
     grid = c["grid"][0]
     return float(np.interp(x, grid, c["values_s"]))
 
+
+def launches_outliving_hold(device: dict) -> list[float]:
+    """The prefill sizes (``num_tokens``) at which a CUDA torch calibration's launch took at least
+    the longest stream hold it queues before a step (``calibrate.forward.torch_backend``:
+    ``SLEEP_MAX_CYCLES`` at ``SLEEP_CLOCK_HZ``, 30 ms at a 2 GHz boost clock): the hold cannot have
+    covered such a launch, so the device started the step before the launch ended, and a launch
+    that fills CUDA's queue of pending kernels (about a thousand) then waits for the device to
+    drain it: the device's time counts in it (docs/calibration.md). Judged on the median of the
+    point's samples, and, where the calibration watched its hold (``metadata.launch_outlived_hold``:
+    "extend N tokens: k of n" where any sample's launch outlived it), on that too; empty for any
+    other calibration."""
+    import re
+    import statistics
+
+    meta = device.get("metadata") or {}
+    if meta.get("backend") != "torch" or meta.get("device") != "cuda":
+        return []
+    found = {float(s["point"]["num_tokens"]) for s in device.get("samples", [])
+             if s.get("curve") == "launch.extend" and not s.get("setting") and s.get("times_s")
+             and statistics.median(s["times_s"]) >= HOLD_MAX_S}
+    for entry in meta.get("launch_outlived_hold") or []:
+        if isinstance(entry, str) and (m := re.match(r"extend (\d+) tokens:", entry)):
+            found.add(float(m.group(1)))
+    return sorted(found)
+
+
+HOLD_MAX_S = SLEEP_MAX_CYCLES / SLEEP_CLOCK_HZ  # the CUDA harness's longest stream hold at the boost clock
 
 MAX_HOST_SPEED = 1000.0  # a host this many times faster (or slower) than another is not a measurement
 
@@ -180,6 +209,7 @@ def compose(device: dict, host: dict, *, host_speed: float | None = None, device
     engine_launch = dmeta.get("backend") == "sglang"
     settings_curves = {None: device["curves"], **{k: {**device["curves"], **v}
                                                   for k, v in device.get("setting_curves", {}).items()}}
+    device_launch: dict[float, float] = {}  # num_tokens -> the device part added to launch.extend there
     for s in host["samples"]:
         t = [v / speed for v in s["times_s"]]
         if s["curve"] in LAUNCH_CURVES:
@@ -187,9 +217,13 @@ def compose(device: dict, host: dict, *, host_speed: float | None = None, device
             x = s["point"]["num_reqs" if s["curve"] == "launch.decode" else "num_tokens"]
             part = 0.0 if engine_launch else _curve_at(dev, x)
             t = [v + part for v in t]
+            if s["curve"] == "launch.extend" and not engine_launch and not s.get("setting"):
+                device_launch[x] = part
         elif s["curve"] not in HOST_CURVES and s["curve"] not in GRAMMAR_CURVES:
             continue
         samples.append({**copy.deepcopy(s), "times_s": t})
+    samples += [{"curve": DEVICE_LAUNCH, "point": {"num_tokens": x}, "times_s": [part]}
+                for x, part in sorted(device_launch.items())]
     unc = move.get("uncertainty_rel")
     moved = {"source": "moved" if not same_host else "measured", "from_host_cpu": hmeta.get("host_cpu"),
              "to_host_cpu": dmeta.get("host_cpu"), "host_speed": speed, "uncertainty_rel": unc}
@@ -226,11 +260,20 @@ def compose(device: dict, host: dict, *, host_speed: float | None = None, device
         "move": move,
         "launch": "launch = the host file's run_batch (less forward and sampler), moved, plus the device profile's "
                   "launch at the same point (the host time to queue the step); the project's own input building "
-                  "inside the device part is counted twice (tens of microseconds)",
+                  "inside the device part is counted twice (tens of microseconds)"
+                  + ("; a prefill's device part, the device calibration's own model launched eagerly in place of the "
+                     f"engine's, is kept apart as {DEVICE_LAUNCH}" if device_launch else ""),
         "note": f"host phases are SGLang's own scheduler functions timed on {hmeta.get('host_cpu')} with the forward "
                 f"stubbed and moved to {dmeta.get('host_cpu')} by x{1 / speed:.3g} in time"
                 + (f" (±{unc:.0%}, {move['method']})" if unc is not None else f" ({move['method']})")}
-    meta["repeats"] = min(len(s["times_s"]) for s in samples)
+    if (outlived := launches_outliving_hold(device)):
+        meta["composed"]["device_launch_outlived_hold"] = {
+            "num_tokens": outlived, "hold_max_s": HOLD_MAX_S,
+            "what": "prefill sizes whose launch (the device part) took at least the harness's longest stream hold "
+                    f"({SLEEP_MAX_CYCLES:,} cycles at an assumed {SLEEP_CLOCK_HZ / 1e9:g} GHz): the device started "
+                    "before the launch ended, and a launch that filled CUDA's queue of pending kernels then waited "
+                    "for the device (docs/calibration.md)"}
+    meta["repeats"] = min(len(s["times_s"]) for s in samples if s["curve"] != DEVICE_LAUNCH)
     for key in ("sessions", "host_speed"):
         meta.pop(key, None)
     return build_profile(meta, samples)

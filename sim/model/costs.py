@@ -12,6 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
+from sim.errors import ScenarioError
 from sim.model.schema import Costs, CostTerm
 
 EXTEND = 0  # SGLang ForwardMode.EXTEND (prefill, possibly a chunk)
@@ -153,10 +154,18 @@ def make_cost_model(scenario, setting: str | None = None) -> CostModel:
     if c.profile:
         from sim.model.profile_costs import ProfileCostModel  # it imports this module
 
-        return ProfileCostModel.from_file(scenario.resolve_path(c.profile), gpu_scale=c.gpu.scale,
-                                          cpu_scale=c.cpu.scale, overlap_residue_s=c.gpu.overlap_residue, gil=c.gil,
-                                          sync_latency_s=c.gpu.sync_latency, statistic=c.profile_statistic,
-                                          setting=setting)
+        model = ProfileCostModel.from_file(scenario.resolve_path(c.profile), gpu_scale=c.gpu.scale,
+                                           cpu_scale=c.cpu.scale, overlap_residue_s=c.gpu.overlap_residue, gil=c.gil,
+                                           sync_latency_s=c.gpu.sync_latency, statistic=c.profile_statistic,
+                                           setting=setting, extend_launch_device_scale=c.cpu.extend_launch_device_scale)
+        if c.cpu.extend_launch_device_scale != 1.0 and model.device_launch is None:
+            raise ScenarioError(scenario.source, "costs.cpu.extend_launch_device_scale", "1 with this profile: it has "
+                                "no device part of a prefill's launch (a CUDA torch calibration's, or a composed "
+                                "profile's device_launch.extend)")
+        return model
+    if c.cpu.extend_launch_device_scale != 1.0:
+        raise ScenarioError(scenario.source, "costs.cpu.extend_launch_device_scale", "1 without a costs.profile: "
+                            "the inline costs have no device part of a prefill's launch to scale")
     return LinearCostModel(c)
 
 

@@ -22,6 +22,12 @@ Each simulated step is priced by the profile's curves (see :mod:`sim.model.profi
 - submit (MLX profiles): ``submit.<kind>`` at the forward's coordinates: the host stays in the
   launch until that long after the forward starts (``mx.async_eval``'s back-pressure).
 
+A prefill's launch on a CUDA torch calibration is mostly that harness's own model launched eagerly
+(its kernels queued one by one), standing in for the engine's model, whose launch no calibration
+measures (docs/calibration.md): :func:`device_launch_part` finds that part, and
+``costs.cpu.extend_launch_device_scale`` scales it (:func:`scaled_device_part`); the verdict
+simulates the run with it at 0 (:mod:`sim.whatif.harness`).
+
 With a profile, the scenario's inline linear terms (``costs.gpu.decode``/``prefill``,
 ``costs.cpu.recv``/...) are not used; ``costs.gpu.scale`` multiplies the forward curves,
 ``costs.cpu.scale`` the phase curves, and ``costs.gpu.overlap_residue``, ``costs.noise`` and
@@ -61,7 +67,8 @@ class ProfileCostModel:
 
     def __init__(self, profile: dict, gpu_scale: float = 1.0, cpu_scale: float = 1.0,
                  overlap_residue_s: float = 0.0, source: str = "<dict>", gil=None,
-                 sync_latency_s: float | None = None, statistic: str = "median", setting: str | None = None):
+                 sync_latency_s: float | None = None, statistic: str = "median", setting: str | None = None,
+                 extend_launch_device_scale: float = 1.0):
         self.profile = profile
         self.source = source
         self.gil = gil  # sim.model.schema.GilCosts for the thread_overlap loop (not measured here)
@@ -78,7 +85,11 @@ class ProfileCostModel:
         self.extend_attended = profile["metadata"].get("extend_axis") == "attended"
         self._recv = c["recv"]
         self._schedule = (c["schedule.extend"], c["schedule.decode"])
+        self.device_launch = device_launch_part(profile, c)
         self._launch = (c["launch.extend"], c["launch.decode"])
+        if extend_launch_device_scale != 1.0 and self.device_launch is not None:
+            self._launch = (scaled_device_part(c["launch.extend"], self.device_launch, extend_launch_device_scale),
+                            c["launch.decode"])
         self._process = (c["process.extend"], c["process.decode"])
         self._submit = (c.get("submit.extend"), c.get("submit.decode"))  # MLX profiles only
         self.decode_submits = self._submit[1] is not None  # a decode's launch can block (the leap steps aside)
@@ -270,3 +281,33 @@ class ProfileCostModel:
                 "date": m.get("date"), "gpu_scale": self.gpu_scale, "cpu_scale": self.cpu_scale,
                 "overlap_residue_s": self.overlap_residue_s, "sync_latency_s": self.sync_latency_s,
                 "statistic": self.statistic}
+
+
+def device_launch_part(profile: dict, curves: dict):
+    """The part of ``launch.extend`` that a CUDA torch calibration timed as its own model's eager
+    launch (:mod:`calibrate.forward.torch_backend`: from the first input array built to the last
+    kernel queued), standing in for the engine's model launch: a composed profile's
+    ``device_launch.extend`` curve (``overlap-sim compose`` keeps it apart), or, on a profile of
+    that calibration itself (``metadata.backend`` torch, ``metadata.device`` cuda, not composed),
+    the whole ``launch.extend``. None on any other profile (SGLang's CPU engine, a CPU or MLX
+    calibration, a server's trace, inline costs). ``curves``: the profile's curves as the cost
+    model reads them (:func:`sim.model.profile.profile_curves`)."""
+    if (part := curves.get("device_launch.extend")) is not None:
+        return part
+    meta = profile.get("metadata") or {}
+    if meta.get("backend") == "torch" and meta.get("device") == "cuda" and not meta.get("composed"):
+        return curves["launch.extend"]
+    return None
+
+
+def scaled_device_part(launch, device, scale: float):
+    """``launch`` (a one-axis :class:`sim.model.curve.Curve` of ``launch.extend``, seconds) with its
+    ``device`` part (a curve on the same axis) times ``scale`` (>= 0), as a function of the tokens:
+    ``launch(x) - (1 - scale) * device(x)``, held between 0 and ``launch(x)`` (beyond the data the
+    two curves extend their edge segments, clamped at 0 each) at ``scale`` <= 1, and at least
+    ``launch(x)`` above it. ``scale`` 0 leaves the host part alone; 1 gives ``launch`` back."""
+    if scale == 1.0:
+        return launch
+    if scale < 1.0:
+        return lambda x: min(launch(x), max(0.0, launch(x) - (1.0 - scale) * device(x)))
+    return lambda x: launch(x) + (scale - 1.0) * device(x)

@@ -284,6 +284,11 @@ class CpuCosts(StrictModel):
     process: CostTerm = CostTerm(base=8.0e-5, per_req=1.2e-5)
     scale: float = Field(default=1.0, ge=MIN_SCALE, le=MAX_SCALE)
     after_wait_scale: float = Field(default=1.0, ge=MIN_SCALE, le=MAX_SCALE)
+    # the device part of a prefill's launch (a CUDA torch calibration's own model launched eagerly,
+    # standing in for the engine's: sim.model.profile_costs.device_launch_part), times this; 0 leaves
+    # the engine's host part alone (sim.whatif.harness simulates that end). A profile without such a
+    # part takes only 1.
+    extend_launch_device_scale: float = Field(default=1.0, ge=0.0, le=MAX_SCALE)
 
 
 class Noise(StrictModel):

@@ -63,17 +63,19 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
     open loop, its scenario or None): each point's verdict
     is then grounded as a run's (:func:`grounded`: placeholders, caveats, steps beyond the
     profile's data, another model's costs, a decode forward mostly the profile's plain attention:
-    :mod:`sim.whatif.attention`), its stated range said not simulated. None when the
+    :mod:`sim.whatif.harness`), its stated range said not simulated. None when the
     settings hold no pair of :data:`PAIRS`."""
     from dataclasses import replace
 
-    from sim.whatif.attention import attention_caveat, attention_share, attention_sweep_clause
+    from sim.whatif.harness import (attention_caveat, attention_share, attention_sweep_clause, launch_floor_clause,
+                                    prefill_launch_floor, prefill_launch_part, prefill_launch_sweep_clause)
     from sim.whatif.variance import grid_keys
 
     keys = grid_keys(table)
     one_point = table["point"].nunique() == 1  # (its attention caveat as a run says it)
     found, points = [], []  # each point's (grid values, verdict), and the point's index, in order
     attention = []  # each grounded point's (share of its decode forward that grows with context, its values)
+    launches = []  # each grounded point's (device part of a prefill's launch ms, the launch ms, its values)
     for point, rows in table.groupby("point", sort=True):
         values = {k: rows[k].iloc[0] for k in keys}
         point_noise = SimpleNamespace(**{f: float(values.get(f"costs.noise.{f}", getattr(noise, f)))
@@ -94,8 +96,15 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
                 if one_point:
                     if caveat := attention_caveat(scenario, meta, pair):
                         v = replace(v, caveats=v.caveats + (caveat,))
-                elif share := attention_share(scenario, meta, pair):
-                    attention.append((share[0], " ".join(f"{k}={values[k]}" for k in keys)))
+                    floor = prefill_launch_floor(scenario, meta, v.pair, simulate_it=False)
+                    if floor is not None and floor.device_ms >= floor.launch_ms / 2:
+                        v = replace(v, caveats=v.caveats + (launch_floor_clause(floor, v, pair, SWEEP_NO_RANGE),))
+                else:
+                    where = " ".join(f"{k}={values[k]}" for k in keys)
+                    if share := attention_share(scenario, meta, pair):
+                        attention.append((share[0], where))
+                    if (part := prefill_launch_part(scenario, v.pair[0])) is not None:
+                        launches.append((part[1] * 1e3, part[2] * 1e3, where))
         found.append((values, v))
         points.append(int(point))
     if len(found) == 1:
@@ -119,7 +128,8 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
                f"run-to-run CV per point ({', '.join(sources)})")
     num, den = found[0][1].pair[:2]
     return (f"verdict ({num}/{den} output throughput): " + "; ".join(parts) + _sweep_standing([v for _, v in found])
-            + attention_sweep_clause(attention, sum(1 for _, v in found if not v.failed)) + _frontend_in_clause(table)
+            + attention_sweep_clause(attention, sum(1 for _, v in found if not v.failed))
+            + prefill_launch_sweep_clause(launches, sum(1 for _, v in found if not v.failed)) + _frontend_in_clause(table)
             + _interval_clause(table, zip(points, found), keys) + f" [{cv_text}]")
 
 

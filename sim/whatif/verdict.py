@@ -134,6 +134,8 @@ class Verdict:
     # an open loop whose backlog grew through the run: (setting, what showed it, its numbers) each,
     # as sim.trace.metrics.queue_growth gives them; the answer is then this run length's
     queue_growth: tuple = ()
+    # the run again with the prefill launch's device part nil (sim.whatif.harness.launch_floor_json)
+    launch_floor: Optional[dict] = None
 
     def with_range(self, lo: float, hi: float, what: list) -> "Verdict":
         """This verdict over the stated range: the answer becomes :data:`UNSURE` ("cannot tell")
@@ -177,6 +179,8 @@ class Verdict:
                                    "answer_high": decide(hi, self.run_cv) if math.isfinite(hi) else None,
                                    "answer_central": decide(self.throughput_ratio, self.run_cv)
                                    if math.isfinite(self.throughput_ratio) else None}
+        if self.launch_floor is not None:
+            out["prefill_launch_floor"] = self.launch_floor
         if self.range_skipped:
             out["range_not_simulated"] = list(self.range_skipped)
         out["extrapolated_share"] = self.extrapolated_share

@@ -77,7 +77,8 @@ class VllmServer(StrictModel):
 
     # the cost fields of SGLang's loops, which vLLM's do not read (sim.engines.vllm.costs): given
     # with other values than their defaults, a vLLM scenario is refused (the answer would not move)
-    UNREAD_COSTS: ClassVar[tuple[str, ...]] = ("gpu.overlap_residue", "gpu.sync_latency", "cpu.after_wait_scale", "gil")
+    UNREAD_COSTS: ClassVar[tuple[str, ...]] = ("gpu.overlap_residue", "gpu.sync_latency", "cpu.after_wait_scale",
+                                               "cpu.extend_launch_device_scale", "gil")
 
     @property
     def resolved_block_size(self) -> int:

@@ -70,6 +70,10 @@ OPTIONAL_CURVE_AXES: dict[str, tuple[str, ...]] = {
     # device is within the last of them
     "submit.decode": ("num_reqs", "ctx"),
     "submit.extend": ("num_tokens", "prefix"),
+    # the part of launch.extend that a composed profile took from its device calibration: that
+    # harness's own model launched eagerly, standing in for the engine's (calibrate.host.compose);
+    # priced only where costs.cpu.extend_launch_device_scale moves it (launch.extend includes it)
+    "device_launch.extend": ("num_tokens",),
     **GRAMMAR_CURVE_AXES,
     **GRAMMAR_SAMPLE_AXES,
 }

@@ -27,6 +27,9 @@ def _constant_profile(tmp_path) -> Path:
                               "schedule.extend": const(SCHED), "schedule.decode": const(SCHED),
                               "launch.extend": const(LAUNCH), "launch.decode": const(LAUNCH),
                               "process.extend": const(PROC), "process.decode": const(PROC)})
+    # an MLX calibration's: its launch builds the graph, no eager kernels queued ahead of its end (a
+    # CUDA torch profile's prefill would start on the device during its launch: tests/test_prefill_launch.py)
+    prof["metadata"].update(backend="mlx", device="gpu")
     path = tmp_path / "const.json"
     save_profile(path, prof)
     return path

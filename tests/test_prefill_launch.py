@@ -163,7 +163,7 @@ def test_no_range_says_the_floor_was_not_simulated(tmp_path, capsys):
 def test_the_8b_profile_says_its_launch_outlived_the_hold(tmp_path, capsys):
     assert main(["run", str(QUICKSTART), *SMALL, "--tables", "none", "--json", "--out", str(tmp_path / "a"),
                  "--set", f"costs.profile={ROOT}/scenarios/profiles/h200-llama-3.1-8b.json", "--set",
-                 "workload.cached_len=0"]) == 0
+                 "workload.cached_len=0", "--set", "workload.input_len=32", "--set", "workload.concurrency=1"]) == 0
     verdict = json.loads(capsys.readouterr().out)["verdict"]
     assert "at every prefill size the profile measured that part lasted at least the harness's longest stream " \
            "hold (30 ms)" in verdict["line"]
@@ -202,3 +202,38 @@ def test_the_calibration_counts_launches_that_outlive_the_hold():
     fwd, lau = backend._repeat(None, None, 1, 1, 4, lambda: "extend 16 tokens")
     assert fwd == [1e-3] * 4 and lau == [2e-3] * 4
     assert backend.outlived_hold == ["extend 16 tokens: 2 of 4"]
+
+
+# --- the device runs an eager prefill's kernels as they are queued ----------------------------------
+
+@pytest.mark.parametrize("launch, forward", [(0.010, 0.003), (0.002, 0.008)])
+def test_an_eager_prefill_ends_with_its_launch_or_a_forward_after_its_start(tmp_path, launch, forward):
+    """Hand-computed, one request under ``normal``: a CUDA torch profile's whole prefill launch is
+    its kernels queued one by one, so the device may start with the launch and ends at the later of
+    the launch's end (launch-bound) and a forward after it could start (device-bound); the forward's
+    device time is placed last in that window."""
+    from calibrate.profile import save_profile
+    from sim.simulate import simulate
+    from tests.helpers import constant_scenario
+
+    const = lambda v: (lambda *x: v)  # noqa: E731
+    profile = synthetic_profile({"launch.extend": const(launch), "forward.extend": const(forward)})
+    path = tmp_path / "p.json"
+    save_profile(path, profile)
+    scenario = constant_scenario(c=1, output_len=3, settings=("normal",), costs__profile=str(path))
+    steps = simulate(scenario, "normal").steps
+    prefill = steps[steps["kind"] == "extend"].iloc[0]
+    assert prefill["launch_end"] - prefill["launch_start"] == pytest.approx(launch)
+    assert prefill["forward_end"] == pytest.approx(prefill["launch_start"] + max(launch, forward))
+    assert prefill["forward_end"] - prefill["forward_start"] == pytest.approx(forward)
+    decode = steps[steps["kind"] == "decode"]
+    assert (decode["forward_start"] >= decode["launch_end"] - 1e-12).all()  # a graph replay: after its launch
+
+
+def test_a_composed_prefill_starts_after_its_host_part():
+    """Host part 0.2 ms, device part 3 ms + 1 us a token at 16 tokens: the device may start 0.2 ms
+    into the launch; the eager share is the device part over the launch."""
+    model = ProfileCostModel(_composed())
+    assert model.eager_share(EXTEND, 16) == pytest.approx((3e-3 + 16e-6) / (2e-4 + 3e-3 + 16e-6))
+    assert model.eager_share(1, 16) == 0.0  # a decode: queued at its launch's end
+    assert ProfileCostModel(_composed(), extend_launch_device_scale=0.0).eager_share(EXTEND, 16) == 0.0

@@ -56,6 +56,11 @@ class CostModel(Protocol):
         :meth:`schedule_s`, :meth:`launch_s`, :meth:`forward_s` and :meth:`process_s` for
         ``DECODE, num_reqs, num_reqs, sum_ctx``, in one call (the leap's hot path)."""
 
+    def eager_share(self, kind: int, num_tokens: int) -> float:
+        """The share (0-1) of :meth:`launch_s` that queues the forward's kernels one by one (an
+        eager CUDA prefill), which the device runs as they come, ahead of the launch's end; 0: the
+        forward is queued at the launch's end (a CUDA-graph replay, MLX, the CPU, or not known)."""
+
     def submit_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
         """How long the host stays blocked in the submission of the forward when the device
         was idle (part of the forward, measured from its start): MLX's ``mx.async_eval``
@@ -135,6 +140,9 @@ class LinearCostModel:
         return s + cs * sum_ctx, l + cl * sum_ctx, f + cf * sum_ctx, p + cp * sum_ctx
 
     def submit_s(self, kind, num_reqs, num_tokens, sum_ctx):
+        return 0.0
+
+    def eager_share(self, kind, num_tokens):
         return 0.0
 
     def describe(self) -> dict:

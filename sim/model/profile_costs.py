@@ -86,6 +86,7 @@ class ProfileCostModel:
         self._recv = c["recv"]
         self._schedule = (c["schedule.extend"], c["schedule.decode"])
         self.device_launch = device_launch_part(profile, c)
+        self._device_scale = extend_launch_device_scale
         self._launch = (c["launch.extend"], c["launch.decode"])
         if extend_launch_device_scale != 1.0 and self.device_launch is not None:
             self._launch = (scaled_device_part(c["launch.extend"], self.device_launch, extend_launch_device_scale),
@@ -163,6 +164,17 @@ class ProfileCostModel:
 
     def launch_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
         return self._launch[kind](num_reqs if kind == DECODE else num_tokens) * self.cpu_scale
+
+    def eager_share(self, kind: int, num_tokens: int) -> float:
+        """The device part's share of a prefill's launch (:func:`device_launch_part`, as scaled by
+        ``costs.cpu.extend_launch_device_scale``): the eager kernels the device runs as they are
+        queued. 0 for a decode (a CUDA-graph replay, queued at the launch's end) and on a profile
+        without such a part."""
+        if kind == DECODE or self.device_launch is None:
+            return 0.0
+        launch = self._launch[kind](num_tokens)
+        part = self.device_launch(num_tokens) * self._device_scale
+        return min(1.0, part / launch) if launch > 0.0 else 0.0
 
     def process_s(self, kind: int, num_reqs: int, num_tokens: int, sum_ctx: int) -> float:
         return self._process[kind](num_reqs) * self.cpu_scale

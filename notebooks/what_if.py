@@ -162,12 +162,14 @@ pivot
 
 # %% [markdown]
 # Overlap raises throughput at every concurrency in this scenario. Its first tokens come
-# slightly later (0.9 ms at one user): the host file prices the prefill's receive, scheduling,
+# slightly later (1.7 ms at one user): the host file prices the prefill's receive, scheduling,
 # launch and processing about 0.9 ms dearer under the overlap loop than under the normal one
-# (measured per loop). The loop itself adds little: a prefill's token reaches the user only
-# after the next batch has been launched, but that decode launch (about 0.5 ms of CPU) hides
-# inside the prefill's forward (2.9 ms), and TTFT is dominated by the prefill's own launch
-# (9.6 ms of CPU on this host).
+# (measured per loop), and a prefill's token reaches the user only after the next batch has been
+# launched: that decode launch (about 0.5 ms of CPU) comes after the prefill's own launch, which
+# the prefill's forward (2.9 ms) runs under (the device runs an eager prefill's kernels as they
+# are queued), so nothing hides it. TTFT is dominated by the prefill's own launch (9.6 ms of CPU
+# on this host), mostly calibrate's plain-torch model standing in for SGLang's: the verdict says
+# how far TTFT moves without it.
 
 # %%
 low = conc[conc["workload.concurrency"] == users[0]].set_index("setting")

@@ -72,7 +72,8 @@ OPTIONAL_CURVE_AXES: dict[str, tuple[str, ...]] = {
     "submit.extend": ("num_tokens", "prefix"),
     # the part of launch.extend that a composed profile took from its device calibration: that
     # harness's own model launched eagerly, standing in for the engine's (calibrate.host.compose);
-    # priced only where costs.cpu.extend_launch_device_scale moves it (launch.extend includes it)
+    # launch.extend includes it; the simulator reads it for the share of the launch the device runs as it
+    # is queued (ProfileCostModel.eager_share) and where costs.cpu.extend_launch_device_scale moves it
     "device_launch.extend": ("num_tokens",),
     **GRAMMAR_CURVE_AXES,
     **GRAMMAR_SAMPLE_AXES,

@@ -5,7 +5,7 @@ queued kernel by kernel, standing in for SGLang's model launch, which no calibra
 (docs/calibration.md, "The prefill launch on CUDA"). For a few loads on the shipped profiles this
 simulates both settings as measured and with that part nil (``costs.cpu.extend_launch_device_scale``
 0: the engine's host part alone, the floor the verdict's clause simulates) and prints the
-throughput ratio and the median TTFT and TPOT of each setting (streamed: no tables). Deterministic;
+throughput ratio and the median TTFT and TPOT of each setting (exact medians, from the tables). Deterministic;
 about a second.
 
     python benchmarks/prefill_launch_floor.py
@@ -34,12 +34,12 @@ LOADS = {
 
 
 def measure(overrides: list[str]) -> dict[str, dict]:
-    """Each setting's summary (streamed) of the quickstart with ``overrides``."""
+    """Each setting's summary (exact medians, as a default run's) of the quickstart with ``overrides``."""
     from sim.scenario import load_scenario
     from sim.simulate import simulate
 
     scenario = load_scenario(str(QUICKSTART), overrides)
-    return {name: simulate(scenario, name, tables="none").summary() for name in scenario.server.settings}
+    return {name: simulate(scenario, name).summary() for name in scenario.server.settings}
 
 
 def row(s: dict[str, dict]) -> str:

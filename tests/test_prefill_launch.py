@@ -237,3 +237,16 @@ def test_a_composed_prefill_starts_after_its_host_part():
     assert model.eager_share(EXTEND, 16) == pytest.approx((3e-3 + 16e-6) / (2e-4 + 3e-3 + 16e-6))
     assert model.eager_share(1, 16) == 0.0  # a decode: queued at its launch's end
     assert ProfileCostModel(_composed(), extend_launch_device_scale=0.0).eager_share(EXTEND, 16) == 0.0
+
+
+def test_where_the_two_ends_differ_the_clause_names_both(tmp_path, capsys):
+    """A closed loop of one client and 32-token prompts on the 8B profile: 1.031x at the profile's
+    launch (no difference one A/B run could see), 1.058x at the floor (keep on); a closed loop's
+    throughputs are its own, so the ratio is given, not 'the arrivals set both throughputs'."""
+    assert main(["run", str(QUICKSTART), "--tables", "none", "--json", "--out", str(tmp_path / "a"),
+                 "--set", f"costs.profile={ROOT}/scenarios/profiles/h200-llama-3.1-8b.json", "--set",
+                 "workload.concurrency=1", "--set", "workload.input_len=32", "--set", "workload.cached_len=0",
+                 "--set", "workload.output_len=8", "--set", "workload.num_requests=64"]) == 0
+    line = json.loads(capsys.readouterr().out)["verdict"]["line"]
+    assert "'keep on' there, 'no difference one A/B run could see' at the profile's launch (both possible" in line
+    assert "the arrivals set" not in line and "the engine's TTFTs likely lie between the two" in line

@@ -144,10 +144,14 @@ def test_the_verdict_says_whether_it_holds_at_the_bound_by_hand():
             "above stands on the curve's prices)") in wide.line()
     from sim.whatif.verdict import PAIRS, UNSEEN, Verdict  # an open loop's latency answer: no ratio range
 
-    latency = Verdict(UNSEEN, PAIRS[0], 1.005, (20.362, 29.905), 0.02, "test", ttft_ms=(89.35, 69.34)).with_reach(
-        0.0, 0.0, 1.0, "", (0.75, 0.117, ""))
+    latency = Verdict(UNSEEN, PAIRS[0], 1.005, (20.362, 29.905), 0.02, "test", ttft_ms=(89.35, 69.34),
+                      open_loop=True).with_reach(0.0, 0.0, 1.0, "", (0.75, 0.117, ""))
     assert "the arrivals set both throughputs, so the bound moves the latencies only" in latency.line()
-    assert "the ratio would be" not in latency.line()
+    assert "the ratio would be" not in latency.line() and "runs of each setting" not in latency.line()
+    closed = Verdict(UNSEEN, PAIRS[0], 1.031, (7.21, 7.822), 0.02, "test").with_reach(  # a closed loop's latency
+        0.0, 0.0, 1.0, "", (0.75, 0.117, ""))  # answer: its throughputs are its own (a range and a run count)
+    assert "the arrivals set" not in closed.line() and "the ratio would be" in closed.line()
+    assert "runs of each setting detect it" in closed.line()
     assert "the answer holds" in _verdict(1.2, (0.5, 0.10, "")).line()  # half the steps: 5% at most
     assert _verdict(1.2, (0.0, 0.0, "")).line().count("bounded") == 0
 

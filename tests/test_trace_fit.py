@@ -336,12 +336,14 @@ def test_a_latency_answer_names_the_latency_gives_no_run_count_and_a_p99_that_go
     from sim.whatif.verdict import PAIRS, UNSEEN, Verdict
 
     v = Verdict(UNSEEN, PAIRS[0], 1.006, (2.905, 3.712), 0.02, "test", ttft_ms=(19.37, 18.30),
-                ttft_p99_ms=(28.62, 33.32))
+                ttft_p99_ms=(28.62, 33.32), open_loop=True)
     line = v.line()
     assert ("turn it off (--disable-overlap-schedule) where median TTFT matters more, though the p99 TTFT is lower "
             "with overlap on)") in line
     assert ", median TTFT 19.37 vs 18.30 ms, p99 TTFT 28.62 vs 33.32 ms;" in line
     assert "runs of each setting" not in line
+    closed = Verdict(UNSEEN, PAIRS[0], 1.006, (2.905, 3.712), 0.02, "test", ttft_ms=(19.37, 18.30))
+    assert "runs of each setting detect it" in closed.line()  # a closed loop's throughputs are its own
     same_way = Verdict(UNSEEN, PAIRS[0], 1.006, (2.905, 3.712), 0.02, "test", ttft_ms=(19.37, 18.30),
                        ttft_p99_ms=(34.0, 33.32))
     assert "p99 TTFT" not in same_way.line()  # (the same way as the medians, and under 1.5x apart)

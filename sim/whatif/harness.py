@@ -167,6 +167,16 @@ def prefill_launch_floor(scenario, meta: dict | None, pair: tuple, simulate_it: 
     return replace(floor, summaries=tuple(simulate(sc, name, tables="none").summary() for name in pair[:2]))
 
 
+HARNESS_WORDS = "the calibration harness's own plain-torch model (overlap-sim calibrate)"
+
+
+def ms_words(v) -> str:
+    """Milliseconds in words at a fixed precision by size: 132, 15.9, 9.90 (n/a for a missing one)."""
+    if not is_number(v):
+        return "n/a"
+    return f"{v:.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+
+
 def is_number(v) -> bool:
     """A finite int or float (not a bool)."""
     return _in_range(v, -math.inf, math.inf) and math.isfinite(v)
@@ -186,7 +196,7 @@ def launch_floor_clause(floor: LaunchFloor, found, summaries: dict[str, dict], n
 
     whole = floor.host_ms <= 0.0  # (a CUDA torch calibration used as it is: its launch is all the harness's)
     share = f"{floor.launch_ms:.3g} ms" if whole else f"{floor.device_ms:.3g} of {floor.launch_ms:.3g} ms"
-    part = (f"the profile's prefill launch is {'' if whole else 'mostly '}calibrate's own model queued kernel by kernel "
+    part = (f"the profile's prefill launch is {'' if whole else 'mostly '}{HARNESS_WORDS} queued kernel by kernel "
             f"in place of the engine's ({share} at this load's {floor.tokens:,} new token{'s' if floor.tokens != 1 else ''} "
             "a request; no calibration times the engine's own model launch: docs/calibration.md)")
     if floor.outlived:
@@ -203,13 +213,13 @@ def launch_floor_clause(floor: LaunchFloor, found, summaries: dict[str, dict], n
     low = floor.summaries
 
     def medians(key: str, rows) -> str:
-        return " vs ".join(f"{r.get(key):.3g}" if is_number(r.get(key)) else "n/a" for r in rows)
+        return " vs ".join(ms_words(r.get(key)) for r in rows)
 
     moved_latency = {key for key in ("median_ttft_ms", "median_tpot_ms")
                      if any(_moved(a.get(key), b.get(key), LAUNCH_FLOOR_LATENCY_MOVE) for a, b in zip(low, now))}
     ratio = (low[0].get("output_throughput") or 0.0) / (low[1].get("output_throughput") or math.inf) \
         if is_number(low[0].get("output_throughput")) and is_number(low[1].get("output_throughput")) else math.nan
-    latency_answer = found.latency_change() is not None or found.latency_change("ttft") is not None
+    latency_answer = found.arrivals_set_throughput()
     moved_ratio = not latency_answer and math.isfinite(ratio) and math.isfinite(found.throughput_ratio) \
         and _moved(ratio, found.throughput_ratio, LAUNCH_FLOOR_RATIO_MOVE)
     if not moved_latency and not moved_ratio:
@@ -221,15 +231,18 @@ def launch_floor_clause(floor: LaunchFloor, found, summaries: dict[str, dict], n
     elif math.isfinite(ratio) and ratio > 0:
         a, b = decide(ratio, found.run_cv), decide(found.throughput_ratio, found.run_cv)
         if a != b:
-            holds = (f": between the two ends it spans '{_ANSWER_WORDS[b]}' to '{_ANSWER_WORDS[a]}' (the answer above "
-                     "stands on the profile's launch)")
+            there = (f": '{_ANSWER_WORDS[a]}' there, '{_ANSWER_WORDS[b]}' at the profile's launch (both possible: the "
+                     "answer above stands on the profile's launch)")
         else:
-            holds = " (the answer holds)" if found.answer in _ANSWER_WORDS else f" ('{_ANSWER_WORDS[a]}' there too)"
-        out.append(f"the ratio would be {ratio:.3f}x{holds}")
-    for key, label in (("median_ttft_ms", "median TTFT"), ("median_tpot_ms", "median TPOT")):
-        if key in moved_latency or (key == "median_ttft_ms" and moved_ratio):
-            out.append(f"{label} {medians(key, low)} ms (from {medians(key, now)})")
-    return part + ": " + ", ".join(out)
+            there = f" ('{_ANSWER_WORDS[a]}' there too)"
+        out.append(f"the ratio would be {ratio:.3f}x{there}")
+    moved = [(key, label) for key, label in (("median_ttft_ms", "median TTFT"), ("median_tpot_ms", "median TPOT"))
+             if key in moved_latency or (key == "median_ttft_ms" and moved_ratio)]
+    for key, label in moved:
+        out.append(f"{label} {medians(key, low)} ms (from {medians(key, now)})")
+    tail = (f": the engine's {' and '.join(label.split()[1] + 's' for _, label in moved)} likely lie between the two "
+            "(its fused kernels are fewer than the harness's)") if moved else ""
+    return part + ": " + ", ".join(out) + tail
 
 
 def launch_floor_json(floor: LaunchFloor, names: tuple) -> dict:
@@ -253,7 +266,7 @@ def prefill_launch_sweep_clause(parts: list[tuple[float, float, str]], points: i
     if not mostly:
         return ""
     device, launch, where = max(mostly)
-    return (f"; at {len(mostly)} of {points} points the profile's prefill launch is mostly calibrate's own model "
+    return (f"; at {len(mostly)} of {points} points the profile's prefill launch is mostly {HARNESS_WORDS} "
             f"queued kernel by kernel in place of the engine's (up to {device:.3g} of {launch:.3g} ms a prefill, at "
             f"{where}): the TTFTs rest on it, and `overlap-sim run` at a point says how far they move without it "
             "(docs/calibration.md)")

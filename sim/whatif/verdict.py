@@ -136,6 +136,9 @@ class Verdict:
     queue_growth: tuple = ()
     # the run again with the prefill launch's device part nil (sim.whatif.harness.launch_floor_json)
     launch_floor: Optional[dict] = None
+    # the load is an open loop (arrivals at a rate: below capacity they set both throughputs), as
+    # grounded() is told; a closed loop's throughputs are the settings' own
+    open_loop: bool = False
 
     def with_range(self, lo: float, hi: float, what: list) -> "Verdict":
         """This verdict over the stated range: the answer becomes :data:`UNSURE` ("cannot tell")
@@ -257,9 +260,8 @@ class Verdict:
             return f"verdict: {head}: {gain}; a difference this small no A/B run shows ({assumed})" + \
                 self._standing_clause()
         see = f"one A/B run shows it when the run-to-run CV is under {visible_cv(r):.1%} ({assumed})"
-        latency_answer = self.latency_change() is not None or median_ttft is not None
-        if self.answer in (UNSEEN, UNSURE) and r != 1.0 and not latency_answer:  # (where the head answers by
-            from sim.whatif.variance import runs_needed  # latency, arrivals set the throughputs: no run count)
+        if self.answer in (UNSEEN, UNSURE) and r != 1.0 and not self.arrivals_set_throughput():  # (an open loop
+            from sim.whatif.variance import runs_needed  # answered by a latency: no run count for its throughputs)
 
             try:
                 n = runs_needed(self.run_cv, r)
@@ -335,11 +337,16 @@ class Verdict:
         r = self.throughput_ratio
         return r * (1.0 - e) / (1.0 + e), r * (1.0 + e) / (1.0 - e)
 
+    def arrivals_set_throughput(self) -> bool:
+        """An open loop whose answer is a latency's (:meth:`latency_change`): below the server's
+        capacity its arrivals set both settings' throughputs, which no price moves."""
+        return self.open_loop and (self.latency_change() is not None or self.latency_change("ttft") is not None)
+
     def _bounded_holds(self) -> str:
-        """Whether the answer holds across :meth:`bounded_ends`, in words; where the answer is a
-        latency's (:meth:`latency_change`: the arrivals set both throughputs, which a forward's
-        price does not move), that the bound leaves the throughputs as they are."""
-        if self.latency_change() is not None or self.latency_change("ttft") is not None:
+        """Whether the answer holds across :meth:`bounded_ends`, in words; in an open loop whose
+        answer is a latency's (:meth:`arrivals_set_throughput`), that the bound leaves the
+        throughputs as they are."""
+        if self.arrivals_set_throughput():
             return "the arrivals set both throughputs, so the bound moves the latencies only"
         lo, hi = self.bounded_ends()
         if not (math.isfinite(lo) and math.isfinite(hi)):
@@ -436,7 +443,8 @@ def grounded(found: Verdict, server, meta: Optional[dict], placeholder: bool, pa
     bounded = sum(int(s.get("bounded_steps") or 0) for s in pair)  # priced below the data's contexts
     widest = max(pair, key=lambda s: _number_or(s.get("max_bounded_share"), 0.0))
     bounded_at = widest.get("max_bounded_at")
-    found = replace(found, placeholder=placeholder, caveats=tuple(server.verdict_caveats(meta))).with_reach(
+    found = replace(found, placeholder=placeholder, caveats=tuple(server.verdict_caveats(meta)),
+                    open_loop=open_loop).with_reach(
         extrapolated / steps if steps else 0.0, far / steps if steps else 0.0,
         _number_or(farthest.get("max_extrapolation"), 1.0), at if isinstance(at, str) else "",
         (bounded / steps if steps else 0.0, _number_or(widest.get("max_bounded_share"), 0.0),

@@ -315,7 +315,7 @@ def open_loop_scenario(num_requests: int) -> dict:
 
 
 def leap_workload(name: str, num_requests: int):
-    """``open`` (:func:`open_loop_scenario`) or ``closed-C``: the quickstart (its profile, 256
+    """``open`` (:func:`open_loop_scenario`) or ``closed-C``: the quickstart (its profile, the tree's own copy, 256
     output tokens by length) in a closed loop of C clients; ``vllm-open``: the open-loop workload
     on vLLM 0.32 (its inline costs, ``max_num_seqs`` 64); ``vllm-closed-C``: the shipped
     ``vllm-h200`` scenario (its profile, the quickstart's load) at C clients; ``mlx-closed-C``: the
@@ -331,7 +331,9 @@ def leap_workload(name: str, num_requests: int):
     overrides = [f"workload.num_requests={num_requests}", f"workload.concurrency={concurrency}"]
     if name.startswith("mlx-"):
         overrides.append("server.settings=[overlap_mlx]")
-    return sim.load_scenario(ROOT / "scenarios" / path, overrides)
+    # each tree runs its own copy of the scenario and its profile (an older tree cannot read a newer
+    # profile's curves, e.g. device_launch.extend since 6 December 2026)
+    return sim.load_scenario((TREE if (TREE / "scenarios" / path).exists() else ROOT) / "scenarios" / path, overrides)
 
 
 def workload_settings(workload: str, settings: list[str]) -> list[str]:

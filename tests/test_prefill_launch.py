@@ -250,3 +250,16 @@ def test_where_the_two_ends_differ_the_clause_names_both(tmp_path, capsys):
     line = json.loads(capsys.readouterr().out)["verdict"]["line"]
     assert "'keep on' there, 'no difference one A/B run could see' at the profile's launch (both possible" in line
     assert "the arrivals set" not in line and "the engine's TTFTs likely lie between the two" in line
+
+
+def test_an_mlx_launch_is_not_taken_for_eager_kernels():
+    """An MLX calibration's launch builds a lazy graph the device starts only at its submission:
+    compose keeps no device part of it, and a profile that says MLX is read as having none."""
+    device = synthetic_profile({"launch.extend": lambda t: 3e-3})
+    device["metadata"].update(backend="mlx", device="gpu")
+    out = compose(device, host_file(ALL_HOST), host_speed=1.0)
+    assert DEVICE_LAUNCH not in out["curves"]
+    cuda = _composed()
+    cuda["metadata"].update(backend="mlx", device="gpu")  # (the curve present, the metadata MLX's)
+    model = ProfileCostModel(cuda)
+    assert model.device_launch is None and model.eager_share(EXTEND, 16) == 0.0

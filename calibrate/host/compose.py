@@ -207,6 +207,9 @@ def compose(device: dict, host: dict, *, host_speed: float | None = None, device
     # a profile of SGLang's own CPU engine (backend sglang) timed its launch as the same function
     # the host file did (run_batch less the forward): there is no separate device part
     engine_launch = dmeta.get("backend") == "sglang"
+    # a CUDA torch calibration's prefill launch queues its own model's kernels one by one (eager): that
+    # part is kept apart (an MLX one builds a lazy graph, submitted at its end: not kept)
+    eager_extend = dmeta.get("backend") == "torch" and dmeta.get("device") == "cuda"
     settings_curves = {None: device["curves"], **{k: {**device["curves"], **v}
                                                   for k, v in device.get("setting_curves", {}).items()}}
     device_launch: dict[float, float] = {}  # num_tokens -> the device part added to launch.extend there
@@ -217,7 +220,7 @@ def compose(device: dict, host: dict, *, host_speed: float | None = None, device
             x = s["point"]["num_reqs" if s["curve"] == "launch.decode" else "num_tokens"]
             part = 0.0 if engine_launch else _curve_at(dev, x)
             t = [v + part for v in t]
-            if s["curve"] == "launch.extend" and not engine_launch and not s.get("setting"):
+            if s["curve"] == "launch.extend" and eager_extend and not s.get("setting"):
                 device_launch[x] = part
         elif s["curve"] not in HOST_CURVES and s["curve"] not in GRAMMAR_CURVES:
             continue

@@ -304,12 +304,12 @@ def device_launch_part(profile: dict, curves: dict):
     the whole ``launch.extend``. None on any other profile (SGLang's CPU engine, a CPU or MLX
     calibration, a server's trace, inline costs). ``curves``: the profile's curves as the cost
     model reads them (:func:`sim.model.profile.profile_curves`)."""
+    meta = profile.get("metadata") or {}
+    if meta.get("backend") != "torch" or meta.get("device") != "cuda":
+        return None  # (an MLX launch builds a lazy graph the device starts only at its submission)
     if (part := curves.get("device_launch.extend")) is not None:
         return part
-    meta = profile.get("metadata") or {}
-    if meta.get("backend") == "torch" and meta.get("device") == "cuda" and not meta.get("composed"):
-        return curves["launch.extend"]
-    return None
+    return None if meta.get("composed") else curves["launch.extend"]
 
 
 def scaled_device_part(launch, device, scale: float):

@@ -92,12 +92,15 @@ def default_run_folder(name: str, overrides: list[str]) -> Path:
     return Path("results") / f"{name}-set-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
 
-def standing(found, scenario, meta: dict | None, summaries: dict[str, dict], simulate_range: bool = True):
+def standing(found, scenario, meta: dict | None, summaries: dict[str, dict], simulate_range: bool = True,
+             tables: str = "steps"):
     """The verdict with what it stands on: the range over the profile's stated uncertainties
     (:mod:`sim.whatif.stated_range`), the share of steps priced beyond the profile's data and how
     far (:meth:`Verdict.with_reach`), the scenario's placeholder costs, or a launch command serving
     another model than the profile measured ("cannot tell": the server section's
-    ``rests_on_another_model``)."""
+    ``rests_on_another_model``), and the run again without the harness's prefill launch
+    (:mod:`sim.whatif.harness`, kept with the run's ``tables``, so that its medians are as exact as
+    the run's)."""
     from sim.whatif.harness import attention_caveat, launch_floor_clause, launch_floor_json, prefill_launch_floor
     from sim.whatif.stated_range import stated_range, stated_uncertainties
     from sim.whatif.verdict import grounded
@@ -108,9 +111,10 @@ def standing(found, scenario, meta: dict | None, summaries: dict[str, dict], sim
         found = replace(found, caveats=found.caveats + (caveat,))
     if found.failed:  # a server that died: what it stands on is said, no range is run over it
         return found
-    if (floor := prefill_launch_floor(scenario, meta, found.pair, simulate_range)) is not None:
+    if (floor := prefill_launch_floor(scenario, meta, found.pair, simulate_range, tables)) is not None:
+        found = replace(found, launch_floor=launch_floor_json(floor, found.pair))  # (said where it moves something)
         if clause := launch_floor_clause(floor, found, summaries):
-            found = replace(found, caveats=found.caveats + (clause,), launch_floor=launch_floor_json(floor, found.pair))
+            found = replace(found, caveats=found.caveats + (clause,))
     if stated := stated_uncertainties(meta):
         if not simulate_range:
             return replace(found, range_skipped=tuple(s.what for s in stated))
@@ -210,7 +214,8 @@ def _run_answer(args: argparse.Namespace, scenario, summaries: dict[str, dict]) 
     found = verdict(summaries, *resolve_run_cv(args.run_cv, scenario.costs.noise, scenario.server.device))
     meta = profile_metadata(scenario.resolve_path(scenario.costs.profile)) if scenario.costs.profile else None
     if found is not None:
-        found = standing(found, scenario, meta, summaries, simulate_range=not getattr(args, "no_range", False))
+        found = standing(found, scenario, meta, summaries, simulate_range=not getattr(args, "no_range", False),
+                         tables="none" if getattr(args, "tables", "steps") == "none" else "steps")
     note = verdict_platform_note(scenario.server) if found is not None else None
     return found, meta, note, load_warnings(scenario)
 

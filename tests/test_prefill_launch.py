@@ -165,8 +165,8 @@ def test_the_8b_profile_says_its_launch_outlived_the_hold(tmp_path, capsys):
                  "--set", f"costs.profile={ROOT}/scenarios/profiles/h200-llama-3.1-8b.json", "--set",
                  "workload.cached_len=0", "--set", "workload.input_len=32", "--set", "workload.concurrency=1"]) == 0
     verdict = json.loads(capsys.readouterr().out)["verdict"]
-    assert "at every prefill size the profile measured that part lasted at least the harness's longest stream " \
-           "hold (30 ms)" in verdict["line"]
+    assert "at every prefill size the device calibration measured (1 to 8,192 tokens) that part lasted at least " \
+           "the harness's longest stream hold (30 ms)" in verdict["line"]
 
 
 def test_a_profile_without_the_part_gets_no_clause(tmp_path, capsys):
@@ -248,7 +248,8 @@ def test_where_the_two_ends_differ_the_clause_names_both(tmp_path, capsys):
                  "workload.concurrency=1", "--set", "workload.input_len=32", "--set", "workload.cached_len=0",
                  "--set", "workload.output_len=8", "--set", "workload.num_requests=64"]) == 0
     line = json.loads(capsys.readouterr().out)["verdict"]["line"]
-    assert "'keep on' there, 'no difference one A/B run could see' at the profile's launch (both possible" in line
+    assert ("'keep on' there, 'no difference one A/B run could see' at the profile's launch: which holds depends on "
+            "the engine's launch, between the two") in line
     assert "the arrivals set" not in line and "the engine's TTFTs likely lie between the two" in line
 
 
@@ -263,3 +264,17 @@ def test_an_mlx_launch_is_not_taken_for_eager_kernels():
     cuda["metadata"].update(backend="mlx", device="gpu")  # (the curve present, the metadata MLX's)
     model = ProfileCostModel(cuda)
     assert model.device_launch is None and model.eager_share(EXTEND, 16) == 0.0
+
+
+def test_the_floor_is_in_the_json_even_where_it_moves_nothing(tmp_path, capsys):
+    """32 clients of 512 uncached tokens on the 1B profile: the prefills are device-bound, so the
+    floor moves nothing and the line says nothing of it; the JSON still holds what was checked,
+    with exact medians (the run's tables)."""
+    assert main(["run", str(QUICKSTART), "--json", "--no-plots", "--out", str(tmp_path / "a"), "--set",
+                 "workload.concurrency=32", "--set", "workload.cached_len=0", "--set", "workload.output_len=32",
+                 "--set", "workload.num_requests=96", "--set", "workload.warmup_requests=32"]) == 0
+    ran = json.loads(capsys.readouterr().out)
+    floor = ran["verdict"]["prefill_launch_floor"]
+    assert floor["simulated"] and "queued kernel by kernel" not in ran["verdict"]["line"]
+    for name, got in floor["at_floor"].items():
+        assert got["median_ttft_ms"] == pytest.approx(ran["settings"][name]["median_ttft_ms"], rel=0.05)

@@ -142,11 +142,13 @@ def prefill_launch_part(scenario, setting: str) -> Optional[tuple]:
         return None
 
 
-def prefill_launch_floor(scenario, meta: dict | None, pair: tuple, simulate_it: bool = True) -> Optional[LaunchFloor]:
+def prefill_launch_floor(scenario, meta: dict | None, pair: tuple, simulate_it: bool = True,
+                         tables: str = "steps") -> Optional[LaunchFloor]:
     """The run's settings ``pair`` (overlapping, synchronous) simulated again with the device part
-    of every prefill's launch nil (``costs.cpu.extend_launch_device_scale`` 0, streamed: no
-    tables), where the profile has such a part (:func:`prefill_launch_part`); None otherwise.
-    ``simulate_it`` False (``run --no-range``) gives the part without the runs."""
+    of every prefill's launch nil (``costs.cpu.extend_launch_device_scale`` 0), where the profile
+    has such a part (:func:`prefill_launch_part`); None otherwise. ``tables``: as the run kept them
+    (``steps``: exact medians, as the run's; ``none``: streamed). ``simulate_it`` False
+    (``run --no-range``) gives the part without the runs."""
     found = prefill_launch_part(scenario, pair[0])
     if found is None:
         return None
@@ -164,17 +166,10 @@ def prefill_launch_floor(scenario, meta: dict | None, pair: tuple, simulate_it: 
     from sim.simulate import simulate
 
     sc = scenario.with_overrides(["costs.cpu.extend_launch_device_scale=0"])
-    return replace(floor, summaries=tuple(simulate(sc, name, tables="none").summary() for name in pair[:2]))
+    return replace(floor, summaries=tuple(simulate(sc, name, tables=tables).summary() for name in pair[:2]))
 
 
 HARNESS_WORDS = "the calibration harness's own plain-torch model (overlap-sim calibrate)"
-
-
-def ms_words(v) -> str:
-    """Milliseconds in words at a fixed precision by size: 132, 15.9, 9.90 (n/a for a missing one)."""
-    if not is_number(v):
-        return "n/a"
-    return f"{v:.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
 
 
 def is_number(v) -> bool:
@@ -200,8 +195,9 @@ def launch_floor_clause(floor: LaunchFloor, found, summaries: dict[str, dict], n
             f"in place of the engine's ({share} at this load's {floor.tokens:,} new token{'s' if floor.tokens != 1 else ''} "
             "a request; no calibration times the engine's own model launch: docs/calibration.md)")
     if floor.outlived:
-        sizes = ("at every prefill size the profile measured" if len(floor.outlived) > 1 else
-                 f"at the profile's {floor.outlived[0]:,.0f}-token prefill")
+        lo, hi = min(floor.outlived), max(floor.outlived)
+        sizes = (f"at every prefill size the device calibration measured ({lo:,.0f} to {hi:,.0f} tokens)"
+                 if len(floor.outlived) > 1 else f"at the device calibration's {lo:,.0f}-token prefill")
         hold = f" ({floor.hold_ms:.3g} ms)" if math.isfinite(floor.hold_ms) else ""
         part += (f"; {sizes} that part lasted at least the harness's longest stream hold{hold}, so it likely counts "
                  "time the CPU waited for the device too")
@@ -212,8 +208,9 @@ def launch_floor_clause(floor: LaunchFloor, found, summaries: dict[str, dict], n
     now = [summaries[n] for n in names]
     low = floor.summaries
 
-    def medians(key: str, rows) -> str:
-        return " vs ".join(ms_words(r.get(key)) for r in rows)
+    def medians(key: str, rows) -> str:  # (as the verdict's head gives them: TTFT to 0.01 ms, TPOT to 0.001)
+        digits = 2 if key == "median_ttft_ms" else 3
+        return " vs ".join(f"{r.get(key):.{digits}f}" if is_number(r.get(key)) else "n/a" for r in rows)
 
     moved_latency = {key for key in ("median_ttft_ms", "median_tpot_ms")
                      if any(_moved(a.get(key), b.get(key), LAUNCH_FLOOR_LATENCY_MOVE) for a, b in zip(low, now))}
@@ -231,8 +228,8 @@ def launch_floor_clause(floor: LaunchFloor, found, summaries: dict[str, dict], n
     elif math.isfinite(ratio) and ratio > 0:
         a, b = decide(ratio, found.run_cv), decide(found.throughput_ratio, found.run_cv)
         if a != b:
-            there = (f": '{_ANSWER_WORDS[a]}' there, '{_ANSWER_WORDS[b]}' at the profile's launch (both possible: the "
-                     "answer above stands on the profile's launch)")
+            there = (f" ('{_ANSWER_WORDS[a]}' there, '{_ANSWER_WORDS[b]}' at the profile's launch: which holds "
+                     "depends on the engine's launch, between the two; the answer above stands on the profile's)")
         else:
             there = f" ('{_ANSWER_WORDS[a]}' there too)"
         out.append(f"the ratio would be {ratio:.3f}x{there}")
@@ -240,9 +237,9 @@ def launch_floor_clause(floor: LaunchFloor, found, summaries: dict[str, dict], n
              if key in moved_latency or (key == "median_ttft_ms" and moved_ratio)]
     for key, label in moved:
         out.append(f"{label} {medians(key, low)} ms (from {medians(key, now)})")
-    tail = (f": the engine's {' and '.join(label.split()[1] + 's' for _, label in moved)} likely lie between the two "
+    tail = (f"; the engine's {' and '.join(label.split()[1] + 's' for _, label in moved)} likely lie between the two "
             "(its fused kernels are fewer than the harness's)") if moved else ""
-    return part + ": " + ", ".join(out) + tail
+    return part + "; " + ", ".join(out) + tail
 
 
 def launch_floor_json(floor: LaunchFloor, names: tuple) -> dict:

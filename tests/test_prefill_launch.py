@@ -127,8 +127,10 @@ def test_a_bad_scale_is_one_line_exit_2(tmp_path, capsys, value):
     assert len(err) == 1 and "costs.cpu.extend_launch_device_scale" in err[0] and not out.exists()
 
 
-@pytest.mark.parametrize("sets", [["costs.profile=null"], [f"costs.profile={ROOT}/scenarios/profiles/cpu-sglang-tiny.json",
-                                                           "server.device=cpu"]])
+CPU_PROFILE = f"costs.profile={ROOT}/scenarios/profiles/cpu-sglang-tiny.json"
+
+
+@pytest.mark.parametrize("sets", [["costs.profile=null"], [CPU_PROFILE, "server.device=cpu"]])
 def test_a_scale_without_a_device_part_is_refused(tmp_path, capsys, sets):
     args = [a for s in sets for a in ("--set", s)]
     out = tmp_path / "r"

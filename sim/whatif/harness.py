@@ -181,7 +181,8 @@ def _moved(a, b, share: float) -> bool:
     return is_number(a) and is_number(b) and b > 0 and abs(a / b - 1.0) >= share
 
 
-def launch_floor_clause(floor: LaunchFloor, found, summaries: dict[str, dict], not_simulated_by: str = "--no-range") -> str:
+def launch_floor_clause(floor: LaunchFloor, found, summaries: dict[str, dict],
+                        not_simulated_by: str = "--no-range") -> str:
     """The verdict's clause on the prefill launch (:func:`prefill_launch_floor`), '' where the floor
     moves neither the throughput ratio (by :data:`LAUNCH_FLOOR_RATIO_MOVE`) nor a median TTFT or
     TPOT (by :data:`LAUNCH_FLOOR_LATENCY_MOVE`). ``found``: the run's verdict
@@ -192,8 +193,9 @@ def launch_floor_clause(floor: LaunchFloor, found, summaries: dict[str, dict], n
     whole = floor.host_ms <= 0.0  # (a CUDA torch calibration used as it is: its launch is all the harness's)
     share = f"{floor.launch_ms:.3g} ms" if whole else f"{floor.device_ms:.3g} of {floor.launch_ms:.3g} ms"
     part = (f"the profile's prefill launch is {'' if whole else 'mostly '}{HARNESS_WORDS} queued kernel by kernel "
-            f"in place of the engine's ({share} at this load's {floor.tokens:,} new token{'s' if floor.tokens != 1 else ''} "
-            "a request; no calibration times the engine's own model launch: docs/calibration.md)")
+            f"in place of the engine's ({share} at this load's {floor.tokens:,} new "
+            f"token{'s' if floor.tokens != 1 else ''} a request; no calibration times the engine's own model launch: "
+            "docs/calibration.md)")
     if floor.outlived:
         lo, hi = min(floor.outlived), max(floor.outlived)
         sizes = (f"at every prefill size the device calibration measured ({lo:,.0f} to {hi:,.0f} tokens)"

@@ -193,12 +193,11 @@ def test_the_calibration_counts_launches_that_outlive_the_hold():
     from calibrate.forward.torch_backend import TorchBackend
 
     backend = TorchBackend.__new__(TorchBackend)  # (no config: only the counting is exercised)
-    backend.outlived_hold, backend._outlived = [], False
+    backend.outlived_hold = []
     flags = iter([True, False, True, True, False])  # the first is warm-up: not counted
 
     def timed(make_inputs, launch, n_out, cycles):
-        backend._outlived = next(flags)
-        return 1e-3, 2e-3, [0]
+        return 1e-3, 2e-3, [0], next(flags)
 
     backend._timed = timed
     fwd, lau = backend._repeat(None, None, 1, 1, 4, lambda: "extend 16 tokens")

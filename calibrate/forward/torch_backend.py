@@ -54,7 +54,6 @@ class TorchBackend:
         self.graphs = self.cuda and cfg.cuda_graph
         self.eager_points: list[str] = []  # decode points where capture failed
         self.outlived_hold: list[str] = []  # points whose launch outlived the stream hold (this process's)
-        self._outlived = False  # whether the last timed CUDA step's launch outlived its hold
         self.attention = "not run"
 
     def describe(self) -> dict:
@@ -87,14 +86,16 @@ class TorchBackend:
 
     # --- one step ----------------------------------------------------------------------------------
     def _timed(self, make_inputs: Callable[[], StepInputs], launch: Callable[[StepInputs], torch.Tensor],
-               n_out: int, sleep_cycles: int) -> tuple[float, float, list[int]]:
+               n_out: int, sleep_cycles: int) -> tuple[float, float, list[int], bool]:
+        """One step: (forward s, launch s, the tokens read back, whether the launch outlived the
+        stream's hold: the step's start event already passed when it returned; never on a CPU)."""
         if not self.cuda:
             t0 = time.perf_counter()
             inp = make_inputs()
             t1 = time.perf_counter()
             tokens = launch(inp).tolist()
             t2 = time.perf_counter()
-            return t2 - t1, t1 - t0, tokens
+            return t2 - t1, t1 - t0, tokens, False
         host = torch.empty(n_out, dtype=torch.int64, pin_memory=True)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
@@ -105,10 +106,10 @@ class TorchBackend:
         host.copy_(out, non_blocking=True)
         end.record()
         t1 = time.perf_counter()
-        self._outlived = start.query()  # the hold ended (the step began) before the launch did
+        outlived = start.query()  # the hold ended (the step began) before the launch did
         end.synchronize()
         tokens = host.tolist()
-        return start.elapsed_time(end) / 1e3, t1 - t0, tokens
+        return start.elapsed_time(end) / 1e3, t1 - t0, tokens, outlived
 
     def _repeat(self, make_inputs, launch, n_out, warmup, repeats, label="") -> tuple[list[float], list[float]]:
         """(forward, launch) samples of ``repeats`` steps after ``warmup``. On CUDA a launch that
@@ -122,9 +123,8 @@ class TorchBackend:
         fwd, lau, outlived = [], [], 0
         cycles = SLEEP_MAX_CYCLES  # until this point's launch time is known
         for k in range(warmup + repeats):
-            self._outlived = False
-            f, la, _ = self._timed(make_inputs, launch, n_out, cycles)
-            outlived += k >= warmup and bool(self._outlived)
+            f, la, _, late = self._timed(make_inputs, launch, n_out, cycles)
+            outlived += k >= warmup and late
             lau.append(la)
             fwd.append(f)
             # hold the stream ~4x the median launch so far (at a 2 GHz clock), within bounds: a

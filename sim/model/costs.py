@@ -80,6 +80,8 @@ class LinearCostModel:
     """The scenario's inline linear terms: base + per_req*reqs + per_token*tokens + per_ctx_token*ctx,
     multiplied by ``costs.gpu.scale`` / ``costs.cpu.scale``."""
 
+    device_launch = None  # no calibration harness's part in a prefill's launch (sim.model.profile_costs)
+
     def __init__(self, costs: Costs):
         g, c = costs.gpu, costs.cpu
         self._forward = (_term(g.prefill, g.scale), _term(g.decode, g.scale))
@@ -157,6 +159,8 @@ def make_cost_model(scenario, setting: str | None = None) -> CostModel:
 
     Raises:
         ProfileError: the profile file is unusable (see :func:`sim.model.profile.load_profile`).
+        ScenarioError: ``costs.cpu.extend_launch_device_scale`` other than 1 on costs without a
+            device part of a prefill's launch.
     """
     c = scenario.costs
     if c.profile:
@@ -166,15 +170,13 @@ def make_cost_model(scenario, setting: str | None = None) -> CostModel:
                                            cpu_scale=c.cpu.scale, overlap_residue_s=c.gpu.overlap_residue, gil=c.gil,
                                            sync_latency_s=c.gpu.sync_latency, statistic=c.profile_statistic,
                                            setting=setting, extend_launch_device_scale=c.cpu.extend_launch_device_scale)
-        if c.cpu.extend_launch_device_scale != 1.0 and model.device_launch is None:
-            raise ScenarioError(scenario.source, "costs.cpu.extend_launch_device_scale", "1 with this profile: it has "
-                                "no device part of a prefill's launch (a CUDA torch calibration's, or a composed "
-                                "profile's device_launch.extend)")
-        return model
-    if c.cpu.extend_launch_device_scale != 1.0:
-        raise ScenarioError(scenario.source, "costs.cpu.extend_launch_device_scale", "1 without a costs.profile: "
-                            "the inline costs have no device part of a prefill's launch to scale")
-    return LinearCostModel(c)
+    else:
+        model = LinearCostModel(c)
+    if c.cpu.extend_launch_device_scale != 1.0 and model.device_launch is None:
+        raise ScenarioError(scenario.source, "costs.cpu.extend_launch_device_scale", "1 with these costs: they have no "
+                            "device part of a prefill's launch to scale (a CUDA torch calibration's profile has one, "
+                            "or a composed one's device_launch.extend)")
+    return model
 
 
 def kept(memo: dict, key, make, limit: int):

@@ -25,6 +25,18 @@ class DeviceStream:
         batch.forward_start = start
         batch.forward_end = self.busy_until = start + duration_s
 
+    def enqueue_eager(self, batch: Batch, first_kernel_s: float, last_kernel_s: float, duration_s: float) -> None:
+        """Enqueue a forward whose kernels are launched one by one from ``first_kernel_s`` to
+        ``last_kernel_s`` (an eager CUDA prefill), which the device runs as they come: it may start
+        at the first, after the previous forward, and ends no earlier than the last; its
+        ``duration_s`` of device time are placed last in that window (``forward_start`` its end
+        less them: the device's wait on the launch before it is idle time). Sets
+        ``batch.forward_start`` and ``batch.forward_end``."""
+        self.enqueue(batch, first_kernel_s, duration_s)
+        if batch.forward_end < last_kernel_s:
+            batch.forward_end = self.busy_until = last_kernel_s
+            batch.forward_start = last_kernel_s - duration_s
+
     def hold(self, batch: Batch, until_s: float) -> None:
         """``batch``'s sampling waits for the host until ``until_s`` (SGLang's grammar mask,
         :mod:`sim.engines.sglang.structured`): its result is ready no earlier

@@ -18,10 +18,11 @@
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from sim.jsonio import is_number as _in_range
+from sim.jsonio import is_number
 from sim.model.costs import DECODE, EXTEND
 from sim.model.workload import make_requests
 from sim.simulate import cost_model
@@ -157,8 +158,8 @@ def prefill_launch_floor(scenario, meta: dict | None, pair: tuple, simulate_it: 
     held = composed.get("device_launch_outlived_hold") if isinstance(composed, dict) else None
     outlived, hold_s = (), math.nan
     if isinstance(held, dict) and isinstance(held.get("num_tokens"), list):
-        outlived = tuple(float(x) for x in held["num_tokens"] if is_number(x))
-        hold_s = float(held["hold_max_s"]) if is_number(held.get("hold_max_s")) else math.nan
+        outlived = tuple(float(x) for x in held["num_tokens"] if is_number(x, 0.0, FLOAT_MAX))
+        hold_s = float(held["hold_max_s"]) if is_number(held.get("hold_max_s"), 0.0, FLOAT_MAX) else math.nan
     floor = LaunchFloor(tokens, device_s * 1e3, launch_s * 1e3, max(0.0, launch_s - device_s) * 1e3, outlived,
                         hold_s * 1e3)
     if not simulate_it:
@@ -172,13 +173,13 @@ def prefill_launch_floor(scenario, meta: dict | None, pair: tuple, simulate_it: 
 HARNESS_WORDS = "the calibration harness's own plain-torch model (overlap-sim calibrate)"
 
 
-def is_number(v) -> bool:
-    """A finite int or float (not a bool)."""
-    return _in_range(v, -math.inf, math.inf) and math.isfinite(v)
+FLOAT_MAX = sys.float_info.max  # (is_number's bound: a finite time, size or throughput)
+MOSTLY = 0.5  # the harness's share of a prefill's launch from which the launch is "mostly" its
 
 
 def _moved(a, b, share: float) -> bool:
-    return is_number(a) and is_number(b) and b > 0 and abs(a / b - 1.0) >= share
+    """Whether ``a`` lies ``share`` or more from ``b`` (> 0), relatively; False for a missing one."""
+    return is_number(a, 0.0, FLOAT_MAX) and is_number(b, 0.0, FLOAT_MAX, above=True) and abs(a / b - 1.0) >= share
 
 
 def launch_floor_clause(floor: LaunchFloor, found, summaries: dict[str, dict],
@@ -192,7 +193,8 @@ def launch_floor_clause(floor: LaunchFloor, found, summaries: dict[str, dict],
 
     whole = floor.host_ms <= 0.0  # (a CUDA torch calibration used as it is: its launch is all the harness's)
     share = f"{floor.launch_ms:.3g} ms" if whole else f"{floor.device_ms:.3g} of {floor.launch_ms:.3g} ms"
-    part = (f"the profile's prefill launch is {'' if whole else 'mostly '}{HARNESS_WORDS} queued kernel by kernel "
+    how = "" if whole else "mostly " if mostly_harness(floor.device_ms, floor.launch_ms) else "partly "
+    part = (f"the profile's prefill launch is {how}{HARNESS_WORDS} queued kernel by kernel "
             f"in place of the engine's ({share} at this load's {floor.tokens:,} new "
             f"token{'s' if floor.tokens != 1 else ''} a request; no calibration times the engine's own model launch: "
             "docs/calibration.md)")
@@ -212,12 +214,13 @@ def launch_floor_clause(floor: LaunchFloor, found, summaries: dict[str, dict],
 
     def medians(key: str, rows) -> str:  # (as the verdict's head gives them: TTFT to 0.01 ms, TPOT to 0.001)
         digits = 2 if key == "median_ttft_ms" else 3
-        return " vs ".join(f"{r.get(key):.{digits}f}" if is_number(r.get(key)) else "n/a" for r in rows)
+        return " vs ".join(f"{r.get(key):.{digits}f}" if is_number(r.get(key), 0.0, FLOAT_MAX) else "n/a"
+                           for r in rows)
 
     moved_latency = {key for key in ("median_ttft_ms", "median_tpot_ms")
                      if any(_moved(a.get(key), b.get(key), LAUNCH_FLOOR_LATENCY_MOVE) for a, b in zip(low, now))}
-    ratio = (low[0].get("output_throughput") or 0.0) / (low[1].get("output_throughput") or math.inf) \
-        if is_number(low[0].get("output_throughput")) and is_number(low[1].get("output_throughput")) else math.nan
+    num, den = (r.get("output_throughput") for r in low)
+    ratio = num / den if is_number(num, 0.0, FLOAT_MAX) and is_number(den, 0.0, FLOAT_MAX, above=True) else math.nan
     latency_answer = found.arrivals_set_throughput()
     moved_ratio = not latency_answer and math.isfinite(ratio) and math.isfinite(found.throughput_ratio) \
         and _moved(ratio, found.throughput_ratio, LAUNCH_FLOOR_RATIO_MOVE)
@@ -244,6 +247,12 @@ def launch_floor_clause(floor: LaunchFloor, found, summaries: dict[str, dict],
     return part + "; " + ", ".join(out) + tail
 
 
+def mostly_harness(device_ms: float, launch_ms: float) -> bool:
+    """Whether a prefill's launch is mostly the harness's own model: its device part at least
+    :data:`MOSTLY` of the launch."""
+    return launch_ms > 0.0 and device_ms >= MOSTLY * launch_ms
+
+
 def launch_floor_json(floor: LaunchFloor, names: tuple) -> dict:
     """:class:`LaunchFloor` for ``summary.json`` and ``run --json`` (``names``: the settings of
     ``floor.summaries``, in order)."""
@@ -261,7 +270,7 @@ def prefill_launch_sweep_clause(parts: list[tuple[float, float, str]], points: i
     (``parts``: each grounded point's device part and whole launch of a prefill, ms, and its grid
     values in words, :func:`prefill_launch_part`; ``points``: how many points answered); '' at none.
     A sweep simulates no floor: ``overlap-sim run`` at a point does."""
-    mostly = [(device, launch, where) for device, launch, where in parts if launch > 0 and device >= launch / 2]
+    mostly = [(device, launch, where) for device, launch, where in parts if mostly_harness(device, launch)]
     if not mostly:
         return ""
     device, launch, where = max(mostly)

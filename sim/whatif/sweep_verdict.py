@@ -68,7 +68,8 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
     from dataclasses import replace
 
     from sim.whatif.harness import (attention_caveat, attention_share, attention_sweep_clause, launch_floor_clause,
-                                    prefill_launch_floor, prefill_launch_part, prefill_launch_sweep_clause)
+                                    mostly_harness, prefill_launch_floor, prefill_launch_part,
+                                    prefill_launch_sweep_clause)
     from sim.whatif.variance import grid_keys
 
     keys = grid_keys(table)
@@ -97,7 +98,7 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
                     if caveat := attention_caveat(scenario, meta, pair):
                         v = replace(v, caveats=v.caveats + (caveat,))
                     floor = prefill_launch_floor(scenario, meta, v.pair, simulate_it=False)
-                    if floor is not None and floor.device_ms >= floor.launch_ms / 2:
+                    if floor is not None and mostly_harness(floor.device_ms, floor.launch_ms):
                         v = replace(v, caveats=v.caveats + (launch_floor_clause(floor, v, pair, SWEEP_NO_RANGE),))
                 else:
                     where = " ".join(f"{k}={values[k]}" for k in keys)

@@ -268,8 +268,9 @@ class Phases:
             forward *= self.gpu_jitter()
         forward += self.forward_extra_s
         eager = c.eager_share(k, tok)
-        if eager > 0.0:  # an eager CUDA prefill: the device runs its kernels as they are queued
-            self._enqueue_eager(batch, at, dur, eager, forward)
+        if eager > 0.0:  # an eager CUDA prefill: its last `eager` of the launch queues the kernels one by one
+            end = at + dur
+            self.stream.enqueue_eager(batch, end - dur * eager, end, forward)
         else:
             self.stream.enqueue(batch, at + dur, forward)
         if batch.num_grammar and not self.delay_sample:  # ModelRunner.sample, behind the forward's launch
@@ -280,21 +281,6 @@ class Phases:
             return batch.forward_end - at
         # MLX: the submission returns only once the device is near the end of this forward
         return launch_return(dur, c.submit_s(k, n, tok, ctx), batch.forward_start, forward, at)
-
-    def _enqueue_eager(self, batch: Batch, at: float, dur: float, eager: float, forward: float) -> None:
-        """Enqueue an eager prefill whose launch (``dur`` s from ``at``) spends its last ``eager``
-        share queueing the forward's kernels: the device may start once the host part before them
-        is done, and cannot end before the last kernel is queued (the launch's end). The forward's
-        ``forward`` s of device time are placed last in that window (``forward_start`` = its end
-        less them: the device waits on the launch before, counted as idle), so a launch-bound
-        prefill ends with its launch and a device-bound one ``forward`` after the device could
-        start. (CUDA runs queued kernels at once; the profile's forward was timed with the whole
-        step queued first, its launch as the host's time to queue it: docs/model.md.)"""
-        launch_end = at + dur
-        self.stream.enqueue(batch, launch_end - dur * eager, forward)
-        if batch.forward_end < launch_end:
-            batch.forward_end = self.stream.busy_until = launch_end
-            batch.forward_start = launch_end - forward
 
     def sample(self, batch: Batch, at: float) -> float:
         """``launch_batch_sample_if_needed`` from ``at`` (``event_loop_overlap`` with a grammar

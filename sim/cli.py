@@ -215,7 +215,7 @@ def _run_answer(args: argparse.Namespace, scenario, summaries: dict[str, dict]) 
     meta = profile_metadata(scenario.resolve_path(scenario.costs.profile)) if scenario.costs.profile else None
     if found is not None:
         found = standing(found, scenario, meta, summaries, simulate_range=not getattr(args, "no_range", False),
-                         tables="none" if getattr(args, "tables", "steps") == "none" else "steps")
+                         tables="steps" if getattr(args, "tables", "steps") == "steps" else "none")
     note = verdict_platform_note(scenario.server) if found is not None else None
     return found, meta, note, load_warnings(scenario)
 

@@ -279,3 +279,16 @@ def test_the_floor_is_in_the_json_even_where_it_moves_nothing(tmp_path, capsys):
     assert floor["simulated"] and "queued kernel by kernel" not in ran["verdict"]["line"]
     for name, got in floor["at_floor"].items():
         assert got["median_ttft_ms"] == pytest.approx(ran["settings"][name]["median_ttft_ms"], rel=0.05)
+
+
+def test_the_floor_streams_its_medians_where_the_run_does(tmp_path, capsys):
+    """``--tables summary`` streams a run's medians: its floor is streamed too (the same sketch),
+    so the two pairs the clause sets side by side are alike."""
+    args = [*SMALL, "--tables", "summary", "--no-plots", "--json"]
+    assert main(["run", str(QUICKSTART), *args, "--out", str(tmp_path / "a")]) == 0
+    floor = json.loads(capsys.readouterr().out)["verdict"]["prefill_launch_floor"]["at_floor"]
+    assert main(["run", str(QUICKSTART), *args, "--out", str(tmp_path / "b"), "--set",
+                 "costs.cpu.extend_launch_device_scale=0", "--tables", "none"]) == 0
+    at_zero = json.loads(capsys.readouterr().out)["settings"]
+    for name, got in floor.items():
+        assert got["median_ttft_ms"] == at_zero[name]["median_ttft_ms"]

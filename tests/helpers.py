@@ -5,6 +5,39 @@ from __future__ import annotations
 import copy
 
 
+def unwrapped(out: str) -> list[str]:
+    """The lines a command printed, each wrapped note or warning (and each verdict clause) back on one
+    line: a line indented by four spaces continues the one before (:func:`sim.output.report.wrapped`)."""
+    lines: list[str] = []
+    for line in out.splitlines():
+        if line.startswith("    ") and lines:
+            lines[-1] += " " + line[4:]
+        else:
+            lines.append(line)
+    return lines
+
+
+def verdict_of(out: str) -> str:
+    """The verdict a command printed (its head, then ``  - `` clauses, each wrapped with four-space
+    continuation lines: :meth:`sim.whatif.verdict.VerdictText.block`), back on one line: the head
+    and the clauses joined as :meth:`~sim.whatif.verdict.VerdictText.line` joins them (a sweep's
+    bracketed tail comes back as a last clause).
+
+    Raises:
+        StopIteration: ``out`` has no verdict."""
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("verdict"))
+    parts = [lines[at]]
+    for line in lines[at + 1:]:
+        if line.startswith("  - "):
+            parts.append(line[4:])
+        elif line.startswith("    "):
+            parts[-1] += " " + line[4:]
+        else:
+            break
+    return parts[0] + (": " + "; ".join(parts[1:]) if len(parts) > 1 else "")
+
+
 def constant_scenario(*, c: int = 4, output_len: int = 40, input_len: int = 64, cached_len: int = 0,
                       gpu: float = 0.004, prefill: float = 0.002, residue: float = 0.0,
                       recv: float = 1e-4, schedule: float = 2e-4, launch: float = 3e-4, process: float = 4e-4,

@@ -8,10 +8,11 @@ import pytest
 import yaml
 
 from sim.scenario import load_scenario
+from tests.helpers import unwrapped, verdict_of
 
 
 def _verdict(out: str) -> str:
-    return next(line for line in out.splitlines() if line.startswith("verdict:"))
+    return verdict_of(out)
 
 
 def test_sglang_on_an_l4_is_one_command_with_a_range(run_cli, tmp_path):
@@ -62,7 +63,7 @@ def test_sglang_on_a_mac_runs_the_mlx_loops(run_cli, tmp_path):
     assert "keep overlap on" in line and "died" in line
     assert yaml.safe_load((tmp_path / "scenario.yaml").read_text())["server"]["settings"] == ["overlap_mlx", "normal"]
     # what it assumed of the Mac says so: the memory is the largest M3 Max's, the host its own cores
-    asked = next(line for line in out.splitlines() if line.startswith("asked:"))
+    asked = next(line for line in unwrapped(out) if line.startswith("asked:"))
     assert "the card's memory 128 GB, the largest configuration's: pass --memory-gb for yours" in asked
     # Apple publishes no compute figure: the H200's balance is taken, and the line and the range say so
     assert "assumed: Apple M3 Max publishes no compute figure, so the other card's compute-to-bandwidth balance " \
@@ -72,7 +73,7 @@ def test_sglang_on_a_mac_runs_the_mlx_loops(run_cli, tmp_path):
     assert "a release rule's prediction: seed document (observed at v0.5.22" in line
     code, out, err = run_cli(["ask", "--card", "m3-max", "--model", "llama-3.2-1b", "--concurrency", "4", "--input-len",
                               "500", "--output-len", "100", "--memory-gb", "36", "--out", tmp_path / "m36", "--no-plots"])
-    asked = next(line for line in out.splitlines() if line.startswith("asked:"))
+    asked = next(line for line in unwrapped(out) if line.startswith("asked:"))
     assert "the card's memory 36 GB (--memory-gb)" in asked and "(0.88 of 36 GB less" in asked
     assert "largest configuration" not in asked
     assert "the card's host (its own CPU cores (12 performance + 4 efficiency)) assumed as fast as" in asked

@@ -17,6 +17,7 @@ from calibrate.profile import build_profile, save_profile
 from sim.errors import ProfileError
 from sim.model.profile import CURVE_AXES, SGLANG_HOST_CURVES, validate_profile
 from tests.calibrate_helpers import synthetic_profile
+from tests.helpers import verdict_of
 
 HOST_META = {"backend": "sglang", "device": "host", "kind": "host", "device_name": "host only", "host_cpu": "hostA",
              "libraries": {"sglang": "0.5.23"}, "model": {"name": "tiny-llama"}, "date": "2026-12-02T00:00:00+00:00",
@@ -241,7 +242,7 @@ def test_shipped_vllm_card_scenario_runs_both_settings_with_a_range(run_cli, tmp
 
     code, out, err = run_cli(["run", SCENARIOS / "vllm-h200.yaml", "--out", tmp_path, "--no-plots"])
     assert code == 0, err
-    verdict = next(line for line in out.splitlines() if line.startswith("verdict:"))
+    verdict = verdict_of(out)
     assert "async/sync" in verdict and "host phases ±" in verdict
     summary = json.loads((tmp_path / "summary.json").read_text())
     rng = summary["verdict"]["stated_range"]

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from sim.model.profile import model_caveat, model_words, profile_model, same_model
 from tests.conftest import ROOT
+from tests.helpers import verdict_of
 
 QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
 
@@ -64,7 +65,7 @@ def test_a_run_on_another_models_costs_says_so_in_warnings_and_verdict(run_cli, 
     code, out, err = run_cli(["run", QUICKSTART, "--set", "workload.num_requests=16", "--set",
                               f"server.launch_args=[--model-path,{model}]", "--tables", "none", "--out", tmp_path / "r"])
     assert code == 0, err
-    verdict = next(line for line in out.splitlines() if line.startswith("verdict:"))
+    verdict = verdict_of(out)
     warnings = json.loads((tmp_path / "r" / "summary.json").read_text()).get("warnings", [])
     assert (f"on another model's costs (--model-path {model}; the profile measured llama-3.2-1b)" in verdict) is warned
     assert verdict.startswith("verdict: cannot tell from what the profile knows") is warned  # another model's costs
@@ -78,7 +79,7 @@ def test_a_sweep_on_another_models_costs_cannot_tell_as_its_run(run_cli, tmp_pat
                               "workload.num_requests=16", "--set", f"server.launch_args=[--model-path,{model}]",
                               "--no-plots", "--out", tmp_path / "s"])
     assert code == 0, err
-    verdict = next(line for line in out.splitlines() if line.startswith("verdict"))
+    verdict = verdict_of(out)
     assert verdict.startswith("verdict: cannot tell from what the profile knows")
     assert f"on another model's costs (--model-path {model}; the profile measured llama-3.2-1b)" in verdict
     assert "(a sweep runs no corners" in verdict  # the quickstart's stated host range, not simulated

@@ -183,7 +183,7 @@ def test_the_sweep_clause_counts_the_points_where_the_launch_is_mostly_the_harne
 
     assert prefill_launch_sweep_clause([(1.0, 10.0, "a=1")], 1) == ""
     clause = prefill_launch_sweep_clause([(9.6, 10.0, "a=1"), (1.0, 10.0, "a=2"), (40.0, 41.0, "a=3")], 3)
-    assert clause.startswith("; at 2 of 3 points the profile's prefill launch is mostly")
+    assert clause.startswith("at 2 of 3 points the profile's prefill launch is mostly")
     assert "up to 40 of 41 ms a prefill, at a=3" in clause
 
 

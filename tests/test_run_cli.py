@@ -10,6 +10,7 @@ import pytest
 
 from sim.cli import main
 from sim.trace.metrics import SUMMARY_KEYS
+from tests.helpers import unwrapped
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "scenarios" / "quickstart.yaml"
 
@@ -241,7 +242,7 @@ def test_run_json_carries_every_warning_the_table_prints(tmp_path, capsys):
     args = ["run", str(QUICKSTART), "--set", "workload.num_requests=10", "--set", "workload.concurrency=100",
             "--no-range", "--no-plots"]
     assert main([*args, "--out", str(tmp_path / "t")]) == 0
-    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("warning:", "note:"))]
+    table = [line for line in unwrapped(capsys.readouterr().out) if line.startswith(("warning:", "note:"))]
     assert main([*args, "--out", str(tmp_path / "j"), "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
     assert table and payload["warnings"] == table

@@ -17,6 +17,7 @@ import sim
 from sim.cli import main
 from sim.errors import ScenarioError, UserInputError
 from sim.whatif.sweeps import load_sweep, parse_grid, plan_sweep, sweep
+from tests.helpers import verdict_of
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
@@ -204,10 +205,11 @@ def test_a_sweep_warns_at_a_point_what_a_run_of_it_would(tmp_path, capsys):
                "--set", "workload.output_len=8", "--set", "workload.warmup_requests=0", "--workers", "1",
                "--run-cv", "0.05", "--no-plots", "--out", str(out)])
     assert rc == 0
-    text = " ".join(capsys.readouterr().out.split())
+    printed = capsys.readouterr().out
+    text = " ".join(printed.split())
     assert "at workload.concurrency=16: warning: workload.concurrency 16 exceeds workload.num_requests 12" in text
     assert "workload.concurrency=2: warning" not in text
-    assert "; at workload.concurrency=16 the load is answered approximately (the warning above)" in text  # the verdict
+    assert "; at workload.concurrency=16 the load is answered approximately (the warning above)" in verdict_of(printed)
     # the plots drawn again from the folder take the verdict's CV (--run-cv, kept in the manifest)
     from sim.whatif.sweeps import manifest_run_cv
 

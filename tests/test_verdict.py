@@ -17,7 +17,8 @@ from sim.cli import main
 from sim.output.report import run_title
 from sim.whatif.verdict import (DEFAULT_RUN_CV, KEEP, OFF, UNSEEN, decide, pair_of, resolve_run_cv,
                                 threshold_ratio, verdict, verdict_platform_note, visible_cv)
-from sim.whatif.sweep_verdict import sweep_verdict_line
+from sim.whatif.sweep_verdict import sweep_verdict_text
+from tests.helpers import verdict_of
 
 Z = 1.959963984540054
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,7 +96,7 @@ def test_sweep_line_groups_points():
                 rows.append({"point": point, "workload.concurrency": [1, 8, 64][point], "setting": setting,
                              "repeat": repeat, "seed": repeat, "output_throughput": thr, "median_tpot_ms": 3.0,
                              "completed": 10, "outcome": "ok"})
-    line = sweep_verdict_line(pd.DataFrame(rows), SimpleNamespace(run_gpu_cv=0.0, run_cpu_cv=0.0))
+    line = sweep_verdict_text(pd.DataFrame(rows), SimpleNamespace(run_gpu_cv=0.0, run_cpu_cv=0.0)).line()
     assert line.startswith("verdict (overlap/normal output throughput): keep overlap on")
     assert "workload.concurrency=1 (1.100x)" in line and "workload.concurrency=64 (0.800x)" in line
     assert "no difference a single A/B run could see" in line and "beyond 1.057x" in line
@@ -114,11 +115,11 @@ def test_a_sweep_says_where_its_repeats_interval_includes_1_under_a_definite_ans
                              "completed": 10, "outcome": "ok"})
     table = pd.DataFrame(rows)
     quiet = SimpleNamespace(run_gpu_cv=0.0, run_cpu_cv=0.0)
-    line = sweep_verdict_line(table, quiet)
+    line = sweep_verdict_text(table, quiet).line()
     assert "keep overlap on" in line and "workload.concurrency=1 (1.111x)" in line
     assert "the 95% interval of the ratio over the repeats includes 1 at workload.concurrency=1 (" in line
     assert "over 2 repeats)" in line and "workload.concurrency=8 (1." not in line.split("includes 1 at")[1]
-    assert "includes 1" not in sweep_verdict_line(table[table["repeat"] == 0], quiet)
+    assert "includes 1" not in sweep_verdict_text(table[table["repeat"] == 0], quiet).line()
 
 
 class _Server:
@@ -153,10 +154,10 @@ def test_a_sweeps_points_are_grounded_as_runs_are():
     # cannot tell there
     table = _sweep_rows([(110.0, 100.0)] * 3, extrapolated=(0, 15, 80), far=(0, 0, 80), farthest=(1.0, 2.0, 6.5))
     quiet = SimpleNamespace(run_gpu_cv=0.0, run_cpu_cv=0.0)
-    bare = sweep_verdict_line(table, quiet)  # (no grounds: the ratio alone, as before)
+    bare = sweep_verdict_text(table, quiet).line()  # (no grounds: the ratio alone, as before)
     assert "cannot tell" not in bare and "beyond" not in bare.split("[")[0]
     grounds = {i: (_Server(), {"model": {"name": "m"}}, False, [], False) for i in range(3)}
-    line = sweep_verdict_line(table, quiet, grounds=grounds)
+    line = sweep_verdict_text(table, quiet, grounds=grounds).line()
     assert "keep overlap on (do not pass --disable-overlap-schedule) at workload.concurrency=1 (1.100x), " \
            "workload.concurrency=8 (1.100x)" in line
     assert "cannot tell from what the profile knows (keep the default: overlap on) at workload.concurrency=64" in line
@@ -164,13 +165,13 @@ def test_a_sweeps_points_are_grounded_as_runs_are():
            "of x + 1 and the measured edge + 1; at 1 of them, steps beyond x4" in line
     # placeholders, a caveat, the stated uncertainties not simulated, another model's costs
     grounds = {i: (_Server(["a caveat"], other_model=i == 0), None, True, ["host phases ±40%"], False) for i in range(3)}
-    line = sweep_verdict_line(_sweep_rows([(110.0, 100.0)] * 3), quiet, grounds=grounds)
+    line = sweep_verdict_text(_sweep_rows([(110.0, 100.0)] * 3), quiet, grounds=grounds).line()
     assert "cannot tell from what the profile knows (keep the default: overlap on) at workload.concurrency=1 (1.100x)" \
         in line
     assert "; on the scenario's inline cost terms (placeholders" in line and line.count("; a caveat") == 1
     assert "not simulated over host phases ±40% (a sweep runs no corners: `overlap-sim run` of a point gives its " \
            "range): the answers' range is unknown" in line
-    one = sweep_verdict_line(_sweep_rows([(110.0, 100.0)]), quiet, grounds={0: grounds[0]})  # one point: a run's line
+    one = sweep_verdict_text(_sweep_rows([(110.0, 100.0)]), quiet, grounds={0: grounds[0]}).line()  # one point: a run's line
     assert one.startswith("verdict: cannot tell") and "(a sweep runs no corners" in one and "; a caveat" in one
 
 
@@ -180,15 +181,15 @@ def test_a_sweep_says_at_which_points_an_open_loops_queue_grew():
     table["ttft_growth"] = [0.0] * 4 + [0.3] * 4 + [0.3, 0.0] * 2  # point 1: both settings; point 2: overlap's
     quiet = SimpleNamespace(run_gpu_cv=0.0, run_cpu_cv=0.0)
     grounds = {i: (_Server(), None, False, [], True) for i in range(3)}
-    line = sweep_verdict_line(table, quiet, grounds=grounds)
+    line = sweep_verdict_text(table, quiet, grounds=grounds).line()
     assert "; at 2 of 3 points the queue grew through the run (an open loop near or above capacity" in line
     closed = {i: (_Server(), None, False, [], False) for i in range(3)}  # a closed loop: its arrivals wait
-    assert "queue grew" not in sweep_verdict_line(table, quiet, grounds=closed)
-    one = sweep_verdict_line(table[table["point"] == 2], quiet, grounds=grounds)
+    assert "queue grew" not in sweep_verdict_text(table, quiet, grounds=closed).line()
+    one = sweep_verdict_text(table[table["point"] == 2], quiet, grounds=grounds).line()
     assert "the queue grew through the run with overlap (TTFT +300 ms per second of arrivals)" in one
     table["ttft_growth"] = 1.25  # beyond a second a second: in seconds
-    assert "(TTFT +1.25 s and +1.25 s per second of arrivals)" in sweep_verdict_line(table[table["point"] == 2], quiet,
-                                                                                    grounds=grounds)
+    assert "(TTFT +1.25 s and +1.25 s per second of arrivals)" in sweep_verdict_text(table[table["point"] == 2], quiet,
+                                                                                    grounds=grounds).line()
 
 
 def test_title_names_card_and_model():
@@ -266,7 +267,9 @@ def test_vllm_on_cpu_says_the_flag_is_ignored_there(tmp_path, capsys):
                  "--tables", "none"]) == 0
     lines = capsys.readouterr().out.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("verdict: keep async scheduling on"))
-    assert lines[at + 1] == note
+    start = next(i for i in range(at + 1, len(lines)) if not lines[i].startswith("  "))  # (the verdict's clauses)
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith("    "))  # (the note, wrapped)
+    assert " ".join(lines[start:end]).split() == note.split()
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["verdict"]["platform_note"] == note
 
 
@@ -295,7 +298,7 @@ def test_speculative_decoding_without_its_host_curves_is_outside_the_range(run_c
                               "--set", "workload.num_requests=24", "--set", "workload.warmup_requests=0",
                               "--out", tmp_path / "e"])
     assert code == 0, err
-    line = next(ln for ln in out.splitlines() if ln.startswith("verdict:"))
+    line = verdict_of(out)
     assert "the drafter's own host work per step is not modelled (the profile has no speculative curves; " \
            "against vLLM's CPU server with a draft model that left throughput 36% high and TPOT 29% low): " \
            "outside any range below; over host phases" in line

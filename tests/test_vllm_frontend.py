@@ -211,7 +211,7 @@ def test_a_run_whose_first_burst_exceeds_frontend_ins_data_says_so(tmp_path):
 def test_a_sweep_says_at_how_many_points_requests_entered_beyond_frontend_ins_data(tmp_path):
     import json
 
-    from sim.whatif.sweep_verdict import sweep_verdict_line
+    from sim.whatif.sweep_verdict import sweep_verdict_text
     from tests.vllm_helpers import make_profile
 
     profile = make_profile(frontend={"in": 0.006})
@@ -220,7 +220,7 @@ def test_a_sweep_says_at_how_many_points_requests_entered_beyond_frontend_ins_da
     path.write_text(json.dumps(profile))
     scenario = sim.load_scenario(vllm_scenario(profile=str(path), c=2, n=10))
     table = sim.sweep(scenario, {"workload.concurrency": [2, 5]}, workers=1)
-    line = sweep_verdict_line(table, scenario.costs.noise, device="cpu")
+    line = sweep_verdict_text(table, scenario.costs.noise, device="cpu").line()
     assert "at 1 of 2 points requests entered vLLM's API server" in line and "(to 2; up to 5 at once)" in line
     one = sim.sweep(scenario, {"workload.concurrency": [5]}, workers=1)
-    assert "at 1 of 1 points requests entered" in sweep_verdict_line(one, scenario.costs.noise, device="cpu")
+    assert "at 1 of 1 points requests entered" in sweep_verdict_text(one, scenario.costs.noise, device="cpu").line()

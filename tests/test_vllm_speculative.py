@@ -25,6 +25,7 @@ from sim.engines.vllm.speculative import AcceptanceDraws, Speculative
 from sim.errors import ScenarioError
 from tests.test_vllm_loops import steady, total
 from tests.vllm_helpers import CONSTANT, vllm_scenario, write_profile
+from tests.helpers import verdict_of
 
 
 def spec(k=3, a=None, rate=None, r=0.0, method="draft_model") -> dict:
@@ -247,7 +248,7 @@ def test_the_shipped_speculative_scenario_says_what_it_assumed(run_cli, tmp_path
 
     code, out, err = run_cli(["run", SCENARIOS / "vllm-h200-eagle.yaml", "--out", tmp_path, "--no-plots"])
     assert code == 0, err
-    verdict = next(line for line in out.splitlines() if line.startswith("verdict:"))
+    verdict = verdict_of(out)
     assert "speculative decoding" in verdict and "tokens per verify step" in verdict and "not measured" in verdict
     summary = json.loads((tmp_path / "summary.json").read_text())
     accept = summary["verdict"]["spec_accept_length"]

@@ -150,6 +150,7 @@ def test_every_run_says_where_the_grammar_costs_come_from(tmp_path, run_cli):
     path.write_text(json.dumps(vllm_scenario(profile=grammar_profile(tmp_path, 1e-4, kind="regex"),
                                              server__structured_output={"share": 0.5})))
     code, out, _ = run_cli(["run", str(path), "--out", str(tmp_path / "o"), "--no-plots"])
+    out = " ".join(out.split())  # (notes and the verdict's clauses are wrapped)
     assert code == 0 and "50% of the requests carry a json_schema grammar" in out
     assert "measured with regex grammars" in out and "assumed to cost alike" in out
 

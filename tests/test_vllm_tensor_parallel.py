@@ -15,6 +15,7 @@ from calibrate.real.vllm import trace as vllm_trace
 from calibrate.real.vllm.sessions import VllmGrid, tp_bind
 from tests.test_vllm_loops import steady, total
 from tests.vllm_helpers import CONSTANT, make_profile, vllm_scenario
+from tests.helpers import verdict_of
 
 
 def tp_profile(tmp_path, tp: int, costs: dict | None = None, name: str = "tp.json") -> str:
@@ -189,7 +190,7 @@ def test_the_verdict_of_a_tp_run_says_its_ratio_is_not_validated(run_cli, tmp_pa
     path.write_text(yaml.safe_dump(scen))
     code, out, err = run_cli(["run", path, "--out", tmp_path / "r", "--no-plots"])
     assert code == 0, err
-    line = next(x for x in out.splitlines() if x.startswith("verdict:"))
+    line = verdict_of(out)
     assert "tensor parallel size 2: the async/sync ratio at TP > 1 is not validated" in line
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["verdict"]["caveats"] and "not validated" in summary["verdict"]["caveats"][0]

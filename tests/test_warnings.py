@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.errors import UserInputError
+from tests.helpers import unwrapped, verdict_of
 
 BASE = {"name": "w", "seed": 0,
         "workload": {"arrival": "closed_loop", "concurrency": 2, "num_requests": 4, "input_len": 16, "output_len": 4},
@@ -46,7 +47,7 @@ def test_approximate_answers_say_so(run_cli, tmp_path, change, words):
     path = _scenario(tmp_path, **change)
     code, out, err = run_cli(["run", path, "--out", tmp_path / "r", "--no-plots"])
     assert code in (0, 3), err
-    assert any(line.startswith("warning:") and words in line for line in out.splitlines())
+    assert any(line.startswith("warning:") and words in line for line in unwrapped(out))
     assert any(words in w for w in json.loads((tmp_path / "r" / "summary.json").read_text())["warnings"])
     code, out, err = run_cli(["sweep", path, "--grid", "workload.concurrency=1,2", "--out", tmp_path / "sw",
                               "--workers", "1", "--no-plots"])
@@ -176,7 +177,7 @@ def test_the_verdict_names_placeholders_and_extrapolation(run_cli, tmp_path):
     from tests.conftest import SCENARIOS
 
     code, out, _ = run_cli(["run", _scenario(tmp_path), "--out", tmp_path / "p", "--no-plots"])
-    line = next(x for x in out.splitlines() if x.startswith("verdict:"))
+    line = verdict_of(out)
     assert code == 0 and "placeholders: no device was measured" in line
     # 300 clients on the H200 profile: decode batches past its grid of 256
     code, out, _ = run_cli(["run", SCENARIOS / "quickstart.yaml", "--set", "workload.concurrency=300", "--set",
@@ -247,7 +248,7 @@ def test_an_answer_resting_on_the_harness_attention_says_so(run_cli, tmp_path):
                               "workload.output_len=64", "--set", "workload.num_requests=24", "--tables", "none",
                               "--no-plots", "--out", tmp_path / "r"])
     assert code == 0, err
-    line = next(ln for ln in out.splitlines() if ln.startswith("verdict:"))
+    line = verdict_of(out)
     assert "; the profile's decode attention is calibrate's plain torch" in line
 
 
@@ -258,7 +259,7 @@ def test_a_sweep_says_at_which_points_its_answers_rest_on_the_harness_attention(
 
     assert attention_sweep_clause([(0.1, "a=1"), (0.2, "a=2")], 2) == ""
     clause = attention_sweep_clause([(0.1, "a=1"), (0.89, "a=3"), (0.3, "a=2")], 3)
-    assert clause.startswith("; at 2 of 3 points the profile's decode attention is calibrate's plain torch")
+    assert clause.startswith("at 2 of 3 points the profile's decode attention is calibrate's plain torch")
     assert "over 25% of a decode forward (up to 89%, at a=3): there a production backend" in clause
     assert "the device's time and TPOT are overstated and throughput and the host's share understated" in clause
     scenarios = Path(__file__).resolve().parents[1] / "scenarios"

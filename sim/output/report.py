@@ -23,6 +23,19 @@ RATIO_BASELINE = "normal"
 RATIO_PAIRS = (("overlap", "normal"), ("async", "sync"))
 
 
+def wrapped(text: str, width: int | None = None, first: str = "", rest: str = "    ") -> list[str]:
+    """``text`` as printed lines of at most ``width`` columns (default: the terminal's,
+    ``shutil.get_terminal_size``, 100 where there is none; at least 40): the first line starts
+    with ``first``, the others with ``rest`` (a hanging indent, so that a reader sees where one
+    item ends). Words are never broken: a word longer than the width overruns it."""
+    import shutil
+    import textwrap
+
+    width = max(40, width or shutil.get_terminal_size((100, 24)).columns)
+    return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=rest, break_long_words=False,
+                         break_on_hyphens=False) or [first.rstrip()]
+
+
 def baseline_of(names) -> str:
     """The synchronous setting among ``names`` that ratios are taken against: ``normal`` (SGLang),
     else ``sync`` (vLLM), else :data:`RATIO_BASELINE`."""
@@ -230,7 +243,8 @@ def print_table(title: str, summaries: dict[str, dict], console: Console | None 
         warned = run_warnings(summaries)
     for name, s in summaries.items():
         for line in warned.get(name, ()):
-            console.print(f"[yellow]{line}[/]", markup=True, highlight=False)
+            text = "\n".join(wrapped(line, console.width))  # (a hanging indent, as the verdict's clauses)
+            console.print(text, style="yellow", markup=False, highlight=False)
         if s.get("outcome", "ok") != "ok":
             usage = s.get("outcome_token_usage")
             at_usage = f", token usage {usage:.2f}" if isinstance(usage, float) and usage == usage else ""

@@ -81,7 +81,7 @@ def attention_sweep_clause(shares: list[tuple[float, str]], points: int) -> str:
     if not over:
         return ""
     share, where = max(over)
-    return (f"; at {len(over)} of {points} points {PLAIN_WORDS}, over {ATTENTION_SHARE_CAVEAT:.0%} of a decode "
+    return (f"at {len(over)} of {points} points {PLAIN_WORDS}, over {ATTENTION_SHARE_CAVEAT:.0%} of a decode "
             f"forward (up to {share:.0%}, at {where}): there {overstated_words()} (docs/calibration.md)")
 
 
@@ -274,7 +274,7 @@ def prefill_launch_sweep_clause(parts: list[tuple[float, float, str]], points: i
     if not mostly:
         return ""
     device, launch, where = max(mostly)
-    return (f"; at {len(mostly)} of {points} points the profile's prefill launch is mostly {HARNESS_WORDS} "
+    return (f"at {len(mostly)} of {points} points the profile's prefill launch is mostly {HARNESS_WORDS} "
             f"queued kernel by kernel in place of the engine's (up to {device:.3g} of {launch:.3g} ms a prefill, at "
             f"{where}): the TTFTs rest on it, and `overlap-sim run` at a point says how far they move without it "
             "(docs/calibration.md)")

@@ -1,5 +1,5 @@
 """``overlap-sim sweep``: a scenario over a grid of field values, every setting, with repeats
-(resumable): the plan checked up front, the progress bar, the table, the verdict line
+(resumable): the plan checked up front, the progress bar, the table, the verdict
 (:mod:`sim.whatif.sweep_verdict`), the plots and the spread across repeats."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from rich.table import Table
 from sim.commands import add_no_leap_argument, apply_no_leap, command, output_path, stdout_console
 from sim.errors import UserInputError
 from sim.output.report import ratio_pair
-from sim.whatif.sweep_verdict import sweep_verdict_line
+from sim.whatif.sweep_verdict import sweep_verdict_text
 from sim.whatif.verdict import add_run_cv_argument, check_run_cv, resolve_run_cv, verdict_platform_note
 
 _err = Console(stderr=True)  # the progress bar's stream
@@ -124,7 +124,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.workers is not None and not 1 <= args.workers <= max_workers:
         raise UserInputError("--workers", "", f"expected 1 to {max_workers} (4 x this machine's cores; got {args.workers})")
     plan = plan_sweep(scenario, grid, args.repeats)  # bad keys and values fail here, before the progress bar
-    from sim.output.report import load_warnings
+    from sim.output.report import load_warnings, wrapped
 
     said = load_warnings(scenario)
     for line in said:  # what the base scenario asks for approximately, as run says
@@ -170,13 +170,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if "first" not in state:  # started
             _stop_progress(progress, failed)
     _print_sweep(table, scenario.name, stdout_console())
-    line = sweep_verdict_line(table, scenario.costs.noise, args.run_cv, scenario.server.device, _grounds(plan))
-    if line:
+    said = sweep_verdict_text(table, scenario.costs.noise, args.run_cv, scenario.server.device, _grounds(plan))
+    if said:
         if warned_at:
-            line += f"; at {'; '.join(warned_at)} the load is answered approximately (the warning above)"
-        print(line)
+            said = said.with_clause(f"at {'; '.join(warned_at)} the load is answered approximately (the warning above)")
+        print(said.block())
         if note := verdict_platform_note(scenario.server):
-            print(note)
+            print("\n".join(wrapped(note)))
     run_cv = resolve_run_cv(args.run_cv, scenario.costs.noise, scenario.server.device)[0]  # (the verdict's)
     drawn = save_sweep_plots(out, table, scenario.name, run_cv) if not args.no_plots else []
     print(f"{len(table)} rows written to {out}/sweep.parquet and sweep.csv")
@@ -195,7 +195,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _grounds(plan) -> dict[int, tuple]:
-    """Each grid point's grounds for its verdict (:func:`sim.whatif.sweep_verdict.sweep_verdict_line`):
+    """Each grid point's grounds for its verdict (:func:`sim.whatif.sweep_verdict.sweep_verdict_text`):
     (its server section, its profile's metadata or None, whether its costs are placeholders, what
     its profile's stated uncertainties are, whether its load is an open loop, its scenario), each
     profile's metadata read once."""

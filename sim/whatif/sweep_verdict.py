@@ -8,8 +8,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Optional
 
-from sim.whatif.verdict import (KEEP, OFF, PLACEHOLDER_CLAUSE, UNSEEN, UNSURE, Verdict, grounded, not_simulated,
-                                resolve_run_cv, threshold_ratio, verdict)
+from sim.whatif.verdict import (KEEP, OFF, PLACEHOLDER_CLAUSE, UNSEEN, UNSURE, Verdict, VerdictText, grounded,
+                                not_simulated, resolve_run_cv, threshold_ratio, verdict)
 
 
 def _point_summaries(rows) -> dict[str, dict]:
@@ -53,9 +53,9 @@ def _point_summaries(rows) -> dict[str, dict]:
 SWEEP_NO_RANGE = "a sweep runs no corners: `overlap-sim run` of a point gives its range"
 
 
-def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device: str = "cuda",
-                       grounds: Optional[dict] = None) -> Optional[str]:
-    """The verdict of a sweep table (:func:`sim.whatif.sweeps.sweep`) as one line: points grouped by
+def sweep_verdict_text(table, noise, run_cv_flag: Optional[float] = None, device: str = "cuda",
+                       grounds: Optional[dict] = None) -> Optional[VerdictText]:
+    """The verdict of a sweep table (:func:`sim.whatif.sweeps.sweep`), said: points grouped by
     answer, each with its throughput ratio (geometric mean over repeats). ``noise``: the scenario's
     ``costs.noise``; a grid over ``costs.noise.run_gpu_cv``/``run_cpu_cv`` sets each point's CV.
     ``grounds``: grid point index -> (its server section, its profile's metadata or None, whether
@@ -109,7 +109,9 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
         found.append((values, v))
         points.append(int(point))
     if len(found) == 1:
-        return found[0][1].line() + _frontend_in_clause(table) + _interval_clause(table, zip(points, found), keys)
+        said = found[0][1].text()
+        more = [c for c in (_frontend_in_clause(table), _interval_clause(table, zip(points, found), keys)) if c]
+        return VerdictText(said.head, (*said.clauses, *more), said.tail)
     parts = []
     for answer in (KEEP, OFF, UNSEEN, UNSURE):
         mine = [(values, v) for values, v in found if v.answer == answer]
@@ -128,10 +130,11 @@ def sweep_verdict_line(table, noise, run_cv_flag: Optional[float] = None, device
                f"{threshold_ratio(cvs[0]):.3f}x" if len(cvs) == 1 else
                f"run-to-run CV per point ({', '.join(sources)})")
     num, den = found[0][1].pair[:2]
-    return (f"verdict ({num}/{den} output throughput): " + "; ".join(parts) + _sweep_standing([v for _, v in found])
-            + attention_sweep_clause(attention, sum(1 for _, v in found if not v.failed))
-            + prefill_launch_sweep_clause(launches, sum(1 for _, v in found if not v.failed)) + _frontend_in_clause(table)
-            + _interval_clause(table, zip(points, found), keys) + f" [{cv_text}]")
+    answered = sum(1 for _, v in found if not v.failed)
+    more = (attention_sweep_clause(attention, answered), prefill_launch_sweep_clause(launches, answered),
+            _frontend_in_clause(table), _interval_clause(table, zip(points, found), keys))
+    return VerdictText(f"verdict ({num}/{den} output throughput)",
+                       (*parts, *_sweep_standing([v for _, v in found]), *(c for c in more if c)), cv_text)
 
 
 def _interval_clause(table, found, keys: list[str]) -> str:
@@ -156,7 +159,7 @@ def _interval_clause(table, found, keys: list[str]) -> str:
             crossing.append(" ".join(f"{k}={values[k]}" for k in keys) + f" ({lo:.3f}-{hi:.3f} over {n} repeats)")
     if not crossing:
         return ""
-    return (f"; the 95% interval of the ratio over the repeats includes 1 at {', '.join(crossing[:8])}"
+    return (f"the 95% interval of the ratio over the repeats includes 1 at {', '.join(crossing[:8])}"
             + (f" and {len(crossing) - 8} more" if len(crossing) > 8 else "")
             + ": those answers rest on the assumed run-to-run CV, the repeats alone do not settle them "
               "(more --repeats narrow the interval; ratio_ci.csv)")
@@ -171,40 +174,37 @@ def _frontend_in_clause(table) -> str:
     beyond = table[table["frontend_in_beyond"].fillna(0) > 0]
     if beyond.empty:
         return ""
-    return (f"; at {beyond['point'].nunique()} of {table['point'].nunique()} points requests entered vLLM's API server "
+    return (f"at {beyond['point'].nunique()} of {table['point'].nunique()} points requests entered vLLM's API server "
             f"in a pool beyond the bursts vllm.frontend_in was measured at (to {int(beyond['frontend_in_measured_to'].min())}; "
             f"up to {int(beyond['frontend_in_pool'].max())} at once): their way in extends the curve's line")
 
 
-def _sweep_standing(found: list[Verdict]) -> str:
-    """What a sweep's answers stand on, over its points (:meth:`Verdict._standing_clause` of one
-    run, gathered): placeholder costs, the engines' caveats, the stated uncertainties a sweep does
-    not simulate, and at how many points steps were priced beyond the profile's data."""
+def _sweep_standing(found: list[Verdict]) -> list[str]:
+    """What a sweep's answers stand on, over its points, a clause each (:meth:`Verdict._standing_clauses`
+    of one run, gathered): placeholder costs, the engines' caveats, the stated uncertainties a sweep
+    does not simulate, and at how many points steps were priced beyond the profile's data."""
     from sim.model.reach import FAR, bounded_words, reach_words
 
     served = [v for v in found if not v.failed]
-    out = ""
-    if any(v.placeholder for v in served):
-        out += PLACEHOLDER_CLAUSE
-    for caveat in dict.fromkeys(c for v in served for c in v.caveats):
-        out += f"; {caveat}"
+    out = [PLACEHOLDER_CLAUSE] if any(v.placeholder for v in served) else []
+    out += dict.fromkeys(c for v in served for c in v.caveats)
     if skipped := list(dict.fromkeys(w for v in served for w in v.range_skipped)):
-        out += not_simulated(skipped, SWEEP_NO_RANGE, "answers'")
+        out.append(not_simulated(skipped, SWEEP_NO_RANGE, "answers'"))
     if grew := sum(1 for v in served if v.queue_growth):
-        out += (f"; at {grew} of {len(served)} points the queue grew through the run (an open loop near or above "
-                "capacity: those answers are for this run's length, not a steady state)")
+        out.append(f"at {grew} of {len(served)} points the queue grew through the run (an open loop near or above "
+                   "capacity: those answers are for this run's length, not a steady state)")
     beyond = [v for v in served if v.extrapolated_share > 0]
     if beyond:
         far = sum(1 for v in beyond if v.far_share > 0)
         farthest = max(beyond, key=lambda v: v.max_extrapolation)
-        out += (f"; at {len(beyond)} of {len(served)} points steps priced beyond the profile's measured data ("
-                + reach_words(farthest.max_extrapolation, farthest.max_extrapolation_at)
-                + (f"; at {far} of them, steps beyond x{FAR:g}, where no measurement stands behind the price"
-                   if far else "")
-                + ")")
+        out.append(f"at {len(beyond)} of {len(served)} points steps priced beyond the profile's measured data ("
+                   + reach_words(farthest.max_extrapolation, farthest.max_extrapolation_at)
+                   + (f"; at {far} of them, steps beyond x{FAR:g}, where no measurement stands behind the price"
+                      if far else "")
+                   + ")")
     if bounded := [v for v in served if v.bounded_share > 0]:
         widest = max(bounded, key=lambda v: v.max_bounded_share)
-        out += (f"; at {len(bounded)} of {len(served)} points steps priced below the profile's measured contexts "
-                f"{bounded_words(widest.max_bounded_share, widest.max_bounded_at)}, counted apart from the steps "
-                "beyond the data")
+        out.append(f"at {len(bounded)} of {len(served)} points steps priced below the profile's measured contexts "
+                   f"{bounded_words(widest.max_bounded_share, widest.max_bounded_at)}, counted apart from the steps "
+                   "beyond the data")
     return out

@@ -90,6 +90,43 @@ def scenario_run_cv(noise) -> Optional[float]:
 
 
 @dataclass(frozen=True)
+class VerdictText:
+    """A verdict as said (a run's, :meth:`Verdict.text`, or a sweep's,
+    :func:`sim.whatif.sweep_verdict.sweep_verdict_text`).
+
+    Attributes:
+        head: the answer, ``verdict: ...``.
+        clauses: what follows it, in order: the gain, the noise that would hide it, what the
+            answer stands on (each clause one thought; it may hold ``;`` within).
+        tail: said last in brackets on the one line (a sweep's run-to-run CV); '' for none.
+    """
+
+    head: str
+    clauses: tuple = ()
+    tail: str = ""
+
+    def line(self) -> str:
+        """The one-line form: ``head: clause; clause; ... [tail]`` (``summary.json``'s ``line``)."""
+        text = self.head + (": " + "; ".join(self.clauses) if self.clauses else "")
+        return text + (f" [{self.tail}]" if self.tail else "")
+
+    def block(self, width: Optional[int] = None) -> str:
+        """The printed form: the head on a line of its own, then each clause (and the tail) as an
+        indented item ``  - ...``, each wrapped at ``width`` columns with its continuation lines
+        indented by four spaces (:func:`sim.output.report.wrapped`: default the terminal's width)."""
+        from sim.output.report import wrapped
+
+        lines = wrapped(self.head, width)
+        for clause in (*self.clauses, *([self.tail] if self.tail else [])):
+            lines += wrapped(clause, width, first="  - ")
+        return "\n".join(lines)
+
+    def with_clause(self, clause: str) -> "VerdictText":
+        """This text with ``clause`` said after its clauses."""
+        return VerdictText(self.head, (*self.clauses, clause), self.tail)
+
+
+@dataclass(frozen=True)
 class Verdict:
     """One comparison's answer.
 
@@ -235,14 +272,19 @@ class Verdict:
                 UNSURE: f"cannot tell from what the profile knows (keep the default: {loop} on)"}[self.answer]
 
     def line(self) -> str:
-        """The verdict as one line of text."""
+        """The verdict as one line of text (``summary.json``'s and ``--json``'s ``line``)."""
+        return self.text().line()
+
+    def text(self) -> "VerdictText":
+        """The verdict said: its head (the answer) and the clauses after it: the predicted gain,
+        the noise that would hide it, then what it stands on (:meth:`_standing_clauses`)."""
         num, den, loop, flag, keep_note = self.pair
-        head = self.head()
+        head = f"verdict: {self.head()}"
         if self.failed:
             which = f"{flag} ({den})" if self.failed == den else num
             why = f" ({self.failed_reason})" if self.failed_reason else ""
-            return (f"verdict: {head}: with {which} the server died or all its measured requests failed in this "
-                    f"prediction{why}{self._standing_clause()}")
+            return VerdictText(head, (f"with {which} the server died or all its measured requests failed in this "
+                                      f"prediction{why}", *self._standing_clauses()))
         r = self.throughput_ratio
         tn, td = self.tpot_ms
         tpot = f", TPOT {tn:.3f} vs {td:.3f} ms" if math.isfinite(tn) and math.isfinite(td) else ""
@@ -257,8 +299,8 @@ class Verdict:
         gain = f"output throughput {num}/{den} {r:.3f}x ({(r - 1) * 100:+.1f}%){tpot}"
         assumed = f"assumed {self.run_cv:.1%}, {self.cv_source}: beyond {self.threshold:.3f}x"
         if visible_cv(r) < 0.0005:  # (under 0.05%: no run count worth saying detects it)
-            return f"verdict: {head}: {gain}; a difference this small no A/B run shows ({assumed})" + \
-                self._standing_clause()
+            return VerdictText(head, (gain, f"a difference this small no A/B run shows ({assumed})",
+                                      *self._standing_clauses()))
         see = f"one A/B run shows it when the run-to-run CV is under {visible_cv(r):.1%} ({assumed})"
         if self.answer in (UNSEEN, UNSURE) and r != 1.0 and not self.arrivals_set_throughput():  # (an open loop
             from sim.whatif.variance import runs_needed  # answered by a latency: no run count for its throughputs)
@@ -268,24 +310,23 @@ class Verdict:
                 see += f"; {n} runs of each setting detect it (80% power)"
             except ValueError:
                 pass
-        return f"verdict: {head}: {gain}; {see}{self._standing_clause()}"
+        return VerdictText(head, (gain, see, *self._standing_clauses()))
 
-    def _standing_clause(self) -> str:
-        """What the answer stands on: the stated range, the share of extrapolated steps, or
-        placeholder costs (empty for a measured profile used inside its grid)."""
+    def _standing_clauses(self) -> list[str]:
+        """What the answer stands on, a clause each: the stated range, the share of extrapolated
+        steps, or placeholder costs (none for a measured profile used inside its grid)."""
         from sim.model.reach import reach_words
         from sim.trace.metrics import GROWN_TTFT, growth_words, queue_growth_words
 
-        out = ""
+        out = []
         if self.accept_length is not None:
             an, ad = self.accept_length
             num, den = self.pair[:2]
-            out += (f"; speculative decoding: {an:.2f} ({num}) and {ad:.2f} ({den}) tokens per verify step per "
-                    "request as drawn from the given acceptance (server.speculative, not measured)")
+            out.append(f"speculative decoding: {an:.2f} ({num}) and {ad:.2f} ({den}) tokens per verify step per "
+                       "request as drawn from the given acceptance (server.speculative, not measured)")
         if self.placeholder:
-            out += PLACEHOLDER_CLAUSE
-        for caveat in self.caveats:
-            out += f"; {caveat}"
+            out.append(PLACEHOLDER_CLAUSE)
+        out += self.caveats
         if self.queue_growth:
             ttft = [(name, values[0]) for name, label, values in self.queue_growth if label == GROWN_TTFT]
             grown = []  # "overlap and normal (TTFT +55 and +78 ms per second of arrivals)"
@@ -294,12 +335,12 @@ class Verdict:
                 grown.append(f"{' and '.join(name for name, _ in ttft)} (TTFT {rates} per second of arrivals)")
             grown += [f"{name} ({queue_growth_words((label, values))})"
                       for name, label, values in self.queue_growth if label != GROWN_TTFT]
-            out += (f"; the queue grew through the run with {'; '.join(grown)}: near or above capacity this open "
-                    "loop answers for its length, not for a steady state")
+            out.append(f"the queue grew through the run with {'; '.join(grown)}: near or above capacity this open "
+                       "loop answers for its length, not for a steady state")
         if self.stated_range is not None:
             lo, hi, what = self.stated_range
             if not (math.isfinite(lo) and math.isfinite(hi)):
-                out += f"; over {'; '.join(what)}: a setting served nothing at a corner of that range"
+                out.append(f"over {'; '.join(what)}: a setting served nothing at a corner of that range")
             else:
                 low, high = decide(lo, self.run_cv), decide(hi, self.run_cv)
                 if low != high:
@@ -308,25 +349,25 @@ class Verdict:
                     holds = "the answer holds across it"
                 else:  # (the range agrees; what is not known is said after it: steps beyond the data)
                     holds = f"'{_ANSWER_WORDS[low]}' at both ends"
-                out += f"; over {'; '.join(what)}: ratio {lo:.3f}-{hi:.3f}x, {holds}"
+                out.append(f"over {'; '.join(what)}: ratio {lo:.3f}-{hi:.3f}x, {holds}")
         if self.range_skipped:
-            out += not_simulated(self.range_skipped, self.range_skipped_by, "answer's")
+            out.append(not_simulated(self.range_skipped, self.range_skipped_by, "answer's"))
         if self.extrapolated_share > 0:
             from sim.model.reach import FAR
 
             share = f"{self.extrapolated_share:.0%}" if self.extrapolated_share >= 0.005 else "under 1%"
-            out += (f"; {share} of the two settings' steps (warm-up included) priced beyond the profile's measured "
-                    f"data (extrapolated, {reach_words(self.max_extrapolation, self.max_extrapolation_at)}")
+            clause = (f"{share} of the two settings' steps (warm-up included) priced beyond the profile's measured "
+                      f"data (extrapolated, {reach_words(self.max_extrapolation, self.max_extrapolation_at)}")
             if self.far_share > 0:
-                out += f"; {self.far_share:.0%} beyond x{FAR:g}, where no measurement stands behind the price"
-            out += ")"
+                clause += f"; {self.far_share:.0%} beyond x{FAR:g}, where no measurement stands behind the price"
+            out.append(clause + ")")
         if self.bounded_share > 0:
             from sim.model.reach import bounded_words
 
             share = f"{self.bounded_share:.0%}" if self.bounded_share >= 0.005 else "under 1%"
-            out += (f"; {share} of the two settings' steps (warm-up included) priced below the profile's measured "
-                    f"contexts {bounded_words(self.max_bounded_share, self.max_bounded_at)}, counted apart from "
-                    f"the steps beyond the data (whose price has no such bound); {self._bounded_holds()}")
+            out.append(f"{share} of the two settings' steps (warm-up included) priced below the profile's measured "
+                       f"contexts {bounded_words(self.max_bounded_share, self.max_bounded_at)}, counted apart from "
+                       f"the steps beyond the data (whose price has no such bound); {self._bounded_holds()}")
         return out
 
     def bounded_ends(self) -> tuple[float, float]:
@@ -406,7 +447,7 @@ def verdict(summaries: dict[str, dict], run_cv: float, cv_source: str) -> Option
                    accept_length=accept if "spec_accept_length" in a or "spec_accept_length" in b else None)
 
 
-PLACEHOLDER_CLAUSE = "; on the scenario's inline cost terms (placeholders: no device was measured)"
+PLACEHOLDER_CLAUSE = "on the scenario's inline cost terms (placeholders: no device was measured)"
 _ANSWER_WORDS = {KEEP: "keep on", OFF: "turn off", UNSEEN: "no difference one A/B run could see"}  # a range's ends
 TAIL_RATIO = 1.5  # p99 TTFTs further apart than this are said beside the medians (a tail they hide)
 
@@ -414,7 +455,7 @@ TAIL_RATIO = 1.5  # p99 TTFTs further apart than this are said beside the median
 def not_simulated(what, why: str, whose: str) -> str:
     """The clause on the stated uncertainties ``what`` that were not simulated, and ``why`` (the
     flag, or a sweep's reason): ``whose`` range ("answer's", or a sweep's "answers'") is unknown."""
-    return f"; not simulated over {'; '.join(what)} ({why}): the {whose} range is unknown"
+    return f"not simulated over {'; '.join(what)} ({why}): the {whose} range is unknown"
 
 
 def grounded(found: Verdict, server, meta: Optional[dict], placeholder: bool, pair: list[dict],

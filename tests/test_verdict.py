@@ -302,3 +302,33 @@ def test_speculative_decoding_without_its_host_curves_is_outside_the_range(run_c
     assert "the drafter's own host work per step is not modelled (the profile has no speculative curves; " \
            "against vLLM's CPU server with a draft model that left throughput 36% high and TPOT 29% low): " \
            "outside any range below; over host phases" in line
+
+
+def test_the_printed_verdict_is_its_answer_then_a_clause_an_item():
+    from sim.whatif.verdict import VerdictText
+
+    said = VerdictText("verdict: keep overlap on", ("output throughput 1.2x", "one A/B run shows it"), "CV 2%")
+    assert said.line() == "verdict: keep overlap on: output throughput 1.2x; one A/B run shows it [CV 2%]"
+    assert said.block(80) == ("verdict: keep overlap on\n  - output throughput 1.2x\n  - one A/B run shows it\n"
+                              "  - CV 2%")
+    long = VerdictText("verdict: x", ("aaaa " * 20,))  # 100 characters: wrapped at 40, continued by 4 spaces
+    lines = long.block(40).splitlines()
+    assert lines[1].startswith("  - aaaa") and all(line.startswith("    aaaa") for line in lines[2:])
+    assert all(len(line) <= 40 for line in lines) and verdict_of(long.block(40)) == long.line().rstrip()
+    assert VerdictText("verdict: x").block(10) == "verdict: x"  # (the width is at least 40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(clauses=st.lists(st.text(st.sampled_from("ab;:(). -x"), min_size=1, max_size=300)
+                        .map(lambda t: " ".join(t.split())).filter(bool), max_size=6),
+       width=st.integers(min_value=1, max_value=400))
+def test_the_printed_verdict_reads_back_as_its_line(clauses, width):
+    """Any clauses at any width: no printed line overruns the width but a single word longer than it,
+    and the block read back (tests.helpers.verdict_of) is the one-line form."""
+    from sim.whatif.verdict import VerdictText
+
+    said = VerdictText("verdict: keep overlap on (do not pass --disable-overlap-schedule)", tuple(clauses))
+    block = said.block(width)
+    for line in block.splitlines():
+        assert len(line) <= max(40, width) or " " not in line.strip().removeprefix("- ")
+    assert verdict_of(block) == said.line()

@@ -20,8 +20,10 @@ makes them). The instant each request was really sent is its record's ``send_s``
 bench_serving's warm-up. ``api: sglang`` posts to SGLang's native ``/generate`` with
 ``input_ids`` (what ``bench_serving --backend sglang`` does); ``openai`` posts to
 ``/v1/completions`` with the token ids as the prompt (vLLM). Tokens are counted from the server's
-own count (SGLang: ``meta_info.completion_tokens``; OpenAI: one token per chunk, checked
-against ``usage.completion_tokens``).
+own count (SGLang: ``meta_info.completion_tokens``; OpenAI: each chunk's ``token_ids``, asked
+for with ``return_token_ids``, checked against ``usage.completion_tokens``; until 6 December 2026
+one token per chunk with text, so a stubbed vLLM server's empty-text tokens went uncounted until
+the last chunk and their times were spread evenly over the request).
 
 OUT (JSON): ``{"start_s", "end_s", "requests": [{"rid", "warmup", "send_s", "first_s", "end_s",
 "output_len", "token_times_s": [...] (one per token, a chunk of n tokens spread evenly over its
@@ -63,6 +65,11 @@ def _openai_body(req: dict) -> tuple[str, dict]:
     body = {"model": req.get("model", "default"), "prompt": req["input_ids"], "max_tokens": int(req["max_new_tokens"]),
             "ignore_eos": bool(req.get("ignore_eos", True)), "temperature": float(req.get("temperature", 0.0)),
             "stream": True, "stream_options": {"include_usage": True},
+            # each chunk's token ids: a token whose text is empty (the stubbed forward's, or bytes of a
+            # character not yet complete) is still counted when it arrives (vLLM 0.32's
+            # CompletionRequest.return_token_ids; without it every stubbed session's stream counted
+            # no token until the usage chunk, and its token times were spread over the request)
+            "return_token_ids": True,
             "request_id": req["rid"]}  # vLLM's engine id becomes cmpl-<rid>-<n> (its trace names our requests)
     if req.get("stop_token_ids"):
         body["stop_token_ids"] = list(req["stop_token_ids"])
@@ -78,8 +85,13 @@ def _count_sglang(data: dict, count: int) -> int:
 
 
 def _count_openai(data: dict, count: int) -> int:
+    """The tokens received so far after the chunk ``data``: its ``token_ids`` counted where the
+    server sends them (:func:`_openai_body` asks for them), else one token for a chunk with text,
+    else the usage's count (the last chunk)."""
     choices = data.get("choices") or []
-    if choices and (choices[0].get("text") or choices[0].get("token_ids")):
+    if choices and choices[0].get("token_ids") is not None:
+        return count + len(choices[0]["token_ids"])
+    if choices and choices[0].get("text"):
         return count + 1
     usage = data.get("usage") or {}
     return int(usage.get("completion_tokens") or count)

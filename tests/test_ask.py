@@ -107,7 +107,7 @@ def test_an_unknown_model_on_a_card_the_engine_refuses_is_refused_for_the_card_f
     assert code == 2 and "--card" in err and "no Apple platform" in err
     code, _, err = run_cli(["ask", "--engine", "vllm", "--card", "h100", "--model", "llama-3.1-8b", "--concurrency",
                             "8", "--input-len", "8", "--output-len", "8", "--out", tmp_path / "b"])
-    assert code == 2 and "parts/vllm-0.32.0-host-amd-epyc.json" in err and "--host-speed X" not in err
+    assert code == 2 and "parts/vllm-0.32.0-host-intel-xeon.json" in err and "--host-speed X" not in err
 
 
 def test_the_recipe_for_a_model_without_a_profile_is_a_calibration_calibrate_takes(run_cli, tmp_path):

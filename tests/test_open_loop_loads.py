@@ -439,3 +439,58 @@ if __name__ == "__main__":  # pragma: no cover
     import sys
 
     record_fixture(*sys.argv[1:2])
+
+
+def test_the_client_times_each_token_of_an_empty_text_stream_by_its_token_ids():
+    """A stubbed vLLM server streams tokens whose text is empty: the client asks for each chunk's
+    token ids (``return_token_ids``) and times each token when its chunk arrives (until 6 December
+    2026 it counted none until the usage chunk and spread the times evenly over the request)."""
+    pytest.importorskip("aiohttp")
+    from aiohttp import web
+
+    from realengines.client import run_load
+
+    gaps = (0.02, 0.25, 0.02)  # uneven: spread evenly, the times would be 0.097 s apart
+
+    async def completions(request):
+        body = await request.json()
+        assert body["return_token_ids"] is True
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        for gap in gaps:
+            await asyncio.sleep(gap)
+            await resp.write(b'data: {"choices": [{"text": "", "token_ids": [7]}]}\n\n')
+        await resp.write(b'data: {"choices": [], "usage": {"completion_tokens": 3}}\n\n')
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def go():
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        try:
+            return await run_load({"url": url, "api": "openai", "concurrency": 1, "warmup_requests": 0,
+                                   "requests": [{"rid": "r0", "input_ids": [5], "max_new_tokens": 3}]})
+        finally:
+            await runner.cleanup()
+
+    rec = asyncio.run(go())["requests"][0]
+    assert rec["output_len"] == 3 and not rec["error"]
+    times = rec["token_times_s"]
+    between = [b - a for a, b in zip(times, times[1:])]
+    assert between[0] > 0.15 and between[1] < 0.15  # the long gap where the server made it, not spread
+
+
+def test_the_openai_count_reads_token_ids_then_text_then_usage():
+    from realengines.client import _count_openai, _openai_body
+
+    assert _openai_body({"rid": "r", "input_ids": [1], "max_new_tokens": 2})[1]["return_token_ids"] is True
+    assert _count_openai({"choices": [{"text": "", "token_ids": [3, 4]}]}, 5) == 7  # two tokens in one chunk
+    assert _count_openai({"choices": [{"text": "", "token_ids": []}]}, 5) == 5  # (the finishing chunk)
+    assert _count_openai({"choices": [{"text": "ab"}]}, 5) == 6  # a server that sends no ids
+    assert _count_openai({"choices": [{"text": ""}]}, 5) == 5
+    assert _count_openai({"choices": [], "usage": {"completion_tokens": 9}}, 5) == 9

@@ -157,6 +157,31 @@ def test_a_step_beyond_the_output_curves_data_is_priced_as_the_largest_measured_
     assert out["max_extrapolation"] == pytest.approx(257 / 5)
 
 
+def test_the_api_servers_work_on_a_step_is_summed_over_its_slices_of_128():
+    """frontend_work measured to 128 requests (1 ms + 10 us a request): a step of 256 is two calls
+    of 128 (AsyncLLM.output_handler's slices), 200 one of 128 and one of 72, by hand; such steps
+    are inside the data for it (the latency curve, measured to 256, too)."""
+    from sim.engines.vllm.costs import OUTPUT_CHUNK, VllmProfileCosts
+    from tests.vllm_helpers import make_profile
+
+    assert OUTPUT_CHUNK == 128
+    profile = make_profile()
+    grid = [1, 2, 4, 8, 16, 32, 64, 128]
+    profile["curves"]["vllm.frontend_work"] = {"axes": ["num_reqs"], "grid": [grid],
+                                               "values_s": [1e-3 + 1e-5 * n for n in grid]}
+    profile["curves"]["vllm.frontend_out"] = {"axes": ["num_reqs"], "grid": [[1, 256]], "values_s": [0.01, 0.02]}
+    costs = VllmProfileCosts(profile, "sync")
+    assert costs.frontend_s("work", 100) == pytest.approx(1e-3 + 1e-3)
+    assert costs.frontend_s("work", 128) == pytest.approx(1e-3 + 1.28e-3)
+    assert costs.frontend_s("work", 256) == pytest.approx(2 * (1e-3 + 1.28e-3))
+    assert costs.frontend_s("work", 200) == pytest.approx((1e-3 + 1.28e-3) + (1e-3 + 0.72e-3))
+    assert costs.frontend_s("work", 1000) == pytest.approx(7 * (1e-3 + 1.28e-3) + (1e-3 + 1.04e-3))
+    costs.forward_s(1, 256, 256, 25600)
+    assert costs.reach.outcome()["extrapolated_steps"] == 0
+    costs.forward_s(1, 300, 300, 30000)  # (beyond frontend_out's 256)
+    assert costs.reach.outcome()["extrapolated_steps"] == 1
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(1e-5, 1e-2), min_size=2, max_size=5), st.integers(1, 4096))
 def test_the_held_output_cost_never_exceeds_the_largest_measured_point(values, num_reqs):

@@ -11,7 +11,8 @@ import pytest
 
 from calibrate.errors import CalibrationInputError
 from calibrate.host.compose import compose
-from calibrate.host.vllm import HOST_FUNCTIONS, VllmHostGrid, context_dependence, host_costs, host_design
+from calibrate.host.vllm import (FRONTEND_HOLD_S, HOST_FUNCTIONS, VllmHostGrid, context_dependence, frontend_design,
+                                 host_costs, host_design)
 from calibrate.real.vllm import trace as vllm_trace
 from calibrate.real.environment import Engine
 from sim.engines.vllm.profile import VLLM_CURVES, VLLM_HOST_CURVES
@@ -88,6 +89,41 @@ def test_host_design_caps_waves_and_lasts_past_the_ramp():
     assert sum(len(ld["requests"]) for ld in loads) < 5000  # minutes, not hours
 
 
+def test_the_frontend_design_is_a_wave_of_each_batch_size_at_the_shortest_context():
+    grid = VllmHostGrid()
+    loads = frontend_design(grid)
+    assert [ld["concurrency"] for ld in loads] == list(grid.decode_batch_sizes)
+    for ld in loads:
+        b = ld["concurrency"]
+        assert ld["name"] == f"f{b}x128" and len(ld["requests"]) == b * grid.waves
+        # decode_steps with all b decoding, after the prefill steps and the admission at the longer hold
+        want = grid.decode_steps + -(-b * 128 // grid.max_num_batched_tokens) + -(-b * 1 // int(FRONTEND_HOLD_S * 1e3))
+        assert all(r["max_new_tokens"] == want for r in ld["requests"])
+        assert all(len(r["input_ids"]) == 128 - grid.decode_steps // 2 for r in ld["requests"])
+
+
+def fronts() -> list[Path]:
+    return [DATA / f"frontend-{name}" for _, name in ORDER]
+
+
+def test_the_output_side_comes_from_the_frontend_sessions():
+    """With frontend sessions, frontend_out and frontend_work are theirs (the host sessions' are
+    dropped), the rest of the curves the host sessions'; the metadata says so."""
+    if not all(f.exists() for f in fronts()):
+        pytest.skip("fixture recorded before the frontend sessions (python -m tests.test_vllm_host)")
+    plain = host_costs(ENGINE, GRID, ORDER, outs(), None)
+    host = host_costs(ENGINE, GRID, ORDER, outs(), None, fronts=fronts())
+    validate_profile(host, "<host>", VLLM_HOST_CURVES)
+    assert host["metadata"]["frontend"]["sessions"] == "frontend"
+    assert host["metadata"]["frontend"]["hold_s"] == FRONTEND_HOLD_S
+    assert plain["metadata"]["frontend"]["sessions"] == "host"
+    for name in ("vllm.schedule", "vllm.prepare", "vllm.update", "vllm.frontend_in"):
+        assert host["curves"][name] == plain["curves"][name], name
+    assert "vllm.frontend_work" in host["curves"]
+    assert host["curves"]["vllm.frontend_out"] != plain["curves"]["vllm.frontend_out"]
+    assert all(k.startswith("frontend-") for k in host["metadata"]["frontend"]["left_out"])
+
+
 @pytest.mark.parametrize("change, flag", [({"decode_batch_sizes": (1, 4096)}, "--batch-sizes"),
                                           ({"contexts": (1 << 19,)}, "--batch-sizes"),
                                           ({"contexts": (4,)}, "--contexts"),
@@ -146,7 +182,8 @@ def test_host_calibration_end_to_end(tmp_path, run_cli):
 
 
 def record_fixture() -> None:  # pragma: no cover - run by hand: python -m tests.test_vllm_host
-    """Record tests/data/vllm/host/ with the vLLM environment (about 2 minutes)."""
+    """Record tests/data/vllm/host/ with the vLLM environment (about 3 minutes: the host and
+    frontend sessions of both settings)."""
     import shutil
     import tempfile
 
@@ -162,11 +199,12 @@ def record_fixture() -> None:  # pragma: no cover - run by hand: python -m tests
             shutil.rmtree(DATA)
         DATA.mkdir(parents=True)
         for _, name in ORDER:
-            src, dst = work / f"host-{name}", DATA / f"host-{name}"
-            dst.mkdir()
-            for f in src.iterdir():
-                if f.suffix in (".json", ".jsonl"):
-                    shutil.copy(f, dst / f.name)
+            for session in (f"host-{name}", f"frontend-{name}"):
+                src, dst = work / session, DATA / session
+                dst.mkdir()
+                for f in src.iterdir():
+                    if f.suffix in (".json", ".jsonl"):
+                        shutil.copy(f, dst / f.name)
         ruler = json.loads((work / "yardstick.json").read_text())
         ruler["readings"] = [r for r in ruler["readings"] if r["point"]["num_reqs"] <= 8]  # small
         (DATA / "yardstick.json").write_text(json.dumps(ruler) + "\n")

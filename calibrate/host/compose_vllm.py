@@ -64,15 +64,25 @@ def forward_samples(device: dict) -> tuple[list[dict], float]:
 
 
 def _stub_bias(host: dict) -> str:
-    """What the vLLM stub check found, and how far the API server's curve was measured."""
+    """What the vLLM stub check found, and how far and how the API server's curves were measured."""
     curve = host["curves"].get("vllm.frontend_out")
-    out = (f"; the API server's frontend_out measured to {max(curve['grid'][0]):g} requests (with the load's client "
-           "on the same cores) and held at its value there beyond (a step's outputs beyond it are priced as the "
-           "largest measured, and counted as extrapolated)") if curve else ""
-    return ("; on this project's 2-vCPU VM the host file's synchronous RPC intervals and prepare came out 10-60% "
-            "dearer, and async's collect 3.4x, than the CPU calibration's on its smaller server (a GPU-sized "
-            "server and the contention of two cores; benchmarks/results/vllm-host-stub-check.json), which leans "
-            "async/sync high" + out)
+    front = (host["metadata"].get("frontend") or {})
+    if not curve:
+        out = ""
+    elif front.get("sessions") == "frontend":  # (calibrate.host.vllm.frontend_session, since 6 December 2026)
+        work = host["curves"].get("vllm.frontend_work")
+        out = (f"; the API server's frontend_out measured to {max(curve['grid'][0]):g} requests"
+               + (f" and its process_outputs to {max(work['grid'][0]):g} (a call per slice of 128)" if work else "")
+               + f" in sessions whose stub sleeps {front.get('hold_s', 0) * 1e3:g} ms a step, both settings pooled, "
+               "with the load's client on the same cores (an upper bound of the API server's latency)")
+    else:
+        out = (f"; the API server's frontend_out measured to {max(curve['grid'][0]):g} requests (with the load's "
+               "client on the same cores) and held at its value there beyond (a step's outputs beyond it are priced "
+               "as the largest measured, and counted as extrapolated)")
+    return ("; the stub check (the AMD EPYC host file of 2026-12-02 on this project's 2-vCPU VM) found the host "
+            "file's synchronous RPC intervals and prepare 10-60% dearer, and async's collect 3.4x, than the CPU "
+            "calibration's on its smaller server (a GPU-sized server and the contention of two cores; "
+            "benchmarks/results/vllm-host-stub-check.json), which leans async/sync high" + out)
 
 
 def compose_vllm(device: dict, host: dict, move: dict, *, device_source: str, host_source: str) -> dict:

@@ -34,9 +34,15 @@ here) and before the first one ends (:meth:`VllmHostGrid.output_tokens`). Waves 
 medians per (B, C) are kept in ``metadata.context_dependence`` so a reader sees whether the
 context matters. The timings are wall seconds; the thread CPU seconds of the same calls are
 kept beside them (``metadata.contention``): where they agree, the other processes on this
-machine's two cores did not inflate the phase. The API server's ``frontend_out`` is kept only
-at batch sizes where it kept up with the stub's pace (:func:`kept_up`; ``metadata.frontend``
-lists what was left out): beyond, the latency measured is a queue.
+machine's two cores did not inflate the phase. The API server's output side
+(``frontend_out``, ``frontend_work``) is timed in a frontend session of each setting
+(:func:`frontend_session`: the stub asleep :data:`FRONTEND_HOLD_S` a step, so that the API
+server and the load's client keep up on two cores), pooled over the settings, and kept only at
+batch sizes where it kept up with the steps (:func:`kept_up`; ``metadata.frontend`` lists what
+was left out): beyond, the latency measured is a queue. (Until 6 December 2026 it came from the
+host sessions, whose 4 ms busy steps it kept up with to 4 requests; and the load's client counted
+no empty-text token of the stub's, so those latencies were to interpolated times:
+``realengines/client.py``.)
 
 What the stub cannot see (``metadata.stub.limits``): the worker's input preparation and sampling
 are the CPU platform's (on a GPU, FlashAttention metadata, the input copies to the device, GPU
@@ -58,11 +64,17 @@ from calibrate.host import yardstick
 from calibrate.real.vllm import trace as vllm_trace
 from calibrate.real.environment import Engine, mean_probe, session_order
 from calibrate.real.jobs import Prompts, request
-from calibrate.real.vllm.merge import merge_sample
+from calibrate.real.vllm.merge import POOLED_CURVES, merge_sample
 from calibrate.real.vllm.profile import HOST_FUNCTIONS, add_request_samples, frontend_samples, samples
 from calibrate.real.vllm.sessions import VllmGrid, design, run_session
 
 STUB_HOLD_S = 0.004  # the stub's hold: about a small model's decode forward on an H200 (s)
+# the frontend sessions' hold (s), asleep: a step period the API server and the load's client, on
+# this host's two cores, keep up with at 256 requests (at the host sessions' 4 ms, busy, they fell
+# behind beyond 4 requests: a queue of up to 960 ms at 256, on 2026-12-02)
+FRONTEND_HOLD_S = 0.08
+FRONT = "f"  # the frontend sessions' wave names and request ids start with f<B>x<C>
+FRONTEND_POOLED = ("vllm.frontend_out", "vllm.frontend_work")  # one curve over both settings' frontend sessions
 KV_CACHE_GIB = "2"  # the wave cap's KV (2^18 tokens of the tiny model: 1 GiB) with room for the next wave
 ADMIT_S_PER_REQ = 0.001  # the API server's admission of one request here (s), for the wave length
 STUB_LIMITS = ("the stub replaces GPUModelRunner._model_forward (vLLM 0.32): the worker busy-waits in its place "
@@ -96,11 +108,12 @@ class VllmHostGrid(VllmGrid):
     def wave_fits(self, batch: int, ctx: int) -> bool:
         return batch * ctx <= self.max_wave_tokens
 
-    def output_tokens(self, batch: int, ctx: int) -> int:
+    def output_tokens(self, batch: int, ctx: int, hold_s: float = STUB_HOLD_S) -> int:
         """A wave's output tokens: ``decode_steps`` with every request decoding, after the steps
-        its prefills take and the steps (at the stub's pace) the API server admits it in."""
+        its prefills take and the steps (at the stub's pace, ``hold_s`` a step) the API server
+        admits it in."""
         prefill_steps = math.ceil(batch * ctx / self.max_num_batched_tokens)
-        admit_steps = math.ceil(batch * ADMIT_S_PER_REQ / STUB_HOLD_S)
+        admit_steps = math.ceil(batch * ADMIT_S_PER_REQ / hold_s)
         return self.decode_steps + prefill_steps + admit_steps
 
     def check(self) -> None:
@@ -138,6 +151,21 @@ def host_design(grid: VllmHostGrid) -> list[dict]:
                     for i in range(b * grid.waves)]
             loads.append({"name": f"{WAVE}{b}x{c}", "concurrency": b, "warmup_requests": 0, "requests": reqs})
     return loads + design(replace(grid, decode_batch_sizes=()))
+
+
+def frontend_design(grid: VllmHostGrid) -> list[dict]:
+    """The loads of one frontend session: a decode wave of each batch size at the shortest context
+    (the API server's output side does not read the context), each lasting ``decode_steps`` past
+    its prefills and admission at :data:`FRONTEND_HOLD_S` a step."""
+    prompts = Prompts(grid.seed + 2)
+    c = min(grid.contexts)
+    loads = []
+    for b in grid.decode_batch_sizes:
+        out = grid.output_tokens(b, c, FRONTEND_HOLD_S)
+        reqs = [request(f"{FRONT}{b}x{c}-{i}", prompts.new(c - grid.decode_steps // 2), out)
+                for i in range(b * grid.waves)]
+        loads.append({"name": f"{FRONT}{b}x{c}", "concurrency": b, "warmup_requests": 0, "requests": reqs})
+    return loads
 
 
 def _wave_of(rid: str) -> tuple[int, int] | None:
@@ -211,9 +239,10 @@ def kept_up(smp: dict, periods: dict[int, float]) -> bool:
     return period is not None and statistics.median(smp["times_s"]) < period
 
 
-def stub_env(spin: bool = True) -> dict[str, str]:
-    """The stubbed server's environment (``realengines/vllm/startup.py`` reads the stub's switches)."""
-    env = {"OVERLAP_SIM_VLLM_STUB_HOLD_S": repr(STUB_HOLD_S), "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB,
+def stub_env(spin: bool = True, hold_s: float = STUB_HOLD_S) -> dict[str, str]:
+    """The stubbed server's environment (``realengines/vllm/startup.py`` reads the stub's switches):
+    the stub holds ``hold_s`` a step, busy-waiting (``spin``) or asleep."""
+    env = {"OVERLAP_SIM_VLLM_STUB_HOLD_S": repr(hold_s), "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB,
            "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}  # the tiny model states 4096 positions; the stub reads none
     if spin:
         env["OVERLAP_SIM_VLLM_STUB_SPIN"] = "1"
@@ -226,6 +255,17 @@ def stub_session(engine: Engine, model_dir: Path, grid: VllmHostGrid, setting: s
     ``folder/host-<name>``; returns its folder. Raises RuntimeError when the server fails."""
     return run_session(engine, model_dir, grid, setting, folder, report, f"host-{name}", loads=host_design(grid),
                        env=stub_env(spin))
+
+
+def frontend_session(engine: Engine, model_dir: Path, grid: VllmHostGrid, setting: str, folder: Path,
+                     report: Callable[[str], None], name: str) -> Path:
+    """Run (or reuse) the frontend session of ``setting`` (:func:`frontend_design`, the stub asleep
+    :data:`FRONTEND_HOLD_S` a step) in ``folder/frontend-<name>``; returns its folder. Its engine
+    core's phases are not used: only the API server's output side, ``vllm.frontend_out`` and
+    ``vllm.frontend_work``, which at the host sessions' pace fell behind (:func:`kept_up`).
+    Raises RuntimeError when the server fails."""
+    return run_session(engine, model_dir, grid, setting, folder, report, f"frontend-{name}",
+                       loads=frontend_design(grid), env=stub_env(spin=False, hold_s=FRONTEND_HOLD_S))
 
 
 def control_grid(grid: dict) -> VllmHostGrid:
@@ -242,7 +282,7 @@ def calibrate_vllm_host(engine: Engine, model_dir: Path, grid: VllmHostGrid, fol
                         settings: tuple[str, ...] = ("sync", "async"), command: str = "",
                         report: Callable[[str], None] = print, sessions: int = 1, spin: bool = True) -> dict:
     """Run the stubbed server ``sessions`` times under each of ``settings`` (:func:`session_order`),
-    time the host yardstick beside the runs (:func:`calibrate.host.yardstick.reading_beside`) and
+    then a frontend session for each (:func:`frontend_session`), time the host yardstick beside the runs (:func:`calibrate.host.yardstick.reading_beside`) and
     build the host-costs file (:func:`host_costs`). Finished sessions and the yardstick's reading
     are reused from ``folder`` (an interrupted calibration resumes). ``spin`` False: the stub sleeps
     its hold instead of busy-waiting (the stub check's control: benchmarks/stub_check.py).
@@ -255,9 +295,10 @@ def calibrate_vllm_host(engine: Engine, model_dir: Path, grid: VllmHostGrid, fol
     order = session_order(settings, sessions)
     t0 = time.perf_counter()
     outs = [stub_session(engine, model_dir, grid, setting, folder, report, name, spin) for setting, name in order]
+    fronts = [frontend_session(engine, model_dir, grid, setting, folder, report, name) for setting, name in order]
     ruler = yardstick.reading_beside(folder / "yardstick.json", report)
     probe = mean_probe(folder / f"host-{name}.hostspeed.json" for _, name in order)
-    host = host_costs(engine, grid, order, outs, ruler, settings, command, probe)
+    host = host_costs(engine, grid, order, outs, ruler, settings, command, probe, fronts)
     host["metadata"]["wall_s"] = round(time.perf_counter() - t0, 1)
     host["metadata"]["stub"]["hold"] = "busy-wait" if spin else "sleep"
     return host
@@ -265,13 +306,15 @@ def calibrate_vllm_host(engine: Engine, model_dir: Path, grid: VllmHostGrid, fol
 
 def host_costs(engine: Engine, grid: VllmHostGrid, order: list[tuple[str, str]], outs: list[Path],
                ruler: dict | None, settings: tuple[str, ...] = ("sync", "async"), command: str = "",
-               probe: dict | None = None) -> dict:
+               probe: dict | None = None, fronts: list[Path] | None = None) -> dict:
     """The host-costs file (a dict in the profile format, :data:`sim.engines.vllm.profile.VLLM_HOST_CURVES`)
     from the stubbed sessions' folders (``order[i]`` = (setting, name) of ``outs[i]``): every
     sample of the CPU calibration's mapping but the forward's, the first setting's as the base
     curves, the others' own in ``setting_curves`` (``dispatch`` and ``roundtrip`` are synchronous
     only); ``metadata`` says what was stubbed, what timed each curve, ``context_dependence`` and
-    ``contention`` per session, and the yardstick's reading.
+    ``contention`` per session, and the yardstick's reading. ``fronts[i]``: the frontend session
+    (:func:`frontend_session`) of ``order[i]``, whose ``vllm.frontend_out`` and ``vllm.frontend_work``
+    replace that session's (None: the host sessions' own, as before 6 December 2026).
 
     Raises:
         CalibrationInputError: a session's trace is missing or a grid point has no samples.
@@ -294,22 +337,36 @@ def host_costs(engine: Engine, grid: VllmHostGrid, order: list[tuple[str, str]],
     stub_ms: list[float] = []
     behind: dict[str, list[dict]] = {}
     versions: dict = {}
-    for (setting, name), out in zip(order, outs):
+    # the frontend sessions' output side pooled over the settings: the API server's output handler
+    # is the same code under both (async scheduling changes the engine core's loop), and its engine
+    # core sleeps there, so what differs between them is noise
+    pooled = POOLED_CURVES + (FRONTEND_POOLED if fronts else ())
+    for i, ((setting, name), out) in enumerate(zip(order, outs)):
         versions = json.loads((out / "session.json").read_text()).get("versions", {})
         eng, wrk = vllm_trace.read_files(sorted(out.glob("trace.*.jsonl")))
         steps = vllm_trace.steps(eng, wrk)
-        got = (samples(steps, grid, setting) + add_request_samples(eng) + frontend_samples(out, eng, steps, loads, sizes)
-               + vllm_trace.output_work_samples(sorted(out.glob("trace.*.jsonl")), sizes))
-        periods = step_periods(steps)
+        got = samples(steps, grid, setting) + add_request_samples(eng) + frontend_samples(out, eng, steps, loads, sizes)
+        # the API server's output side (frontend_out, frontend_work): the frontend session's where
+        # there is one (its pace kept up with), else this session's
+        side, side_folder, side_steps = f"host-{name}", out, steps
+        if fronts:
+            side, side_folder = f"frontend-{name}", fronts[i]
+            f_eng, f_wrk = vllm_trace.read_files(sorted(side_folder.glob("trace.*.jsonl")))
+            side_steps = vllm_trace.steps(f_eng, f_wrk)
+            got = [smp for smp in got if smp["curve"] != "vllm.frontend_out"] + [
+                smp for smp in frontend_samples(side_folder, f_eng, side_steps, frontend_design(grid), sizes)
+                if smp["curve"] == "vllm.frontend_out"]
+        got += vllm_trace.output_work_samples(sorted(side_folder.glob("trace.*.jsonl")), sizes)
+        periods = step_periods(side_steps)
         for smp in got:
             if smp["curve"] == "vllm.forward":
                 continue
             if smp["curve"] == "vllm.frontend_out" and not kept_up(smp, periods):
-                behind.setdefault(f"host-{name}", []).append(
+                behind.setdefault(side, []).append(
                     {"num_reqs": smp["point"]["num_reqs"], "latency_ms": round(statistics.median(smp["times_s"]) * 1e3, 3),
                      "step_period_ms": round(periods.get(smp["point"]["num_reqs"], float("nan")) * 1e3, 3)})
                 continue
-            merge_sample(merged, smp, setting, settings)
+            merge_sample(merged, smp, setting, settings, pooled)
         stub_ms += [s.forward * 1e3 for s in steps if s.forward == s.forward]
         contexts[f"host-{name}"] = context_dependence(steps)
         cpu_wall[f"host-{name}"] = contention(steps, sizes)
@@ -333,6 +390,12 @@ def host_costs(engine: Engine, grid: VllmHostGrid, order: list[tuple[str, str]],
                                  "period at that batch size (calibrate.host.vllm.kept_up); the client of the loads "
                                  "runs on the same cores as the API server here, so the kept points are an upper "
                                  "bound of the API server's own cost",
+                         "sessions": "frontend" if fronts else "host",
+                         **({"hold_s": FRONTEND_HOLD_S, "hold": "sleep",
+                             "why": "frontend_out and frontend_work from sessions whose stub sleeps FRONTEND_HOLD_S a "
+                                    "step (decode waves at the shortest context): at the host sessions' 4 ms busy "
+                                    "steps the API server and the client fell behind beyond a few requests"}
+                            if fronts else {}),
                          "left_out": behind},
             "curve_sources": {name: {"source": "measured", "engine": f"vllm {engine.version}", "function": fn,
                                      "forward": "stubbed"} for name, fn in HOST_FUNCTIONS.items()}}

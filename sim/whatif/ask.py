@@ -127,7 +127,7 @@ def _profile(args: argparse.Namespace, card) -> tuple[dict, Path, list[str]]:
                   "--host-only --out host.json; overlap-sim compose dev.json host.json --out mine.json"
                   if args.engine == "sglang" else
                   f"overlap-sim calibrate {device} --model {m} --out dev.json; overlap-sim compose dev.json "
-                  "scenarios/profiles/parts/vllm-0.32.0-host-amd-epyc.json --out mine.json")
+                  "scenarios/profiles/parts/vllm-0.32.0-host-intel-xeon.json --out mine.json")
         raise UserInputError("--model", "", f"one with a measured {args.engine} profile ({have}); for "
                              f"{args.model!r} measure it on {card.name} ({recipe}), then run a scenario of this load "
                              "on it (overlap-sim ask with a shipped model writes one: run it with --set "

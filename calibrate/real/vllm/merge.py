@@ -10,12 +10,13 @@ from typing import Callable
 POOLED_CURVES = ("vllm.forward", "vllm.spec_forward")
 
 
-def merge_sample(merged: dict, smp: dict, setting: str, settings: tuple[str, ...]) -> None:
+def merge_sample(merged: dict, smp: dict, setting: str, settings: tuple[str, ...],
+                 pooled: tuple[str, ...] = POOLED_CURVES) -> None:
     """Add one session's sample to ``merged`` (key: curve, point, setting): the first setting's
-    and the pooled curves' (:data:`POOLED_CURVES`) as base samples, another setting's as its own
-    (``dispatch`` and ``roundtrip`` are measured synchronously only: another setting's are
-    dropped)."""
-    own = setting != settings[0] and smp["curve"] not in POOLED_CURVES
+    and the pooled curves' (``pooled``, default :data:`POOLED_CURVES`) as base samples, another
+    setting's as its own (``dispatch`` and ``roundtrip`` are measured synchronously only: another
+    setting's are dropped)."""
+    own = setting != settings[0] and smp["curve"] not in pooled
     if own and smp["curve"] in ("vllm.dispatch", "vllm.roundtrip"):
         return
     key = (smp["curve"], tuple(sorted(smp["point"].items())), setting if own else settings[0])

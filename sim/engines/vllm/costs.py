@@ -58,6 +58,14 @@ PHASES = ("add_request", "schedule", "dispatch", "prepare", "roundtrip", "sample
 SPEC_PHASES = ("schedule", "prepare", "sample", "update")  # with a ``vllm.spec_<phase>`` curve
 
 
+# vLLM 0.32's API server processes a step's outputs in slices of this many requests
+# (``envs.VLLM_V1_OUTPUT_PROC_CHUNK_SIZE``, default 128; ``AsyncLLM.output_handler`` in
+# ``vllm/v1/engine/async_llm.py`` calls ``OutputProcessor.process_outputs`` once a slice, yielding
+# the event loop between them): ``vllm.frontend_work`` is timed a call, so a step of 256 requests
+# is two calls of 128
+OUTPUT_CHUNK = 128
+
+
 class VllmProfileCosts:
     """Step costs from a vLLM profile.
 
@@ -104,7 +112,8 @@ class VllmProfileCosts:
         # sent together, not a step's size)
         self._phase_curves = tuple(f"vllm.{name}" for name in PHASES if name != "add_request") + tuple(
             name for name in ("vllm.frontend_out", "vllm.frontend_work") if name in h)
-        self._hull_phases = tuple(h[name] for name in self._phase_curves)
+        # (hull, whether the curve prices one slice of a step's outputs: frontend_work, OUTPUT_CHUNK)
+        self._hull_phases = tuple((h[name], name == "vllm.frontend_work") for name in self._phase_curves)
         self._hulls = h
         self._farthest: tuple | None = None  # the farthest step's (forward curve, its points, num_reqs)
         # the bounded step of the largest share's (forward curve, points, lowest context)
@@ -147,15 +156,23 @@ class VllmProfileCosts:
         latency, takes all of it in turn, as before the curve was measured). A step's outputs
         ("out", "work") beyond the largest step the curve was measured at (its data's hull,
         :func:`sim.model.reach.hulls`) are priced as that step's: held, not extended
-        (:mod:`sim.engines.vllm.frontend`); :meth:`forward_s` counts such a step as extrapolated."""
+        (:mod:`sim.engines.vllm.frontend`); :meth:`forward_s` counts such a step as extrapolated.
+        "work" is summed over the slices the API server processes a step's outputs in
+        (:data:`OUTPUT_CHUNK` requests each, the last the rest), as the curve is measured: one
+        ``process_outputs`` call a slice."""
         curve = self._frontend[kind]
         if curve is None and kind == "work":
             return math.inf
         if curve is None:
             return 0.0
-        if kind != "in":  # a step's outputs: not extrapolated beyond the largest step measured
-            num_reqs = min(num_reqs, self._frontend_reach[kind])
-        return curve(num_reqs) * self.cpu_scale
+        if kind == "in":
+            return curve(num_reqs) * self.cpu_scale
+        reach = self._frontend_reach[kind]  # a step's outputs: not extrapolated beyond the largest step measured
+        if kind == "out":
+            return curve(min(num_reqs, reach)) * self.cpu_scale
+        full, rest = divmod(num_reqs, OUTPUT_CHUNK)
+        work = full * curve(min(OUTPUT_CHUNK, reach)) if full else 0.0
+        return (work + (curve(min(rest, reach)) if rest else 0.0)) * self.cpu_scale
 
     def frontend_in_line(self) -> tuple[float, float]:
         """``(L, w)`` seconds of :mod:`sim.engines.vllm.frontend`: the line through
@@ -286,7 +303,8 @@ class VllmProfileCosts:
         name, points, num_reqs = self._farthest
         c, h = self.curves, self._hulls
         return farthest_axis([(name, c[name].axes, h[name], x) for x in points]
-                             + [(p, c[p].axes, h[p], (num_reqs,)) for p in self._phase_curves])
+                             + [(p, c[p].axes, h[p], (min(num_reqs, OUTPUT_CHUNK) if p == "vllm.frontend_work" else num_reqs,))
+                                for p in self._phase_curves])
 
     def bounded_at(self) -> str:
         """Where the run's bounded step of the largest share lies (:mod:`sim.model.reach`), in
@@ -301,7 +319,8 @@ class VllmProfileCosts:
         # add_request is priced per drained request, not at the step's num_reqs; kept per batch size
         d = self._phases_memo.get(num_reqs)
         if d is None:
-            d = self._phases_memo[num_reqs] = max(distance(h, num_reqs) for h in self._hull_phases)
+            d = self._phases_memo[num_reqs] = max(distance(h, min(num_reqs, OUTPUT_CHUNK) if sliced else num_reqs)
+                                                  for h, sliced in self._hull_phases)
         return d
 
     def describe(self) -> dict:

@@ -40,16 +40,20 @@ Modelled (:class:`ApiServer`), from what the calibration measured (``vllm.fronte
   ``frontend_out`` 1.5-3.6 ms (one worker) and 3-21 ms (two tensor-parallel workers on the same
   two cores, the API server starved): taken whole in turn, that latency capped the simulated
   server at one step per ``frontend_out``, which the real one was not. A profile without
-  ``frontend_work`` takes all of ``frontend_out`` in turn (the model before the curve).
+  ``frontend_work`` takes all of ``frontend_out`` in turn (the model before the curve). The work
+  of a step of more than 128 requests is that of its slices (``AsyncLLM.output_handler`` calls
+  ``process_outputs`` once per ``VLLM_V1_OUTPUT_PROC_CHUNK_SIZE`` = 128 outputs, yielding the
+  event loop between them: :data:`sim.engines.vllm.costs.OUTPUT_CHUNK`).
   Beyond the largest step the output curves were measured at, a step's outputs are priced as
   that largest step's (:meth:`sim.engines.vllm.costs.VllmProfileCosts.frontend_s`), not by
   extending the edge segment: the composed H200 profile's ``frontend_out`` was kept only to 4
-  requests (three noisy points), and its edge segments, 0.43 ms a request under ``sync`` and
-  0.08 under ``async``, put a step of 256 requests at 112 and 23 ms, a bottleneck of the API
-  server that differed between the settings by the noise of three points and made async
-  scheduling look 4-5x better at high concurrency (public A/B runs on H100 and A100 measure
-  1.1-1.3x). Such steps count as priced beyond the data (:mod:`sim.model.reach`, the
-  verdict's extrapolated and far shares), so the answer says it rests on them.
+  requests until 6 December 2026 (three points, an artifact of the load's client: docs/vllm.md),
+  and its edge segments, 0.43 ms a request under ``sync`` and 0.08 under ``async``, put a step of
+  256 requests at 112 and 23 ms, a bottleneck of the API server that differed between the
+  settings by the noise of three points and made async scheduling look 4-5x better at high
+  concurrency (public A/B runs on H100 and A100 measure 1.1-1.3x); its host file now measures the
+  output side to 256 requests. Such steps count as priced beyond the data (:mod:`sim.model.reach`,
+  the verdict's extrapolated and far shares), so the answer says it rests on them.
 
   Beyond the largest burst ``frontend_in`` was measured at (``n``), a pool of more requests
   extends the line ``L + k w`` past its data: :class:`ApiServer` counts the requests that enter

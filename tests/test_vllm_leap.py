@@ -75,10 +75,10 @@ def test_the_leap_takes_most_steps_of_a_steady_closed_loop(tmp_path):
     from tests.vllm_helpers import write_profile
 
     raw = vllm(concurrency=8, num_requests=64, output_len=200)
-    for profile, settings in ((write_profile(tmp_path), ("sync", "async")), (PROFILE, ("sync",))):
+    for profile, loops in ((write_profile(tmp_path), ("sync", "async")), (PROFILE, ("sync",))):
         raw["costs"] = {"profile": profile}
         scenario = sim.load_scenario(raw)
-        for setting in settings:
+        for setting in loops:
             res = sim.simulate(scenario, setting, tables="none")
             assert res.stats["leapt_steps"] > 0.8 * res.stats["steps"]
             assert_same(scenario, setting)

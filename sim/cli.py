@@ -194,8 +194,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print("\n".join(wrapped(line)))
         print(f"results written to {out_dir}/")
         if args.tables == "steps" and args.no_plots:
-            print(f"plots: overlap-sim plots {out_dir}/ draws gaps.png, metrics.png and timeline.png from these "
-                  "tables (or run with --plots)")
+            print("\n".join(wrapped(f"plots: overlap-sim plots {out_dir}/ draws gaps.png, metrics.png and timeline.png "
+                                     "from these tables (or run with --plots)")))
         elif plots:
             print(f"plots: gaps.png, metrics.png and timeline.png drawn in {out_dir}/")
     failures = run_failures(summaries)

@@ -50,8 +50,8 @@ def test_plots_only_on_request_and_the_table_says_how(tmp_path, capsys):
     assert main(["run", str(QUICKSTART), "--out", str(out), "--set", "workload.num_requests=12"]) == 0
     text = capsys.readouterr().out
     assert not list(out.glob("*.png"))
-    assert text.rstrip().splitlines()[-1] == (f"plots: overlap-sim plots {out}/ draws gaps.png, metrics.png and "
-                                              "timeline.png from these tables (or run with --plots)")
+    assert unwrapped(text)[-1] == (f"plots: overlap-sim plots {out}/ draws gaps.png, metrics.png and "
+                                   "timeline.png from these tables (or run with --plots)")
     assert main(["plots", str(out)]) == 0
     assert {p.name for p in out.glob("*.png")} == {"gaps.png", "metrics.png", "timeline.png"}
     assert main(["run", str(QUICKSTART), "--out", str(out), "--plots", "--set", "workload.num_requests=12"]) == 0

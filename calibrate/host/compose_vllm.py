@@ -79,10 +79,11 @@ def _stub_bias(host: dict) -> str:
         out = (f"; the API server's frontend_out measured to {max(curve['grid'][0]):g} requests (with the load's "
                "client on the same cores) and held at its value there beyond (a step's outputs beyond it are priced "
                "as the largest measured, and counted as extrapolated)")
-    return ("; the stub check (the AMD EPYC host file of 2026-12-02 on this project's 2-vCPU VM) found the host "
-            "file's synchronous RPC intervals and prepare 10-60% dearer, and async's collect 3.4x, than the CPU "
-            "calibration's on its smaller server (a GPU-sized server and the contention of two cores; "
-            "benchmarks/results/vllm-host-stub-check.json), which leans async/sync high" + out)
+    return ("; the stub check, run once, on the AMD EPYC host file of 2026-12-02 (not repeated for other host "
+            "files; the same method), found that file's synchronous RPC intervals and prepare 10-60% dearer, and "
+            "async's collect 3.4x, than the CPU calibration's on its smaller server (a GPU-sized server and the "
+            "contention of two cores; benchmarks/results/vllm-host-stub-check.json), which leans async/sync high"
+            + out)
 
 
 def compose_vllm(device: dict, host: dict, move: dict, *, device_source: str, host_source: str) -> dict:

@@ -241,7 +241,7 @@ def launch_floor_clause(floor: LaunchFloor, found, summaries: dict[str, dict],
     moved = [(key, label) for key, label in (("median_ttft_ms", "median TTFT"), ("median_tpot_ms", "median TPOT"))
              if key in moved_latency or (key == "median_ttft_ms" and moved_ratio)]
     for key, label in moved:
-        out.append(f"{label} {medians(key, low)} ms (from {medians(key, now)})")
+        out.append(f"{label} {medians(key, low)} ms (from {medians(key, now)} ms)")
     tail = (f"; the engine's {' and '.join(label.split()[1] + 's' for _, label in moved)} likely lie between the two "
             "(its fused kernels are fewer than the harness's)") if moved else ""
     return part + "; " + ", ".join(out) + tail

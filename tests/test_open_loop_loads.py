@@ -254,6 +254,14 @@ async def _stand_in_server(delay_s: float):
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
+    return await _serve(completions)
+
+
+async def _serve(completions):
+    """Serve ``completions`` (an aiohttp handler) as ``/v1/completions`` on 127.0.0.1, a free port;
+    returns (its runner, its url)."""
+    from aiohttp import web
+
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
     runner = web.AppRunner(app)
@@ -465,13 +473,7 @@ def test_the_client_times_each_token_of_an_empty_text_stream_by_its_token_ids():
         return resp
 
     async def go():
-        app = web.Application()
-        app.router.add_post("/v1/completions", completions)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        runner, url = await _serve(completions)
         try:
             return await run_load({"url": url, "api": "openai", "concurrency": 1, "warmup_requests": 0,
                                    "requests": [{"rid": "r0", "input_ids": [5], "max_new_tokens": 3}]})

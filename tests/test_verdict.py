@@ -316,6 +316,12 @@ def test_the_printed_verdict_is_its_answer_then_a_clause_an_item():
     assert lines[1].startswith("  - aaaa") and all(line.startswith("    aaaa") for line in lines[2:])
     assert all(len(line) <= 40 for line in lines) and verdict_of(long.block(40)) == long.line().rstrip()
     assert VerdictText("verdict: x").block(10) == "verdict: x"  # (the width is at least 40)
+    from sim.output.report import wrapped
+
+    # a unit stays on its number's line; the line reads back the same
+    assert wrapped("a" * 33 + " 25.38 ms", 40) == ["a" * 33, "    25.38 ms"]  # (not "... 25.38" and "ms")
+    assert wrapped("a" * 30 + " 3 requests", 40) == ["a" * 30, "    3 requests"]
+    assert wrapped("TPOT 4.106 vs 5.962 ms", 100) == ["TPOT 4.106 vs 5.962 ms"]
 
 
 @settings(max_examples=200, deadline=None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,13 +28,20 @@ def wrapped(text: str, width: int | None = None, first: str = "", rest: str = " 
     """``text`` as printed lines of at most ``width`` columns (default: the terminal's,
     ``shutil.get_terminal_size``, 100 where there is none; at least 40): the first line starts
     with ``first``, the others with ``rest`` (a hanging indent, so that a reader sees where one
-    item ends). Words are never broken: a word longer than the width overruns it."""
+    item ends). Words are never broken: a word longer than the width overruns it. A unit stays
+    on its number's line ("25.38 ms", not "25.38" and "ms" on the next)."""
     import shutil
     import textwrap
 
     width = max(40, width or shutil.get_terminal_size((100, 24)).columns)
-    return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=rest, break_long_words=False,
-                         break_on_hyphens=False) or [first.rstrip()]
+    glued = _UNIT.sub(lambda m: m.group(1) + _GLUE + m.group(2), text)  # (a character textwrap does not split at)
+    lines = textwrap.wrap(glued, width, initial_indent=first, subsequent_indent=rest, break_long_words=False,
+                          break_on_hyphens=False)
+    return [line.replace(_GLUE, " ") for line in lines] or [first.rstrip()]
+
+
+_GLUE = "\x00"
+_UNIT = re.compile(r"(\d) (ms|us|s|MiB|GB|tok/s|req/s|tokens?|requests?)\b")
 
 
 def baseline_of(names) -> str:

@@ -141,7 +141,8 @@ def run_failures(summaries: dict[str, dict]) -> list[str]:
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.atomic import check_output_dir, staged_folder
     from sim.output.report import (composed_note, device_mismatch, print_table, reimplementation_warning, run_title,
-                                   run_warnings, wrapped)
+                                   run_warnings)
+    from sim.output.text import say
     from sim.output.run_files import atomic_write_text, stale_run_files, write_tables
     from sim.scenario import load_scenario
     from sim.simulate import simulate
@@ -187,15 +188,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         print_table(run_title(scenario.name, scenario.seed, scenario.server.device, meta), summaries,
                     streamed=args.tables != "steps", device=scenario.server.device, warned=by_setting)
         for line in before:  # (notes and warnings wrapped as the verdict is, their lines after the first indented)
-            print("\n".join(wrapped(line)))
+            say(line)
         if found is not None:
             print(found.text().block())
         for line in after:
-            print("\n".join(wrapped(line)))
+            say(line)
         print(f"results written to {out_dir}/")
         if args.tables == "steps" and args.no_plots:
-            print("\n".join(wrapped(f"plots: overlap-sim plots {out_dir}/ draws gaps.png, metrics.png and timeline.png "
-                                     "from these tables (or run with --plots)")))
+            say(f"plots: overlap-sim plots {out_dir}/ draws gaps.png, metrics.png and timeline.png from these tables "
+                "(or run with --plots)")
         elif plots:
             print(f"plots: gaps.png, metrics.png and timeline.png drawn in {out_dir}/")
     failures = run_failures(summaries)

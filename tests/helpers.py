@@ -7,7 +7,7 @@ import copy
 
 def unwrapped(out: str) -> list[str]:
     """The lines a command printed, each wrapped note or warning (and each verdict clause) back on one
-    line: a line indented by four spaces continues the one before (:func:`sim.output.report.wrapped`)."""
+    line: a line indented by four spaces continues the one before (:func:`sim.output.text.wrapped`)."""
     lines: list[str] = []
     for line in out.splitlines():
         if line.startswith("    ") and lines:
@@ -19,23 +19,20 @@ def unwrapped(out: str) -> list[str]:
 
 def verdict_of(out: str) -> str:
     """The verdict a command printed (its head, then ``  - `` clauses, each wrapped with four-space
-    continuation lines: :meth:`sim.whatif.verdict.VerdictText.block`), back on one line: the head
-    and the clauses joined as :meth:`~sim.whatif.verdict.VerdictText.line` joins them (a sweep's
+    continuation lines: :meth:`sim.output.text.VerdictText.block`), back on one line: the head
+    and the clauses joined as :meth:`~sim.output.text.VerdictText.line` joins them (a sweep's
     bracketed tail comes back as a last clause).
 
     Raises:
         StopIteration: ``out`` has no verdict."""
-    lines = out.splitlines()
+    lines = unwrapped(out)
     at = next(i for i, line in enumerate(lines) if line.startswith("verdict"))
-    parts = [lines[at]]
+    clauses = []
     for line in lines[at + 1:]:
-        if line.startswith("  - "):
-            parts.append(line[4:])
-        elif line.startswith("    "):
-            parts[-1] += " " + line[4:]
-        else:
+        if not line.startswith("  - "):
             break
-    return parts[0] + (": " + "; ".join(parts[1:]) if len(parts) > 1 else "")
+        clauses.append(line[4:])
+    return lines[at] + (": " + "; ".join(clauses) if clauses else "")
 
 
 def constant_scenario(*, c: int = 4, output_len: int = 40, input_len: int = 64, cached_len: int = 0,

@@ -305,7 +305,7 @@ def test_speculative_decoding_without_its_host_curves_is_outside_the_range(run_c
 
 
 def test_the_printed_verdict_is_its_answer_then_a_clause_an_item():
-    from sim.whatif.verdict import VerdictText
+    from sim.output.text import VerdictText
 
     said = VerdictText("verdict: keep overlap on", ("output throughput 1.2x", "one A/B run shows it"), "CV 2%")
     assert said.line() == "verdict: keep overlap on: output throughput 1.2x; one A/B run shows it [CV 2%]"
@@ -316,7 +316,7 @@ def test_the_printed_verdict_is_its_answer_then_a_clause_an_item():
     assert lines[1].startswith("  - aaaa") and all(line.startswith("    aaaa") for line in lines[2:])
     assert all(len(line) <= 40 for line in lines) and verdict_of(long.block(40)) == long.line().rstrip()
     assert VerdictText("verdict: x").block(10) == "verdict: x"  # (the width is at least 40)
-    from sim.output.report import wrapped
+    from sim.output.text import wrapped
 
     # a unit stays on its number's line; the line reads back the same
     assert wrapped("a" * 33 + " 25.38 ms", 40) == ["a" * 33, "    25.38 ms"]  # (not "... 25.38" and "ms")
@@ -331,7 +331,7 @@ def test_the_printed_verdict_is_its_answer_then_a_clause_an_item():
 def test_the_printed_verdict_reads_back_as_its_line(clauses, width):
     """Any clauses at any width: no printed line overruns the width but a single word longer than it,
     and the block read back (tests.helpers.verdict_of) is the one-line form."""
-    from sim.whatif.verdict import VerdictText
+    from sim.output.text import VerdictText
 
     said = VerdictText("verdict: keep overlap on (do not pass --disable-overlap-schedule)", tuple(clauses))
     block = said.block(width)

@@ -66,7 +66,7 @@ def forward_samples(device: dict) -> tuple[list[dict], float]:
 def _stub_bias(host: dict) -> str:
     """What the vLLM stub check found, and how far and how the API server's curves were measured."""
     curve = host["curves"].get("vllm.frontend_out")
-    front = (host["metadata"].get("frontend") or {})
+    front = host["metadata"].get("frontend") or {}
     if not curve:
         out = ""
     elif front.get("sessions") == "frontend":  # (calibrate.host.vllm.frontend_session, since 6 December 2026)

@@ -341,6 +341,7 @@ def host_costs(engine: Engine, grid: VllmHostGrid, order: list[tuple[str, str]],
     # is the same code under both (async scheduling changes the engine core's loop), and its engine
     # core sleeps there, so what differs between them is noise
     pooled = POOLED_CURVES + (FRONTEND_POOLED if fronts else ())
+    front_loads = frontend_design(grid) if fronts else []
     for i, ((setting, name), out) in enumerate(zip(order, outs)):
         versions = json.loads((out / "session.json").read_text()).get("versions", {})
         eng, wrk = vllm_trace.read_files(sorted(out.glob("trace.*.jsonl")))
@@ -354,7 +355,7 @@ def host_costs(engine: Engine, grid: VllmHostGrid, order: list[tuple[str, str]],
             f_eng, f_wrk = vllm_trace.read_files(sorted(side_folder.glob("trace.*.jsonl")))
             side_steps = vllm_trace.steps(f_eng, f_wrk)
             got = [smp for smp in got if smp["curve"] != "vllm.frontend_out"] + [
-                smp for smp in frontend_samples(side_folder, f_eng, side_steps, frontend_design(grid), sizes)
+                smp for smp in frontend_samples(side_folder, f_eng, side_steps, front_loads, sizes)
                 if smp["curve"] == "vllm.frontend_out"]
         got += vllm_trace.output_work_samples(sorted(side_folder.glob("trace.*.jsonl")), sizes)
         periods = step_periods(side_steps)

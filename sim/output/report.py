@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sim.model.reach import FAR
+from sim.output.text import wrapped
 from sim.model.schema import MAX_TOKENS, length_bounds
 from sim.trace.metrics import SUMMARY_KEYS, served
 
@@ -22,26 +22,6 @@ RATIO_BASELINE = "normal"
 # (the setting that overlaps CPU work with the forward, its synchronous baseline), per engine:
 # SGLang's event_loop_overlap / event_loop_normal, vLLM's async / sync scheduling
 RATIO_PAIRS = (("overlap", "normal"), ("async", "sync"))
-
-
-def wrapped(text: str, width: int | None = None, first: str = "", rest: str = "    ") -> list[str]:
-    """``text`` as printed lines of at most ``width`` columns (default: the terminal's,
-    ``shutil.get_terminal_size``, 100 where there is none; at least 40): the first line starts
-    with ``first``, the others with ``rest`` (a hanging indent, so that a reader sees where one
-    item ends). Words are never broken: a word longer than the width overruns it. A unit stays
-    on its number's line ("25.38 ms", not "25.38" and "ms" on the next)."""
-    import shutil
-    import textwrap
-
-    width = max(40, width or shutil.get_terminal_size((100, 24)).columns)
-    glued = _UNIT.sub(lambda m: m.group(1) + _GLUE + m.group(2), text)  # (a character textwrap does not split at)
-    lines = textwrap.wrap(glued, width, initial_indent=first, subsequent_indent=rest, break_long_words=False,
-                          break_on_hyphens=False)
-    return [line.replace(_GLUE, " ") for line in lines] or [first.rstrip()]
-
-
-_GLUE = "\x00"
-_UNIT = re.compile(r"(\d) (ms|us|s|MiB|GB|tok/s|req/s|tokens?|requests?)\b")
 
 
 def baseline_of(names) -> str:
@@ -251,8 +231,7 @@ def print_table(title: str, summaries: dict[str, dict], console: Console | None 
         warned = run_warnings(summaries)
     for name, s in summaries.items():
         for line in warned.get(name, ()):
-            text = "\n".join(wrapped(line, console.width))  # (a hanging indent, as the verdict's clauses)
-            console.print(text, style="yellow", markup=False, highlight=False)
+            console.print("\n".join(wrapped(line, console.width)), style="yellow", markup=False, highlight=False)
         if s.get("outcome", "ok") != "ok":
             usage = s.get("outcome_token_usage")
             at_usage = f", token usage {usage:.2f}" if isinstance(usage, float) and usage == usage else ""

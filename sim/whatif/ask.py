@@ -268,9 +268,9 @@ def run(args: argparse.Namespace) -> int:
             + "".join(f"#   {line}\n" for line in steps + notes))
     with atomic_path(out / "scenario.yaml") as tmp:
         tmp.write_text(head + yaml.safe_dump(scenario, sort_keys=False))
-    from sim.output.report import wrapped
+    from sim.output.text import say
 
-    print("\n".join(wrapped("asked: " + "; ".join(steps + notes))))  # (its lines after the first indented)
+    say("asked: " + "; ".join(steps + notes))
     run_args = argparse.Namespace(scenario=str(out / "scenario.yaml"), overrides=[], out=out, json=False,
                                   format="parquet", tables="steps", no_plots=args.no_plots, run_cv=args.run_cv)
     code = COMMANDS["run"][2](run_args)

@@ -124,7 +124,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.workers is not None and not 1 <= args.workers <= max_workers:
         raise UserInputError("--workers", "", f"expected 1 to {max_workers} (4 x this machine's cores; got {args.workers})")
     plan = plan_sweep(scenario, grid, args.repeats)  # bad keys and values fail here, before the progress bar
-    from sim.output.report import load_warnings, wrapped
+    from sim.output.report import load_warnings
+    from sim.output.text import say
 
     said = load_warnings(scenario)
     for line in said:  # what the base scenario asks for approximately, as run says
@@ -170,13 +171,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if "first" not in state:  # started
             _stop_progress(progress, failed)
     _print_sweep(table, scenario.name, stdout_console())
-    said = sweep_verdict_text(table, scenario.costs.noise, args.run_cv, scenario.server.device, _grounds(plan))
-    if said:
+    answer = sweep_verdict_text(table, scenario.costs.noise, args.run_cv, scenario.server.device, _grounds(plan))
+    if answer:
         if warned_at:
-            said = said.with_clause(f"at {'; '.join(warned_at)} the load is answered approximately (the warning above)")
-        print(said.block())
+            answer = answer.with_clause(f"at {'; '.join(warned_at)} the load is answered approximately (the warning "
+                                        "above)")
+        print(answer.block())
         if note := verdict_platform_note(scenario.server):
-            print("\n".join(wrapped(note)))
+            say(note)
     run_cv = resolve_run_cv(args.run_cv, scenario.costs.noise, scenario.server.device)[0]  # (the verdict's)
     drawn = save_sweep_plots(out, table, scenario.name, run_cv) if not args.no_plots else []
     print(f"{len(table)} rows written to {out}/sweep.parquet and sweep.csv")

@@ -8,8 +8,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Optional
 
-from sim.whatif.verdict import (KEEP, OFF, PLACEHOLDER_CLAUSE, UNSEEN, UNSURE, Verdict, VerdictText, grounded,
-                                not_simulated, resolve_run_cv, threshold_ratio, verdict)
+from sim.output.text import VerdictText
+from sim.whatif.verdict import (KEEP, OFF, PLACEHOLDER_CLAUSE, UNSEEN, UNSURE, Verdict, grounded, not_simulated,
+                                resolve_run_cv, threshold_ratio, verdict)
 
 
 def _point_summaries(rows) -> dict[str, dict]:

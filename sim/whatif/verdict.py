@@ -35,6 +35,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from sim.output.text import VerdictText
 from sim.trace.metrics import served
 
 
@@ -87,43 +88,6 @@ def scenario_run_cv(noise) -> Optional[float]:
     run_cpu_cv**2)``), None when it states none."""
     g, c = float(noise.run_gpu_cv), float(noise.run_cpu_cv)
     return math.hypot(g, c) if g > 0 or c > 0 else None
-
-
-@dataclass(frozen=True)
-class VerdictText:
-    """A verdict as said (a run's, :meth:`Verdict.text`, or a sweep's,
-    :func:`sim.whatif.sweep_verdict.sweep_verdict_text`).
-
-    Attributes:
-        head: the answer, ``verdict: ...``.
-        clauses: what follows it, in order: the gain, the noise that would hide it, what the
-            answer stands on (each clause one thought; it may hold ``;`` within).
-        tail: said last in brackets on the one line (a sweep's run-to-run CV); '' for none.
-    """
-
-    head: str
-    clauses: tuple = ()
-    tail: str = ""
-
-    def line(self) -> str:
-        """The one-line form: ``head: clause; clause; ... [tail]`` (``summary.json``'s ``line``)."""
-        text = self.head + (": " + "; ".join(self.clauses) if self.clauses else "")
-        return text + (f" [{self.tail}]" if self.tail else "")
-
-    def block(self, width: Optional[int] = None) -> str:
-        """The printed form: the head on a line of its own, then each clause (and the tail) as an
-        indented item ``  - ...``, each wrapped at ``width`` columns with its continuation lines
-        indented by four spaces (:func:`sim.output.report.wrapped`: default the terminal's width)."""
-        from sim.output.report import wrapped
-
-        lines = wrapped(self.head, width)
-        for clause in (*self.clauses, *([self.tail] if self.tail else [])):
-            lines += wrapped(clause, width, first="  - ")
-        return "\n".join(lines)
-
-    def with_clause(self, clause: str) -> "VerdictText":
-        """This text with ``clause`` said after its clauses."""
-        return VerdictText(self.head, (*self.clauses, clause), self.tail)
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,13 @@ SPEC_PHASES = ("schedule", "prepare", "sample", "update")  # with a ``vllm.spec_
 OUTPUT_CHUNK = 128
 
 
+def read_at(curve: str, num_reqs: int) -> int:
+    """Where a step of ``num_reqs`` requests reads ``curve`` (a phase or output curve over
+    ``num_reqs``): ``vllm.frontend_work`` at its largest slice (:data:`OUTPUT_CHUNK`), the others
+    at the step's size; for the data's reach (:mod:`sim.model.reach`)."""
+    return min(num_reqs, OUTPUT_CHUNK) if curve == "vllm.frontend_work" else num_reqs
+
+
 class VllmProfileCosts:
     """Step costs from a vLLM profile.
 
@@ -112,8 +119,7 @@ class VllmProfileCosts:
         # sent together, not a step's size)
         self._phase_curves = tuple(f"vllm.{name}" for name in PHASES if name != "add_request") + tuple(
             name for name in ("vllm.frontend_out", "vllm.frontend_work") if name in h)
-        # (hull, whether the curve prices one slice of a step's outputs: frontend_work, OUTPUT_CHUNK)
-        self._hull_phases = tuple((h[name], name == "vllm.frontend_work") for name in self._phase_curves)
+        self._hull_phases = tuple((h[name], name) for name in self._phase_curves)
         self._hulls = h
         self._farthest: tuple | None = None  # the farthest step's (forward curve, its points, num_reqs)
         # the bounded step of the largest share's (forward curve, points, lowest context)
@@ -303,8 +309,7 @@ class VllmProfileCosts:
         name, points, num_reqs = self._farthest
         c, h = self.curves, self._hulls
         return farthest_axis([(name, c[name].axes, h[name], x) for x in points]
-                             + [(p, c[p].axes, h[p], (min(num_reqs, OUTPUT_CHUNK) if p == "vllm.frontend_work" else num_reqs,))
-                                for p in self._phase_curves])
+                             + [(p, c[p].axes, h[p], (read_at(p, num_reqs),)) for p in self._phase_curves])
 
     def bounded_at(self) -> str:
         """Where the run's bounded step of the largest share lies (:mod:`sim.model.reach`), in
@@ -319,8 +324,7 @@ class VllmProfileCosts:
         # add_request is priced per drained request, not at the step's num_reqs; kept per batch size
         d = self._phases_memo.get(num_reqs)
         if d is None:
-            d = self._phases_memo[num_reqs] = max(distance(h, min(num_reqs, OUTPUT_CHUNK) if sliced else num_reqs)
-                                                  for h, sliced in self._hull_phases)
+            d = self._phases_memo[num_reqs] = max(distance(h, read_at(name, num_reqs)) for h, name in self._hull_phases)
         return d
 
     def describe(self) -> dict:
